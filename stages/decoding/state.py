@@ -1,0 +1,136 @@
+"""The hand-off between a prefill strategy and the decoder: ``PrefillState``.
+
+Contract (every prefill strategy — full, Finch, AutoCompressor — returns this, and
+the decoders accept nothing else):
+- ``cache``: a transformers ``DynamicCache``; every layer holds keys/values of shape
+  ``[B, H_kv, S, D]``. Slot ``s`` of row ``b`` is real iff ``valid[b, s]``; invalid
+  slots (left padding, holes left by rejected drafts) are never attended to.
+- ``valid``: ``[B, S]`` bool.
+- ``next_pos``: ``[B]`` long, the RoPE position of the next token fed for each row.
+  Positions need not equal slot indices (left padding, Finch's re-rotated cache).
+- ``last_logits``: ``[B, V]`` float32, the logits that predict each row's first new token.
+- ``prefill_s``: wall seconds of the prefill (for the whole batch).
+
+Masks: we always hand the model an explicit 4D boolean mask built here, so
+causality is defined by cache slot order and padding/holes by ``valid``, whatever
+heuristics the installed transformers version applies to 2D masks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class PrefillState:
+    cache: DynamicCache
+    valid: torch.Tensor  # [B, S] bool
+    next_pos: torch.Tensor  # [B] long
+    last_logits: torch.Tensor  # [B, V] float32
+    prefill_s: float = 0.0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.valid.shape[0])
+
+
+def step_mask(valid_past: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+    """4D boolean attention mask for feeding ``T`` new tokens on top of a cache.
+
+    valid_past: [B, S] bool, which cached slots are real.
+    new_valid:  [B, T] bool, which of the new tokens are real (False = padding).
+    Returns [B, 1, T, S + T] bool (True = attend): new token t sees every valid past
+    slot and the valid new tokens at or before t. A padding token sees only itself,
+    so no query row is fully masked (that would produce NaN states under SDPA, and
+    NaN values poison later rows even when masked, since 0 * NaN = NaN).
+    """
+    b, t = new_valid.shape
+    dev = valid_past.device
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()  # [T, T]
+    new_part = causal[None] & new_valid[:, None, :]  # [B, T, T]
+    eye = torch.eye(t, dtype=torch.bool, device=dev)[None]
+    new_part = new_part | (eye & ~new_valid[:, :, None])
+    past_part = valid_past[:, None, :].expand(b, t, valid_past.shape[1]) & new_valid[:, :, None]
+    return torch.cat([past_part, new_part], dim=-1)[:, None]  # [B, 1, T, S+T]
+
+
+def forward_step(
+    model,
+    cache: DynamicCache,
+    valid: torch.Tensor,
+    input_ids: torch.Tensor | None,
+    positions: torch.Tensor,
+    new_valid: torch.Tensor,
+    inputs_embeds: torch.Tensor | None = None,
+    logits_to_keep: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed ``T`` tokens per row on top of ``cache`` (appends T slots to every layer).
+
+    input_ids: [B, T] long (or inputs_embeds: [B, T, H]); positions: [B, T] long RoPE
+    positions; new_valid: [B, T] bool. Returns (logits [B, T, V] float32, updated
+    valid [B, S + T]).
+    """
+    mask = step_mask(valid, new_valid)
+    out = model(
+        input_ids=input_ids,
+        inputs_embeds=inputs_embeds,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
+    return out.logits.float(), torch.cat([valid, new_valid], dim=1)
+
+
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists. Returns (ids [B, L] long, real [B, L] bool)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
+    real = torch.zeros((len(seqs), width), dtype=torch.bool, device=device)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long, device=device)
+            real[i, width - len(s) :] = True
+    return ids, real
+
+
+def positions_from_real(real: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE positions for a left-padded block: 0.. over real tokens (pads get 0).
+
+    real: [B, L] bool; start: optional [B] long offset. Returns [B, L] long.
+    """
+    pos = (real.long().cumsum(dim=1) - 1).clamp(min=0)
+    if start is not None:
+        pos = pos + start[:, None]
+    return pos
+
+
+@torch.inference_mode()
+def prefill_full(model, prompts: list[list[int]], pad_id: int) -> PrefillState:
+    """Prefill whole prompts as one left-padded batch (the ``none``/text strategies).
+
+    prompts: B token lists (each non-empty). Cache ends with S = max prompt length.
+    """
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("prefill_full needs non-empty prompts")
+    t0 = time.perf_counter()
+    device = model.device
+    ids, real = left_pad(prompts, pad_id, device)
+    cache = DynamicCache(config=model.config)
+    empty = torch.zeros((len(prompts), 0), dtype=torch.bool, device=device)
+    logits, valid = forward_step(
+        model, cache, empty, ids, positions_from_real(real), real, logits_to_keep=1
+    )
+    next_pos = real.long().sum(dim=1)
+    return PrefillState(
+        cache=cache,
+        valid=valid,
+        next_pos=next_pos,
+        last_logits=logits[:, -1, :],
+        prefill_s=time.perf_counter() - t0,
+    )

