@@ -134,3 +134,18 @@ def prefill_full(model, prompts: list[list[int]], pad_id: int) -> PrefillState:
         last_logits=logits[:, -1, :],
         prefill_s=time.perf_counter() - t0,
     )
+
+
+@dataclass
+class CompressedPrefill:
+    """What a compressing prefill strategy (Finch, AutoCompressor) returns.
+
+    state: ready to decode. context_tokens: per row, the number of document-derived
+    cache entries (or summary vectors) the model conditions on (the row's
+    ``context_tokens`` column). compress_s: per row, seconds spent compressing (the
+    batch's compression time split evenly across its rows).
+    """
+
+    state: PrefillState
+    context_tokens: list[int]
+    compress_s: list[float]
