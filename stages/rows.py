@@ -1,0 +1,58 @@
+"""Row <-> batch helpers and the request columns that flow between stages.
+
+Ray Data hands callable stages a batch as ``dict[str, np.ndarray]`` (batch_format
+"numpy"); list-valued columns arrive as object arrays. Stages work row by row
+internally, so they convert with ``batch_to_rows`` / ``rows_to_batch``.
+
+Request columns (added by the stage named):
+- read:     request_id, run_id, run_date, job, doc_id, source_uri, task, prompt,
+            instruction, question (None for summarize), reference, text, error
+- tokenize: doc_ids (list[int], the full document in generator tokens), doc_tokens
+- truncate/rag (text compression): context_ids (list[int]), context_tokens, compress_s
+- generate: every column of schemas.output.OUTPUT_SCHEMA
+Contract: a stage never drops a row. A row whose ``error`` is set passes through
+untouched; a row that fails in a stage gets ``error = "<stage>: <message>"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def batch_to_rows(batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    cols = list(batch)
+    n = len(batch[cols[0]]) if cols else 0
+    return [{c: _plain(batch[c][i]) for c in cols} for i in range(n)]
+
+
+def rows_to_batch(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    cols: list[str] = []
+    for r in rows:
+        for c in r:
+            if c not in cols:
+                cols.append(c)
+    out: dict[str, np.ndarray] = {}
+    for c in cols:
+        values = [r.get(c) for r in rows]
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        out[c] = arr
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars/arrays -> Python values (token arrays -> list[int])."""
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def fail(row: dict[str, Any], stage: str, err: BaseException | str) -> dict[str, Any]:
+    """Mark a row failed with a readable message naming the stage."""
+    msg = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    row["error"] = f"{stage}: {msg}"
+    return row
