@@ -144,6 +144,12 @@ class AutoCompressorCompression(_Strict):
         ge=1,
         description="Optional: read at most this many document tokens (tail kept) before compressing.",
     )
+    soft_prompt_at: Literal["start", "document"] = Field(
+        default="start",
+        description="Where the summary vectors go in the prompt. start: before the whole prompt "
+        "(the published checkpoints' convention and what training teaches); document: where the "
+        "document text would sit, after the chat-template prefix.",
+    )
 
 
 Compression = Annotated[

@@ -16,6 +16,7 @@ untouched; a row that fails in a stage gets ``error = "<stage>: <message>"``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -43,11 +44,17 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def _plain(v: Any) -> Any:
-    """numpy scalars/arrays -> Python values (token arrays -> list[int])."""
+    """numpy scalars/arrays -> Python values (token arrays -> list[int]).
+
+    NaN becomes None: Ray's Arrow->numpy conversion turns an all-null column into
+    float NaN, and no request column uses NaN as a real value.
+    """
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):
-        return v.item()
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
     return v
 
 

@@ -1,0 +1,129 @@
+"""`longdoc` command line. Every command validates its spec before Ray starts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from schemas.loading import SpecError, load_spec
+
+app = typer.Typer(
+    help="Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print side-by-side ratios.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+SetOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--set", help="Override a spec field: --set generation.max_new_tokens=64 (repeatable)."),
+]
+
+
+def _load(spec_path: str, overrides: list[str] | None):
+    try:
+        return load_spec(spec_path, overrides or [])
+    except SpecError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(
+    spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
+    set_: SetOpt = None,
+) -> None:
+    """Validate a job spec and print it with every default resolved."""
+    import yaml
+
+    job = _load(spec, set_)
+    typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+
+
+@app.command()
+def run(
+    spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
+    set_: SetOpt = None,
+    date: Annotated[Optional[str], typer.Option(help="Run date YYYY-MM-DD (default: today, UTC).")] = None,  # noqa: UP045
+    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: timestamp + random).")] = None,  # noqa: UP045
+    address: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Ray cluster address (default: $RAY_ADDRESS, else an embedded local Ray)."),
+    ] = None,
+    max_failed_fraction: Annotated[
+        float, typer.Option(help="Exit non-zero when more than this fraction of rows failed.")
+    ] = 0.5,
+    quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+) -> None:
+    """Run a job and print its summary."""
+    from pipeline.runner import run_job
+    from pipeline.summary import format_summary
+
+    job = _load(spec, set_)
+    if date is not None:
+        _check_date(date)
+    try:
+        result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
+    typer.echo(f"output: {result.output_uri}")
+    s = result.summary
+    if s["rows"] and s["failed_fraction"] > max_failed_fraction:
+        typer.echo(
+            f"error: {s['failed']} of {s['rows']} rows failed "
+            f"({s['failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%})",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    output_uri: Annotated[str, typer.Argument(help="Output table root (the spec's output.uri).")],
+    plot: Annotated[Optional[str], typer.Option(help="Also draw a PNG report here.")] = None,  # noqa: UP045
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Summarise the Parquet output of one or more runs."""
+    from pipeline.report import load_output, run_summaries
+
+    table = load_output(output_uri)
+    if table.num_rows == 0:
+        typer.echo(f"error: no rows under {output_uri}", err=True)
+        raise typer.Exit(2)
+    summaries = run_summaries(output_uri, table)
+    if as_json:
+        typer.echo(json.dumps(summaries, indent=2, default=str))
+    else:
+        from pipeline.summary import format_summary
+
+        for s in summaries:
+            typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
+    if plot:
+        from pipeline.report_plot import plot_report
+
+        plot_report(table, plot)
+        typer.echo(f"plot: {plot}")
+
+
+def _check_date(date: str) -> None:
+    from datetime import date as _date
+
+    try:
+        _date.fromisoformat(date)
+    except ValueError:
+        typer.echo(f"error: --date {date!r} is not a date like 2026-01-31", err=True)
+        raise typer.Exit(2) from None
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,60 @@
+"""Read an output table back and summarise it per run (``longdoc report``).
+
+Contract: ``load_output(uri)`` returns every row under ``uri`` (all run dates) with
+OUTPUT_SCHEMA, ignoring ``_runs/`` and hidden temporary files. ``run_summaries``
+returns one summary per run id, using the wall time recorded in the run's summary
+JSON when present (else device time, as stated in ``throughput_basis``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.summary import summarize
+from schemas.output import OUTPUT_SCHEMA
+
+
+def list_output_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    fs, root = fsspec.core.url_to_fs(uri)
+    if not fs.exists(root):
+        return fs, []
+    files = [
+        f
+        for f in fs.find(root)
+        if f.endswith(".parquet") and "/_runs/" not in f and not f.rsplit("/", 1)[-1].startswith(".")
+    ]
+    return fs, sorted(files)
+
+
+def load_output(uri: str) -> pa.Table:
+    fs, files = list_output_files(uri)
+    tables = []
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            tables.append(pq.read_table(fh, schema=OUTPUT_SCHEMA))
+    return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
+
+
+def _recorded_wall(uri: str, run_date: str, run_id: str) -> float | None:
+    fs, root = fsspec.core.url_to_fs(uri)
+    path = f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json"
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        return json.load(f).get("summary", {}).get("wall_s")
+
+
+def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
+    out = []
+    runs = table.select(["run_date", "run_id"]).group_by(["run_date", "run_id"]).aggregate([])
+    for rec in sorted(runs.to_pylist(), key=lambda r: (r["run_date"], r["run_id"])):
+        mask = pc.and_(pc.equal(table["run_date"], rec["run_date"]), pc.equal(table["run_id"], rec["run_id"]))
+        s = summarize(table.filter(mask), wall_s=_recorded_wall(uri, rec["run_date"], rec["run_id"]))
+        out.append({**rec, **s})
+    return out

@@ -1,0 +1,250 @@
+"""Generate stage: compressed context -> answer/summary, one output row per request.
+
+Ray: ``GenerateStage`` is the callable class of the generate actor pool. ``__init__``
+loads the model once per actor; ``__call__`` turns a batch of request rows (see
+stages/rows.py) into a batch of output rows (schemas/output.py), generating for the
+whole batch at once: one padded prefill, one batched decode.
+
+Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
+here): ``full`` for none/truncate/rag (the context is already text-compressed),
+``finch`` (KV-cache compression during chunked prefill) and ``autocompressor``
+(summary vectors as a soft prompt). All hand a PrefillState to the same decoder.
+Prompt lookup always searches the ORIGINAL document tokens + prompt + output so far,
+whatever the prefill kept.
+
+Failure contract: a row that cannot be generated becomes a row with ``error`` set. A
+batch that raises is retried row by row, each row up to ``resources.max_retries``
+more times, so one bad request never takes its batch mates down with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from schemas import output as out_schema
+from schemas.spec import (
+    AutoCompressorCompression,
+    FinchCompression,
+    JobSpec,
+)
+from stages.decoding.config import DecodeConfig, RowResult
+from stages.decoding.engine import decode
+from stages.decoding.state import CompressedPrefill, prefill_full
+from stages.decoding.stops import cut_text
+from stages.model_loading import load_causal_lm, pick_device
+from stages.prompting import PromptBuilder, PromptParts
+from stages.rows import batch_to_rows, rows_to_batch
+
+Prefill = Callable[[list[PromptParts]], CompressedPrefill]
+
+
+class GenerateStage:
+    def __init__(self, spec: dict) -> None:
+        self.spec = JobSpec.model_validate(spec)
+        gen, res = self.spec.generation, self.spec.resources
+        self.device = pick_device(res.num_gpus)
+        if self.device.type == "cpu":
+            # One actor per node slice: use the CPUs Ray granted it, not every core.
+            torch.set_num_threads(max(1, int(res.num_cpus)))
+        self.model, self.tokenizer, self._prefill = self._load(gen.model)
+        self.prompts = PromptBuilder(self.tokenizer)
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self.device_name = (
+            f"cuda:{torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
+        )
+        eos = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+        spec_cfg = gen.speculative
+        self.decode_config = DecodeConfig(
+            max_new_tokens=gen.max_new_tokens,
+            eos_ids=frozenset(e for e in eos if e is not None),
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            stop_strings=tuple(gen.stop),
+            speculative=spec_cfg.method,
+            num_draft_tokens=spec_cfg.num_draft_tokens,
+            max_ngram=spec_cfg.max_ngram,
+            min_ngram=spec_cfg.min_ngram,
+            adaptive=spec_cfg.adaptive,
+        )
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, model_name: str) -> tuple[Any, Any, Prefill]:
+        comp, dtype = self.spec.compression, self.spec.generation.dtype
+        pad = lambda tok: tok.pad_token_id  # noqa: E731
+        if isinstance(comp, AutoCompressorCompression):
+            from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
+
+            lm, tok, ac = load_autocompressor(comp.checkpoint, dtype, self.device)
+            return lm, tok, lambda parts: autocompressor_prefill(ac, parts, comp, pad(tok))
+        model, tok = load_causal_lm(model_name, dtype, self.device)
+        if isinstance(comp, FinchCompression):
+            from stages.finch.prefill import check_supported, finch_prefill
+
+            check_supported(model)
+            return model, tok, lambda parts: finch_prefill(model, parts, comp, pad(tok))
+        return model, tok, lambda parts: _full_prefill(model, parts, pad(tok))
+
+    # ------------------------------------------------------------------ batches
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        rows = batch_to_rows(batch)
+        outputs: list[dict[str, Any] | None] = [None] * len(rows)
+        todo: list[int] = []
+        for i, row in enumerate(rows):
+            if row.get("error"):
+                outputs[i] = self._output_row(row, None, error=row["error"])
+            else:
+                msg = self._precheck(row)
+                if msg:
+                    outputs[i] = self._output_row(row, None, error=msg)
+                else:
+                    todo.append(i)
+        for i, result in self._generate_with_retries([rows[i] for i in todo], todo):
+            outputs[i] = result
+        wall = time.perf_counter() - t0
+        per_row = wall / max(1, len(rows))
+        for o in outputs:
+            assert o is not None
+            o["device"] = self.device_name
+            o["device_s"] = per_row
+            o["cost_usd"] = out_schema.cost_usd(per_row, self.spec.cost.usd_per_device_hour)
+        return rows_to_batch(outputs)  # type: ignore[arg-type]
+
+    def _precheck(self, row: dict[str, Any]) -> str | None:
+        """Reject requests that cannot fit the model, before they cost a forward pass."""
+        if isinstance(self.spec.compression, (FinchCompression, AutoCompressorCompression)):
+            return None  # these read documents of any length chunk by chunk
+        ctx = row.get("context_ids") or row.get("doc_ids") or []
+        need = len(ctx) + self.prompts.overhead_tokens(row["instruction"], row.get("question"))
+        if self.max_context and need + self.spec.generation.max_new_tokens > self.max_context:
+            return (
+                f"generate: document {row['doc_id']!r} needs {need} prompt tokens + "
+                f"{self.spec.generation.max_new_tokens} new tokens, more than the model's "
+                f"context of {self.max_context}; use compression.method truncate, rag or finch"
+            )
+        return None
+
+    def _generate_with_retries(self, rows: list[dict], idx: list[int]):
+        if not rows:
+            return []
+        try:
+            return list(zip(idx, self._generate(rows)))
+        except Exception as batch_err:  # fall back to one row at a time
+            if len(rows) == 1:
+                first_err: Exception | None = batch_err
+                attempts = self.spec.resources.max_retries
+            else:
+                first_err, attempts = None, self.spec.resources.max_retries + 1
+        results = []
+        for i, row in zip(idx, rows):
+            err = first_err
+            for _ in range(attempts):
+                try:
+                    results.append((i, self._generate([row])[0]))
+                    err = None
+                    break
+                except Exception as e:  # noqa: PERF203 - retries are the point
+                    err = e
+            if err is not None:
+                msg = f"generate: {type(err).__name__}: {err}"
+                results.append((i, self._output_row(row, None, error=msg)))
+        return results
+
+    def _generate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        parts = [
+            self.prompts.build(
+                r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
+                r["instruction"],
+                r.get("question"),
+            )
+            for r in rows
+        ]
+        compressed = self._prefill(parts)
+        lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
+        seeds = [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
+        results = decode(
+            self.model,
+            compressed.state,
+            lookup,
+            self.decode_config,
+            seeds=seeds,
+            decode_text=self._decode_text,
+        )
+        outs = []
+        for b, (row, res) in enumerate(zip(rows, results)):
+            strategy_s = compressed.compress_s[b]
+            prompt_tokens = len(parts[b].prefix_ids) + compressed.context_tokens[b] + len(parts[b].query_ids)
+            outs.append(
+                self._output_row(
+                    row,
+                    res,
+                    context_tokens=compressed.context_tokens[b],
+                    prompt_tokens=prompt_tokens,
+                    extra_compress_s=strategy_s,
+                    prefill_s=compressed.state.prefill_s,
+                )
+            )
+        return outs
+
+    def _decode_text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ rows
+    def _output_row(
+        self,
+        row: dict[str, Any],
+        res: RowResult | None,
+        error: str | None = None,
+        context_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        extra_compress_s: float = 0.0,
+        prefill_s: float | None = None,
+    ) -> dict[str, Any]:
+        o = out_schema.empty_row()
+        for k in ("run_id", "run_date", "job", "doc_id", "request_id", "source_uri", "task", "prompt", "reference"):
+            o[k] = row.get(k)
+        o["model"] = self.spec.generation.model
+        o["compression"] = self.spec.compression.method
+        o["speculative"] = self.decode_config.speculative
+        o["doc_tokens"] = row.get("doc_tokens")
+        o["error"] = error
+        if res is None:
+            return o
+        text_compress_s = float(row.get("compress_s") or 0.0)
+        o["context_tokens"] = context_tokens
+        o["compression_ratio"] = out_schema.compression_ratio(o["doc_tokens"] or 0, context_tokens or 0)
+        o["prompt_tokens"] = prompt_tokens
+        o["output_text"] = cut_text(self._decode_text(res.tokens), self.decode_config.stop_strings)
+        o["output_tokens"] = len(res.tokens)
+        o["draft_tokens"] = res.draft_tokens
+        o["accepted_tokens"] = res.accepted_tokens
+        o["acceptance_rate"] = out_schema.acceptance_rate(res.accepted_tokens, res.draft_tokens)
+        o["decode_steps"] = res.decode_steps
+        o["mean_accepted_per_step"] = out_schema.mean_accepted_per_step(len(res.tokens), res.decode_steps)
+        o["compress_s"] = text_compress_s + extra_compress_s
+        o["prefill_s"] = prefill_s
+        o["ttft_s"] = res.ttft_s
+        o["decode_s"] = res.decode_s
+        o["e2e_s"] = text_compress_s + res.ttft_s + res.decode_s
+        return o
+
+
+def _full_prefill(model, parts: list[PromptParts], pad_id: int) -> CompressedPrefill:
+    state = prefill_full(model, [p.full_ids for p in parts], pad_id)
+    return CompressedPrefill(
+        state=state, context_tokens=[len(p.context_ids) for p in parts], compress_s=[0.0] * len(parts)
+    )
+
+
+def _row_seed(seed: int, request_id: str) -> int:
+    """Per-request seed: the same request samples the same way in any batch or rerun."""
+    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
