@@ -143,9 +143,9 @@ def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip
         num_cpus=res.num_cpus,
         num_gpus=res.num_gpus,
         batch_format="numpy",
-        # An actor that dies (OOM, node loss, kill) is restarted and its batch retried.
-        max_restarts=-1,
-        max_task_retries=-1,
+        # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1:
+        # an actor that dies (OOM, node loss, kill -9) is restarted and its batch
+        # retried; write file names are deterministic, so retries add no duplicates.
     )
     ds = ds.map_batches(WriteStage(output_root, run_date, run_id), batch_size=None, batch_format="numpy")
     return ds, len(shards)
