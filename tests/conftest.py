@@ -69,3 +69,28 @@ def embedded_model():
     from stages.model_loading import load_causal_lm
 
     return load_causal_lm(EMBEDDED_MODEL)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded Ray for the whole test session (starting Ray costs ~10-20 s).
+
+    Tests that run pipelines in-process use it; ``run_job`` reuses an initialised Ray.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=8,  # logical slots: actor pools + read/write tasks, not cores
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}},
+        )
+    yield ray
+    ray.shutdown()
+
+
+def write_spec(path: Path, text: str) -> Path:
+    """Write a YAML spec file for a test and return its path."""
+    path.write_text(text)
+    return path
