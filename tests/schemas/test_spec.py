@@ -1,0 +1,93 @@
+"""Job spec validation: defaults, strictness, overrides and error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.loading import SpecError, apply_overrides, load_spec, spec_from_dict
+from schemas.spec import EMBEDDED_MODEL, JobSpec
+
+MINIMAL = {"name": "nightly", "input": {"uri": "s3://bucket/docs/{run_date}/"}}
+
+
+def test_minimal_spec_gets_defaults():
+    spec = spec_from_dict(MINIMAL)
+    assert spec.generation.model == EMBEDDED_MODEL
+    assert spec.compression.method == "none"
+    assert spec.task.kind == "summarize"
+    assert "Summarize" in spec.task.resolved_instruction
+    assert spec.generation.temperature == 0.0
+
+
+def test_spec_is_frozen():
+    spec = spec_from_dict(MINIMAL)
+    with pytest.raises(Exception):
+        spec.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "patch, path_in_message",
+    [
+        ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens"),
+        ({"input": {"uri": "x", "format": "csv"}}, "input.format"),
+        ({"compression": {"method": "zip"}}, "compression"),
+        ({"compression": {"method": "truncate", "keep": "middle"}}, "compression.truncate.keep"),
+        ({"generation": {"temprature": 0.5}}, "generation.temprature"),
+        ({"resources": {"actors": [3, 1]}}, "resources.actors"),
+        ({"generation": {"speculative": {"min_ngram": 4, "max_ngram": 2}}}, "generation.speculative"),
+        ({"name": "has space"}, "name"),
+    ],
+)
+def test_bad_values_name_the_field(patch, path_in_message):
+    data = {**MINIMAL, **patch}
+    with pytest.raises(SpecError) as e:
+        spec_from_dict(data, source="job.yaml")
+    assert path_in_message in str(e.value)
+    assert "job.yaml" in str(e.value)
+
+
+def test_unknown_method_lists_allowed_methods():
+    with pytest.raises(SpecError) as e:
+        spec_from_dict({**MINIMAL, "compression": {"method": "zip"}})
+    for allowed in ("none", "truncate", "finch", "rag", "autocompressor"):
+        assert allowed in str(e.value)
+
+
+def test_qa_needs_questions():
+    with pytest.raises(SpecError, match="question"):
+        spec_from_dict({**MINIMAL, "task": {"kind": "qa"}})
+    ok = spec_from_dict({**MINIMAL, "task": {"kind": "qa", "questions": ["Who?"]}})
+    assert ok.task.questions == ("Who?",)
+
+
+def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("name: j\ninput: {uri: /data}\n")
+    spec = load_spec(p, ["generation.max_new_tokens=64", "resources.actors=[1, 4]", "compression.method=truncate"])
+    assert spec.generation.max_new_tokens == 64
+    assert spec.resources.actors == (1, 4)
+    assert spec.compression.method == "truncate"
+    with pytest.raises(SpecError, match="generation.max_new_tokens"):
+        load_spec(p, ["generation.max_new_tokens=-3"])
+    with pytest.raises(SpecError, match="dotted.key=value"):
+        load_spec(p, ["generation.max_new_tokens"])
+
+
+def test_override_into_a_value_is_an_error():
+    with pytest.raises(SpecError, match="is a value"):
+        apply_overrides({"name": "x"}, ["name.first=1"])
+
+
+def test_missing_and_non_mapping_files(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_spec(tmp_path / "nope.yaml")
+    p = tmp_path / "list.yaml"
+    p.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="mapping"):
+        load_spec(p)
+
+
+def test_json_round_trip():
+    spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
+    again = JobSpec.model_validate(spec.model_dump(mode="json"))
+    assert again == spec

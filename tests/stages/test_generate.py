@@ -1,0 +1,85 @@
+"""Generate stage on a tiny random Llama: batched generation, error rows, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.loading import spec_from_dict
+from schemas.output import OUTPUT_COLUMNS
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.decoding.state import prefill_full
+from stages.generate import GenerateStage
+from stages.prompting import PromptBuilder
+from stages.rows import batch_to_rows, rows_to_batch
+
+
+def _spec(model_dir, **gen):
+    return spec_from_dict(
+        {
+            "name": "g",
+            "input": {"uri": "/unused"},
+            "generation": {"model": str(model_dir), "max_new_tokens": 6, **gen},
+            "cost": {"usd_per_device_hour": 3.6},
+        }
+    ).model_dump(mode="json")
+
+
+def _request(i, tokenizer, text, error=None):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else None
+    return {
+        "request_id": f"r{i}", "run_id": "run", "run_date": "2026-01-01", "job": "g",
+        "doc_id": f"d{i}", "source_uri": f"f{i}", "task": "summarize", "prompt": "Summarize.",
+        "instruction": "Summarize.", "question": None, "reference": None, "text": text,
+        "error": error, "doc_ids": ids, "doc_tokens": len(ids) if ids else None,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stage(tiny_model_dir):
+    return GenerateStage(_spec(tiny_model_dir))
+
+
+def test_batch_rows_match_plain_greedy_per_row(stage, tokenizer, tiny_model):
+    texts = ["short doc", "a somewhat longer document about rivers and mountains " * 3, "mid length text here"]
+    reqs = [_request(i, tokenizer, t) for i, t in enumerate(texts)]
+    out = batch_to_rows(stage(rows_to_batch(reqs)))
+    assert [o["request_id"] for o in out] == ["r0", "r1", "r2"]
+    builder = PromptBuilder(tokenizer)
+    cfg = DecodeConfig(max_new_tokens=6, eos_ids=frozenset({tokenizer.eos_token_id}))
+    for req, row in zip(reqs, out):
+        assert set(OUTPUT_COLUMNS) <= set(row)
+        assert row["error"] is None
+        parts = builder.build(req["doc_ids"], "Summarize.", None)
+        ref = decode_plain(tiny_model, prefill_full(tiny_model, [parts.full_ids], tokenizer.pad_token_id), cfg)[0]
+        assert row["output_tokens"] == len(ref.tokens) <= 6
+        assert row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
+        assert row["prompt_tokens"] == len(parts)
+        assert row["compression_ratio"] == 1.0
+        assert row["device"] == "cpu" and row["device_s"] > 0
+        assert row["cost_usd"] == pytest.approx(row["device_s"] * 3.6 / 3600)
+        assert row["e2e_s"] >= row["ttft_s"] > 0
+
+
+def test_errors_pass_through_and_too_long_fails_alone(tiny_model_dir, tokenizer):
+    stage = GenerateStage(_spec(tiny_model_dir, max_new_tokens=4))
+    stage.max_context = 64  # the tiny model's window, shrunk so a short text overflows it
+    reqs = [
+        _request(0, tokenizer, "fine"),
+        _request(1, tokenizer, None, error="read: x.txt is empty"),
+        _request(2, tokenizer, "word " * 200),
+    ]
+    out = batch_to_rows(stage(rows_to_batch(reqs)))
+    assert out[0]["error"] is None and out[0]["output_text"] is not None
+    assert out[1]["error"] == "read: x.txt is empty" and out[1]["output_text"] is None
+    assert "more than the model's context of 64" in out[2]["error"]
+    assert "truncate, rag or finch" in out[2]["error"]
+
+
+def test_a_failing_row_does_not_fail_its_batch(stage, tokenizer):
+    good = _request(0, tokenizer, "good document")
+    broken = _request(1, tokenizer, "broken")
+    broken["doc_ids"] = [10**9]  # out of vocabulary: the embedding lookup raises
+    out = batch_to_rows(stage(rows_to_batch([good, broken])))
+    assert out[0]["error"] is None
+    assert out[1]["error"].startswith("generate: ")
