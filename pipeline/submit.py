@@ -1,0 +1,345 @@
+"""Submit a job spec to a Ray cluster through the Ray Jobs API; follow, inspect, tail it.
+
+Contract:
+- ``submit`` validates the spec and every ``--set`` override *locally* first, so a bad
+  spec never reaches the cluster. The spec file travels with the job in the
+  runtime_env ``working_dir`` (a fresh folder holding only the spec, or the folder
+  named by ``--working-dir``); the entrypoint is ``longdoc run <spec> --date D
+  [--set k=v ...]``, so the cluster validates and runs exactly what the user wrote.
+- The submission id is ``longdoc-<job name>-<run date>`` (plus ``-<suffix>`` with
+  ``--suffix``). Ray refuses a second job with the same id, so a nightly job cannot
+  run twice for one date; a deliberate rerun (say after a failure) passes ``--suffix``
+  and, with the same ``--run-id``, resumes where the failed run stopped.
+- Secrets: nothing read from the environment is printed, logged or put in job
+  metadata. ``--env NAME`` copies the *named* variables into the job's runtime_env
+  ``env_vars`` only when asked (their values are then visible to anyone who can read
+  the cluster's job API; prefer cluster-side secrets, see infra/README.md).
+- The cluster image must contain the project (infra/Dockerfile). ``--ship-code``
+  uploads this checkout's ``pipeline``/``stages``/``schemas`` packages as runtime_env
+  ``py_modules`` for a cluster whose image lacks them or runs an older version (its
+  Python dependencies must still be installed there).
+- Exit codes: 0 submitted (or, with ``--wait``, job SUCCEEDED); 1 cluster/job failure
+  (with ``--wait``, the job's driver exit code when it has one); 2 bad user input.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import tempfile
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+#: Paths never uploaded with ``--working-dir`` (virtualenvs and outputs can be GBs).
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache"]
+_PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        envvar="RAY_API_SERVER_ADDRESS",
+        help="Ray dashboard / Jobs API address, e.g. http://HOST:8265 "
+        "(default: $RAY_API_SERVER_ADDRESS).",
+    ),
+]
+
+
+def resolve_run_date(value: str | None) -> str:
+    """``value`` checked as YYYY-MM-DD, or today's date in UTC when None."""
+    if value is None:
+        return datetime.now(timezone.utc).date().isoformat()
+    try:
+        if not _DATE_RE.match(value):
+            raise ValueError
+        date.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"run date {value!r} is not a date; allowed: YYYY-MM-DD") from None
+    return value
+
+
+def submission_id_for(job_name: str, run_date: str, suffix: str | None = None) -> str:
+    """``longdoc-<name>-<date>[-<suffix>]``: one nightly submission per job and date."""
+    sid = f"longdoc-{job_name}-{run_date}"
+    if suffix:
+        if _ID_UNSAFE.search(suffix):
+            raise ValueError(f"suffix {suffix!r} may only hold letters, digits, '.', '_', '-'")
+        sid += f"-{suffix}"
+    return sid
+
+
+def build_entrypoint(
+    spec_relpath: str,
+    run_date: str,
+    overrides: list[str],
+    run_id: str | None = None,
+    max_failed_fraction: float | None = None,
+    program: str = "longdoc",
+) -> str:
+    """The shell command the job driver runs; every user value is shell-quoted."""
+    parts = [program, "run", shlex.quote(spec_relpath), "--date", run_date]
+    for item in overrides:
+        parts += ["--set", shlex.quote(item)]
+    if run_id is not None:
+        parts += ["--run-id", shlex.quote(run_id)]
+    if max_failed_fraction is not None:
+        parts += ["--max-failed-fraction", repr(float(max_failed_fraction))]
+    return " ".join(parts)
+
+
+def _env_vars(names: list[str]) -> dict[str, str]:
+    import os
+
+    missing = [n for n in names if n not in os.environ]
+    if missing:
+        raise ValueError(f"--env names unset environment variables: {', '.join(missing)}")
+    return {n: os.environ[n] for n in names}
+
+
+def _local_path_notes(uris: dict[str, str]) -> list[str]:
+    """Warn about spec URIs that point at the submitting machine's disk."""
+    notes = []
+    for field, uri in uris.items():
+        if "://" not in uri or uri.startswith("file://"):
+            notes.append(
+                f"note: {field}={uri!r} is a local path; it resolves on the cluster's nodes, "
+                "not on this machine (use s3:// or a shared volume)"
+            )
+    return notes
+
+
+def _client(address: str | None) -> JobSubmissionClient:
+    from ray.job_submission import JobSubmissionClient
+
+    if not address:
+        typer.echo("error: no cluster: pass --address http://HOST:8265 or set "
+                   "RAY_API_SERVER_ADDRESS", err=True)
+        raise typer.Exit(2)
+    from ray.exceptions import AuthenticationError
+
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError as e:
+        # The cluster uses Ray token auth; never echo a token, only where to put it.
+        typer.echo(
+            f"error: the Ray cluster at {address} refused the request "
+            f"({str(e).splitlines()[0]}). Set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+            "(or RAY_AUTH_TOKEN_PATH) to the cluster's token.",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        typer.echo(f"error: cannot reach the Ray Jobs API at {address}: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _existing_status(client: JobSubmissionClient, sid: str) -> str | None:
+    """The status of job ``sid``, or None if the cluster has no such job."""
+    try:
+        return str(client.get_job_status(sid).value)
+    except RuntimeError as e:  # the client raises RuntimeError on HTTP 404
+        if "404" in str(e) or "does not exist" in str(e):
+            return None
+        raise
+
+
+def submit(
+    spec: Annotated[Path, typer.Argument(help="Job spec YAML.")],
+    address: AddressOpt = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a spec field: dotted.key=value.")
+    ] = None,
+    run_date: Annotated[
+        str | None, typer.Option("--date", help="Run date YYYY-MM-DD (default: today, UTC).")
+    ] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id passed to longdoc run.")] = None,
+    max_failed_fraction: Annotated[
+        float | None, typer.Option("--max-failed-fraction", help="Passed to longdoc run.")
+    ] = None,
+    suffix: Annotated[
+        str | None,
+        typer.Option("--suffix", help="Append to the submission id to submit a job/date again."),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Stream logs; exit with the job's status.")] = False,
+    working_dir: Annotated[
+        Path | None,
+        typer.Option("--working-dir", help="Upload this folder (must contain the spec) "
+                     "instead of the spec alone."),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="Pass this environment variable (by name) to the job."),
+    ] = None,
+    ship_code: Annotated[
+        bool, typer.Option("--ship-code", help="Upload this checkout's packages as py_modules.")
+    ] = False,
+) -> None:
+    """Submit SPEC to a Ray cluster through the Ray Jobs API."""
+    from schemas.loading import SpecError, load_spec
+
+    overrides = list(overrides or [])
+    try:
+        run_date = resolve_run_date(run_date)
+        job = load_spec(spec, overrides)
+        sid = submission_id_for(job.name, run_date, suffix)
+        env_vars = _env_vars(list(env or []))
+        if max_failed_fraction is not None and not 0.0 <= max_failed_fraction <= 1.0:
+            raise ValueError(f"--max-failed-fraction {max_failed_fraction} must be in [0, 1]")
+    except (SpecError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+    client = _client(address)
+    existing = _existing_status(client, sid)
+    if existing is not None:
+        typer.echo(
+            f"error: job {sid} was already submitted (status {existing}); one submission per "
+            f"job and date. See `longdoc status {sid}`; to submit again anyway pass "
+            "--suffix (e.g. --suffix retry1) and the same --run-id to resume.",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+    tmp = None
+    try:
+        if working_dir is None:
+            tmp = Path(tempfile.mkdtemp(prefix="longdoc-submit-"))
+            shutil.copy2(spec, tmp / spec.name)
+            root, rel = tmp, spec.name
+        else:
+            root = working_dir.resolve()
+            try:
+                rel = spec.resolve().relative_to(root).as_posix()
+            except ValueError:
+                typer.echo(f"error: spec {spec} is not inside --working-dir {working_dir}", err=True)
+                raise typer.Exit(2) from None
+        runtime_env: dict[str, Any] = {"working_dir": str(root), "excludes": WORKING_DIR_EXCLUDES}
+        program = "longdoc"
+        if ship_code:
+            import importlib
+
+            runtime_env["py_modules"] = [
+                str(Path(importlib.import_module(p).__file__).parent) for p in _PROJECT_PACKAGES
+            ]
+            # No console script on an image without the project: call the CLI object.
+            program = "python -c " + shlex.quote("from pipeline.cli import app; app()")
+        if env_vars:
+            runtime_env["env_vars"] = env_vars
+        entrypoint = build_entrypoint(rel, run_date, overrides, run_id, max_failed_fraction, program)
+        for note in _local_path_notes({"input.uri": job.input.uri, "output.uri": job.output.uri}):
+            typer.echo(note, err=True)
+        try:
+            client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=sid,
+                runtime_env=runtime_env,
+                metadata={"longdoc.job": job.name, "longdoc.run_date": run_date},
+            )
+        except RuntimeError as e:  # lost a race with another submitter, or upload failure
+            if "already exists" in str(e):
+                typer.echo(f"error: job {sid} was already submitted (concurrently).", err=True)
+            else:
+                typer.echo(f"error: submission of {sid} failed: {str(e).splitlines()[-1]}", err=True)
+            raise typer.Exit(1) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    typer.echo(f"submitted {sid}")
+    typer.echo(f"  entrypoint: {entrypoint}")
+    if env_vars:
+        typer.echo(f"  env vars passed (values not shown): {', '.join(sorted(env_vars))}")
+    if not wait:
+        typer.echo(f"  follow with: longdoc logs {sid} --follow   status: longdoc status {sid}")
+        return
+    raise typer.Exit(_follow_and_exit_code(client, sid))
+
+
+def _follow_and_exit_code(client: JobSubmissionClient, sid: str) -> int:
+    """Stream the job's logs until it ends; 0 if it SUCCEEDED, else its driver's exit code or 1."""
+    import asyncio
+    import time
+
+    from ray.job_submission import JobStatus
+
+    async def _tail() -> None:
+        async for chunk in client.tail_job_logs(sid):
+            typer.echo(chunk, nl=False)
+
+    try:
+        asyncio.run(_tail())
+        status = client.get_job_status(sid)
+        while not status.is_terminal():  # the log stream can close a moment before the status
+            time.sleep(0.5)
+            status = client.get_job_status(sid)
+    except KeyboardInterrupt:
+        typer.echo(f"\nstopped following; the job keeps running: longdoc logs {sid} --follow", err=True)
+        return 130
+    info = client.get_job_info(sid)
+    typer.echo(f"job {sid} finished: {status.value}")
+    if status == JobStatus.SUCCEEDED:
+        return 0
+    if info.message:
+        typer.echo(f"  {info.message.splitlines()[0]}", err=True)
+    return info.driver_exit_code or 1
+
+
+def _fmt_ms(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def status(
+    submission_id: Annotated[
+        str | None, typer.Argument(help="Submission id; omit to list longdoc jobs.")
+    ] = None,
+    address: AddressOpt = None,
+) -> None:
+    """Show one job's status, or list the cluster's longdoc jobs. Exit 1 if the id is unknown."""
+    client = _client(address)
+    if submission_id is None:
+        jobs = [j for j in client.list_jobs() if (j.metadata or {}).get("longdoc.job")]
+        for j in sorted(jobs, key=lambda j: j.start_time or 0):
+            typer.echo(f"{j.submission_id}\t{j.status.value}\t{_fmt_ms(j.start_time)}")
+        if not jobs:
+            typer.echo("no longdoc jobs on this cluster")
+        return
+    if _existing_status(client, submission_id) is None:
+        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        raise typer.Exit(1)
+    info = client.get_job_info(submission_id)
+    # runtime_env is left out on purpose: it may carry --env values.
+    typer.echo(f"submission_id: {submission_id}")
+    typer.echo(f"status:        {info.status.value}")
+    typer.echo(f"entrypoint:    {info.entrypoint}")
+    typer.echo(f"started:       {_fmt_ms(info.start_time)}")
+    typer.echo(f"ended:         {_fmt_ms(info.end_time)}")
+    if info.driver_exit_code is not None:
+        typer.echo(f"exit code:     {info.driver_exit_code}")
+    if info.message:
+        typer.echo(f"message:       {info.message.splitlines()[0]}")
+
+
+def logs(
+    submission_id: Annotated[str, typer.Argument(help="Submission id.")],
+    address: AddressOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+) -> None:
+    """Print a job's driver logs; with --follow, stream them and exit with the job's status."""
+    client = _client(address)
+    if _existing_status(client, submission_id) is None:
+        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        raise typer.Exit(1)
+    if follow:
+        raise typer.Exit(_follow_and_exit_code(client, submission_id))
+    typer.echo(client.get_job_logs(submission_id), nl=False)
