@@ -1,0 +1,203 @@
+"""RAG core: exact budget, document order, retrieval with the real embedded MiniLM,
+batching across documents, and per-request failure isolation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from schemas.spec import EMBEDDED_EMBEDDER
+from stages.rag_core import (
+    RagResult,
+    SentenceEmbedder,
+    assemble,
+    load_embedder,
+    rag_contexts,
+    select_chunks,
+    split_chunks,
+)
+
+CHUNK = 32
+
+# One topic per paragraph; each is cut/padded to exactly CHUNK tokens so chunk c of
+# the document is paragraph c.
+PARAGRAPHS = [
+    "The recipe for sourdough bread starts with flour, water and a starter that ferments overnight. "
+    "Bakers fold the dough several times and bake it in a hot cast iron pot.",
+    "Jupiter is the largest planet of the solar system. Its great red spot is a storm larger than "
+    "the Earth, and its moons Io and Europa are studied by space probes.",
+    "The football match ended two to one after a late penalty. The striker scored twice and the "
+    "goalkeeper saved a free kick in the final minute of the game.",
+    "The secret code to open the bank vault of Zurich is 4417. Only the night manager of the bank "
+    "knows the vault code and changes it every month.",
+    "Tomatoes grow best in warm soil with plenty of sun. Gardeners water the plants in the morning "
+    "and tie the stems to wooden stakes as they grow taller.",
+    "The violin concerto was first performed in Vienna. The orchestra rehearsed for weeks and the "
+    "soloist played the difficult cadenza from memory.",
+]
+VAULT = 3
+
+
+class CountingEmbedder:
+    """Wraps the real embedder, recording every call (and optionally failing on a text)."""
+
+    def __init__(self, inner: SentenceEmbedder, poison: str | None = None) -> None:
+        self.inner = inner
+        self.poison = poison
+        self.calls: list[tuple[str, int]] = []
+
+    def _check(self, texts: list[str]) -> None:
+        if self.poison is not None and any(self.poison in t for t in texts):
+            raise RuntimeError("poisoned text")
+
+    def embed_queries(self, texts: list[str]) -> torch.Tensor:
+        self.calls.append(("q", len(texts)))
+        self._check(texts)
+        return self.inner.embed_queries(texts)
+
+    def embed_chunks(self, texts: list[str]) -> torch.Tensor:
+        self.calls.append(("c", len(texts)))
+        self._check(texts)
+        return self.inner.embed_chunks(texts)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceEmbedder:
+    return load_embedder(EMBEDDED_EMBEDDER, "cpu", batch_size=16)
+
+
+def paragraph_doc(tokenizer, order: list[int]) -> list[int]:
+    ids: list[int] = []
+    for p in order:
+        toks = tokenizer(PARAGRAPHS[p] + " " + PARAGRAPHS[p], add_special_tokens=False)["input_ids"]
+        ids.extend(toks[:CHUNK])
+    return ids
+
+
+def is_subsequence(small: list[int], big: list[int]) -> bool:
+    it = iter(big)
+    return all(any(x == y for y in it) for x in small)
+
+
+def test_split_chunks_covers_document() -> None:
+    chunks = split_chunks(list(range(70)), 32)
+    assert [len(c) for c in chunks] == [32, 32, 6]
+    assert sum(chunks, []) == list(range(70))
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        split_chunks([1, 2], 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_select_fills_budget_exactly_in_document_order(seed: int) -> None:
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 12))]
+    scores = [rng.random() for _ in lens]
+    for target in (1, 7, 33, 100, sum(lens), sum(lens) + 5):
+        kept = select_chunks(scores, lens, target)
+        assert sum(n for _, n in kept) == min(target, sum(lens))
+        idx = [i for i, _ in kept]
+        assert idx == sorted(idx) and len(set(idx)) == len(idx)
+        # Everything kept scores at least as high as everything left out, and only
+        # the lowest-scoring kept chunk may be cut.
+        left_out = set(range(len(lens))) - set(idx)
+        lowest = min(kept, key=lambda k: (scores[k[0]], -k[0]))
+        assert all(scores[i] >= scores[j] for i in idx for j in left_out)
+        assert all(n == lens[i] for i, n in kept if (i, n) != lowest)
+
+
+def test_select_rejects_bad_budget() -> None:
+    with pytest.raises(ValueError, match="target_tokens"):
+        select_chunks([0.1], [3], 0)
+
+
+def test_assemble_cuts_head_of_chunk() -> None:
+    chunks = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    assert assemble(chunks, [(0, 3), (2, 1)]) == [1, 2, 3, 7]
+
+
+def test_answer_chunk_is_retrieved(tokenizer, embedder) -> None:
+    doc = paragraph_doc(tokenizer, list(range(len(PARAGRAPHS))))
+    (res,) = rag_contexts(
+        [doc],
+        ["What is the secret code of the bank vault?"],
+        tokenizer=tokenizer,
+        embedder=embedder,
+        target_tokens=40,
+        chunk_tokens=CHUNK,
+    )
+    assert isinstance(res, RagResult)
+    assert len(res.context_ids) == 40
+    assert (VAULT, CHUNK) in res.kept  # the best chunk is kept whole
+    assert "4417" in tokenizer.decode(res.context_ids)
+    assert is_subsequence(res.context_ids, doc)
+    assert res.compress_s > 0 and res.n_chunks == len(PARAGRAPHS)
+
+
+def test_short_document_kept_whole_without_embedding(tokenizer, embedder) -> None:
+    counting = CountingEmbedder(embedder)
+    doc = paragraph_doc(tokenizer, [0, 1])
+    (res,) = rag_contexts(
+        [doc],
+        ["anything"],
+        tokenizer=tokenizer,
+        embedder=counting,
+        target_tokens=len(doc),
+        chunk_tokens=CHUNK,
+    )
+    assert isinstance(res, RagResult) and res.context_ids == doc
+    assert counting.calls == []
+
+
+def test_batch_equals_per_row_with_one_encode_call(tokenizer, embedder) -> None:
+    docs = [
+        paragraph_doc(tokenizer, [0, 1, 2, 3, 4, 5]),
+        paragraph_doc(tokenizer, [5, 3, 1]),
+        paragraph_doc(tokenizer, [2]),  # fits the budget
+        paragraph_doc(tokenizer, [4, 0, 2, 1]),
+    ]
+    queries = [
+        "Which planet has a great red spot?",
+        "Who knows the vault code?",
+        "What was the score?",
+        "How do you bake sourdough bread?",
+    ]
+    kw = dict(tokenizer=tokenizer, target_tokens=50, chunk_tokens=CHUNK)
+    counting = CountingEmbedder(embedder)
+    batched = rag_contexts(docs, queries, embedder=counting, **kw)
+    # one query call and one chunk call over the 6 + 3 + 4 chunks of the long docs
+    assert counting.calls == [("q", 3), ("c", 13)]
+    for d, q, b in zip(docs, queries, batched, strict=True):
+        (single,) = rag_contexts([d], [q], embedder=embedder, **kw)
+        assert isinstance(b, RagResult) and isinstance(single, RagResult)
+        assert b.context_ids == single.context_ids
+        assert len(b.context_ids) == min(50, len(d))
+    assert "red spot" in tokenizer.decode(batched[0].context_ids)
+
+
+def test_bad_request_fails_alone(tokenizer, embedder) -> None:
+    docs = [paragraph_doc(tokenizer, [0, 3, 1]), None, paragraph_doc(tokenizer, [1, 3]), [5, -1]]
+    queries = ["Who knows the vault code?", "q", "", "q"]
+    out = rag_contexts(
+        docs, queries, tokenizer=tokenizer, embedder=embedder, target_tokens=40, chunk_tokens=CHUNK
+    )
+    assert isinstance(out[0], RagResult) and len(out[0].context_ids) == 40
+    assert isinstance(out[1], ValueError) and "doc_ids" in str(out[1])
+    assert isinstance(out[2], ValueError) and "query" in str(out[2])
+    assert isinstance(out[3], ValueError) and "negative" in str(out[3])
+
+
+def test_embedding_failure_is_isolated_to_its_request(tokenizer, embedder) -> None:
+    counting = CountingEmbedder(embedder, poison="violin")
+    docs = [paragraph_doc(tokenizer, [0, 3, 1]), paragraph_doc(tokenizer, [5, 2, 4])]
+    out = rag_contexts(
+        docs,
+        ["Who knows the vault code?", "What was the score?"],
+        tokenizer=tokenizer,
+        embedder=counting,
+        target_tokens=40,
+        chunk_tokens=CHUNK,
+    )
+    assert isinstance(out[0], RagResult) and "4417" in tokenizer.decode(out[0].context_ids)
+    assert isinstance(out[1], RuntimeError)
