@@ -1,0 +1,140 @@
+"""Checks on the committed sample data in jobs/: corpus, sample QA and eval set.
+
+The eval set and sample QA are regenerated from the committed corpus with the real
+builder and must match the committed files byte for byte, so hand edits or a stale
+rebuild fail here. Rebuilding the corpus itself needs Debian's python3.11-doc; that
+check runs only where the package is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.corpus_build import (
+    DOC_ROOT,
+    EVAL_TOKENS,
+    SAMPLE_TOKENS,
+    SOURCES,
+    TOKEN_RANGE,
+    sample_qa_records,
+)
+from pipeline.corpus_eval import MAX_DEPTH_ERROR, TARGET_DEPTHS, build_eval_records
+from pipeline.corpus_qa import NEEDLES
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict[str, str]:
+    return {p.stem: p.read_text("utf-8") for p in sorted((JOBS / "corpus").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def sample() -> list[dict]:
+    return _jsonl(JOBS / "sample-qa.jsonl")
+
+
+@pytest.fixture(scope="module")
+def evalset() -> list[dict]:
+    return _jsonl(JOBS / "eval" / "qa-eval.jsonl")
+
+
+def _tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def test_corpus_files_counts_and_size(corpus):
+    files = list((JOBS / "corpus").iterdir())
+    assert all(p.suffix == ".txt" for p in files), "only documents may live in jobs/corpus"
+    assert set(corpus) == set(SOURCES)
+    assert 30 <= len(corpus) <= 40
+    assert sum(p.stat().st_size for p in files) < 3_000_000
+
+
+def test_corpus_token_lengths(corpus, tokenizer):
+    sizes = {d: _tokens(tokenizer, t) for d, t in corpus.items()}
+    bad = {d: n for d, n in sizes.items() if not TOKEN_RANGE[0] <= n <= TOKEN_RANGE[1]}
+    assert not bad, f"documents outside {TOKEN_RANGE} tokens: {bad}"
+
+
+def test_corpus_is_clean_text(corpus):
+    markup = (":func:`", ":meth:`", ":ref:`", "``", ".. index::", ".. note::", ".. code-block::")
+    for doc_id, text in corpus.items():
+        assert not [m for m in markup if m in text], f"reST markup left in {doc_id}"
+        assert text.endswith("\n") and "\n\n\n" not in text, doc_id
+        assert not any(line != line.rstrip() for line in text.splitlines()), doc_id
+
+
+def test_sample_qa(sample, corpus, tokenizer):
+    assert 6 <= len(sample) <= 10
+    for rec in sample:
+        assert set(rec) == {"id", "text", "questions", "answers"}
+        assert rec["text"] == corpus[rec["id"]]
+        assert 2 <= len(rec["questions"]) == len(rec["answers"]) <= 3
+        for answer in rec["answers"]:
+            assert answer and answer in rec["text"], (rec["id"], answer)
+        assert SAMPLE_TOKENS[0] <= _tokens(tokenizer, rec["text"]) <= SAMPLE_TOKENS[1]
+
+
+def test_eval_shape_and_lengths(evalset, tokenizer):
+    assert 8 <= len(evalset) <= 10
+    assert 30 <= sum(len(r["questions"]) for r in evalset) <= 40
+    for rec in evalset:
+        assert set(rec) == {"id", "text", "questions", "answers", "depths", "kind"}
+        n = len(rec["questions"])
+        assert len(rec["answers"]) == len(rec["depths"]) == len(rec["kind"]) == n
+        assert {"inserted", "native"} == set(rec["kind"])
+        assert EVAL_TOKENS[0] <= _tokens(tokenizer, rec["text"]) <= EVAL_TOKENS[1]
+
+
+def test_eval_answers_sit_at_stated_depth(evalset):
+    for rec in evalset:
+        text = rec["text"]
+        for answer, depth in zip(rec["answers"], rec["depths"], strict=True):
+            starts = [m.start() for m in re.finditer(re.escape(answer), text)]
+            assert starts, (rec["id"], answer)
+            assert min(abs(i / len(text) - depth) for i in starts) < 0.001, (rec["id"], answer)
+
+
+def test_eval_inserted_facts(evalset, corpus):
+    sentences = {answer: sentence for sentence, _, answer in NEEDLES}
+    reached = set()
+    for rec in evalset:
+        original, text = corpus[rec["id"]], rec["text"]
+        for answer, depth, kind in zip(rec["answers"], rec["depths"], rec["kind"], strict=True):
+            if kind == "native":
+                assert answer in original, (rec["id"], answer)
+                continue
+            assert answer not in original and text.count(answer) == 1, (rec["id"], answer)
+            text = text.replace(sentences[answer] + "\n\n", "", 1)
+            reached |= {t for t in TARGET_DEPTHS if abs(depth - t) <= MAX_DEPTH_ERROR}
+        # The facts are whole paragraphs: taking them out restores the document exactly.
+        assert text == original, rec["id"]
+    assert reached == set(TARGET_DEPTHS), "inserted facts must cover every target depth"
+
+
+def test_committed_qa_files_match_the_builder(corpus, sample, evalset):
+    assert sample_qa_records(corpus) == sample
+    assert build_eval_records(corpus) == evalset
+
+
+def test_readme_lists_every_document_and_the_licence(corpus):
+    readme = (JOBS / "README.md").read_text("utf-8")
+    assert "PSF License Agreement" in readme
+    missing = [d for d in corpus if f"`{d}`" not in readme]
+    assert not missing, f"jobs/README.md does not list {missing}"
+
+
+@pytest.mark.skipif(not DOC_ROOT.is_dir(), reason="needs Debian's python3.11-doc sources")
+def test_corpus_rebuilds_from_debian_docs(corpus):
+    from pipeline.corpus_build import build_corpus
+
+    assert build_corpus() == corpus
