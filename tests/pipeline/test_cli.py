@@ -1,0 +1,58 @@
+"""The `longdoc` CLI: validation before Ray, exit codes, run and report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+runner = CliRunner()
+
+
+def test_validate_prints_resolved_spec():
+    res = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--set", "generation.max_new_tokens=7"])
+    assert res.exit_code == 0, res.output
+    assert "max_new_tokens: 7" in res.output
+    assert "question_field: questions" in res.output
+
+
+def test_invalid_spec_exits_2_naming_the_field(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\ninput: {uri: /d, format: csv}\ngeneration: {temprature: 1}\n")
+    # A real subprocess: the error must come before Ray or any model loads.
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(spec)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "input.format" in proc.stderr and "'text', 'jsonl' or 'parquet'" in proc.stderr
+    assert "generation.temprature" in proc.stderr
+    assert "ray" not in proc.stderr.lower()
+
+
+def test_bad_date_and_bad_override():
+    assert runner.invoke(app, ["run", "jobs/sample-qa.yaml", "--date", "31/01/2026"]).exit_code == 2
+    res = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--set", "compression.method=zip"])
+    assert res.exit_code == 2
+
+
+def test_run_fails_when_too_many_rows_fail_then_report(tmp_path, tiny_model_dir, ray_session):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "ok.txt").write_text("A short document about lakes.")
+    (corpus / "bad.txt").write_bytes(b"\xff\xfe\xfd")
+    (corpus / "empty.txt").write_text("")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: cli\ninput: {{uri: {corpus}}}\ngeneration: {{model: {tiny_model_dir}, max_new_tokens: 3}}\n"
+        f"output: {{uri: {tmp_path}/out}}\n"
+    )
+    res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet", "--max-failed-fraction", "0.5"])
+    assert res.exit_code == 1
+    assert "documents" in res.output and "2 of 3 rows failed" in res.output
+    rep = runner.invoke(app, ["report", f"{tmp_path}/out", "--json"])
+    assert rep.exit_code == 0, rep.output
+    assert '"rows": 3' in rep.output and '"failed": 2' in rep.output
+    assert runner.invoke(app, ["report", f"{tmp_path}/nothing"]).exit_code == 2
