@@ -9,7 +9,7 @@ Contract:
 - The submission id is ``longdoc-<job name>-<run date>`` (plus ``-<suffix>`` with
   ``--suffix``). Ray refuses a second job with the same id, so a nightly job cannot
   run twice for one date; a deliberate rerun (say after a failure) passes ``--suffix``
-  and, with the same ``--run-id``, resumes where the failed run stopped.
+  and resumes: ``longdoc run`` skips requests already written for that date.
 - Secrets: nothing read from the environment is printed, logged or put in job
   metadata. ``--env NAME`` copies the *named* variables into the job's runtime_env
   ``env_vars`` only when asked (their values are then visible to anyone who can read
@@ -204,7 +204,7 @@ def submit(
         typer.echo(
             f"error: job {sid} was already submitted (status {existing}); one submission per "
             f"job and date. See `longdoc status {sid}`; to submit again anyway pass "
-            "--suffix (e.g. --suffix retry1) and the same --run-id to resume.",
+            "--suffix (e.g. --suffix retry1): requests already written for the date are skipped.",
             err=True,
         )
         raise typer.Exit(1)
