@@ -121,6 +121,20 @@ def _check_date(date: str) -> None:
         raise typer.Exit(2) from None
 
 
+def _register_operations() -> None:
+    """Commands implemented in their own modules (one job per module)."""
+    from pipeline.render import render
+    from pipeline.submit import logs, status, submit
+
+    app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
+    app.command(help="Status of a submitted job.")(status)
+    app.command(help="Logs of a submitted job.")(logs)
+    app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
+
+
+_register_operations()
+
+
 def main() -> None:  # pragma: no cover - console entry
     app(sys.argv[1:])
 
