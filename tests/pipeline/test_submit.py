@@ -10,22 +10,18 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from ray_head import ray_head
+from ray_head import VENV_BIN, ray_head
 
 from pipeline.submit import build_entrypoint, resolve_run_date, submission_id_for
 
 DATE = "2026-02-03"
 TOKEN = secrets.token_hex(16)
 SECRET = "s3cr3t-" + secrets.token_hex(8)
-# TODO(lead wiring): switch to VENV_BIN / "longdoc" once pipeline.cli registers the commands.
-_CLI = ("import typer; from pipeline import submit as s; app = typer.Typer(); "
-        "[app.command()(f) for f in (s.submit, s.status, s.logs)]; app()")
 
 
 def test_ids_entrypoint_and_dates():
@@ -59,7 +55,7 @@ def _env(token: str | None = TOKEN) -> dict[str, str]:
 
 def longdoc(*args: str, token: str | None = TOKEN, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process (auth settings stay out of this process)."""
-    cmd = [sys.executable, "-c", _CLI, *args]
+    cmd = [str(VENV_BIN / "longdoc"), *args]
     r = subprocess.run(cmd, env=_env(token), cwd=cwd, capture_output=True, text=True, timeout=300)
     assert TOKEN not in r.stdout + r.stderr and SECRET not in r.stdout + r.stderr
     return r
