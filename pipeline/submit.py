@@ -105,6 +105,13 @@ def _env_vars(names: list[str]) -> dict[str, str]:
     return {n: os.environ[n] for n in names}
 
 
+def _relative_spec(spec: Path, working_dir: Path) -> str:
+    try:
+        return spec.resolve().relative_to(working_dir.resolve()).as_posix()
+    except ValueError:
+        raise ValueError(f"spec {spec} is not inside --working-dir {working_dir}") from None
+
+
 def _local_path_notes(uris: dict[str, str]) -> list[str]:
     """Warn about spec URIs that point at the submitting machine's disk."""
     notes = []
@@ -194,6 +201,7 @@ def submit(
         env_vars = _env_vars(list(env or []))
         if max_failed_fraction is not None and not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"--max-failed-fraction {max_failed_fraction} must be in [0, 1]")
+        rel = spec.name if working_dir is None else _relative_spec(spec, working_dir)
     except (SpecError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -214,14 +222,7 @@ def submit(
         if working_dir is None:
             tmp = Path(tempfile.mkdtemp(prefix="longdoc-submit-"))
             shutil.copy2(spec, tmp / spec.name)
-            root, rel = tmp, spec.name
-        else:
-            root = working_dir.resolve()
-            try:
-                rel = spec.resolve().relative_to(root).as_posix()
-            except ValueError:
-                typer.echo(f"error: spec {spec} is not inside --working-dir {working_dir}", err=True)
-                raise typer.Exit(2) from None
+        root = tmp or working_dir.resolve()
         runtime_env: dict[str, Any] = {"working_dir": str(root), "excludes": WORKING_DIR_EXCLUDES}
         program = "longdoc"
         if ship_code:
@@ -230,8 +231,7 @@ def submit(
             runtime_env["py_modules"] = [
                 str(Path(importlib.import_module(p).__file__).parent) for p in _PROJECT_PACKAGES
             ]
-            # No console script on an image without the project: call the CLI object.
-            program = "python -c " + shlex.quote("from pipeline.cli import app; app()")
+            program = "python -m pipeline.cli"  # no console script on an image without the project
         if env_vars:
             runtime_env["env_vars"] = env_vars
         entrypoint = build_entrypoint(rel, run_date, overrides, run_id, max_failed_fraction, program)

@@ -61,14 +61,15 @@ def longdoc(*args: str, token: str | None = TOKEN, cwd: Path | None = None) -> s
     return r
 
 
-def _job_spec(tmp_path: Path, model_dir: Path, input_uri: str | None = None) -> Path:
+def _job_spec(tmp_path: Path, model_dir: Path) -> Path:
+    """A spec whose corpus is a *relative* path: it resolves only where the folder is shipped."""
     corpus = tmp_path / "corpus"
     corpus.mkdir(exist_ok=True)
     for i, topic in enumerate(["rivers", "bridges", "lakes"]):
         (corpus / f"{topic}.txt").write_text(f"Document {i} is about {topic}. " * 20)
     spec = {
         "name": "tinyjob",
-        "input": {"uri": input_uri or str(corpus), "format": "text"},
+        "input": {"uri": "corpus", "format": "text"},
         "generation": {"model": "embedded:smollm2-135m-instruct", "max_new_tokens": 4},
         "resources": {"batch_size": 2, "num_cpus": 1},
         "output": {"uri": str(tmp_path / "out" / "{job}")},
@@ -81,10 +82,13 @@ def _job_spec(tmp_path: Path, model_dir: Path, input_uri: str | None = None) -> 
 def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     spec = _job_spec(tmp_path, tiny_model_dir)
     common = ["--address", head.dashboard_url, "--date", DATE, "--set", f"generation.model={tiny_model_dir}"]
-    r = longdoc("submit", str(spec), *common, "--wait", "--env", "LONGDOC_TEST_SECRET")
+    # Ship the folder (spec + corpus) and this checkout's packages with the job.
+    r = longdoc("submit", str(spec), *common, "--wait", "--env", "LONGDOC_TEST_SECRET",
+                "--working-dir", str(tmp_path), "--ship-code")
     assert r.returncode == 0, r.stdout + r.stderr
     sid = f"longdoc-tinyjob-{DATE}"
     assert f"submitted {sid}" in r.stdout and "SUCCEEDED" in r.stdout
+    assert "entrypoint: python -m pipeline.cli run tinyjob.yaml" in r.stdout
     assert "env vars passed (values not shown): LONGDOC_TEST_SECRET" in r.stdout
     out_dir = tmp_path / "out" / "tinyjob" / f"run_date={DATE}"
     table = pq.read_table(out_dir)
@@ -99,15 +103,19 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     client = JobSubmissionClient(head.dashboard_url, headers={"Authorization": f"Bearer {TOKEN}"})
     info = client.get_job_info(sid)
     assert info.runtime_env["env_vars"] == {"LONGDOC_TEST_SECRET": SECRET}
+    assert len(info.runtime_env["py_modules"]) == 3  # pipeline, stages, schemas
     assert info.metadata == {"longdoc.job": "tinyjob", "longdoc.run_date": DATE}
 
     # The same nightly job and date is refused.
     r = longdoc("submit", str(spec), *common)
     assert r.returncode == 1 and f"job {sid} was already submitted (status SUCCEEDED)" in r.stderr
-    # A deliberate resubmission takes --suffix; --wait exits with the job's failure.
-    r = longdoc("submit", str(spec), *common, "--suffix", "retry1", "--wait",
-                "--set", f"input.uri={tmp_path / 'missing'}")
+    # A deliberate resubmission takes --suffix. Shipped without --working-dir (the spec
+    # alone, `longdoc` entrypoint), the relative corpus path does not exist on the
+    # cluster: the job fails and --wait exits non-zero.
+    r = longdoc("submit", str(spec), *common, "--suffix", "retry1", "--wait")
     assert r.returncode != 0 and f"job {sid}-retry1 finished: FAILED" in r.stdout, r.stdout + r.stderr
+    assert "entrypoint: longdoc run tinyjob.yaml" in r.stdout
+    assert "note: input.uri='corpus' is a local path" in r.stderr
     assert pq.read_table(out_dir).num_rows == 3
 
     r = longdoc("status", sid, "--address", head.dashboard_url)
