@@ -11,6 +11,7 @@ to it, and every port is picked free (outside Ray's worker port range).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,6 +103,7 @@ def ray_head(
         yield head
     finally:
         _stop(proc)
+        shutil.rmtree(temp_dir, ignore_errors=True)  # session logs, sockets, spilled objects
 
 
 def _stop(proc: subprocess.Popen) -> None:
