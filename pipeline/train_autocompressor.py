@@ -1,0 +1,113 @@
+"""`longdoc train-autocompressor`: turn a causal LM into an AutoCompressor.
+
+Register with ``app.command("train-autocompressor")(train_autocompressor)``. The core is
+stages/autocompressor/train.py; this module only maps options to a TrainConfig and
+prints progress. Heavy imports happen inside the command.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from schemas.spec import EMBEDDED_MODEL
+
+
+def _format(rec: dict) -> str:
+    if "step" not in rec:
+        return ", ".join(f"{k}={v}" for k, v in rec.items())
+    return (
+        f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
+        f"{rec['tokens_per_s']:,.0f} tok/s  {rec['s_per_step']:.2f} s/step"
+    )
+
+
+def train_autocompressor(
+    data: Annotated[
+        Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="Training text: folders of .txt/.md/.jsonl files or single files (repeatable)."
+        ),
+    ] = None,
+    out: Annotated[
+        str, typer.Option(help="Output directory (a few MB: summary embeddings + LoRA).")
+    ] = "out/autocompressor",
+    base_model: Annotated[
+        str, typer.Option(help="Base causal LM: HF id, local path or the embedded default.")
+    ] = EMBEDDED_MODEL,
+    summary_length: Annotated[
+        int, typer.Option(help="Summary vectors per segment (the paper: 50).")
+    ] = 50,
+    block_tokens: Annotated[
+        int, typer.Option(help="Tokens per training sequence (the paper: 6144).")
+    ] = 2048,
+    substeps: Annotated[
+        int, typer.Option(help="Slices per sequence; the soft prompt is detached after each.")
+    ] = 2,
+    segments_per_substep: Annotated[
+        int, typer.Option(help="Segments per slice (gradients flow through these).")
+    ] = 2,
+    min_segment_tokens: Annotated[int, typer.Option(help="Shortest randomised segment.")] = 32,
+    batch_size: Annotated[int, typer.Option(help="Sequences per micro-batch.")] = 2,
+    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 1000,
+    lr: Annotated[
+        float, typer.Option(help="Peak learning rate (the paper's Llama-2 LoRA run: 8e-4).")
+    ] = 8e-4,
+    warmup_steps: Annotated[
+        int, typer.Option(help="Linear warmup steps, then cosine decay to 10%.")
+    ] = 50,
+    lora_r: Annotated[
+        int, typer.Option(help="LoRA rank (0 = train only the summary embeddings).")
+    ] = 8,
+    lora_alpha: Annotated[int, typer.Option(help="LoRA alpha.")] = 16,
+    lora_dropout: Annotated[float, typer.Option(help="LoRA dropout.")] = 0.05,
+    lora_targets: Annotated[
+        str,
+        typer.Option(help="Comma-separated projection names to adapt (those present are used)."),
+    ] = "q_proj,v_proj,o_proj,out_proj",
+    grad_checkpointing: Annotated[
+        bool, typer.Option(help="Activation checkpointing (saves GPU memory).")
+    ] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="Base weights: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
+    ] = "auto",
+    seed: Annotated[int, typer.Option(help="Random seed (data order, segment lengths).")] = 0,
+    log_every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10,
+) -> None:
+    """Train an AutoCompressor (summary embeddings + LoRA) and save it as a directory."""
+    from stages.autocompressor.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        base_model=base_model,
+        data=tuple(data or ["jobs/corpus"]),
+        out_dir=out,
+        summary_length=summary_length,
+        block_tokens=block_tokens,
+        substeps=substeps,
+        segments_per_substep=segments_per_substep,
+        min_segment_tokens=min_segment_tokens,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        steps=steps,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()),
+        grad_checkpointing=grad_checkpointing,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        log_every=log_every,
+    )
+    try:
+        result = train(cfg, on_log=lambda rec: typer.echo(_format(rec)))
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    size = sum(p.stat().st_size for p in result.out_dir.rglob("*") if p.is_file())
+    typer.echo(f"saved {result.out_dir} ({size / 1e6:.1f} MB) in {result.seconds:.0f} s")

@@ -1,0 +1,279 @@
+"""AutoCompressor model wrapper: a causal LM plus learned summary-token embeddings.
+
+Mechanism (Chevalier et al., 2023, "Adapting Language Models to Compress Contexts",
+arXiv:2305.14788), checked against the authors' code (github.com/princeton-nlp/AutoCompressors:
+``auto_compressor.py`` ``AutoCompressorMixin`` / ``OPTAutoCompressorModel`` /
+``LlamaAutoCompressorModel``, ``modeling_flash_llama.py``, ``substep_trainer.py``) and the
+published Hugging Face configs:
+
+- ``summary_length`` (K) learned summary-token embeddings (parameter ``embed_summary.weight``,
+  shape [K, H_in], H_in = input-embedding width, initialised to the EOS token's embedding)
+  are appended after each segment's tokens.
+- Each segment is one forward pass over ``[soft prompt ; segment tokens ; K summary tokens]``.
+  The final hidden states (after the final norm, and OPT's ``project_out`` when present) at
+  the K summary positions are that segment's summary vectors.
+- ``accumulate_summary=True`` (every published AutoCompressor): the soft prompt of segment s
+  is the concatenation, oldest first, of the summaries of segments 0..s-1. ``False`` is the
+  RMT baseline: only the previous segment's summary is carried.
+- Generation conditions on ``[soft prompt ; prompt tokens]`` (the README's
+  ``model(prompt_ids, softprompt=summary_vectors)``).
+- Positions differ by family:
+  * Llama (RoPE, ``modeling_flash_llama.py``): no special handling; the rotary offset runs
+    0..T-1 over the whole ``[soft ; segment ; summary]`` sequence of each pass, so the soft
+    prompt takes positions 0..P-1 and text starts at P. We call this ``"contiguous"``.
+  * OPT (learned absolute positions): ``OPTLearnedPositionalEmbeddingWithPadding`` gives
+    soft-prompt and summary tokens the padding row (index 1 of ``embed_positions``, i.e. no
+    position) and numbers only the text tokens from position 0. We call this
+    ``"text_only"`` and express it with ``position_ids = -1`` (HF OPT adds its offset 2).
+
+Contract: the wrapper owns no weights of the LM; ``lm`` may be a plain transformers causal
+LM or a peft-wrapped one (LoRA layers live inside the modules, so calling the inner decoder
+applies them). Every pass hands the decoder an explicit 4D boolean mask (see
+stages/decoding/state.step_mask), so padding may sit anywhere in a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.decoding.state import positions_from_real, step_mask
+
+PositionScheme = Literal["contiguous", "text_only"]
+
+
+@dataclass(frozen=True)
+class ACConfig:
+    """What an AutoCompressor checkpoint fixes about the mechanism.
+
+    summary_length: K summary vectors per segment. accumulate_summary: concatenate all
+    previous summaries (True) or carry only the last (RMT). position_scheme: see module
+    docstring. bos_first_segment: prepend the tokenizer's BOS to the document before
+    segmenting (the published checkpoints compress ``tokenizer(context)``, BOS included).
+    """
+
+    summary_length: int
+    accumulate_summary: bool = True
+    position_scheme: PositionScheme = "contiguous"
+    bos_first_segment: bool = False
+
+    def __post_init__(self) -> None:
+        if self.summary_length < 1:
+            raise ValueError(f"summary_length must be >= 1, got {self.summary_length}")
+        if self.position_scheme not in ("contiguous", "text_only"):
+            raise ValueError(
+                f"position_scheme {self.position_scheme!r} not supported; allowed: contiguous, text_only"
+            )
+
+
+def scheme_for(model_type: str) -> PositionScheme:
+    """OPT's learned absolute positions follow the OPT convention; RoPE families the Llama one."""
+    return "text_only" if model_type == "opt" else "contiguous"
+
+
+def position_ids(
+    real: torch.Tensor,
+    is_text: torch.Tensor,
+    scheme: PositionScheme,
+    start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Position ids for a block mixing soft/summary vectors and text tokens.
+
+    real: [B, T] bool (False = padding); is_text: [B, T] bool (False = soft prompt or summary
+    token); start: optional [B] offset. contiguous: every real slot counts (0.. over real
+    slots). text_only: text slots count from 0, every other slot gets -1 (OPT's no-position
+    row). Padding slots get an arbitrary position (they are masked out).
+    """
+    if scheme == "contiguous":
+        return positions_from_real(real, start)
+    text = real & is_text
+    pos = text.long().cumsum(dim=1) - 1
+    if start is not None:
+        pos = pos + start[:, None]
+    return torch.where(text, pos, torch.full_like(pos, -1))
+
+
+@dataclass
+class SegmentLoss:
+    """Output of ``AutoCompressor.forward``: summed next-token loss, number of predicted
+    tokens, and the soft prompt after the last segment ([B, P, H_in])."""
+
+    loss_sum: torch.Tensor
+    n_tokens: int
+    softprompt: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return self.loss_sum / max(1, self.n_tokens)
+
+
+class AutoCompressor(nn.Module):
+    """A causal LM turned AutoCompressor: ``lm`` + ``summary_embeddings`` [K, H_in]."""
+
+    def __init__(
+        self, lm: nn.Module, config: ACConfig, summary_embeddings: torch.Tensor | None = None
+    ):
+        super().__init__()
+        self.lm = lm
+        self.config = config
+        emb = lm.get_input_embeddings().weight  # [V, H_in]
+        if summary_embeddings is None:
+            eos = lm.config.eos_token_id
+            eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+            if eos is None:
+                raise ValueError(
+                    "the base model has no eos_token_id to initialise summary tokens from"
+                )
+            summary_embeddings = emb[eos].detach().float()[None].repeat(config.summary_length, 1)
+        if tuple(summary_embeddings.shape) != (config.summary_length, emb.shape[1]):
+            raise ValueError(
+                f"summary embeddings of shape {tuple(summary_embeddings.shape)} do not match "
+                f"summary_length={config.summary_length} x hidden={emb.shape[1]}"
+            )
+        # Kept in float32 (tiny) so training updates are exact; cast to the LM dtype at use.
+        self.summary_embeddings = nn.Parameter(
+            summary_embeddings.detach().float().to(emb.device).clone()
+        )
+        self.segment_checkpointing = False
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def device(self) -> torch.device:
+        return self.lm.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.get_input_embeddings().weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.summary_embeddings.shape[1])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: ids [B, T] -> [B, T, H_in]."""
+        return self.lm.get_input_embeddings()(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head: hidden [B, T, H_in] -> logits [B, T, V] float32."""
+        return self.lm.get_output_embeddings()(hidden).float()
+
+    def empty_softprompt(self, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, 0, self.hidden_size, dtype=self.dtype, device=self.device)
+
+    def next_softprompt(self, soft: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+        """Soft prompt for the next segment: accumulate (concat) or replace (RMT)."""
+        return torch.cat([soft, summary], dim=1) if self.config.accumulate_summary else summary
+
+    # ------------------------------------------------------------------ one segment
+    def segment_forward(
+        self, soft: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, with_summary: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over ``[soft ; segment ; summary tokens]``.
+
+        soft: [B, P, H_in] (all real); ids: [B, L] long; valid: [B, L] bool (padding may sit
+        anywhere). Returns (text hidden [B, L, H_in], summary vectors [B, K, H_in]; K = 0 when
+        ``with_summary`` is False).
+        """
+        b, p, length = ids.shape[0], soft.shape[1], ids.shape[1]
+        k = self.config.summary_length if with_summary else 0
+        dev = ids.device
+        tok = self.embed(ids)
+        summ = self.summary_embeddings[None].expand(b, -1, -1)[:, :k].to(tok.dtype)
+        x = torch.cat([soft.to(tok.dtype), tok, summ], dim=1)  # [B, P+L+K, H_in]
+        ones = lambda n: torch.ones(b, n, dtype=torch.bool, device=dev)  # noqa: E731
+        real = torch.cat([ones(p), valid, ones(k)], dim=1)
+        is_text = torch.cat([~ones(p), ones(length), ~ones(k)], dim=1)
+        pos = position_ids(real, is_text, self.config.position_scheme)
+        mask = step_mask(real[:, :0], real)  # [B, 1, T, T]: causal over real slots
+        out = self.lm.get_decoder()(
+            inputs_embeds=x, attention_mask=mask, position_ids=pos, use_cache=False
+        )
+        h = out.last_hidden_state
+        return h[:, p : p + length], h[:, p + length :]
+
+    # ------------------------------------------------------------------ compression
+    def compress(self, rows: Sequence[Sequence[Sequence[int]]]) -> list[torch.Tensor]:
+        """Compress each row's segments into its soft prompt.
+
+        rows[b] = row b's segments (token lists, in document order; a row may have none).
+        Rows are batched segment by segment: at step s every row with more than s segments
+        has seen exactly s segments, so soft prompts line up without padding; only segment
+        lengths are padded. Returns per row a tensor [S_b, H_in] (S_b = n_b * K when
+        accumulating, K when not, 0 without segments), in the LM's dtype.
+        """
+        n = [len(r) for r in rows]
+        soft = [self.empty_softprompt(1)[0] for _ in rows]  # [S_b, H_in] each
+        for s in range(max(n, default=0)):
+            active = [b for b in range(len(rows)) if n[b] > s]
+            segs = [list(rows[b][s]) for b in active]
+            if any(len(seg) == 0 for seg in segs):
+                raise ValueError("compress: segments must be non-empty")
+            width = max(len(seg) for seg in segs)
+            ids = torch.zeros(len(active), width, dtype=torch.long, device=self.device)
+            valid = torch.zeros(len(active), width, dtype=torch.bool, device=self.device)
+            for i, seg in enumerate(segs):
+                ids[i, : len(seg)] = torch.tensor(seg, dtype=torch.long, device=self.device)
+                valid[i, : len(seg)] = True
+            prev = torch.stack([soft[b] for b in active])  # [A, P, H_in], same P for all
+            _, summary = self.segment_forward(prev, ids, valid)
+            new = self.next_softprompt(prev.to(summary.dtype), summary)
+            for i, b in enumerate(active):
+                soft[b] = new[i]
+        return soft
+
+    # ------------------------------------------------------------------ training forward
+    def forward(
+        self,
+        ids: torch.Tensor,
+        segment_lengths: Sequence[int],
+        softprompt: torch.Tensor | None = None,
+        use_summaries: bool = True,
+        loss_from: int = 0,
+    ) -> SegmentLoss:
+        """Next-token loss over ``ids`` [B, T] read as consecutive segments.
+
+        segment_lengths sum to T. Segment s is conditioned on the soft prompt built from the
+        previous segments (and ``softprompt`` [B, P, H_in] carried in from earlier text); the
+        last token of a segment predicts the first of the next one, as in the authors'
+        trainer. use_summaries=False reads every segment on its own (no soft prompt, no
+        summary tokens): the no-memory baseline. Only targets at index >= loss_from count.
+        """
+        if sum(segment_lengths) != ids.shape[1] or min(segment_lengths) < 1:
+            raise ValueError(
+                f"segment_lengths {list(segment_lengths)} must be >= 1 and sum to {ids.shape[1]}"
+            )
+        b = ids.shape[0]
+        soft = self.empty_softprompt(b) if softprompt is None else softprompt
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        hiddens, start = [], 0
+        for s, length in enumerate(segment_lengths):
+            seg = ids[:, start : start + length]
+            last = s == len(segment_lengths) - 1
+            prev = soft if use_summaries else self.empty_softprompt(b)
+            args = (prev, seg, valid[:, start : start + length], use_summaries)
+            if self.segment_checkpointing and self.training and not last:
+                text_h, summary = torch.utils.checkpoint.checkpoint(
+                    self.segment_forward, *args, use_reentrant=False
+                )
+            else:
+                text_h, summary = self.segment_forward(*args)
+            hiddens.append(text_h)
+            if use_summaries:
+                soft = self.next_softprompt(soft.to(summary.dtype), summary)
+            start += length
+        hidden = torch.cat(hiddens, dim=1)[:, :-1]  # [B, T-1, H_in] predicts ids[:, 1:]
+        targets = ids[:, 1:].clone()
+        targets[:, : max(0, loss_from - 1)] = -100
+        logits = self.logits(hidden)
+        loss_sum = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+        )
+        return SegmentLoss(loss_sum, int((targets != -100).sum()), soft)

@@ -1,0 +1,264 @@
+"""Training an AutoCompressor: summary embeddings + LoRA adapters on a frozen causal LM.
+
+Objective (Chevalier et al., 2023, Sec. 3; authors' substep_trainer.py): each training
+block of ``block_tokens`` is cut into ``substeps`` equal slices; each slice is read as
+``segments_per_substep`` segments with randomised lengths (uniform random breakpoints,
+every segment >= ``min_segment_tokens``); the loss is next-token cross-entropy on every
+segment conditioned on the summaries of all earlier segments (accumulated). After each
+substep the loss is back-propagated and the soft prompt is detached (stop-gradient), so
+gradients flow through at most ``segments_per_substep`` segments' summaries (the paper's
+Llama-2 run: 2 substeps x 2 segments of a 6,144-token block, 50 summary vectors, LoRA
+r=16 on q/k/v/o, lr 8e-4; run/train_llama.sh).
+
+Contract: ``make_trainable(lm, ...)`` returns an AutoCompressor whose only trainable
+parameters are the summary embeddings and the LoRA weights; ``fit(ac, batches, cfg)``
+runs ``cfg.steps`` optimizer steps and reports progress through ``on_log`` (stats are
+returned/handed over, never printed here); ``train(cfg)`` is the whole job: load, data,
+fit, save (checkpoint.save_autocompressor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from schemas.spec import EMBEDDED_MODEL
+from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
+
+Segmenter = Callable[[int, random.Random], list[int]]
+
+
+@dataclass
+class TrainConfig:
+    base_model: str = EMBEDDED_MODEL
+    data: tuple[str, ...] = ("jobs/corpus",)
+    out_dir: str = "out/autocompressor"
+    summary_length: int = 50
+    accumulate_summary: bool = True
+    block_tokens: int = 2048
+    substeps: int = 2
+    segments_per_substep: int = 2
+    min_segment_tokens: int = 32
+    batch_size: int = 2
+    grad_accum: int = 1
+    steps: int = 1000
+    lr: float = 8e-4
+    warmup_steps: int = 50
+    max_grad_norm: float = 1.0
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "out_proj")
+    grad_checkpointing: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    log_every: int = 10
+
+    def validate(self) -> None:
+        for name in (
+            "summary_length",
+            "substeps",
+            "segments_per_substep",
+            "batch_size",
+            "grad_accum",
+            "steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        need = self.substeps * self.segments_per_substep * self.min_segment_tokens
+        if self.block_tokens < need:
+            raise ValueError(
+                f"block_tokens={self.block_tokens} is too short for {self.substeps} substeps x "
+                f"{self.segments_per_substep} segments of >= {self.min_segment_tokens} tokens (need {need})"
+            )
+        if self.lora_r < 0:
+            raise ValueError(
+                f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
+            )
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path | None
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    model: AutoCompressor | None = None  # the trained model (peft-wrapped, unmerged)
+
+
+def random_segment_lengths(total: int, n: int, min_len: int, rng: random.Random) -> list[int]:
+    """n lengths >= min_len summing to total, breakpoints drawn uniformly (randomised segmenting)."""
+    free = total - n * min_len
+    if free < 0:
+        raise ValueError(f"cannot cut {total} tokens into {n} segments of >= {min_len}")
+    cuts = sorted(rng.randint(0, free) for _ in range(n - 1))
+    bounds = [0, *cuts, free]
+    return [bounds[i + 1] - bounds[i] + min_len for i in range(n)]
+
+
+def make_trainable(
+    lm,
+    summary_length: int,
+    lora_r: int = 8,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.05,
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "out_proj"),
+    accumulate_summary: bool = True,
+) -> AutoCompressor:
+    """Freeze ``lm``, add LoRA (lora_r > 0) on the target projections present, wrap it."""
+    lm.requires_grad_(False)
+    if lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        present = {name.rsplit(".", 1)[-1] for name, _ in lm.named_modules()}
+        targets = [t for t in lora_targets if t in present]
+        if not targets:
+            raise ValueError(f"none of the LoRA targets {list(lora_targets)} exist in the model")
+        lora = LoraConfig(
+            r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets
+        )
+        lm = get_peft_model(lm, lora)
+    config = ACConfig(
+        summary_length=summary_length,
+        accumulate_summary=accumulate_summary,
+        position_scheme=scheme_for(lm.config.model_type),
+    )
+    return AutoCompressor(lm, config)
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_step(
+    ac: AutoCompressor,
+    batch: torch.Tensor,
+    cfg: TrainConfig,
+    rng: random.Random,
+    segmenter: Segmenter | None = None,
+) -> list[float]:
+    """Forward/backward over one batch [B, T]; gradients accumulate. Returns per-substep losses."""
+    segmenter = segmenter or (
+        lambda total, r: random_segment_lengths(
+            total, cfg.segments_per_substep, cfg.min_segment_tokens, r
+        )
+    )
+    t = batch.shape[1]
+    edges = [round(i * t / cfg.substeps) for i in range(cfg.substeps + 1)]
+    cuda = batch.device.type == "cuda"
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    soft, losses = None, []
+    for s in range(cfg.substeps):
+        part = batch[:, edges[s] : edges[s + 1]]
+        with amp:
+            out = ac(part, segmenter(part.shape[1], rng), softprompt=soft)
+        (out.loss / cfg.grad_accum).backward()
+        soft = out.softprompt.detach()  # stop-gradient between substeps
+        losses.append(float(out.loss.detach()))
+    return losses
+
+
+def fit(
+    ac: AutoCompressor,
+    data: Iterator[torch.Tensor],
+    cfg: TrainConfig,
+    on_log: Callable[[dict], None] | None = None,
+    segmenter: Segmenter | None = None,
+) -> list[dict]:
+    """Run cfg.steps optimizer steps on batches from ``data`` (moved to ac's device)."""
+    params = [p for p in ac.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: _lr_factor(s, cfg.warmup_steps, cfg.steps)
+    )
+    rng = random.Random(cfg.seed)
+    ac.train()
+    history: list[dict] = []
+    t0, tokens, window = time.perf_counter(), 0, []
+    for step in range(cfg.steps):
+        for _ in range(cfg.grad_accum):
+            batch = next(data).to(ac.device)
+            window.append(sum(train_step(ac, batch, cfg, rng, segmenter)) / cfg.substeps)
+            tokens += batch.numel()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            dt = time.perf_counter() - t0
+            rec = {
+                "step": step + 1,
+                "loss": sum(window) / len(window),
+                "lr": sched.get_last_lr()[0],
+                "tokens_per_s": tokens / dt,
+                "s_per_step": dt / (step + 1),
+            }
+            history.append(rec)
+            window = []
+            if on_log:
+                on_log(rec)
+    ac.eval()
+    return history
+
+
+def pick_train_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device {device!r} not supported; allowed: auto, cpu, cuda, cuda:N")
+    return torch.device(device)
+
+
+def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
+    """The whole job: base model + corpus -> trained AutoCompressor saved to cfg.out_dir."""
+    from stages.autocompressor.checkpoint import save_autocompressor
+    from stages.autocompressor.data import batches, find_text_files, read_documents, token_blocks
+    from stages.model_loading import load_causal_lm
+
+    cfg.validate()
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    device = pick_train_device(cfg.device)
+    files = find_text_files(cfg.data)
+    # Frozen base weights in the serving dtype (bf16 on GPU); the trainable LoRA and summary
+    # parameters stay float32 (peft and the wrapper keep them so) under bf16 autocast.
+    lm, tok = load_causal_lm(cfg.base_model, cfg.dtype, device)
+    blocks = token_blocks(read_documents(files), tok, cfg.block_tokens)
+    if cfg.grad_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ac = make_trainable(
+        lm,
+        cfg.summary_length,
+        cfg.lora_r,
+        cfg.lora_alpha,
+        cfg.lora_dropout,
+        cfg.lora_targets,
+        cfg.accumulate_summary,
+    ).to(device)
+    ac.segment_checkpointing = cfg.grad_checkpointing
+    if on_log:
+        n_train = sum(p.numel() for p in ac.parameters() if p.requires_grad)
+        on_log(
+            {
+                "files": len(files),
+                "blocks": int(blocks.shape[0]),
+                "trainable_params": n_train,
+                "device": str(device),
+            }
+        )
+    history = fit(ac, batches(blocks, cfg.batch_size, cfg.seed), cfg, on_log)
+    info = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    info["final_loss"] = history[-1]["loss"] if history else None
+    out = save_autocompressor(ac, cfg.out_dir, cfg.base_model, info)
+    return TrainResult(out_dir=out, history=history, seconds=time.perf_counter() - t0, model=ac)

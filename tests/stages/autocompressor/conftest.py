@@ -1,0 +1,71 @@
+"""Shared fixtures for the AutoCompressor tests.
+
+Like tests/stages/finch/conftest.py: put the repository root first on sys.path and drop
+namespace stand-ins, so ``stages.autocompressor`` resolves to the product package and not
+to this test folder (``tests/stages`` otherwise shadows ``stages``).
+
+Tiny models run single-threaded: on a shared 2-core machine, intra-op threads spin against
+other processes and make tiny matmuls ~30x slower.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_ROOT = str(Path(__file__).resolve().parents[3])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+for _name in [n for n in sys.modules if n == "stages" or n.startswith("stages.")]:
+    if getattr(sys.modules[_name], "__file__", None) is None:  # a namespace stand-in
+        del sys.modules[_name]
+
+
+def _root_conftest():
+    """tests/conftest.py by path (several folders hold a ``conftest`` module)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_longdoc_tests_root_conftest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tiny_llama(vocab_size: int, seed: int = 0, **overrides):
+    """tests/conftest.make_tiny_llama: 2-layer Llama, GQA 4/2 heads, hidden 64."""
+    return _root_conftest().make_tiny_llama(vocab_size, seed=seed, **overrides)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def make_ac():
+    """Factory: an AutoCompressor over a fresh tiny Llama (summary embeddings randomised so
+    that summary tokens differ from each other)."""
+    from stages.autocompressor.model import ACConfig, AutoCompressor
+
+    def build(vocab: int = 100, k: int = 3, accumulate: bool = True, seed: int = 0, **overrides):
+        lm = tiny_llama(vocab, seed=seed, initializer_range=0.2, **overrides)
+        g = torch.Generator().manual_seed(seed + 1)
+        summary = torch.randn(k, lm.config.hidden_size, generator=g) * 0.2
+        return AutoCompressor(
+            lm, ACConfig(summary_length=k, accumulate_summary=accumulate), summary
+        ).eval()
+
+    return build
+
+
+@pytest.fixture
+def make_lm():
+    """Factory: tests/conftest.make_tiny_llama(vocab_size, seed, **overrides)."""
+    return tiny_llama

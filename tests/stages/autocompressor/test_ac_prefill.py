@@ -1,0 +1,87 @@
+"""AutoCompressor prefill strategy: batching, soft-prompt placement, decoding hand-off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.spec import AutoCompressorCompression
+from stages.autocompressor.prefill import autocompressor_prefill, document_segments
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.decoding.state import forward_step
+from stages.prompting import PromptParts
+
+PAD = 0
+
+
+def _parts() -> list[PromptParts]:
+    doc = [(i * 7) % 90 + 5 for i in range(40)]
+    return [
+        PromptParts([1, 10, 11], doc, [20, 21, 22]),  # 3 segments of <= 16
+        PromptParts([1, 10], doc[:5], [23, 24]),  # 1 segment
+        PromptParts([1], [], [30, 31, 32, 33]),  # no document: no soft prompt
+    ]
+
+
+def test_document_segments():
+    doc = list(range(100, 150))
+    assert document_segments(doc, 16) == [doc[:16], doc[16:32], doc[32:48], doc[48:]]
+    assert document_segments(doc, 16, target_tokens=20) == [doc[30:46], doc[46:]]  # tail kept
+    assert document_segments(doc[:3], 16, bos_id=1) == [[1, *doc[:3]]]
+    assert document_segments([], 16, bos_id=1) == []
+
+
+@pytest.mark.parametrize("soft_at", ["start", "document"])
+def test_batched_prefill_and_decode_equal_per_row(make_ac, soft_at):
+    ac = make_ac(k=4)
+    cfg = AutoCompressorCompression(checkpoint="unused", segment_tokens=16, soft_prompt_at=soft_at)
+    parts = _parts()
+    decode_cfg = DecodeConfig(max_new_tokens=8, eos_ids=frozenset())
+    batched = autocompressor_prefill(ac, parts, cfg, PAD)
+    assert batched.context_tokens == [12, 4, 0]
+    assert len(batched.compress_s) == 3 and batched.state.prefill_s > 0
+    # contiguous positions: every soft vector and prompt token takes one position
+    assert batched.state.next_pos.tolist() == [12 + 6, 4 + 4, 5]
+    last = batched.state.last_logits.clone()
+    out = decode_plain(ac.lm, batched.state, decode_cfg)
+    for i, p in enumerate(parts):
+        single = autocompressor_prefill(ac, [p], cfg, PAD)
+        torch.testing.assert_close(single.state.last_logits[0], last[i], atol=1e-4, rtol=1e-4)
+        assert decode_plain(ac.lm, single.state, decode_cfg)[0].tokens == out[i].tokens
+
+
+@torch.no_grad()
+def test_next_pos_continues_the_prompt(make_ac):
+    """Decoding one token on top of the prefill == prefilling the prompt with that token."""
+    ac = make_ac(k=4)
+    cfg = AutoCompressorCompression(checkpoint="unused", segment_tokens=16)
+    parts = _parts()
+    state = autocompressor_prefill(ac, parts, cfg, PAD).state
+    feed = torch.tensor([[40], [41], [42]])
+    logits, _ = forward_step(
+        ac.lm,
+        state.cache,
+        state.valid,
+        feed,
+        state.next_pos[:, None],
+        torch.ones(3, 1, dtype=torch.bool),
+    )
+    longer = [
+        PromptParts(p.prefix_ids, p.context_ids, p.query_ids + [t])
+        for p, t in zip(parts, [40, 41, 42], strict=True)
+    ]
+    ref = autocompressor_prefill(ac, longer, cfg, PAD).state.last_logits
+    torch.testing.assert_close(logits[:, -1], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_soft_prompt_is_what_the_answer_conditions_on(make_ac):
+    ac = make_ac(k=4)
+    cfg = AutoCompressorCompression(checkpoint="unused", segment_tokens=16)
+    p = _parts()[0]
+    other = PromptParts(p.prefix_ids, [x + 3 for x in p.context_ids], p.query_ids)
+    a = autocompressor_prefill(ac, [p], cfg, PAD).state.last_logits
+    b = autocompressor_prefill(ac, [other], cfg, PAD).state.last_logits
+    assert not torch.allclose(a, b, atol=1e-3)
+    with pytest.raises(ValueError, match="non-empty"):
+        autocompressor_prefill(ac, [PromptParts([], [], [])], cfg, PAD)

@@ -1,0 +1,116 @@
+"""AutoCompressor training: the summaries learn to carry segment 1 into segment 2; the
+job trains only LoRA + summary embeddings and round-trips through its directory."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import torch
+
+from stages.autocompressor.checkpoint import load_autocompressor, load_own
+from stages.autocompressor.train import TrainConfig, fit, make_trainable, train
+
+N_KEYS, N_SYMBOLS, SEP = 2, 16, 3
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _copy_task(seed: int, batch: int = 32) -> Iterator[torch.Tensor]:
+    """Segment 1: random keys. Segment 2: SEP then the same keys (unguessable without memory)."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        keys = torch.randint(4, 4 + N_SYMBOLS, (batch, N_KEYS), generator=g)
+        yield torch.cat([keys, torch.full((batch, 1), SEP), keys], dim=1)
+
+
+def test_summary_vectors_carry_segment_one_into_segment_two(make_lm):
+    lm = make_lm(32, initializer_range=0.2)
+    ac = make_trainable(
+        lm, summary_length=4, lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_targets=LORA_ALL
+    )
+    trainable = {n for n, p in ac.named_parameters() if p.requires_grad}
+    assert "summary_embeddings" in trainable
+    assert all("lora_" in n for n in trainable - {"summary_embeddings"})
+    lengths = [N_KEYS, N_KEYS + 1]
+    cfg = TrainConfig(
+        steps=200,
+        lr=1e-2,
+        warmup_steps=10,
+        substeps=1,
+        segments_per_substep=2,
+        min_segment_tokens=1,
+        block_tokens=2 * N_KEYS + 1,
+        log_every=100,
+    )
+    history = fit(ac, _copy_task(0), cfg, segmenter=lambda total, rng: lengths)
+    assert len(history) == 2 and history[-1]["loss"] < history[0]["loss"]
+    held_out = next(_copy_task(123, batch=256))
+    with torch.no_grad():  # loss on segment 2's keys only (targets after SEP)
+        with_mem = ac(held_out, lengths, loss_from=N_KEYS + 1).loss.item()
+        without = ac(held_out, lengths, use_summaries=False, loss_from=N_KEYS + 1).loss.item()
+    # Without memory the keys are uniform over 16 symbols: >= ln 16 = 2.77 nats.
+    assert without > 0.9 * math.log(N_SYMBOLS)
+    assert with_mem < 0.5 and with_mem < 0.2 * without, (with_mem, without)
+
+
+def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model_dir, tokenizer):
+    data = tmp_path / "corpus"
+    data.mkdir()
+    words = "river stone lantern orchard copper meadow harbor violet ledger summit".split()
+    (data / "a.txt").write_text(" ".join(words[i % 10] for i in range(600)))
+    (data / "b.jsonl").write_text(
+        "\n".join(
+            json.dumps({"text": " ".join(words[(i * 3) % 10] for i in range(300))})
+            for _ in range(2)
+        )
+    )
+    logs: list[dict] = []
+    cfg = TrainConfig(
+        base_model=str(tiny_model_dir),
+        data=(str(data),),
+        out_dir=str(tmp_path / "ac"),
+        summary_length=4,
+        block_tokens=64,
+        substeps=2,
+        segments_per_substep=2,
+        min_segment_tokens=8,
+        batch_size=2,
+        steps=3,
+        lr=1e-2,
+        warmup_steps=1,
+        lora_r=4,
+        log_every=1,
+        device="cpu",
+    )
+    result = train(cfg, on_log=logs.append)
+    assert logs[0]["files"] == 2 and logs[0]["blocks"] >= 4
+    assert [r["step"] for r in result.history] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 for r in result.history)
+    out = result.out_dir
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {
+        "autocompressor.json",
+        "summary_embeddings.safetensors",
+        "adapter/adapter_model.safetensors",
+    } <= names
+    assert (
+        sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) < 1_000_000
+    )  # no base weights
+
+    trained = result.model
+    rows = [[list(range(100, 120)), list(range(200, 210))], [list(range(300, 316))]]
+    with torch.no_grad():
+        expect = trained.compress(rows)
+        lm, _, merged = load_autocompressor(str(out), "float32", torch.device("cpu"))
+        unmerged, _ = load_own(out, "float32", torch.device("cpu"), merge=False)
+        base = make_trainable(lm.__class__.from_pretrained(tiny_model_dir), 4, lora_r=0)
+        base.summary_embeddings.data.copy_(merged.summary_embeddings.data)
+        no_lora = base.compress(rows)
+    assert not hasattr(lm, "peft_config")  # LoRA merged for decoding
+    torch.testing.assert_close(merged.summary_embeddings.data, trained.summary_embeddings.data)
+    for got, ref in zip(unmerged.compress(rows), expect, strict=True):
+        torch.testing.assert_close(got, ref)
+    for got, ref, plain in zip(merged.compress(rows), expect, no_lora, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(plain, ref, atol=1e-4)  # the adapter was trained and loaded
