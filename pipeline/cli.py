@@ -74,10 +74,10 @@ def run(
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
-    if s["rows"] and s["failed_fraction"] > max_failed_fraction:
+    if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
         typer.echo(
-            f"error: {s['failed']} of {s['rows']} rows failed "
-            f"({s['failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%})",
+            f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "
+            f"({s['date_failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%})",
             err=True,
         )
         raise typer.Exit(1)
@@ -107,7 +107,7 @@ def report(
     if plot:
         from pipeline.report_plot import plot_report
 
-        plot_report(table, plot)
+        plot_report(table, plot, summaries=summaries)
         typer.echo(f"plot: {plot}")
 
 

@@ -66,6 +66,21 @@ def completed_request_ids(root: str, run_date: str) -> frozenset[str]:
     return frozenset(ids)
 
 
+def partition_counts(root: str, run_date: str) -> tuple[int, int]:
+    """(rows, failed rows) under the run date's partition, across all runs."""
+    fs, path = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    rows = failed = 0
+    if fs.exists(path):
+        for f in fs.find(path):
+            name = f.rsplit("/", 1)[-1]
+            if name.endswith(".parquet") and not name.startswith("."):
+                with fs.open(f, "rb") as fh:
+                    err = pq.read_table(fh, columns=["error"]).column(0)
+                rows += len(err)
+                failed += len(err) - err.null_count
+    return rows, failed
+
+
 def init_ray(address: str | None, spec: JobSpec) -> None:
     import ray
 
@@ -129,6 +144,11 @@ def run_job(
     summary = summarize(figures, wall_s=wall)
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip),
                    schema_version=SCHEMA_VERSION, output_uri=root)
+    # The date as a whole (this run plus earlier runs it resumed): a rerun that only
+    # fills gaps must not hide rows that failed before.
+    date_rows, date_failed = partition_counts(root, run_date)
+    summary.update(date_rows=date_rows, date_failed=date_failed,
+                   date_failed_fraction=date_failed / date_rows if date_rows else 0.0)
     _write_run_summary(root, run_date, run_id, summary, spec)
     return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)
 

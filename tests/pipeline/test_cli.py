@@ -51,7 +51,10 @@ def test_run_fails_when_too_many_rows_fail_then_report(tmp_path, tiny_model_dir,
     )
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet", "--max-failed-fraction", "0.5"])
     assert res.exit_code == 1
-    assert "documents" in res.output and "2 of 3 rows failed" in res.output
+    assert "documents" in res.output and "2 of 3 rows of 2026-02-01 failed" in res.output
+    # A rerun skips everything already written but must not hide the failures.
+    again = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet"])
+    assert again.exit_code == 1 and "2 of 3 rows of 2026-02-01 failed" in again.output
     rep = runner.invoke(app, ["report", f"{tmp_path}/out", "--json"])
     assert rep.exit_code == 0, rep.output
     assert '"rows": 3' in rep.output and '"failed": 2' in rep.output
