@@ -1,0 +1,79 @@
+"""Rotary position embeddings for Finch: rotate cached keys to new positions.
+
+RoPE rotates each (i, i + D/2) pair of a head vector by angle ``p * inv_freq[i]``;
+rotations compose additively, so a key cached at position ``p_old`` becomes the key
+the model would have produced at ``p_new`` by one more rotation by
+``(p_new - p_old) * inv_freq``. This holds for every RoPE variant whose angle is
+linear in the position with fixed frequencies: ``default``, ``linear`` (frequencies
+divided by the factor), ``llama3`` (per-frequency scaling) and ``yarn`` (its
+magnitude scale ``attention_scaling`` is already in the cached key, so the extra
+rotation uses unit-magnitude cos/sin). ``dynamic`` NTK and ``longrope`` change the
+frequencies with the sequence length, so a cached key cannot be moved by a fixed
+rotation; those are rejected by ``check_rope``.
+
+Convention (Llama, Mistral, Qwen2 in transformers): the frequency vector is
+duplicated, ``emb = cat(freqs, freqs)``, and ``x' = x * cos + rotate_half(x) * sin``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: RoPE variants whose angle is ``position * fixed inv_freq`` (see module docstring).
+POSITION_LINEAR_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def check_rope(model) -> None:
+    """Raise ValueError when the model's RoPE cannot be re-rotated by a fixed angle."""
+    rotary = rotary_module(model)
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type not in POSITION_LINEAR_ROPE:
+        raise ValueError(
+            f"Finch cannot re-rotate keys for rope_type {rope_type!r} (its frequencies change "
+            f"with the sequence length); supported rope types: {', '.join(POSITION_LINEAR_ROPE)}"
+        )
+    head_dim = int(getattr(model.config.get_text_config(), "head_dim", 0) or 0) or (
+        model.config.get_text_config().hidden_size
+        // model.config.get_text_config().num_attention_heads
+    )
+    n_freq = int(rotary.inv_freq.shape[-1])
+    if 2 * n_freq != head_dim:
+        raise ValueError(
+            f"Finch needs RoPE over the whole head (head_dim {head_dim}), but the model "
+            f"rotates {2 * n_freq} dims (partial_rotary_factor < 1 is not supported)"
+        )
+
+
+def rotary_module(model) -> torch.nn.Module:
+    base = getattr(model, model.base_model_prefix)
+    rotary = getattr(base, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise ValueError(f"{type(model).__name__} has no rotary embedding Finch can use")
+    return rotary
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotation(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit cos/sin for (possibly negative) positions: [...] -> ([..., D], [..., D]) float64."""
+    # float64 angles: positions of long documents times high frequencies lose
+    # digits in float32 before the cos/sin.
+    angles = positions[..., None].double() * inv_freq.double().to(positions.device)  # [..., D/2]
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move post-RoPE keys by ``delta`` positions.
+
+    keys: [B, H, S, D] (any float dtype); delta: [B, H, S] long (broadcastable).
+    Returns keys of the same dtype, computed in float32 (float64 for float64 keys) so
+    bf16 caches lose no more than one rounding.
+    """
+    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    cos, sin = rotation(delta, inv_freq)  # [B, H, S, D]
+    k = keys.to(work)
+    return (k * cos.to(work) + rotate_half(k) * sin.to(work)).to(keys.dtype)

@@ -1,0 +1,58 @@
+"""Which models Finch can compress, and the checks that say so up front.
+
+Finch needs (1) RoPE whose angle is linear in the position (keys are moved by a
+fixed rotation, see rope.py), (2) attention modules with ``q_proj`` and
+``head_dim`` that receive ``hidden_states`` and ``position_embeddings`` (the
+query capture, scoring.py) and (3) a plain key/value cache per layer. The
+Llama family (Llama 2/3, SmolLM, TinyLlama, ...), Mistral and Qwen2 in
+transformers satisfy all three; others raise a ValueError naming the architecture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stages.finch.rope import check_rope
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def attention_modules(model) -> list[torch.nn.Module]:
+    base = getattr(model, model.base_model_prefix)
+    return [layer.self_attn for layer in base.layers]
+
+
+def check_supported(model) -> None:
+    """Raise ValueError naming the architecture when Finch cannot run on ``model``."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        arch = ", ".join(getattr(config, "architectures", None) or [type(model).__name__])
+        raise ValueError(
+            f"Finch does not support the {arch} architecture (model_type={model_type!r}); "
+            f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    check_rope(model)
+    for attn in attention_modules(model):
+        if not (hasattr(attn, "q_proj") and hasattr(attn, "head_dim") and hasattr(attn, "scaling")):
+            raise ValueError(
+                f"Finch cannot capture queries of {type(attn).__name__} in {type(model).__name__}"
+            )
+
+
+def sliding_window(config) -> int | None:
+    """The attention window the model applies to any layer, or None for full attention.
+
+    Finch hands the model an explicit 4D mask, which SDPA follows as given, but a
+    flash-attention kernel would still clip attention to the window; callers check
+    the Finch cache fits inside it.
+    """
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)

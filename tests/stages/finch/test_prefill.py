@@ -1,0 +1,124 @@
+"""finch_prefill on tiny random models: equivalence, budgets, memory, batching, decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from finch_testlib import random_parts, tiny
+
+from schemas.spec import FinchCompression
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.decoding.state import prefill_full
+from stages.finch.prefill import FinchStep, check_supported, finch_prefill
+
+ROWS = [(7, 100, 9), (5, 37, 12), (7, 0, 4), (6, 64, 9)]  # (prefix, doc, query) lengths
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_full_budget_equals_full_context_prefill(family: str) -> None:
+    """target >= every document: same next-token logits as one full prefill (fp32)."""
+    model = tiny(family, dtype=torch.float32)
+    parts = random_parts(ROWS, seed=1)
+    out = finch_prefill(model, parts, FinchCompression(target_tokens=128, chunk_tokens=16), 0)
+    full = prefill_full(model, [p.full_ids for p in parts], 0)
+    torch.testing.assert_close(out.state.last_logits, full.last_logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(out.state.next_pos, full.next_pos)
+    assert out.context_tokens == [len(p.context_ids) for p in parts]
+    assert len(out.compress_s) == len(parts) and out.state.prefill_s > 0
+
+
+@pytest.mark.parametrize("head_mode", ["sum", "kv_group"])
+def test_budget_exact_and_memory_bounded_beyond_context_window(head_mode: str) -> None:
+    """Documents 2-3x the model's window: cache never exceeds prefix + target + chunk + |P|."""
+    model = tiny("llama", dtype=torch.float32, max_position_embeddings=256)
+    rows = [(7, 600, 9), (4, 750, 13), (7, 40, 5)]
+    parts = random_parts(rows, seed=2)
+    cfg = FinchCompression(target_tokens=64, chunk_tokens=32, head_mode=head_mode)
+    trace: list[FinchStep] = []
+    out = finch_prefill(model, parts, cfg, 0, trace=trace)
+    assert len(trace) == -(-750 // 32)
+    lp, pmax = max(r[0] for r in rows), max(r[2] for r in rows)
+    for step in trace:
+        assert step.slots <= lp + cfg.target_tokens + cfg.chunk_tokens + pmax
+        for (pre, _, q), n in zip(rows, step.row_slots, strict=True):
+            assert n <= pre + cfg.target_tokens + cfg.chunk_tokens + q
+        assert all(k <= cfg.target_tokens for k in step.kept)
+    assert out.context_tokens == [64, 64, 40]
+    assert trace[-1].kept == [64, 64, 40]
+    # Kept entries are in document order, per layer and head, on every step.
+    for layer in trace[-1].kept_index:
+        for row, want in enumerate([64, 64, 40]):
+            idx = layer[row][:, -want:]
+            assert (idx >= 0).all() and (idx[:, 1:] > idx[:, :-1]).all()
+    state = out.state
+    assert state.valid.sum(dim=1).tolist() == [7 + 64 + 9, 4 + 64 + 13, 7 + 40 + 5]
+    assert state.next_pos.tolist() == [7 + 64 + 9, 4 + 64 + 13, 7 + 40 + 5]
+    assert int(state.next_pos.max()) < 256  # far inside the window after 750 tokens
+    assert torch.isfinite(state.last_logits).all()
+
+
+@pytest.mark.parametrize("head_mode", ["sum", "kv_group"])
+def test_batch_equals_rows_alone(head_mode: str) -> None:
+    model = tiny("llama", seed=5)  # float64: no near-tie flips between batch layouts
+    parts = random_parts(ROWS, seed=3)
+    cfg = FinchCompression(target_tokens=24, chunk_tokens=16, head_mode=head_mode)
+    batch_trace: list[FinchStep] = []
+    batch = finch_prefill(model, parts, cfg, 0, trace=batch_trace)
+    for row, p in enumerate(parts):
+        trace: list[FinchStep] = []
+        alone = finch_prefill(model, [p], cfg, 0, trace=trace)
+        torch.testing.assert_close(batch.state.last_logits[row], alone.state.last_logits[0])
+        assert batch.context_tokens[row] == alone.context_tokens[0]
+        kept = alone.context_tokens[0]
+        if not trace:  # empty document: no chunk passes
+            continue
+        for lb, la in zip(batch_trace[-1].kept_index, trace[-1].kept_index, strict=True):
+            assert torch.equal(lb[row][:, lb.shape[-1] - kept :], la[0][:, la.shape[-1] - kept :])
+    if head_mode == "kv_group":  # heads really keep different entries
+        layer = batch_trace[-1].kept_index[1][0]
+        assert not torch.equal(layer[0], layer[1])
+
+
+def test_decoding_from_finch_state() -> None:
+    model = tiny("llama", dtype=torch.float32)
+    parts = random_parts(ROWS, seed=4)
+    config = DecodeConfig(max_new_tokens=6, eos_ids=frozenset({-1}))
+    full = decode_plain(model, prefill_full(model, [p.full_ids for p in parts], 0), config)
+    kept_all = finch_prefill(model, parts, FinchCompression(target_tokens=128, chunk_tokens=16), 0)
+    same = decode_plain(model, kept_all.state, config)
+    assert [r.tokens for r in same] == [r.tokens for r in full]
+    compressed = finch_prefill(model, parts, FinchCompression(target_tokens=8, chunk_tokens=16), 0)
+    before = compressed.state.valid.shape[1]
+    res = decode_plain(model, compressed.state, config)
+    assert [len(r.tokens) for r in res] == [6] * len(parts)
+    assert compressed.state.cache.layers[0].keys.shape[2] == before + 5  # grew by the decode steps
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_other_families_compress(family: str) -> None:
+    model = tiny(family, dtype=torch.float32)
+    parts = random_parts([(5, 90, 7), (3, 20, 6)], seed=6)
+    out = finch_prefill(model, parts, FinchCompression(target_tokens=30, chunk_tokens=16), 0)
+    assert out.context_tokens == [30, 20]
+    assert torch.isfinite(out.state.last_logits).all()
+
+
+def test_unsupported_architectures_raise() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(ValueError, match="GPT2"):
+        check_supported(gpt2)
+    opt = OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                   ffn_dim=64, vocab_size=64, word_embed_proj_dim=32))
+    with pytest.raises(ValueError, match="OPT"):
+        finch_prefill(opt, random_parts([(2, 10, 2)]), FinchCompression(), 0)
+
+
+def test_bad_inputs_raise() -> None:
+    model = tiny("llama", dtype=torch.float32, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="context window 64"):
+        finch_prefill(model, random_parts([(4, 500, 4)]), FinchCompression(target_tokens=48, chunk_tokens=32), 0)
+    with pytest.raises(ValueError, match="query_ids"):
+        finch_prefill(model, random_parts([(4, 10, 0)]), FinchCompression(target_tokens=8, chunk_tokens=16), 0)
