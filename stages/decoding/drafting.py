@@ -71,16 +71,24 @@ class NgramIndex:
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` draft tokens continuing the sequence (longest suffix match first)."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """(draft, n): the draft and the length n of the suffix it matched (0: none).
+
+        n is the engine's confidence signal: a longer matched suffix predicts a
+        higher acceptance (adaptive.AcceptanceModel learns by how much).
+        """
         if k <= 0:
-            return []
+            return [], 0
         toks = self.tokens
         size = len(toks)
         table = self._next
         for n in range(min(self.max_ngram, size), self.min_ngram - 1, -1):
             start = table.get(tuple(toks[size - n :]))
             if start is not None:
-                return toks[start : min(start + k, size)]
-        return []
+                return toks[start : min(start + k, size)], n
+        return [], 0
 
 
 def propose_draft(

@@ -3,19 +3,26 @@
 Contract: ``decode(model, state, lookup_ids, config, seeds, decode_text)`` consumes
 ``state`` (its cache is mutated) and returns one RowResult per row, in order. The
 engine knows nothing about tokenization beyond ``decode_text`` (for stop strings).
+``config.speculative == "none"`` runs the same loop with no drafts (one token per
+row per step); greedy output is token-for-token that of reference.decode_plain.
 
 Lookup source: ``lookup_ids[b]`` is the row's ORIGINAL prompt (prefix + full
 document + query ids) even when the cache holds a compressed context (Finch) or
 the model saw cut text (RAG/truncation); the output so far is appended as it grows.
 
 Step: every active row has one emitted-but-unfed token ``last``. It drafts up to
-``k_b`` tokens (prompt lookup, ``drafting.NgramIndex``) and feeds ``[last, drafts]``;
-rows are right-padded to the step's width T. The verify pass yields logits for
-each fed slot; the accepted drafts plus one bonus token are emitted.
+``num_draft_tokens`` tokens (drafting.NgramIndex); adaptive.py picks the step width
+T from each row's recent acceptance and the measured step cost; rows feed ``[last,
+drafts]`` right-padded to T with per-row RoPE positions ``next_pos + 0..T-1``.
+verify.py accepts a prefix of each row's drafts and emits one more token.
 
-Rollback (holes): rejected drafts and padding stay in the KV cache but are marked
-invalid in ``valid`` so no later token attends to them. RoPE positions advance only
-by accepted + 1 per row, so a row's valid slots always carry consecutive positions.
+Rollback and cache layout (kvbuffer.py): rejected drafts and padding stay in the
+KV cache but are marked invalid in ``valid`` (holes) so nothing attends to them,
+and positions advance only by accepted + 1, so each row's valid slots carry
+consecutive positions. Slots invalid for every row at the end of the cache are
+cropped at once (free: the cache is a buffer written in place); holes in the middle
+are squeezed out by ``compact`` once they exceed ~1/8 of the cache. Finished rows
+leave the batch (their cache rows are dropped), so they cost nothing afterwards.
 """
 
 from __future__ import annotations
@@ -25,11 +32,38 @@ from collections.abc import Callable
 
 import torch
 
+from stages.decoding.adaptive import (
+    AcceptanceModel,
+    DraftLengths,
+    StepCost,
+    Tuning,
+    choose_width,
+    default_cost_prior,
+)
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafting import NgramIndex
-from stages.decoding.sampling import make_generators, sample_from, target_probs
-from stages.decoding.state import PrefillState, forward_step
+from stages.decoding.forward import forward_pick, packed_gqa
+from stages.decoding.kvbuffer import adopt, compact, keep_rows
+from stages.decoding.sampling import make_generators, target_probs
+from stages.decoding.state import PrefillState
 from stages.decoding.stops import StopChecker
+from stages.decoding.verify import accept_greedy, accept_sampled
+
+# Learned per process (an actor decodes many batches on one device): step cost per
+# device type and acceptance by matched suffix length.
+_COSTS: dict[str, StepCost] = {}
+_ACCEPTANCE = AcceptanceModel()
+
+
+def _check(state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
+    if len(lookup_ids) != state.batch_size:
+        raise ValueError(f"lookup_ids has {len(lookup_ids)} rows, the prefill state has {state.batch_size}")
+    if config.speculative not in ("none", "prompt_lookup"):
+        raise ValueError(f"speculative must be 'none' or 'prompt_lookup', got {config.speculative!r}")
+    if config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
+    if config.speculative == "prompt_lookup" and config.num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1, got {config.num_draft_tokens}")
 
 
 @torch.inference_mode()
@@ -40,23 +74,25 @@ def decode(
     config: DecodeConfig,
     seeds: list[int] | None = None,
     decode_text: Callable[[list[int]], str] | None = None,
+    tuning: Tuning | None = None,
 ) -> list[RowResult]:
+    _check(state, lookup_ids, config)
+    tuning = tuning or Tuning()
     b = state.batch_size
-    if len(lookup_ids) != b:
-        raise ValueError(f"lookup_ids has {len(lookup_ids)} rows, the prefill state has {b}")
-    if config.speculative not in ("none", "prompt_lookup"):
-        raise ValueError(f"speculative must be 'none' or 'prompt_lookup', got {config.speculative!r}")
     device = state.valid.device
     spec = config.speculative == "prompt_lookup"
+    k_max = config.num_draft_tokens if spec else 0
     gens = make_generators(seeds or [0] * b, device)
     stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
     results = [RowResult() for _ in range(b)]
-    index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram) for ids in lookup_ids] if spec else []
+    index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
+    lengths = DraftLengths(b, k_max, tuning)
+    cost = _COSTS.setdefault(device.type, StepCost(default_cost_prior(device.type)))
     t0 = time.perf_counter()
     first_at = [0.0] * b
 
     def emit(r: int, toks: list[int]) -> bool:
-        """Append tokens to row r; True when the row finished."""
+        """Append tokens to row r (cut at a stop); True when the row finished."""
         res = results[r]
         start = len(res.tokens)
         res.tokens.extend(toks)
@@ -68,75 +104,130 @@ def decode(
             res.ttft_s = state.prefill_s + now
         if spec:
             index[r].extend(res.tokens[start:])
-        if reason is not None:
-            res.finish_reason = reason
-            res.decode_s = now - first_at[r]
-            return True
-        return False
+        if reason is None:
+            return False
+        res.finish_reason = reason
+        res.decode_s = now - first_at[r]
+        return True
 
-    # First token from the prefill logits.
-    logits0 = state.last_logits
+    # The first token comes from the prefill's logits.
     if config.greedy:
-        firsts = logits0.argmax(dim=-1).tolist()
+        firsts = [[t] for t in state.last_logits.argmax(dim=-1).tolist()]
     else:
-        probs0 = target_probs(logits0, config.temperature, config.top_p)
-        firsts = [sample_from(probs0[r], gens[r]) for r in range(b)]
-    rows = [r for r in range(b) if not emit(r, [firsts[r]])]
+        probs0 = target_probs(state.last_logits, config.temperature, config.top_p)
+        firsts = [accept_sampled([], probs0[r : r + 1], [], gens[r])[1] for r in range(b)]
+    rows = [r for r in range(b) if not emit(r, firsts[r])]
+    if not rows:
+        return results
 
     cache, valid, pos = state.cache, state.valid, state.next_pos.clone()
-    k = config.num_draft_tokens
-    while rows:
-        drafts = [index[r].propose(k) if spec else [] for r in rows]
-        width = 1 + max(len(d) for d in drafts)
-        n = len(rows)
-        feed = torch.zeros((valid.shape[0], width), dtype=torch.long, device=device)
-        new_valid = torch.zeros((valid.shape[0], width), dtype=torch.bool, device=device)
-        for i, r in enumerate(rows):
-            seq = [results[r].tokens[-1]] + drafts[i]
-            feed[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            new_valid[i, : len(seq)] = True
-            results[r].decode_steps += 1
-            results[r].draft_tokens += len(drafts[i])
-        positions = pos[:, None] + torch.arange(width, device=device)[None]
-        logits, valid = forward_step(model, cache, valid, feed, positions, new_valid)
-        accepted = [0] * n
-        still = []
-        for i, r in enumerate(rows):
-            d = drafts[i]
-            if config.greedy:
-                best = logits[i, : len(d) + 1].argmax(dim=-1).tolist()
-                a = 0
-                while a < len(d) and d[a] == best[a]:
-                    a += 1
-                out = d[:a] + [best[a]]
-            else:
-                probs = target_probs(logits[i, : len(d) + 1], config.temperature, config.top_p)
-                a, out = 0, []
-                while a < len(d):
-                    u = torch.rand((), generator=gens[r], device=device)
-                    if float(u) < float(probs[a, d[a]]):
-                        out.append(d[a])
-                        a += 1
-                        continue
-                    rest = probs[a].clone()
-                    rest[d[a]] = 0.0
-                    out.append(sample_from(rest / rest.sum(), gens[r]))
-                    break
-                else:
-                    out.append(sample_from(probs[a], gens[r]))
-            accepted[i] = a
-            results[r].accepted_tokens += a
-            if not emit(r, out):
-                still.append(i)
-        acc = torch.tensor(accepted, device=device)
-        # Holes: slots beyond last+accepted drafts become invalid.
-        keep_cols = torch.arange(width, device=device)[None] <= acc[:, None]
-        valid[:, -width:] &= keep_cols
-        pos = pos + acc + 1
-        if len(still) < n:
-            sel = torch.tensor(still, dtype=torch.long, device=device)
-            for layer in cache.layers:
-                layer.batch_select_indices(sel)
-            valid, pos = valid[sel], pos[sel]
-            rows = [rows[i] for i in still]
+    counts = valid.sum(dim=1).tolist()  # valid slots per cache row
+    adopt(cache, reserve=config.max_new_tokens + valid.shape[1] // 8 + 2 * (k_max + 1))
+    if len(rows) < b:
+        sel = torch.tensor(rows, device=device)
+        keep_rows(cache, sel)
+        valid, pos, counts = valid[sel], pos[sel], [counts[r] for r in rows]
+    arange = torch.arange(k_max + 1, device=device)
+
+    with packed_gqa(model):
+        while rows:
+            n = len(rows)
+            drafts, ngrams = _drafts(rows, results, index, lengths, cost, config, tuning) if spec else ([[]] * n, [])
+            width = 1 + max(len(d) for d in drafts)
+            lens = [1 + len(d) for d in drafts]
+            feed = torch.tensor(
+                [[results[r].tokens[-1]] + d + [0] * (width - m) for r, d, m in zip(rows, drafts, lens, strict=True)],
+                dtype=torch.long, device=device,
+            )  # [n, T]
+            cols = arange[:width]
+            new_valid = cols[None] < torch.tensor(lens, device=device)[:, None]  # [n, T]
+            pick = new_valid.flatten().nonzero().squeeze(1)  # [N] real fed slots
+            t_step = time.perf_counter()
+            logits, valid = forward_pick(model, cache, valid, feed, pos[:, None] + cols[None], new_valid, pick)
+            verdicts = _verify(logits, drafts, rows, config, gens)
+            cost.observe(n * width, time.perf_counter() - t_step)
+
+            accepted = [a for a, _ in verdicts]
+            acc_t = torch.tensor(accepted, device=device)
+            valid[:, -width:] &= cols[None] <= acc_t[:, None]  # holes: rejected drafts, padding
+            pos = pos + acc_t + 1
+            keep = []
+            for i, (r, (a, out)) in enumerate(zip(rows, verdicts, strict=True)):
+                res = results[r]
+                res.decode_steps += 1
+                res.draft_tokens += len(drafts[i])
+                res.accepted_tokens += a
+                counts[i] += a + 1
+                if spec:
+                    lengths.update(r, len(drafts[i]), a)
+                    _ACCEPTANCE.update(ngrams[i], len(drafts[i]), a)
+                if not emit(r, out):
+                    keep.append(i)
+            if not keep:
+                break
+            if len(keep) < n:
+                sel = torch.tensor(keep, device=device)
+                keep_rows(cache, sel)
+                valid, pos = valid[sel], pos[sel]
+                rows, counts = [rows[i] for i in keep], [counts[i] for i in keep]
+                accepted = [accepted[i] for i in keep]
+            # Slots past every kept row's last accepted token: drop them outright.
+            tail = width - 1 - max(accepted)
+            if tail > 0:
+                cache.crop(-tail)
+                valid = valid[:, :-tail]
+            holes = valid.shape[1] - max(counts)
+            if holes >= max(tuning.compact_min_holes, valid.shape[1] // 8):
+                valid = compact(cache, valid)
     return results
+
+
+def _drafts(
+    rows: list[int],
+    results: list[RowResult],
+    index: list[NgramIndex],
+    lengths: DraftLengths,
+    cost: StepCost,
+    config: DecodeConfig,
+    tuning: Tuning,
+) -> tuple[list[list[int]], list[int]]:
+    """Per active row, the drafts to feed this step and the suffix length they matched."""
+    props, ngrams = [], []
+    for r in rows:
+        room = config.max_new_tokens - len(results[r].tokens) - 1  # the bonus token needs a slot
+        draft, n = index[r].match(min(lengths.k_max, room))
+        props.append(draft)
+        ngrams.append(n)
+    if not config.adaptive:
+        return props, ngrams
+    allowed = [min(len(p), lengths.allowed(r)) for r, p in zip(rows, props, strict=True)]
+    width = choose_width(allowed, ngrams, _ACCEPTANCE, cost, tuning.min_gain)
+    # Padding slots up to the width are computed anyway: fill them with drafts.
+    return [p[: width - 1] for p in props], ngrams
+
+
+def _verify(
+    logits: torch.Tensor,
+    drafts: list[list[int]],
+    rows: list[int],
+    config: DecodeConfig,
+    gens: list[torch.Generator],
+) -> list[tuple[int, list[int]]]:
+    """Accept per row from logits [N, V] (row i's slots are consecutive, 1 + len(drafts[i]))."""
+    starts, s = [], 0
+    for d in drafts:
+        starts.append(s)
+        s += 1 + len(d)
+    if config.greedy:
+        best = logits.argmax(dim=-1).tolist()
+        return [accept_greedy(d, best[st : st + len(d) + 1]) for d, st in zip(drafts, starts, strict=True)]
+    probs = target_probs(logits, config.temperature, config.top_p)  # [N, V]
+    flat_rows = [st + j for d, st in zip(drafts, starts, strict=True) for j in range(len(d))]
+    flat_toks = [t for d in drafts for t in d]
+    p_draft = probs[flat_rows, flat_toks].tolist() if flat_rows else []
+    out, k = [], 0
+    for i, (d, st) in enumerate(zip(drafts, starts, strict=True)):
+        m = len(d)
+        out.append(accept_sampled(d, probs[st : st + m + 1], p_draft[k : k + m], gens[rows[i]]))
+        k += m
+    return out

@@ -1,0 +1,215 @@
+"""Adaptive speculation: what each row may draft, and how wide each verify step is.
+
+Speculation must never cost more than it saves. A verify step of width T feeds
+T tokens for EVERY row of the batch (padding included), and on a CPU a step with
+more than one token in the whole batch costs far more than a one-token step
+(matrix-vector vs matrix-matrix kernels; measured 1.7x for 2 tokens and 2.3x for
+9 tokens at batch 1 on SmolLM2-135M). So the engine decides per step:
+
+1. ``DraftLengths`` (per row, following its recent acceptance): the row may ask
+   for ``k`` drafts; ``k`` starts at ``k_init``, grows by ``grow`` after a fully
+   accepted draft, shrinks to accepted + 1 after a rejection; when the row's
+   recent acceptance rate (decayed accepted / drafted) drops below
+   ``pause_below`` the row stops asking (k = 0) for ``pause_steps`` steps (doubling
+   on each consecutive pause) and then probes again with k = 1.
+2. ``AcceptanceModel`` (shared by all rows, learned online): acceptance depends
+   mostly on how long a suffix the draft matched (n): measured on the sample
+   corpus, P(first draft token accepted) is ~0.2 for n = 1 and ~0.65 for n >= 3.
+   Per n it learns p_first and the continuation rate alpha (P(next accepted |
+   previous accepted)); a draft of length L is then expected to yield
+   ``p_first * (1 + alpha + ... + alpha^(L-1))`` accepted tokens.
+3. ``StepCost``: step seconds ~ ``a + c * M + j * [M > 1]`` for M tokens fed in the
+   whole batch, fitted online (decayed least squares around a device prior) from
+   the engine's own timed steps, so each actor learns its hardware.
+4. ``choose_width``: the T maximising expected emitted tokens per second, and
+   T = 1 (plain decoding) unless speculation promises ``min_gain`` more. Rows then
+   fill their slots up to T - 1 with drafts (padding is computed anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Engine knobs that are not user-facing (defaults measured, see pipeline/bench/decode.py)."""
+
+    prefer: str = "latest"  # drafting tie rule, see drafting.NgramIndex
+    k_init: int = 8
+    grow: int = 4
+    pause_below: float = 0.1
+    pause_steps: int = 4
+    min_gain: float = 1.05  # a wider step must promise this much more throughput
+    compact_min_holes: int = 64  # compact the cache once holes exceed this and 1/8 of S
+
+
+class DraftLengths:
+    """Per-row draft cap following the row's recent acceptance (see module docstring)."""
+
+    def __init__(self, rows: int, k_max: int, tuning: Tuning) -> None:
+        self.k_max = k_max
+        self.t = tuning
+        self.k = [min(k_max, tuning.k_init)] * rows
+        self.acc = [0.0] * rows  # decayed accepted drafts
+        self.drafted = [0.0] * rows  # decayed drafted tokens
+        self.paused = [0] * rows  # steps left without drafting
+        self.backoff = [tuning.pause_steps] * rows
+
+    def allowed(self, r: int) -> int:
+        """Drafts row r may ask for this step (0 while paused); counts a pause down."""
+        if self.paused[r] > 0:
+            self.paused[r] -= 1
+            if self.paused[r] == 0:
+                self.k[r] = 1  # probe again
+            return 0
+        return self.k[r]
+
+    def update(self, r: int, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.acc[r] = 0.7 * self.acc[r] + accepted
+        self.drafted[r] = 0.7 * self.drafted[r] + drafted
+        if accepted == drafted:
+            self.k[r] = min(self.k_max, max(self.k[r], drafted) + self.t.grow)
+            self.backoff[r] = self.t.pause_steps
+        else:
+            self.k[r] = min(self.k_max, accepted + 1)
+        if self.drafted[r] >= 8 and self.acc[r] < self.t.pause_below * self.drafted[r]:
+            self.paused[r] = self.backoff[r]
+            self.backoff[r] = min(64, 2 * self.backoff[r])
+            self.k[r] = 0
+            self.acc[r] = self.drafted[r] = 0.0  # judge the probe on its own
+
+
+# Prior P(first draft token accepted) by matched suffix length n (sample corpus).
+_P_FIRST = (0.0, 0.2, 0.3, 0.6, 0.7, 0.8, 0.85, 0.9, 0.9)
+_MAX_N = len(_P_FIRST) - 1
+
+
+class AcceptanceModel:
+    """Per matched-suffix length n: decayed counts behind p_first(n) and alpha(n)."""
+
+    def __init__(self, prior_weight: float = 4.0, decay: float = 0.995) -> None:
+        self.decay = decay
+        w = prior_weight
+        self.first = [[w * p, w] for p in _P_FIRST]  # [accepted, tried]
+        self.cont = [[w * 0.7, w] for _ in _P_FIRST]
+
+    def rates(self, n: int) -> tuple[float, float]:
+        n = min(n, _MAX_N)
+        f, c = self.first[n], self.cont[n]
+        return f[0] / f[1], c[0] / c[1]
+
+    def expected(self, n: int, length: int) -> float:
+        """Expected accepted tokens of a draft of `length` tokens matched on n."""
+        if length <= 0 or n <= 0:
+            return 0.0
+        p, a = self.rates(n)
+        geo = float(length) if a >= 1.0 else (1.0 - a**length) / (1.0 - a)
+        return p * geo
+
+    def update(self, n: int, drafted: int, accepted: int) -> None:
+        if drafted == 0 or n <= 0:
+            return
+        n = min(n, _MAX_N)
+        d = self.decay
+        f, c = self.first[n], self.cont[n]
+        f[0], f[1] = d * f[0] + (accepted > 0), d * f[1] + 1
+        if accepted > 0:
+            # After the first: accepted - 1 successes, plus one failure if it stopped early.
+            judged = accepted - 1 + (1 if accepted < drafted else 0)
+            c[0], c[1] = d * c[0] + accepted - 1, d * c[1] + judged
+
+
+class StepCost:
+    """Step seconds ~ a + c * M + j * [M > 1] for M fed tokens (see module docstring).
+
+    ``prior = (c/a, j/a)`` sets the shape before measurements arrive; the first
+    measured step sets the scale. Prior pseudo-points stay in every fit (a ridge),
+    so the model stays defined while only one kind of step has been seen.
+    Observations far off the model (another process stealing the CPU) are clipped.
+    """
+
+    def __init__(self, prior: tuple[float, float], forget: float = 0.97) -> None:
+        self.prior = prior
+        self.forget = forget
+        self._xtx = [[0.0] * 3 for _ in range(3)]
+        self._xty = [0.0] * 3
+        self._ptx: list[list[float]] | None = None
+        self._pty: list[float] = [0.0] * 3
+
+    @staticmethod
+    def _features(m: int) -> list[float]:
+        return [1.0, float(m), 1.0 if m > 1 else 0.0]
+
+    def observe(self, fed: int, seconds: float) -> None:
+        if self._ptx is None:
+            r, j = self.prior
+            a = seconds / (1.0 + r * fed + (j if fed > 1 else 0.0))
+            self._ptx = [[0.0] * 3 for _ in range(3)]
+            for m in (1, 2, 8, 64):
+                x, y = self._features(m), a * (1.0 + r * m + (j if m > 1 else 0.0))
+                for i in range(3):
+                    self._pty[i] += x[i] * y
+                    for k in range(3):
+                        self._ptx[i][k] += x[i] * x[k]
+            return
+        pred = self.predict(fed)
+        y = min(max(seconds, 0.3 * pred), 3.0 * pred)
+        x = self._features(fed)
+        f = self.forget
+        for i in range(3):
+            self._xty[i] = f * self._xty[i] + x[i] * y
+            for k in range(3):
+                self._xtx[i][k] = f * self._xtx[i][k] + x[i] * x[k]
+
+    def coefficients(self) -> tuple[float, float, float]:
+        if self._ptx is None:
+            r, j = self.prior
+            return 1.0, r, j
+        m = [[self._xtx[i][k] + self._ptx[i][k] for k in range(3)] + [self._xty[i] + self._pty[i]] for i in range(3)]
+        a, c, j = _solve3(m)
+        return max(a, 1e-6), max(c, 0.0), max(j, 0.0)
+
+    def predict(self, fed: int) -> float:
+        a, c, j = self.coefficients()
+        return a + c * fed + (j if fed > 1 else 0.0)
+
+
+def _solve3(m: list[list[float]]) -> tuple[float, float, float]:
+    """Gaussian elimination on a 3x4 augmented matrix (normal equations, SPD)."""
+    for col in range(3):
+        piv = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        if abs(m[col][col]) < 1e-18:
+            return 1.0, 0.0, 0.0
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            m[r] = [m[r][k] - f * m[col][k] for k in range(4)]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][k] * x[k] for k in range(r + 1, 3))) / m[r][r]
+    return x[0], x[1], x[2]
+
+
+def choose_width(
+    lengths: list[int], ngrams: list[int], model: AcceptanceModel, cost: StepCost, min_gain: float
+) -> int:
+    """Step width T (1 + most drafts fed by a row) maximising expected tokens per second."""
+    longest = max(lengths, default=0)
+    if longest == 0:
+        return 1
+    rows = len(lengths)
+    best_t, best_rate = 1, min_gain * rows / cost.predict(rows)
+    for width in range(2, longest + 2):
+        gain = rows + sum(model.expected(n, min(m, width - 1)) for m, n in zip(lengths, ngrams, strict=True))
+        rate = gain / cost.predict(rows * width)
+        if rate > best_rate:
+            best_t, best_rate = width, rate
+    return best_t
+
+
+def default_cost_prior(device_type: str) -> tuple[float, float]:
+    """(c/a, j/a) of StepCost before measurements: CPU measured on SmolLM2-135M."""
+    return (0.06, 0.7) if device_type == "cpu" else (0.002, 0.0)

@@ -1,0 +1,98 @@
+"""The engine's forward pass: logits only where needed, GQA attention without copies.
+
+Contract: ``forward_pick(model, cache, valid, input_ids, positions, new_valid, pick)``
+feeds ``T`` tokens per row exactly like ``state.forward_step`` (same explicit 4D
+mask, same cache append) but returns logits only for the flat slots ``pick``
+(indices into ``B * T``): ``[N, V]`` float32. A verify step with ragged drafts
+needs logits for each row's real slots, not for padding, and the vocabulary
+projection is a fifth of this model's compute, so padding should not pay for it.
+
+``packed_gqa()``: a context manager that routes attention through
+``packed_gqa_sdpa`` while decoding. With a mask and more than one query token,
+transformers' SDPA path repeats every key/value head ``n_rep`` times (a copy of the
+whole cache per layer per step); we instead fold the ``n_rep`` query heads that
+share a KV head into the query-length axis and tile the (head-independent) mask,
+which is the same arithmetic without the copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+
+from stages.decoding.state import step_mask
+
+_ATTN_NAME = "longdoc_packed_gqa"
+
+
+def packed_gqa_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """query [B, Hq, T, D], key/value [B, Hkv, S, D], mask [B, 1, T, S] bool -> [B, T, Hq, D]."""
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    rep = hq // hkv
+    # Query head h = g * rep + r uses KV head g; rows (r, t) of group g become one axis.
+    q = query.reshape(b, hkv, rep * t, d)  # [B, Hkv, rep*T, D]
+    mask = attention_mask
+    if mask is not None and rep > 1:
+        mask = mask.repeat(1, 1, rep, 1)  # [B, 1, rep*T, S]; row r*T + t is mask row t
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, hq, t, d).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(_ATTN_NAME, packed_gqa_sdpa)
+
+
+@contextmanager
+def packed_gqa(model) -> Iterator[None]:
+    """Use packed_gqa_sdpa for ``model`` inside the block (sdpa models only)."""
+    cfg = model.config
+    old = getattr(cfg, "_attn_implementation", None)
+    if old != "sdpa":  # eager/flash/custom: leave the user's choice alone
+        yield
+        return
+    cfg._attn_implementation = _ATTN_NAME
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = old
+
+
+def forward_pick(
+    model,
+    cache: DynamicCache,
+    valid: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    new_valid: torch.Tensor,
+    pick: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed input_ids [B, T]; return (logits [N, V] float32 at flat slots pick [N], valid [B, S+T])."""
+    mask = step_mask(valid, new_valid)
+    new_all = torch.cat([valid, new_valid], dim=1)
+    head = model.get_output_embeddings()
+    if head is None or getattr(model.config, "final_logit_softcapping", None):
+        # Models that post-process logits: take the full forward, then select.
+        out = model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions,
+            past_key_values=cache, use_cache=True,
+        )
+        return out.logits.flatten(0, 1)[pick].float(), new_all
+    out = model.base_model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions,
+        past_key_values=cache, use_cache=True,
+    )
+    hidden = out.last_hidden_state.flatten(0, 1)[pick]  # [N, H]
+    return head(hidden).float(), new_all
