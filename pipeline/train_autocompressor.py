@@ -76,9 +76,23 @@ def train_autocompressor(
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Random seed (data order, segment lengths).")] = 0,
     log_every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="CPU threads for torch (0 = torch's default). On a shared CPU, 1 avoids spin contention."
+        ),
+    ] = 0,
 ) -> None:
     """Train an AutoCompressor (summary embeddings + LoRA) and save it as a directory."""
+    import torch
+
     from stages.autocompressor.train import TrainConfig, train
+
+    if threads < 0:
+        typer.echo(f"error: --threads must be >= 0, got {threads}", err=True)
+        raise typer.Exit(2)
+    if threads:
+        torch.set_num_threads(threads)
 
     cfg = TrainConfig(
         base_model=base_model,

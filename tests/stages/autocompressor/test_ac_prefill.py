@@ -85,3 +85,26 @@ def test_soft_prompt_is_what_the_answer_conditions_on(make_ac):
     assert not torch.allclose(a, b, atol=1e-3)
     with pytest.raises(ValueError, match="non-empty"):
         autocompressor_prefill(ac, [PromptParts([], [], [])], cfg, PAD)
+
+
+@pytest.mark.e2e
+def test_embedded_model_batched_equals_per_row(embedded_model):
+    """The real SmolLM2 (GQA 9/3 heads, chat template): batching rows with 2, 1 and 0
+    segments changes nothing. Untrained summary embeddings (EOS init): plumbing only."""
+    from stages.autocompressor.model import ACConfig, AutoCompressor
+    from stages.prompting import PromptBuilder
+
+    lm, tok = embedded_model
+    ac = AutoCompressor(lm, ACConfig(summary_length=8)).eval()
+    pb = PromptBuilder(tok)
+    text = "The lighthouse keeper logged 42 storms in 1911 and painted the door blue. " * 6
+    docs = [pb.encode_text(text)[:100], pb.encode_text(text)[:40], []]
+    parts = [pb.build(d, "Answer briefly.", "How many storms?") for d in docs]
+    cfg = AutoCompressorCompression(checkpoint="unused", segment_tokens=64)
+    decode_cfg = DecodeConfig(max_new_tokens=4, eos_ids=frozenset({tok.eos_token_id}))
+    batched = autocompressor_prefill(ac, parts, cfg, tok.pad_token_id)
+    assert batched.context_tokens == [16, 8, 0]
+    out = decode_plain(lm, batched.state, decode_cfg)
+    for i, p in enumerate(parts):
+        single = autocompressor_prefill(ac, [p], cfg, tok.pad_token_id)
+        assert decode_plain(lm, single.state, decode_cfg)[0].tokens == out[i].tokens
