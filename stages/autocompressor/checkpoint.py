@@ -18,8 +18,7 @@ stock parameter names plus ``embed_summary.weight`` [summary_length, H_in]. The 
 was trained with LoRA (r=16 on q/k/v/o, ``embed_summary`` as a module to save; run/train_llama.sh)
 but is published merged: 13.5 GB of bf16 full weights in pytorch_model-0000x-of-00002.bin.
 The OPT models are full fine-tunes (train.sh: lr 2e-5, no LoRA; float32 pytorch_model.bin).
-Current transformers loads
-the stock weights (ignoring ``embed_summary.weight``); we read that tensor ourselves.
+Current transformers loads the stock weights (ignoring ``embed_summary.weight``); we read that tensor ourselves.
 """
 
 from __future__ import annotations
