@@ -13,16 +13,25 @@ import time
 
 import numpy as np
 
-from schemas.spec import JobSpec, TruncateCompression
+from schemas.spec import AutoCompressorCompression, JobSpec, TruncateCompression
 from stages.model_loading import load_tokenizer
 from stages.rows import batch_to_rows, fail, rows_to_batch
 from stages.truncate import truncate_ids
 
 
+def tokenizer_name(spec: JobSpec) -> str:
+    """The generating model's tokenizer: an AutoCompressor checkpoint brings its own."""
+    if isinstance(spec.compression, AutoCompressorCompression):
+        from stages.autocompressor.checkpoint import tokenizer_source
+
+        return tokenizer_source(spec.compression.checkpoint)
+    return spec.generation.model
+
+
 class TokenizeStage:
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
-        self.tokenizer = load_tokenizer(self.spec.generation.model)
+        self.tokenizer = load_tokenizer(tokenizer_name(self.spec))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

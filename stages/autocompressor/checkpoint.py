@@ -46,6 +46,12 @@ def is_own_checkpoint(path: str | Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
+def tokenizer_source(checkpoint: str) -> str:
+    """Where the checkpoint's tokenizer comes from: our format names its base model;
+    a published checkpoint ships its own tokenizer."""
+    return read_own_config(checkpoint)["base_model"] if is_own_checkpoint(checkpoint) else checkpoint
+
+
 # ----------------------------------------------------------------------------- our format
 def save_autocompressor(
     ac: AutoCompressor, out_dir: str | Path, base_model: str, training: dict[str, Any] | None = None
