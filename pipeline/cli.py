@@ -125,11 +125,16 @@ def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
     from pipeline.render import render
     from pipeline.submit import logs, status, submit
+    from pipeline.train_autocompressor import train_autocompressor
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
     app.command(help="Status of a submitted job.")(status)
     app.command(help="Logs of a submitted job.")(logs)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
+    app.command(
+        "train-autocompressor",
+        help="Turn a causal LM into an AutoCompressor (summary embeddings + LoRA).",
+    )(train_autocompressor)
 
 
 _register_operations()
