@@ -41,7 +41,8 @@ class Tuning:
     pause_below: float = 0.1
     pause_steps: int = 4
     min_gain: float = 1.05  # a wider step must promise this much more throughput
-    compact_min_holes: int = 64  # compact the cache once holes exceed this and 1/8 of S
+    compact_min_holes: int = 64  # compact the cache once holes exceed this many slots
+    compact_fraction: float = 0.125  # ... and this fraction of the cache length
 
 
 class DraftLengths:
@@ -148,12 +149,14 @@ class StepCost:
             r, j = self.prior
             a = seconds / (1.0 + r * fed + (j if fed > 1 else 0.0))
             self._ptx = [[0.0] * 3 for _ in range(3)]
-            for m in (1, 2, 8, 64):
+            # Light pseudo-points (a few percent of the decayed data weight): they only
+            # keep the fit defined and lean it towards the prior shape.
+            for m in (1, 2, 8, 32):
                 x, y = self._features(m), a * (1.0 + r * m + (j if m > 1 else 0.0))
                 for i in range(3):
-                    self._pty[i] += x[i] * y
+                    self._pty[i] += 0.25 * x[i] * y
                     for k in range(3):
-                        self._ptx[i][k] += x[i] * x[k]
+                        self._ptx[i][k] += 0.25 * x[i] * x[k]
             return
         pred = self.predict(fed)
         y = min(max(seconds, 0.3 * pred), 3.0 * pred)

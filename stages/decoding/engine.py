@@ -177,7 +177,7 @@ def decode(
                 cache.crop(-tail)
                 valid = valid[:, :-tail]
             holes = valid.shape[1] - max(counts)
-            if holes >= max(tuning.compact_min_holes, valid.shape[1] // 8):
+            if holes > 0 and holes >= max(tuning.compact_min_holes, tuning.compact_fraction * valid.shape[1]):
                 valid = compact(cache, valid)
     return results
 
