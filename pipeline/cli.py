@@ -125,12 +125,14 @@ def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
     from pipeline.render import render
     from pipeline.submit import logs, status, submit
+    from pipeline.bench.decode import bench_decode
     from pipeline.train_autocompressor import train_autocompressor
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
     app.command(help="Status of a submitted job.")(status)
     app.command(help="Logs of a submitted job.")(logs)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
+    bench_app.command("decode", help="Decoding throughput: HF vs our engine, greedy vs PLD.")(bench_decode)
     app.command(
         "train-autocompressor",
         help="Turn a causal LM into an AutoCompressor (summary embeddings + LoRA).",
