@@ -26,13 +26,9 @@ import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(request):
-    """Tiny models run their many small ops on one thread: on a loaded 2-core
-    machine, OpenMP barriers across two threads made these tests ~50x slower.
-    End-to-end tests keep the process default."""
-    if request.node.get_closest_marker("e2e"):
-        yield
-        return
+def _one_thread():
+    """Run on one thread: on this shared 2-core machine, OpenMP barriers across two
+    threads made the tiny-model tests ~50x and the end-to-end test ~2x slower."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,0 +1,170 @@
+"""`longdoc bench compress`: Finch chunked prefill vs full-context prefill.
+
+One process, one model (the embedded SmolLM2 by default), one long document per
+size built by concatenating the real texts of ``--corpus`` (jobs/corpus/*.txt,
+sorted) and cutting at exactly N tokens. Every method prefills the same prompt
+(chat prefix + document + a summary instruction) for one row and is measured on:
+
+- time: seconds of the whole prefill (Finch's chunk passes and final query pass;
+  the full prefill's single pass), as wall seconds and as CPU seconds of this
+  process (all threads). On a shared CPU machine the wall clock mostly measures
+  how long the process waited for a core; the ratios use CPU seconds there
+  (wall seconds on GPU, where the CPU only launches kernels);
+- peak: the most bytes held at once by tensors allocated during the prefill:
+  activations, masks, attention workspaces, the KV cache (the model's weights,
+  allocated before, are not counted). On GPU: ``torch.cuda.max_memory_allocated``
+  minus the bytes allocated before. On CPU: every allocation and free of the CPU
+  allocator is recorded by ``torch.profiler`` (``profile_memory=True``) and the peak
+  is the maximum running sum of those events (the profiler's per-op bookkeeping
+  costs the same small overhead in every row, so time ratios stay fair).
+
+Methods run interleaved per document size, in one process, so load from other
+processes hits them alike; ratios are Finch / full at the same size (< 1 means
+Finch is faster or smaller). Full prefill of a document longer than the model's
+context window is not run ("n/a (exceeds context)"): RoPE positions past the
+window are outside what the model was trained on. Paper claim checked: Finch is
+faster than full prefill once chunks exceed ~128 tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def corpus_tokens(corpus: str, n_tokens: int, builder) -> list[int]:
+    """The first ``n_tokens`` tokens of the corpus's .txt files concatenated in name order."""
+    files = sorted(Path(corpus).glob("*.txt"))
+    if not files:
+        raise ValueError(f"no .txt files under {corpus!r}; pass --corpus with long real text")
+    ids: list[int] = []
+    for path in files:
+        ids += builder.encode_text(path.read_text() + "\n\n")
+        if len(ids) >= n_tokens:
+            return ids[:n_tokens]
+    raise ValueError(f"{corpus!r} holds {len(ids)} tokens, fewer than the {n_tokens} asked for")
+
+
+@dataclass
+class Measured:
+    wall_s: float
+    cpu_s: float
+    peak_bytes: int
+
+    def cost(self, on_gpu: bool) -> float:
+        return self.wall_s if on_gpu else self.cpu_s
+
+
+def measure(fn, device) -> Measured:
+    """Run ``fn()`` once; its wall and CPU seconds and the peak bytes of the tensors
+    allocated during the call (see the module docstring)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        torch.cuda.synchronize()
+        w1, c1 = time.perf_counter(), time.process_time()
+        return Measured(w1 - w0, c1 - c0, torch.cuda.max_memory_allocated() - base)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        w1, c1 = time.perf_counter(), time.process_time()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    running = itertools.accumulate(e.nbytes() for e in events)
+    return Measured(w1 - w0, c1 - c0, max(running, default=0))
+
+
+def bench_compress(
+    sizes: Annotated[str, typer.Option(help="Document sizes in tokens, comma-separated.")] = "2000,4000,8000,16000",
+    targets: Annotated[str, typer.Option(help="Finch target_tokens, comma-separated.")] = "512,1024",
+    chunk: Annotated[int, typer.Option(help="Finch chunk_tokens for the target sweep.")] = 512,
+    sweep_chunks: Annotated[str, typer.Option(help="Extra chunk sizes run at the first target.")] = "128,256",
+    sweep_sizes: Annotated[str, typer.Option(help="Document sizes the chunk sweep runs at.")] = "4000,8000",
+    head_mode: Annotated[str, typer.Option(help="Finch head_mode: sum or kv_group.")] = "sum",
+    model: Annotated[str, typer.Option(help="Model name or path.")] = "embedded:smollm2-135m-instruct",
+    corpus: Annotated[str, typer.Option(help="Folder of .txt files with long real text.")] = "jobs/corpus",
+    num_gpus: Annotated[float, typer.Option(help="> 0 runs on CUDA when available.")] = 0.0,
+    threads: Annotated[
+        int, typer.Option(help="torch CPU threads; 1 avoids OpenMP stalls on a shared machine, 0 = torch default.")
+    ] = 1,
+) -> None:
+    """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop chatter
+    import torch
+
+    from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION, FinchCompression
+    from stages.decoding.state import prefill_full
+    from stages.finch import finch_prefill
+    from stages.model_loading import load_causal_lm, pick_device
+    from stages.prompting import PromptBuilder
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    device = pick_device(num_gpus)
+    lm, tok = load_causal_lm(model, device=device)
+    builder = PromptBuilder(tok)
+    window = int(lm.config.max_position_embeddings)
+    doc_sizes = [int(x) for x in sizes.split(",")]
+    target_list = [int(x) for x in targets.split(",")]
+    sweep = [int(x) for x in sweep_chunks.split(",") if x]
+    sweep_at = {int(x) for x in sweep_sizes.split(",") if x}
+    pad = tok.pad_token_id
+    all_ids = corpus_tokens(corpus, max(doc_sizes), builder)
+    # Warm up kernels and allocator once so the first row is not an outlier.
+    warm = builder.build(all_ids[:600], DEFAULT_SUMMARY_INSTRUCTION, None)
+    prefill_full(lm, [warm.full_ids], pad)
+    finch_prefill(lm, [warm], FinchCompression(target_tokens=128, chunk_tokens=256), pad)
+
+    on_gpu = device.type == "cuda"
+    rows: list[list[str]] = []
+    for n in doc_sizes:
+        parts = builder.build(all_ids[:n], DEFAULT_SUMMARY_INSTRUCTION, None)
+        full = None
+        if len(parts) <= window:
+            full = measure(lambda p=parts: prefill_full(lm, [p.full_ids], pad), device)
+            rows.append(_row(n, "full prefill", full, full, on_gpu))
+        else:
+            rows.append([str(n), "full prefill", "n/a (exceeds context)", "n/a", "n/a", "", ""])
+        configs = [(t, chunk) for t in target_list]
+        if n in sweep_at:
+            configs += [(target_list[0], c) for c in sweep if c != chunk]
+        for target, c in configs:
+            cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode)
+            m = measure(lambda p=parts, cfg=cfg: finch_prefill(lm, [p], cfg, pad), device)
+            rows.append(_row(n, f"finch t={target} c={c}", m, full, on_gpu))
+    overhead = builder.overhead_tokens(DEFAULT_SUMMARY_INSTRUCTION, None)
+    print(f"model={model} device={device} threads={torch.get_num_threads()} window={window} "
+          f"head_mode={head_mode} prompt overhead={overhead} tokens; "
+          f"ratios use {'wall' if on_gpu else 'CPU'} seconds")
+    print("| doc tokens | method | wall s | CPU s | peak MiB | time vs full | peak vs full |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+def _row(n: int, name: str, m: Measured, full: Measured | None, on_gpu: bool) -> list[str]:
+    def ratio(a: float, b: float | None) -> str:
+        return f"{a / b:.2f}x" if b else ""
+
+    return [
+        str(n), name, f"{m.wall_s:.2f}", f"{m.cpu_s:.2f}", f"{m.peak_bytes / 2**20:.1f}",
+        ratio(m.cost(on_gpu), full.cost(on_gpu) if full else None),
+        ratio(m.peak_bytes, full.peak_bytes if full else None),
+    ]
+
+
+if __name__ == "__main__":
+    typer.run(bench_compress)
