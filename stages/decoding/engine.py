@@ -49,10 +49,17 @@ from stages.decoding.state import PrefillState
 from stages.decoding.stops import StopChecker
 from stages.decoding.verify import accept_greedy, accept_sampled
 
-# Learned per process (an actor decodes many batches on one device): step cost per
-# device type and acceptance by matched suffix length.
-_COSTS: dict[str, StepCost] = {}
-_ACCEPTANCE = AcceptanceModel()
+# Learned per process and per (model, device): an actor decodes many batches with
+# one model on one device, so the step cost and the acceptance by matched suffix
+# length carry over from batch to batch.
+_LEARNED: dict[tuple[str, str], tuple[StepCost, AcceptanceModel]] = {}
+
+
+def _learned(model, device: torch.device) -> tuple[StepCost, AcceptanceModel]:
+    key = (str(getattr(model.config, "_name_or_path", "")) or type(model).__name__, device.type)
+    if key not in _LEARNED:
+        _LEARNED[key] = (StepCost(default_cost_prior(device.type)), AcceptanceModel())
+    return _LEARNED[key]
 
 
 def _check(state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
@@ -87,7 +94,7 @@ def decode(
     results = [RowResult() for _ in range(b)]
     index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
     lengths = DraftLengths(b, k_max, tuning)
-    cost = _COSTS.setdefault(device.type, StepCost(default_cost_prior(device.type)))
+    cost, acceptance = _learned(model, device)
     t0 = time.perf_counter()
     first_at = [0.0] * b
 
@@ -132,7 +139,9 @@ def decode(
     with packed_gqa(model):
         while rows:
             n = len(rows)
-            drafts, ngrams = _drafts(rows, results, index, lengths, cost, config, tuning) if spec else ([[]] * n, [])
+            drafts, ngrams = (
+                _drafts(rows, results, index, lengths, acceptance, cost, config, tuning) if spec else ([[]] * n, [])
+            )
             width = 1 + max(len(d) for d in drafts)
             lens = [1 + len(d) for d in drafts]
             feed = torch.tensor(
@@ -160,7 +169,7 @@ def decode(
                 counts[i] += a + 1
                 if spec:
                     lengths.update(r, len(drafts[i]), a)
-                    _ACCEPTANCE.update(ngrams[i], len(drafts[i]), a)
+                    acceptance.update(ngrams[i], len(drafts[i]), a)
                 if not emit(r, out):
                     keep.append(i)
             if not keep:
@@ -187,6 +196,7 @@ def _drafts(
     results: list[RowResult],
     index: list[NgramIndex],
     lengths: DraftLengths,
+    acceptance: AcceptanceModel,
     cost: StepCost,
     config: DecodeConfig,
     tuning: Tuning,
@@ -201,7 +211,7 @@ def _drafts(
     if not config.adaptive:
         return props, ngrams
     allowed = [min(len(p), lengths.allowed(r)) for r, p in zip(rows, props, strict=True)]
-    width = choose_width(allowed, ngrams, _ACCEPTANCE, cost, tuning.min_gain)
+    width = choose_width(allowed, ngrams, acceptance, cost, tuning.min_gain)
     # Padding slots up to the width are computed anyway: fill them with drafts.
     return [p[: width - 1] for p in props], ngrams
 
