@@ -123,10 +123,10 @@ def _check_date(date: str) -> None:
 
 def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
-    from pipeline.render import render
-    from pipeline.submit import logs, status, submit
     from pipeline.bench.compress import bench_compress
     from pipeline.bench.decode import bench_decode
+    from pipeline.render import render
+    from pipeline.submit import logs, status, submit
     from pipeline.train_autocompressor import train_autocompressor
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+
 import fsspec
 import numpy as np
 import pyarrow as pa

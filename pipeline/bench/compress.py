@@ -29,7 +29,6 @@ faster than full prefill once chunks exceed ~128 tokens.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +101,6 @@ def bench_compress(
     ] = 1,
 ) -> None:
     """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop chatter
     import torch
 
     from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION, FinchCompression

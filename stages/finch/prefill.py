@@ -57,7 +57,7 @@ from stages.finch.rope import rotary_module
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.scoring import QueryCapture, prompt_scores
 from stages.finch.select import gather_layer, make_plan, select_indices
-from stages.finch.support import attention_modules, check_supported, sliding_window
+from stages.finch.support import attention_modules, check_inputs, check_supported
 from stages.prompting import PromptParts
 
 __all__ = ["FinchStep", "check_supported", "finch_prefill"]
@@ -76,33 +76,6 @@ class FinchStep:
     row_slots: list[int]
     kept: list[int]
     kept_index: list[torch.Tensor]
-
-
-def _check_inputs(model, parts: list[PromptParts], config: FinchCompression) -> None:
-    if not parts:
-        raise ValueError("finch_prefill needs at least one prompt")
-    if any(not p.query_ids for p in parts):
-        raise ValueError("Finch needs non-empty query_ids (the prompt that scores the cache)")
-    text = model.config.get_text_config()
-    needed = max(
-        len(p.prefix_ids)
-        + min(config.target_tokens + config.chunk_tokens, len(p.context_ids))
-        + len(p.query_ids)
-        for p in parts
-    )
-    limit = getattr(text, "max_position_embeddings", None)
-    if limit is not None and needed > limit:
-        raise ValueError(
-            f"Finch cache needs {needed} positions (prefix + target_tokens "
-            f"{config.target_tokens} + chunk_tokens {config.chunk_tokens} + query), more than "
-            f"the model's context window {limit}; lower target_tokens or chunk_tokens"
-        )
-    window = sliding_window(text)
-    if window is not None and needed > window:
-        raise ValueError(
-            f"Finch cache needs {needed} slots but the model attends within a sliding window "
-            f"of {window}; lower target_tokens or chunk_tokens"
-        )
 
 
 def _prefill_prefix(base, cache: DynamicCache, prefixes: list[list[int]], pad_id: int, device):
@@ -124,20 +97,54 @@ def _prefill_prefix(base, cache: DynamicCache, prefixes: list[list[int]], pad_id
     return real, real.long().sum(dim=1)
 
 
-def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int):
-    """Rows' block token lists for chunk i and their (chunk length, query length)."""
-    blocks, chunk_lens, p_lens = [], [], []
+@dataclass
+class _Block:
+    """One pass's input: per row ``[pad ; chunk_i ; P]`` (all padding once the row's
+    document is exhausted). ids/real/is_chunk: [B, T]; p_real: [B, P] marks the real
+    prompt tokens among the last ``p_rows`` columns; doc_index: [B, T] document
+    index of each column (meaningful on chunk tokens only)."""
+
+    ids: torch.Tensor
+    real: torch.Tensor
+    is_chunk: torch.Tensor
+    p_rows: int
+    p_real: torch.Tensor
+    doc_index: torch.Tensor
+
+
+def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int, pad_id: int, device) -> _Block:
+    rows, chunk_lens, p_lens, starts = [], [], [], []
     for p, sp in zip(parts, spans, strict=True):
-        if i < len(sp):
-            s, e = sp[i]
-            blocks.append(p.context_ids[s:e] + p.query_ids)
-            chunk_lens.append(e - s)
-            p_lens.append(len(p.query_ids))
-        else:  # document exhausted: an all-padding block
-            blocks.append([])
-            chunk_lens.append(0)
-            p_lens.append(0)
-    return blocks, chunk_lens, p_lens
+        s, e = sp[i] if i < len(sp) else (0, 0)
+        rows.append(p.context_ids[s:e] + p.query_ids if e > s else [])
+        chunk_lens.append(e - s)
+        p_lens.append(len(p.query_ids) if e > s else 0)
+        starts.append(s)
+    ids, real = left_pad(rows, pad_id, device)
+    t = ids.shape[1]
+    col = torch.arange(t, device=device)[None]  # [1, T]
+    first = torch.tensor([t - len(r) for r in rows], device=device)[:, None]  # [B, 1]
+    is_chunk = (col >= first) & (col < first + torch.tensor(chunk_lens, device=device)[:, None])
+    p_rows = max(p_lens)
+    p_start = t - torch.tensor(p_lens, device=device)[:, None]
+    return _Block(
+        ids=ids,
+        real=real,
+        is_chunk=is_chunk,
+        p_rows=p_rows,
+        p_real=col[:, t - p_rows :] >= p_start,
+        doc_index=torch.tensor(starts, device=device)[:, None] + col - first,
+    )
+
+
+def _follow(kept_doc: torch.Tensor, block_doc: torch.Tensor, idx: torch.Tensor, plan) -> torch.Tensor:
+    """Document indices after a selection (trace only): kept_doc [B, Hkv, K],
+    block_doc [B, T], idx [B, G, K']. Returns [B, Hkv, K'] with -1 on invalid slots."""
+    b, h_kv, _ = kept_doc.shape
+    t = block_doc.shape[1]
+    cand = torch.cat([kept_doc, block_doc[:, None].expand(b, h_kv, t)], dim=2)
+    picked = cand.gather(2, idx.expand(b, h_kv, idx.shape[-1]))
+    return torch.where(plan.slot_valid[:, None], picked, -1)
 
 
 @torch.inference_mode()
@@ -154,7 +161,7 @@ def finch_prefill(
     given, receives one ``FinchStep`` per chunk pass.
     """
     check_supported(model)
-    _check_inputs(model, parts, config)
+    check_inputs(model, parts, config)
     t0 = time.perf_counter()
     device = model.device
     base = getattr(model, model.base_model_prefix)
@@ -177,21 +184,15 @@ def finch_prefill(
     capture = QueryCapture(attn)
     compress_s = 0.0
     h_kv = int(model.config.get_text_config().num_key_value_heads)
-    doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in attn]
+    doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in attn]  # trace
     for i in range(max(len(s) for s in spans)):
         ts = time.perf_counter()
-        blocks, chunk_lens, p_lens = _block(parts, spans, i)
-        ids, real = left_pad(blocks, pad_id, device)  # [B, T]
-        t = ids.shape[1]
-        offsets = torch.arange(t, device=device)[None]
-        start = torch.tensor([t - len(x) for x in blocks], device=device)[:, None]
-        clen = torch.tensor(chunk_lens, device=device)[:, None]
-        is_chunk = (offsets >= start) & (offsets < start + clen)  # [B, T]
-        pos = positions_from_real(real, prefix_len + kept)  # [B, T]
-        mask = step_mask(valid, real)  # [B, 1, T, S + T]
-        p_rows = max(p_lens)
-        with capture.capturing(p_rows):
-            base(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        blk = _block(parts, spans, i, pad_id, device)
+        pos = positions_from_real(blk.real, prefix_len + kept)  # [B, T]
+        mask = step_mask(valid, blk.real)  # [B, 1, T, S + T]
+        with capture.capturing(blk.p_rows):
+            base(input_ids=blk.ids, attention_mask=mask, position_ids=pos,
+                 past_key_values=cache, use_cache=True)
         slots = cache.layers[0].keys.shape[2]
         assert slots <= bound, f"Finch cache grew to {slots} slots, bound {bound}"
         new_kept = torch.tensor(
@@ -199,32 +200,28 @@ def finch_prefill(
             device=device,
         )
         plan = make_plan(new_kept, prefix_len)
-        cand_valid = torch.cat([valid[:, lp:], is_chunk], dim=1)  # [B, C]
+        cand_valid = torch.cat([valid[:, lp:], blk.is_chunk], dim=1)  # [B, C]
         cand_pos = torch.cat([doc_pos, pos], dim=1)  # [B, C]
-        row_mask = mask[:, 0, t - p_rows :, :]  # [B, P, S + T]
-        p_real = offsets[:, t - p_rows :] >= (t - torch.tensor(p_lens, device=device))[:, None]
-        # Every row keeping all its candidates (document shorter than the budget so
-        # far) leaves nothing to rank: skip the scoring matmuls.
-        no_choice = bool((new_kept == cand_valid.sum(dim=1)).all())
+        row_mask = mask[:, 0, mask.shape[2] - blk.p_rows :, :]  # [B, P, S + T]
+        # Rows keeping all their candidates (document shorter than the budget so
+        # far) leave nothing to rank: skip the scoring matmuls when all rows do.
+        rank = not bool((new_kept == cand_valid.sum(dim=1)).all())
         for layer_idx, layer in enumerate(cache.layers):
-            if no_choice:
-                scores = torch.zeros((b, 1, slots - lp), device=device)
-            else:
+            if rank:
                 scores = prompt_scores(
-                    capture.queries[layer_idx], layer.keys, row_mask, p_real,
+                    capture.queries[layer_idx], layer.keys, row_mask, blk.p_real,
                     attn[layer_idx].scaling, config.head_mode,
-                )[:, :, lp:]
+                )[:, :, lp:]  # [B, G, C]
+            else:
+                scores = torch.zeros((b, 1, slots - lp), device=device)
             idx = select_indices(scores, cand_valid, plan)
-            if trace is not None:  # follow document token indices through the selection
-                chunk_doc = (i * config.chunk_tokens + offsets - start).expand(b, t)
-                cand_doc = torch.cat([doc_index[layer_idx], chunk_doc[:, None].expand(b, h_kv, t)], 2)
-                picked = cand_doc.gather(2, idx.expand(b, h_kv, idx.shape[-1]))
-                doc_index[layer_idx] = torch.where(plan.slot_valid[:, None], picked, -1)
+            if trace is not None:
+                doc_index[layer_idx] = _follow(doc_index[layer_idx], blk.doc_index, idx, plan)
             layer.keys, layer.values = gather_layer(
                 layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq
             )
         if trace is not None:
-            row_slots = torch.cat([valid, real], dim=1).sum(dim=1).tolist()
+            row_slots = torch.cat([valid, blk.real], dim=1).sum(dim=1).tolist()
             trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index)))
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
@@ -232,6 +229,8 @@ def finch_prefill(
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
     logits, valid = forward_step(model, cache, valid, ids, pos, real, logits_to_keep=1)
+    if device.type == "cuda":  # prefill_s must include the queued kernels
+        torch.cuda.synchronize(device)
     state = PrefillState(
         cache=cache,
         valid=valid,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from schemas.spec import FinchCompression
 from stages.finch.rope import check_rope
+from stages.prompting import PromptParts
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -56,3 +58,31 @@ def sliding_window(config) -> int | None:
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return int(window)
+
+
+def check_inputs(model, parts: list[PromptParts], config: FinchCompression) -> None:
+    """Raise ValueError for prompts Finch cannot score or budgets the model cannot hold."""
+    if not parts:
+        raise ValueError("finch_prefill needs at least one prompt")
+    if any(not p.query_ids for p in parts):
+        raise ValueError("Finch needs non-empty query_ids (the prompt that scores the cache)")
+    text = model.config.get_text_config()
+    needed = max(
+        len(p.prefix_ids)
+        + min(config.target_tokens + config.chunk_tokens, len(p.context_ids))
+        + len(p.query_ids)
+        for p in parts
+    )
+    limit = getattr(text, "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        raise ValueError(
+            f"Finch cache needs {needed} positions (prefix + target_tokens "
+            f"{config.target_tokens} + chunk_tokens {config.chunk_tokens} + query), more than "
+            f"the model's context window {limit}; lower target_tokens or chunk_tokens"
+        )
+    window = sliding_window(text)
+    if window is not None and needed > window:
+        raise ValueError(
+            f"Finch cache needs {needed} slots but the model attends within a sliding window "
+            f"of {window}; lower target_tokens or chunk_tokens"
+        )

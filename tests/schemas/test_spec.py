@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from schemas.loading import SpecError, apply_overrides, load_spec, spec_from_dict
 from schemas.spec import EMBEDDED_MODEL, JobSpec
@@ -21,7 +22,7 @@ def test_minimal_spec_gets_defaults():
 
 def test_spec_is_frozen():
     spec = spec_from_dict(MINIMAL)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.name = "other"  # type: ignore[misc]
 
 

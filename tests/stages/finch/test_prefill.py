@@ -95,9 +95,12 @@ def test_decoding_from_finch_state() -> None:
     assert compressed.state.cache.layers[0].keys.shape[2] == before + 5  # grew by the decode steps
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
-def test_other_families_compress(family: str) -> None:
-    model = tiny(family, dtype=torch.float32)
+@pytest.mark.parametrize(
+    ("family", "dtype"),
+    [("mistral", torch.float32), ("qwen2", torch.float32), ("llama", torch.bfloat16)],
+)
+def test_other_families_and_bf16_compress(family: str, dtype: torch.dtype) -> None:
+    model = tiny(family, dtype=dtype)
     parts = random_parts([(5, 90, 7), (3, 20, 6)], seed=6)
     out = finch_prefill(model, parts, FinchCompression(target_tokens=30, chunk_tokens=16), 0)
     assert out.context_tokens == [30, 20]
