@@ -8,11 +8,7 @@ more than one token in the whole batch costs far more than a one-token step
 
 1. ``DraftLengths`` (per row, following its recent acceptance): the row may ask
    for ``k`` drafts; ``k`` starts at ``k_init``, grows by ``grow`` after a fully
-   accepted draft, shrinks to accepted + 1 after a rejection (but not below
-   ``k_floor_alone`` = 4 when the row is alone in the batch: then any verify step
-   pays the jump from matrix-vector to matrix-matrix kernels, and a 1-token draft
-   rarely earns it back; measured QA speedup at B=1 1.29-1.33x with floor 1 vs 1.35x
-   with 4, while at B=8 the floor cost throughput); when the row's
+   accepted draft, shrinks to accepted + 1 after a rejection; when the row's
    recent acceptance rate (decayed accepted / drafted) drops below
    ``pause_below`` the row stops asking (k = 0) for ``pause_steps`` steps (doubling
    on each consecutive pause) and then probes again with k = 1.
@@ -42,8 +38,7 @@ class Tuning:
     prefer: str = "latest"  # drafting tie rule, see drafting.NgramIndex
     k_init: int = 8
     grow: int = 4
-    k_floor: int = 1  # a rejection shrinks k to max(k_floor, accepted + 1) ...
-    k_floor_alone: int = 4  # ... or to this when the row is alone in the batch
+    k_floor: int = 1  # a rejection shrinks k to max(k_floor, accepted + 1)
     pause_below: float = 0.1
     pause_steps: int = 4
     min_gain: float = 1.05  # a wider step must promise this much more throughput
@@ -72,8 +67,8 @@ class DraftLengths:
             return 0
         return self.k[r]
 
-    def update(self, r: int, drafted: int, accepted: int, alone: bool = False) -> None:
-        """Record a verify step of row r; ``alone``: it was the only row in the batch."""
+    def update(self, r: int, drafted: int, accepted: int) -> None:
+        """Record a verify step of row r: ``drafted`` tokens fed, ``accepted`` of them kept."""
         if drafted == 0:
             return
         self.acc[r] = 0.7 * self.acc[r] + accepted
@@ -82,8 +77,7 @@ class DraftLengths:
             self.k[r] = min(self.k_max, max(self.k[r], drafted) + self.t.grow)
             self.backoff[r] = self.t.pause_steps
         else:
-            floor = self.t.k_floor_alone if alone else self.t.k_floor
-            self.k[r] = min(self.k_max, max(floor, accepted + 1))
+            self.k[r] = min(self.k_max, max(self.t.k_floor, accepted + 1))
         if self.drafted[r] >= 8 and self.acc[r] < self.t.pause_below * self.drafted[r]:
             self.paused[r] = self.backoff[r]
             self.backoff[r] = min(64, 2 * self.backoff[r])

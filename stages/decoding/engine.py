@@ -168,7 +168,7 @@ def decode(
                 res.accepted_tokens += a
                 counts[i] += a + 1
                 if spec:
-                    lengths.update(r, len(drafts[i]), a, alone=n == 1)
+                    lengths.update(r, len(drafts[i]), a)
                     acceptance.update(ngrams[i], len(drafts[i]), a)
                 if not emit(r, out):
                     keep.append(i)

@@ -13,9 +13,9 @@ def test_draft_length_grows_shrinks_pauses_and_probes():
     assert dl.allowed(0) == 8
     dl.update(0, drafted=8, accepted=2)  # rejection: shrink to accepted + 1
     assert dl.allowed(0) == 3
-    lone = DraftLengths(rows=1, k_max=16, tuning=t)
-    lone.update(0, drafted=4, accepted=0, alone=True)  # alone in the batch: not below 4
-    assert lone.allowed(0) == 4
+    floored = DraftLengths(rows=1, k_max=16, tuning=Tuning(k_init=8, k_floor=4))
+    floored.update(0, drafted=6, accepted=0)  # shrinks, but not below k_floor
+    assert floored.allowed(0) == 4
     for _ in range(5):  # poor acceptance (8+ drafted tokens of evidence): pause
         assert dl.allowed(0) > 0
         dl.update(0, drafted=3, accepted=0)
