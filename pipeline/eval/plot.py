@@ -1,0 +1,101 @@
+"""PNG of the eval: accuracy, compression and time per method and budget.
+
+Contract: ``plot_eval(summary, by_depth, path)`` takes ``table.aggregate`` and
+``table.breakdown(..., "depth_bin")`` output and writes one PNG with six panels:
+exact match, contains, token F1, compression ratio, time per request (mean e2e_s)
+as bars grouped by budget (one bar per method), and contains by answer depth (one
+line per method and budget). Methods without a budget (none, autocompressor) are
+drawn as dashed horizontal lines across the budget groups. Uses the Agg backend,
+so it works without a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PANELS = (
+    ("exact_match", "exact match"),
+    ("contains", "contains answer"),
+    ("f1", "token F1"),
+    ("compression_ratio", "compression ratio (doc / context tokens)"),
+    ("e2e_s", "time per request (mean e2e s)"),
+)
+
+
+def _bars(ax: Any, summary: Sequence[dict[str, Any]], key: str, colors: dict[str, Any]) -> None:
+    budgets = sorted({s["target_tokens"] for s in summary if s["target_tokens"] is not None})
+    budgeted = [m for m in colors if any(s["method"] == m and s["target_tokens"] for s in summary)]
+    width = 0.8 / max(len(budgeted), 1)
+    for j, method in enumerate(budgeted):
+        vals = {s["target_tokens"]: s[key] for s in summary if s["method"] == method}
+        xs = [i + (j - (len(budgeted) - 1) / 2) * width for i in range(len(budgets))]
+        # a run that did not happen (or has no figure) draws no bar, not a zero bar
+        ys = [float("nan") if vals.get(b) is None else vals[b] for b in budgets]
+        ax.bar(xs, ys, width, label=method, color=colors[method])
+    for s in summary:
+        if s["target_tokens"] is None and s[key] is not None:
+            ax.axhline(
+                s[key],
+                ls="--",
+                lw=1.2,
+                color=colors[s["method"]],
+                label=f"{s['method']} (no budget)",
+            )
+    ax.set_xticks(range(len(budgets)), [f"{b} tok" for b in budgets])
+    ax.set_xlabel("target_tokens")
+
+
+def plot_eval(
+    summary: Sequence[dict[str, Any]],
+    by_depth: Sequence[dict[str, Any]],
+    path: str | Path,
+    title: str = "longdoc QA eval",
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    cmap = plt.get_cmap("tab10")
+    colors = {m: cmap(i % 10) for i, m in enumerate(methods)}
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    for ax, (key, label) in zip(axes.flat, PANELS, strict=False):
+        _bars(ax, summary, key, colors)
+        ax.set_title(label)
+        if key in ("exact_match", "contains", "f1"):
+            ax.set_ylim(0, 1)
+    ax = axes.flat[5]
+    series: dict[tuple[str, int | None], dict[str, float]] = {}
+    for r in by_depth:
+        series.setdefault((r["method"], r["target_tokens"]), {})[r["depth_bin"]] = r["contains"]
+    bins = sorted({r["depth_bin"] for r in by_depth})
+    styles = ["-", ":", "-.", "--"]
+    budgets = sorted({b for _, b in series if b is not None})
+    for (method, budget), vals in series.items():
+        ls = "--" if budget is None else styles[budgets.index(budget) % len(styles)]
+        ax.plot(
+            range(len(bins)),
+            [vals.get(b) for b in bins],
+            ls=ls,
+            marker="o",
+            color=colors[method],
+            label=f"{method} {budget or ''}".strip(),
+        )
+    ax.set_xticks(range(len(bins)), bins)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("answer depth in document")
+    ax.set_title("contains answer, by depth")
+    for a in axes.flat:
+        handles, _ = a.get_legend_handles_labels()
+        if handles:
+            a.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,238 @@
+"""`longdoc eval`: one QA eval set through the real pipeline, once per method and budget.
+
+Contract:
+- The runs and their specs come from pipeline.eval.specs (every budgeted method once
+  per ``target_tokens``, none/autocompressor once); run outputs land under
+  ``{out}/{eval_id}/runs/{method}-{budget}``.
+- ``run_eval`` runs each spec with ``pipeline.runner.run_job``, reads the rows back,
+  scores them (pipeline.eval.table) and writes, under ``{out}/{eval_id}/``:
+  summary.md / summary.csv / summary.json (per method and budget, plus breakdowns by
+  question kind and answer depth), scored.csv (one line per request) and eval.png.
+  A run that raises is reported and skipped; the others go on. Reusing an
+  ``eval_id`` resumes: requests already written are skipped by the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pipeline.eval.specs import (
+    EvalRun,
+    build_eval_spec,
+    load_question_meta,
+    plan_runs,
+    split_overrides,
+)
+from pipeline.eval.table import (
+    SUMMARY_COLUMNS,
+    aggregate,
+    breakdown,
+    score_rows,
+    to_markdown,
+    write_csv,
+)
+
+DEFAULT_BUDGETS = (512, 1024)
+DEFAULT_EVAL_SET = "jobs/eval/qa-eval.jsonl"
+
+
+@dataclass
+class EvalResult:
+    eval_id: str
+    out_dir: Path
+    summary: list[dict[str, Any]]
+    by_kind: list[dict[str, Any]]
+    by_depth: list[dict[str, Any]]
+    scored: list[dict[str, Any]]
+    failed_runs: dict[str, str] = field(default_factory=dict)  # run tag -> error
+
+
+def _read_rows(output_uri: str) -> list[dict[str, Any]]:
+    from pipeline.report import load_output
+
+    rows: dict[str, dict[str, Any]] = {}
+    for r in load_output(output_uri).to_pylist():
+        rows[r["request_id"]] = r  # a resumed run may hold rows of several dates
+    return list(rows.values())
+
+
+def run_eval(
+    eval_set: str = DEFAULT_EVAL_SET,
+    target_tokens: list[int] | None = None,
+    methods: list[str] | None = None,
+    *,
+    limit: int | None = None,
+    max_new_tokens: int = 32,
+    out: str = "out/eval",
+    overrides: list[str] | None = None,
+    autocompressor: str | None = None,
+    eval_id: str | None = None,
+    address: str | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
+    from pipeline.eval.plot import plot_eval
+    from pipeline.runner import new_run_id, run_job, today_utc
+
+    local = Path(eval_set)
+    if "://" not in eval_set and not local.is_file():
+        raise ValueError(f"eval set {eval_set!r} not found (build it: see jobs/README.md)")
+    eval_uri = str(local.resolve()) if "://" not in eval_set else eval_set
+    runs = plan_runs(methods, list(target_tokens or DEFAULT_BUDGETS), autocompressor)
+    common, scoped = split_overrides(list(overrides or []), {r.method for r in runs})
+    eval_id = eval_id or new_run_id()
+    out_dir = Path(out) / eval_id
+    specs = {
+        r.tag: build_eval_spec(
+            r,
+            eval_uri,
+            str((out_dir / "runs" / r.tag).resolve()),
+            max_new_tokens=max_new_tokens,
+            limit=limit,
+            overrides=common + scoped.get(r.method, []),
+            autocompressor=autocompressor,
+        )
+        for r in runs
+    }  # every spec is validated before the first run starts
+    meta = load_question_meta(eval_uri)
+    scored: list[dict[str, Any]] = []
+    wall: dict[tuple[str, int | None], float] = {}
+    failed: dict[str, str] = {}
+    for r in runs:
+        t0 = time.perf_counter()
+        try:
+            res = run_job(
+                specs[r.tag],
+                run_date=today_utc(),
+                run_id=eval_id,
+                address=address,
+                progress=progress,
+            )
+        except Exception as e:  # noqa: BLE001 - one broken method must not sink the others
+            failed[r.tag] = f"{type(e).__name__}: {e}"
+            typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
+            continue
+        wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
+        scored += score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta)
+    result = EvalResult(
+        eval_id,
+        out_dir,
+        aggregate(scored, wall),
+        breakdown(scored, "kind"),
+        breakdown(scored, "depth_bin"),
+        scored,
+        failed,
+    )
+    _write(result, eval_uri, runs, plot_eval)
+    return result
+
+
+def _write(result: EvalResult, eval_set: str, runs: list[EvalRun], plot_eval: Any) -> None:
+    d = result.out_dir
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "summary.md").write_text(render_markdown(result) + "\n", encoding="utf-8")
+    write_csv(result.summary, d / "summary.csv", SUMMARY_COLUMNS)
+    write_csv(result.scored, d / "scored.csv")
+    payload = {
+        "eval_id": result.eval_id,
+        "eval_set": eval_set,
+        "runs": [r.tag for r in runs],
+        "failed_runs": result.failed_runs,
+        "summary": result.summary,
+        "by_kind": result.by_kind,
+        "by_depth": result.by_depth,
+    }
+    (d / "summary.json").write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    if result.summary:
+        plot_eval(
+            result.summary,
+            result.by_depth,
+            d / "eval.png",
+            title=f"longdoc QA eval {result.eval_id}",
+        )
+
+
+def render_markdown(result: EvalResult) -> str:
+    parts = [f"## QA eval {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
+    if result.by_kind:
+        parts += ["", "### by question kind", "", to_markdown(result.by_kind)]
+    if result.failed_runs:
+        parts += ["", "### failed runs", ""] + [
+            f"- {k}: {v}" for k, v in result.failed_runs.items()
+        ]
+    return "\n".join(parts)
+
+
+def eval_command(
+    eval_set: Annotated[
+        str, typer.Option(help="QA eval set (JSONL: id, text, questions, answers[, depths, kind]).")
+    ] = DEFAULT_EVAL_SET,
+    target_tokens: Annotated[
+        list[int] | None,
+        typer.Option(help="Context budget; repeatable (default: 512 and 1024)."),
+    ] = None,
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Methods to compare, repeatable or comma-separated (default: none, truncate, rag, finch, + autocompressor with --autocompressor)."
+        ),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Use only the first N documents.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per answer.")] = 32,
+    out: Annotated[
+        str,
+        typer.Option(
+            help="Directory for the table, plot and run outputs (a subfolder per eval id)."
+        ),
+    ] = "out/eval",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Spec override for every run (generation.model=DIR), or METHOD:key=value for one method.",
+        ),
+    ] = None,
+    autocompressor: Annotated[
+        str | None,
+        typer.Option(help="AutoCompressor checkpoint; adds the autocompressor method."),
+    ] = None,
+    eval_id: Annotated[
+        str | None, typer.Option(help="Reuse an eval id to resume it (default: new).")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address (default: embedded Ray).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+) -> None:
+    """Compare every compression method on a QA eval set at the same context budget."""
+    from schemas.loading import SpecError
+
+    try:
+        result = run_eval(
+            eval_set,
+            target_tokens,
+            methods,
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            out=out,
+            overrides=set_,
+            autocompressor=autocompressor,
+            eval_id=eval_id,
+            address=address,
+            progress=not quiet,
+        )
+    except (ValueError, SpecError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(render_markdown(result))
+    typer.echo(
+        f"\nwritten: {result.out_dir}/summary.md, summary.csv, summary.json, scored.csv, eval.png"
+    )
+    if result.failed_runs:
+        raise typer.Exit(1)

@@ -1,0 +1,138 @@
+"""The runs of `longdoc eval` and their JobSpecs.
+
+Contract:
+- ``plan_runs`` lists the runs: every budgeted method (truncate, rag, finch) once per
+  ``target_tokens``; methods that take no budget (none: the whole document;
+  autocompressor: summary vectors of the whole document) once.
+- ``split_overrides`` sorts ``--set`` items: ``key=value`` applies to every run,
+  ``METHOD:key=value`` to that method's runs only. Compression, input and output are
+  set per run by the eval, so unscoped overrides of them are refused.
+- ``build_eval_spec`` makes one run's JobSpec: the eval set as qa JSONL (fields id,
+  text, questions, answers), the method at the budget, output at ``run_dir``.
+- ``load_question_meta`` reads each question's ``kind`` and ``depths`` entry.
+Bad values raise ValueError naming the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.eval.table import QuestionMeta
+
+BUDGETED = ("truncate", "rag", "finch")
+UNBUDGETED = ("none", "autocompressor")
+METHODS = ("none", *BUDGETED, "autocompressor")
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    method: str
+    target_tokens: int | None  # None: the method takes no budget
+
+    @property
+    def tag(self) -> str:
+        return f"{self.method}-{self.target_tokens or 'full'}"
+
+
+def plan_runs(
+    methods: list[str] | None, budgets: list[int], autocompressor: str | None
+) -> list[EvalRun]:
+    names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
+    if not names:
+        names = ["none", *BUDGETED] + (["autocompressor"] if autocompressor else [])
+    bad = [m for m in names if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad}; allowed: {', '.join(METHODS)}")
+    if "autocompressor" in names and not autocompressor:
+        raise ValueError("method autocompressor needs a checkpoint: --autocompressor PATH")
+    if not budgets or any(b < 1 for b in budgets):
+        raise ValueError(f"--target-tokens must be one or more integers >= 1, got {budgets}")
+    runs: list[EvalRun] = []
+    for m in dict.fromkeys(names):
+        budgets_of_m = [None] if m in UNBUDGETED else list(dict.fromkeys(budgets))
+        runs += [EvalRun(m, b) for b in budgets_of_m]
+    return runs
+
+
+def split_overrides(
+    overrides: list[str], methods: set[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """(overrides for every run, overrides per method) from ``[METHOD:]key=value`` items."""
+    common: list[str] = []
+    scoped: dict[str, list[str]] = {}
+    for item in overrides:
+        head, sep, rest = item.partition(":")
+        if sep and "=" not in head:
+            if head not in methods:
+                raise ValueError(
+                    f"override {item!r} names method {head!r}; methods run: {sorted(methods)}"
+                )
+            scoped.setdefault(head, []).append(rest)
+            continue
+        key = item.split("=", 1)[0].strip()
+        if key.startswith(("compression.", "output.", "input.")) or key in ("compression", "name"):
+            raise ValueError(
+                f"override {item!r}: the eval sets {key.split('.')[0]} per run; scope compression "
+                "settings to a method (--set rag:compression.chunk_tokens=128)"
+            )
+        common.append(item)
+    return common, scoped
+
+
+def build_eval_spec(
+    run: EvalRun,
+    eval_set: str,
+    run_dir: str,
+    *,
+    max_new_tokens: int,
+    limit: int | None,
+    overrides: list[str],
+    autocompressor: str | None = None,
+):
+    from schemas.loading import apply_overrides, spec_from_dict
+
+    compression: dict[str, Any] = {"method": run.method}
+    if run.target_tokens is not None:
+        compression["target_tokens"] = run.target_tokens
+    if run.method == "autocompressor":
+        compression["checkpoint"] = autocompressor
+    data = {
+        "name": f"eval-{run.tag}",
+        "input": {
+            "uri": eval_set,
+            "format": "jsonl",
+            "id_field": "id",
+            "text_field": "text",
+            "question_field": "questions",
+            "answer_field": "answers",
+            "limit": limit,
+        },
+        "task": {"kind": "qa"},
+        "compression": compression,
+        "generation": {"max_new_tokens": max_new_tokens},
+        "output": {"uri": run_dir},
+    }
+    return spec_from_dict(apply_overrides(data, overrides), source=f"eval run {run.tag}")
+
+
+def load_question_meta(eval_set: str) -> QuestionMeta:
+    """(doc id, question) -> {kind, depth} from the eval set's parallel lists, if present."""
+    import fsspec
+
+    meta: QuestionMeta = {}
+    with fsspec.open(eval_set, "r", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            qs = rec.get("questions") or []
+            qs = [qs] if isinstance(qs, str) else qs
+            kinds, depths = rec.get("kind"), rec.get("depths")
+            for i, q in enumerate(qs):
+                meta[(str(rec.get("id")), str(q))] = {
+                    "kind": kinds[i] if isinstance(kinds, list) and i < len(kinds) else kinds,
+                    "depth": depths[i] if isinstance(depths, list) and i < len(depths) else None,
+                }
+    return meta

@@ -1,0 +1,155 @@
+"""Score output rows against references and aggregate them per method and budget.
+
+Contract:
+- ``score_rows(method, target_tokens, rows, meta)`` turns the pipeline's output rows
+  (schemas/output.py columns) of one run into scored rows: the run's method and
+  budget, the question's ``kind`` and ``depth`` from the eval set, and every metric
+  of pipeline.eval.metrics. Error rows score 0 (a failure is a wrong answer) and
+  keep their ``error``.
+- ``aggregate(scored)`` -> one summary dict per (method, target_tokens), in
+  ``METHOD_ORDER`` then budget order. Accuracy figures average over all rows;
+  cost figures (compression_ratio, context_tokens, compress_s, e2e_s) over the
+  successful rows only, since failed rows have none.
+- ``breakdown(scored, key)`` -> accuracy per (method, budget, key value), for
+  ``kind`` or ``depth_bin``.
+``target_tokens`` is None for methods that take no budget (none, autocompressor).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.eval.metrics import METRICS, score
+
+METHOD_ORDER = ("none", "truncate", "rag", "finch", "autocompressor")
+COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "e2e_s")
+SUMMARY_COLUMNS = (
+    "method",
+    "target_tokens",
+    "n",
+    "failed",
+    *METRICS,
+    *COST_COLUMNS,
+    "wall_s_per_request",
+)
+DEPTH_BINS = 5
+
+QuestionMeta = dict[tuple[str, str], dict[str, Any]]  # (doc_id, question) -> {kind, depth}
+
+
+def depth_bin(depth: float | None) -> str | None:
+    """'0.0-0.2' style label of the answer's relative depth (DEPTH_BINS equal bins)."""
+    if depth is None or (isinstance(depth, float) and math.isnan(depth)):
+        return None
+    i = min(int(float(depth) * DEPTH_BINS), DEPTH_BINS - 1)
+    return f"{i / DEPTH_BINS:.1f}-{(i + 1) / DEPTH_BINS:.1f}"
+
+
+def score_rows(
+    method: str, target_tokens: int | None, rows: Iterable[dict[str, Any]], meta: QuestionMeta
+) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        question = r.get("prompt")
+        info = meta.get((str(r.get("doc_id")), str(question)), {})
+        ref = r.get("reference")
+        ok = r.get("error") is None
+        pred = r.get("output_text") if ok else None
+        metrics = score(pred, ref) if ref is not None else dict.fromkeys(METRICS)
+        out.append(
+            {
+                "method": method,
+                "target_tokens": target_tokens,
+                "doc_id": r.get("doc_id"),
+                "question": question,
+                "reference": ref,
+                "output_text": r.get("output_text"),
+                "kind": info.get("kind"),
+                "depth": info.get("depth"),
+                "depth_bin": depth_bin(info.get("depth")),
+                **metrics,
+                "doc_tokens": r.get("doc_tokens"),
+                **{c: r.get(c) for c in COST_COLUMNS},
+                "error": r.get("error"),
+            }
+        )
+    return out
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _sort_key(key: tuple[str, int | None]) -> tuple[int, int]:
+    method, budget = key
+    rank = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+    return rank, -1 if budget is None else budget
+
+
+def _groups(scored: Sequence[dict[str, Any]], extra: str | None = None) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in scored:
+        key = (r["method"], r["target_tokens"]) + ((r.get(extra),) if extra else ())
+        groups.setdefault(key, []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (_sort_key(kv[0][:2]), str(kv[0][2:]))))
+
+
+def aggregate(
+    scored: Sequence[dict[str, Any]], wall_s: dict[tuple[str, int | None], float] | None = None
+) -> list[dict[str, Any]]:
+    """Summary per (method, budget); ``wall_s`` maps a run to its pipeline wall time."""
+    out = []
+    for (method, budget), rows in _groups(scored).items():
+        ok = [r for r in rows if r["error"] is None]
+        wall = (wall_s or {}).get((method, budget))
+        summary: dict[str, Any] = {"method": method, "target_tokens": budget, "n": len(rows)}
+        summary["failed"] = len(rows) - len(ok)
+        summary.update({m: _mean(r[m] for r in rows) for m in METRICS})
+        summary.update({c: _mean(r[c] for r in ok) for c in COST_COLUMNS})
+        summary["wall_s_per_request"] = wall / len(rows) if wall and rows else None
+        out.append(summary)
+    return out
+
+
+def breakdown(scored: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Accuracy per (method, budget, value of ``key``); rows without a value are left out."""
+    out = []
+    for (method, budget, value), rows in _groups(scored, key).items():
+        if value is None:
+            continue
+        entry = {"method": method, "target_tokens": budget, key: value, "n": len(rows)}
+        entry.update({m: _mean(r[m] for r in rows) for m in METRICS})
+        out.append(entry)
+    return out
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub-flavoured markdown table; None prints as '-' (e.g. no budget)."""
+    cols = list(columns or (rows[0].keys() if rows else ()))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_csv(
+    rows: Sequence[dict[str, Any]], path: Path, columns: Sequence[str] | None = None
+) -> None:
+    cols = list(columns or (rows[0].keys() if rows else ()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

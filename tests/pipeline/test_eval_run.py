@@ -1,0 +1,93 @@
+"""`longdoc eval` end to end: the real pipeline (Ray Data, tiny model) per method and
+budget, scored, tabled and plotted."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from pipeline.eval.runner import eval_command
+
+FILLER = (
+    "The committee met in the old library to review the archive. Members read reports about "
+    "roads, bridges and the harbour, and agreed to meet again after the summer. "
+)
+
+
+def eval_set(tmp_path):
+    recs = [
+        {
+            "id": "doc-a",
+            "text": FILLER * 4 + "The vault code of the Zurich branch is 4417. " + FILLER * 4,
+            "questions": [
+                "What is the vault code of the Zurich branch?",
+                "Where did the committee meet?",
+            ],
+            "answers": ["4417", "old library"],
+            "depths": [0.5, 0.0],
+            "kind": ["inserted", "native"],
+        },
+        {
+            "id": "doc-b",
+            "text": FILLER * 6 + "The ferry Aurora carries 312 passengers.",
+            "questions": ["How many passengers does the ferry Aurora carry?"],
+            "answers": ["312"],
+            "depths": [0.98],
+            "kind": ["inserted"],
+        },
+    ]
+    p = tmp_path / "qa-eval.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("noop")(lambda: None)  # two commands, so `eval` is a subcommand as in the CLI
+    out = tmp_path / "eval-out"
+    args = [
+        "eval", "--eval-set", str(eval_set(tmp_path)), "--target-tokens", "64",
+        "--methods", "truncate,rag", "--max-new-tokens", "3", "--out", str(out),
+        "--set", f"generation.model={tiny_model_dir}", "--set", "rag:compression.chunk_tokens=16",
+        "--eval-id", "e1", "--quiet",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "| truncate | 64 | 3 | 0 |" in res.output and "| rag | 64 | 3 | 0 |" in res.output
+
+    d = out / "e1"
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["runs"] == ["truncate-64", "rag-64"] and summary["failed_runs"] == {}
+    assert [s["n"] for s in summary["summary"]] == [3, 3]
+    kinds = {(r["method"], r["kind"]): r["n"] for r in summary["by_kind"]}
+    assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1,
+                     ("rag", "inserted"): 2, ("rag", "native"): 1}  # fmt: skip
+
+    import csv
+
+    scored = list(csv.DictReader((d / "scored.csv").open()))
+    assert len(scored) == 6
+    refs = {r["question"]: r["reference"] for r in scored}
+    assert refs["How many passengers does the ferry Aurora carry?"] == "312"
+    for r in scored:
+        assert r["error"] == "" and int(r["context_tokens"]) == 64
+        assert float(r["compression_ratio"]) == int(r["doc_tokens"]) / 64
+        assert 0.0 <= float(r["f1"]) <= 1.0
+    assert (d / "eval.png").read_bytes()[:4] == b"\x89PNG"
+    assert (d / "runs" / "rag-64").is_dir() and (d / "summary.csv").is_file()
+
+
+def test_eval_command_rejects_bad_values(tmp_path) -> None:
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("noop")(lambda: None)
+    p = eval_set(tmp_path)
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--methods", "bm25"])
+    assert res.exit_code == 2 and "unknown method" in res.output
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "not found" in res.output
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--set", "compression.keep=head"])
+    assert res.exit_code == 2 and "scope compression" in res.output

@@ -1,0 +1,88 @@
+"""Eval runs and their specs: which runs, override scoping, spec validity, question meta."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.eval.specs import (
+    EvalRun,
+    build_eval_spec,
+    load_question_meta,
+    plan_runs,
+    split_overrides,
+)
+from schemas.loading import SpecError
+from schemas.spec import RagCompression, TruncateCompression
+
+
+def test_plan_runs_defaults_and_budgets() -> None:
+    runs = plan_runs(None, [512, 1024], None)
+    assert [r.tag for r in runs] == [
+        "none-full", "truncate-512", "truncate-1024", "rag-512", "rag-1024", "finch-512", "finch-1024",
+    ]  # fmt: skip
+    with_ac = plan_runs(None, [512], "ckpt")
+    assert with_ac[-1] == EvalRun("autocompressor", None)
+    assert [r.tag for r in plan_runs(["rag,none", "rag"], [64], None)] == ["rag-64", "none-full"]
+
+
+@pytest.mark.parametrize(
+    ("methods", "budgets", "ac", "match"),
+    [
+        (["bm25"], [512], None, "unknown method"),
+        (["autocompressor"], [512], None, "--autocompressor"),
+        (["rag"], [0], None, "target-tokens"),
+        (["rag"], [], None, "target-tokens"),
+    ],
+)
+def test_plan_runs_rejects_bad_values(methods, budgets, ac, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan_runs(methods, budgets, ac)
+
+
+def test_split_overrides_scopes_per_method() -> None:
+    common, scoped = split_overrides(
+        ["generation.model=/m", "rag:compression.chunk_tokens=64", "resources.batch_size=2"],
+        {"rag", "truncate"},
+    )
+    assert common == ["generation.model=/m", "resources.batch_size=2"]
+    assert scoped == {"rag": ["compression.chunk_tokens=64"]}
+    with pytest.raises(ValueError, match="scope compression"):
+        split_overrides(["compression.chunk_tokens=64"], {"rag"})
+    with pytest.raises(ValueError, match="finch"):
+        split_overrides(["finch:compression.chunk_tokens=64"], {"rag"})
+
+
+def test_build_eval_spec_per_method(tmp_path) -> None:
+    kw = dict(max_new_tokens=8, limit=2, overrides=["generation.seed=3"])
+    rag = build_eval_spec(EvalRun("rag", 256), "/e.jsonl", str(tmp_path / "r"), **kw)
+    assert isinstance(rag.compression, RagCompression) and rag.compression.target_tokens == 256
+    assert rag.task.kind == "qa" and rag.input.question_field == "questions"
+    assert rag.input.answer_field == "answers" and rag.input.limit == 2
+    assert rag.output.uri == str(tmp_path / "r") and rag.generation.seed == 3
+    trunc = build_eval_spec(EvalRun("truncate", 64), "/e.jsonl", "o", **kw)
+    assert isinstance(trunc.compression, TruncateCompression)
+    none = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", **kw)
+    assert none.compression.method == "none" and none.name == "eval-none-full"
+    ac = build_eval_spec(
+        EvalRun("autocompressor", None), "/e.jsonl", "o", autocompressor="/ck", **kw
+    )
+    assert ac.compression.checkpoint == "/ck"
+    with pytest.raises(SpecError, match="max_new_tokens"):
+        build_eval_spec(
+            EvalRun("rag", 8), "/e.jsonl", "o", max_new_tokens=0, limit=None, overrides=[]
+        )
+
+
+def test_load_question_meta(tmp_path) -> None:
+    p = tmp_path / "e.jsonl"
+    recs = [
+        {"id": "a", "text": "t", "questions": ["q1", "q2"], "answers": ["x", "y"],
+         "depths": [0.1, 0.9], "kind": ["inserted", "native"]},
+        {"id": 7, "text": "t", "questions": "q3", "answers": "z"},
+    ]  # fmt: skip
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
+    meta = load_question_meta(str(p))
+    assert meta[("a", "q2")] == {"kind": "native", "depth": 0.9}
+    assert meta[("7", "q3")] == {"kind": None, "depth": None}

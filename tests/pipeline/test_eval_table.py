@@ -1,0 +1,110 @@
+"""Eval scoring, aggregation, tables and plot on synthetic output rows."""
+
+from __future__ import annotations
+
+import csv
+import struct
+
+import pytest
+
+from pipeline.eval.plot import plot_eval
+from pipeline.eval.table import (
+    SUMMARY_COLUMNS,
+    aggregate,
+    breakdown,
+    depth_bin,
+    score_rows,
+    to_markdown,
+    write_csv,
+)
+
+META = {
+    ("d1", "What is the code?"): {"kind": "inserted", "depth": 0.12},
+    ("d1", "Who wrote it?"): {"kind": "native", "depth": 0.95},
+    ("d2", "What is the code?"): {"kind": "inserted", "depth": 0.5},
+}
+
+
+def out_row(doc: str, q: str, ref: str, text: str | None, error: str | None = None, **figs):
+    base = dict(
+        doc_tokens=4000, context_tokens=500, compression_ratio=8.0, compress_s=0.5, e2e_s=2.0
+    )
+    base.update(figs)
+    if error:
+        base.update(context_tokens=None, compression_ratio=None, compress_s=None, e2e_s=None)
+    return dict(doc_id=doc, prompt=q, reference=ref, output_text=text, error=error, **base)
+
+
+def scored_rows():
+    rag = [
+        out_row("d1", "What is the code?", "4417", "The code is 4417."),
+        out_row("d1", "Who wrote it?", "Ada Lovelace", "Ada Lovelace", e2e_s=4.0),
+        out_row("d2", "What is the code?", "88", None, error="generate: boom"),
+    ]
+    none = [
+        out_row("d1", "What is the code?", "4417", "4417", compression_ratio=1.0),
+        out_row("d1", "Who wrote it?", "Ada Lovelace", "Lovelace", compression_ratio=1.0),
+        out_row("d2", "What is the code?", "88", "no idea", compression_ratio=1.0),
+    ]
+    trunc = [out_row("d1", "What is the code?", "4417", "x", compression_ratio=4.0)]
+    return (
+        score_rows("rag", 512, rag, META)
+        + score_rows("truncate", 1024, trunc, META)
+        + score_rows("none", None, none, META)
+        + score_rows("truncate", 512, trunc, META)
+    )
+
+
+def test_score_rows_joins_meta_and_zeroes_errors() -> None:
+    s = scored_rows()[:3]
+    assert s[0]["kind"] == "inserted" and s[0]["depth_bin"] == "0.0-0.2"
+    assert (s[0]["exact_match"], s[0]["contains"]) == (0.0, 1.0)
+    assert s[1]["exact_match"] == 1.0 and s[1]["kind"] == "native"
+    assert s[2]["f1"] == 0.0 and s[2]["error"] == "generate: boom"
+
+
+def test_aggregate_orders_and_averages() -> None:
+    summary = aggregate(scored_rows(), wall_s={("rag", 512): 30.0})
+    assert [(r["method"], r["target_tokens"]) for r in summary] == [
+        ("none", None), ("truncate", 512), ("truncate", 1024), ("rag", 512),
+    ]  # fmt: skip
+    rag = summary[3]
+    assert rag["n"] == 3 and rag["failed"] == 1
+    assert rag["contains"] == pytest.approx(2 / 3)  # the error row counts as wrong
+    assert rag["exact_match"] == pytest.approx(1 / 3)
+    assert rag["e2e_s"] == pytest.approx(3.0)  # cost figures: successful rows only
+    assert rag["compression_ratio"] == pytest.approx(8.0)
+    assert rag["wall_s_per_request"] == pytest.approx(10.0)
+    none = summary[0]
+    assert none["f1"] == pytest.approx((1.0 + 2 / 3 + 0.0) / 3)
+    assert none["wall_s_per_request"] is None
+
+
+def test_breakdowns_by_kind_and_depth() -> None:
+    kinds = breakdown(scored_rows(), "kind")
+    rag = {r["kind"]: r for r in kinds if r["method"] == "rag"}
+    assert rag["inserted"]["n"] == 2 and rag["inserted"]["contains"] == pytest.approx(0.5)
+    assert rag["native"]["exact_match"] == 1.0
+    depths = {r["depth_bin"] for r in breakdown(scored_rows(), "depth_bin")}
+    assert depths == {"0.0-0.2", "0.4-0.6", "0.8-1.0"}
+    assert depth_bin(1.0) == "0.8-1.0" and depth_bin(None) is None
+
+
+def test_markdown_and_csv(tmp_path) -> None:
+    summary = aggregate(scored_rows())
+    md = to_markdown(summary, SUMMARY_COLUMNS).splitlines()
+    assert md[0].startswith("| method | target_tokens | n |") and len(md) == 2 + len(summary)
+    assert md[2].startswith("| none | - | 3 | 0 |")
+    write_csv(summary, tmp_path / "s.csv", SUMMARY_COLUMNS)
+    rows = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert [r["method"] for r in rows] == ["none", "truncate", "truncate", "rag"]
+    assert float(rows[3]["contains"]) == pytest.approx(2 / 3)
+
+
+def test_plot_writes_png(tmp_path) -> None:
+    scored = scored_rows()
+    path = plot_eval(aggregate(scored), breakdown(scored, "depth_bin"), tmp_path / "p" / "eval.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 1000 and height > 600
