@@ -14,6 +14,11 @@ Contract (Ray-agnostic core, ``rag_contexts``):
   taken is cut (its head kept) so the budget is filled exactly. Kept pieces are
   emitted in document order, so the result is a subsequence of ``doc_ids``.
 - A document that fits the budget is kept whole without embedding anything.
+- The embedder reads at most its own ``max_seq_length`` word pieces per chunk (256
+  for all-MiniLM-L6-v2); the rest of a longer chunk does not count towards its
+  score, though it is still kept. On jobs/eval the median is 0.98 MiniLM word pieces
+  per SmolLM2 token, so about 40% of default 256-token chunks are scored on their
+  first ~255 word pieces only; use chunk_tokens <= ~200 to score whole chunks.
 - All chunks of all requests of a batch are embedded in one ``encode`` call, all
   queries in another. A request that fails yields its exception in place of a
   result; the others go on.

@@ -77,7 +77,6 @@ def run_eval(
     progress: bool = True,
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
-    from pipeline.eval.plot import plot_eval
     from pipeline.runner import new_run_id, run_job, today_utc
 
     local = Path(eval_set)
@@ -129,11 +128,13 @@ def run_eval(
         scored,
         failed,
     )
-    _write(result, eval_uri, runs, plot_eval)
+    _write(result, eval_uri, runs)
     return result
 
 
-def _write(result: EvalResult, eval_set: str, runs: list[EvalRun], plot_eval: Any) -> None:
+def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
+    from pipeline.eval.plot import plot_eval
+
     d = result.out_dir
     d.mkdir(parents=True, exist_ok=True)
     (d / "summary.md").write_text(render_markdown(result) + "\n", encoding="utf-8")
