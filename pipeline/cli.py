@@ -125,6 +125,7 @@ def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
     from pipeline.bench.compress import bench_compress
     from pipeline.bench.decode import bench_decode
+    from pipeline.eval.runner import eval_command
     from pipeline.render import render
     from pipeline.submit import logs, status, submit
     from pipeline.train_autocompressor import train_autocompressor
@@ -135,6 +136,9 @@ def _register_operations() -> None:
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
     bench_app.command("decode", help="Decoding throughput: HF vs our engine, greedy vs PLD.")(bench_decode)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
+    app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(
+        eval_command
+    )
     app.command(
         "train-autocompressor",
         help="Turn a causal LM into an AutoCompressor (summary embeddings + LoRA).",
