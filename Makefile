@@ -27,7 +27,9 @@ run: setup
 	$(BIN)/longdoc run $(SPEC)
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	# One BLAS thread per process: tests run Ray actors beside the driver on 2 cores,
+	# and oversubscribed OpenMP threads make small matmuls many times slower.
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check pipeline stages schemas tests

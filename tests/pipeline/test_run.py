@@ -102,7 +102,7 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
 def test_sample_job_with_the_embedded_model(tmp_path, ray_session):
     spec = load_spec(
         "jobs/sample-summarize.yaml",
-        ["input.limit=2", "generation.max_new_tokens=24", f"output.uri={tmp_path}/out"],
+        ["input.limit=2", "generation.max_new_tokens=16", "resources.num_cpus=1", f"output.uri={tmp_path}/out"],
     )
     result = run_job(spec, run_date=DATE, progress=False)
     table = load_output(result.output_uri)
