@@ -69,6 +69,14 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_di
     assert table2.num_rows == 5 and len(set(table2.column("request_id").to_pylist())) == 5
     assert [s["run_id"] for s in run_summaries(result.output_uri, table2)] == ["run-a"]
 
+    # The next night's run lands in its own partition; one query spans both dates.
+    run_job(spec, run_date="2026-02-01", run_id="run-c", progress=False)
+    per_date = con.execute(
+        f"select cast(run_date as varchar), count(*), count(error) from "
+        f"read_parquet('{tmp_path}/out/**/*.parquet', hive_partitioning = true) group by 1 order by 1"
+    ).fetchall()
+    assert per_date == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
+
 
 def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
     data = tmp_path / "qa.jsonl"
