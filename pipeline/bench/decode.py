@@ -8,7 +8,9 @@ compares decoding alone. HF prompt lookup cannot start from a given cache (it
 prefills the prompt again, and its output then differs from greedy), so it runs on
 the full prompt and the row's measured prefill time is subtracted. Methods run
 interleaved per batch of rows, so load from other processes hits them alike.
-tok/s = generated tokens (EOS included) / seconds.
+tok/s = generated tokens (EOS included) / seconds. With one torch thread (the
+default) seconds are this process's CPU time: on a shared machine that leaves out
+the time other processes hold the CPU, and on an idle one it equals wall time.
 
 Rows: B = 1 and B = 4 decode the first ``b1_rows`` rows, B = 8 all ``docs`` rows.
 """
@@ -55,13 +57,16 @@ def load_rows(corpus: str, docs: int, doc_tokens: int, builder, tokenizer) -> di
     return tasks
 
 
+_clock = time.perf_counter  # set by bench_decode
+
+
 def prefix_cache(model, prompt: list[int]) -> tuple:
     """Prefill prompt[:-1] for one row -> (DynamicCache [1, H, L-1, D] per layer, seconds)."""
     from stages.decoding.state import prefill_full
 
-    t = time.perf_counter()
+    t = _clock()
     cache = prefill_full(model, [prompt[:-1]], 0).cache
-    return cache, time.perf_counter() - t
+    return cache, _clock() - t
 
 
 def batch_cache(model, caches: list) -> tuple:
@@ -92,13 +97,13 @@ def run_hf(model, tok, prompts, caches, max_new: int, eos: list[int], pld: int) 
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     kw = {"prompt_lookup_num_tokens": pld} if pld else {"past_key_values": batch_cache(model, caches)[0]}
-    t = time.perf_counter()
+    t = _clock()
     with torch.inference_mode():
         seq = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
             eos_token_id=eos, pad_token_id=tok.pad_token_id, **kw,
         )
-    dt = time.perf_counter() - t
+    dt = _clock() - t
     outs = []
     for row in seq[:, width:].tolist():
         cut = next((i + 1 for i, x in enumerate(row) if x in eos), len(row))
@@ -113,14 +118,14 @@ def run_ours(model, prompts, caches, config, tuning=None) -> tuple[list[list[int
     from stages.decoding.state import PrefillState, forward_step
 
     cache, valid = batch_cache(model, caches)
-    t = time.perf_counter()
+    t = _clock()
     with torch.inference_mode():
         last = torch.tensor([[p[-1]] for p in prompts])
         pos = valid.sum(1)
         logits, valid = forward_step(model, cache, valid, last, pos[:, None], torch.ones_like(last, dtype=torch.bool))
         state = PrefillState(cache, valid, pos + 1, logits[:, -1], 0.0)
         res = decode(model, state, [list(p) for p in prompts], config, tuning=tuning)
-    return [r.tokens for r in res], time.perf_counter() - t, res
+    return [r.tokens for r in res], _clock() - t, res
 
 
 def bench_decode(
@@ -144,8 +149,10 @@ def bench_decode(
     from stages.model_loading import load_causal_lm
     from stages.prompting import PromptBuilder
 
+    global _clock
     if threads > 0:
         torch.set_num_threads(threads)
+    _clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
     model, tok = load_causal_lm(EMBEDDED_MODEL)
     eos = [tok.eos_token_id]
     spec = SpeculativeSpec()
@@ -159,7 +166,8 @@ def bench_decode(
     rows = load_rows(corpus, docs, doc_tokens, PromptBuilder(tok), tok)
     print(f"# bench decode: {docs} rows/task ({b1_rows} at B=1,4), docs cut to {doc_tokens} tokens, "
           f"{max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
-          f"PLD {spec.model_dump()}, tie rule {prefer}, HF PLD {hf_pld_tokens} tokens", flush=True)
+          f"PLD {spec.model_dump()}, tie rule {prefer}, HF PLD {hf_pld_tokens} tokens, "
+          f"clock {_clock.__name__}", flush=True)
     table = []
     for task in tasks.split(","):
         pre = [prefix_cache(model, p) for p in rows[task]]

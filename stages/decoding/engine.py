@@ -62,6 +62,16 @@ def _learned(model, device: torch.device) -> tuple[StepCost, AcceptanceModel]:
     return _LEARNED[key]
 
 
+def _step_clock(device: torch.device) -> Callable[[], float]:
+    """The clock StepCost learns from. On CPU with one intra-op thread the forward
+    runs on this thread, so its CPU time leaves out bursts of other processes that
+    would otherwise teach the cost model noise; elsewhere wall time (accelerators are
+    synchronised by the ``.tolist()`` in verification)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _check(state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
     if len(lookup_ids) != state.batch_size:
         raise ValueError(f"lookup_ids has {len(lookup_ids)} rows, the prefill state has {state.batch_size}")
@@ -95,6 +105,7 @@ def decode(
     index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
     lengths = DraftLengths(b, k_max, tuning)
     cost, acceptance = _learned(model, device)
+    clock = _step_clock(device)
     t0 = time.perf_counter()
     first_at = [0.0] * b
 
@@ -151,10 +162,10 @@ def decode(
             cols = arange[:width]
             new_valid = cols[None] < torch.tensor(lens, device=device)[:, None]  # [n, T]
             pick = new_valid.flatten().nonzero().squeeze(1)  # [N] real fed slots
-            t_step = time.perf_counter()
+            t_step = clock()
             logits, valid = forward_pick(model, cache, valid, feed, pos[:, None] + cols[None], new_valid, pick)
             verdicts = _verify(logits, drafts, rows, config, gens)
-            cost.observe(n * width, time.perf_counter() - t_step)
+            cost.observe(n * width, clock() - t_step)
 
             accepted = [a for a, _ in verdicts]
             acc_t = torch.tensor(accepted, device=device)
