@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import typer
 from typer.testing import CliRunner
 
 from pipeline.train_autocompressor import train_autocompressor
-
-# tests/stages/autocompressor would otherwise shadow stages/autocompressor when this file
-# runs on its own (see tests/stages/finch/conftest.py): repository root first, and drop
-# namespace stand-ins. A no-op once pytest runs with pythonpath = ["."].
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-for _name in [n for n in sys.modules if n == "stages" or n.startswith("stages.")]:
-    if getattr(sys.modules[_name], "__file__", None) is None:
-        del sys.modules[_name]
 
 
 def _app() -> typer.Typer:

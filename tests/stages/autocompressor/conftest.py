@@ -1,27 +1,15 @@
 """Shared fixtures for the AutoCompressor tests.
 
-Like tests/stages/finch/conftest.py: put the repository root first on sys.path and drop
-namespace stand-ins, so ``stages.autocompressor`` resolves to the product package and not
-to this test folder (``tests/stages`` otherwise shadows ``stages``).
-
 Tiny models run single-threaded: on a shared 2-core machine, intra-op threads spin against
 other processes and make tiny matmuls ~30x slower.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-_ROOT = str(Path(__file__).resolve().parents[3])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-for _name in [n for n in sys.modules if n == "stages" or n.startswith("stages.")]:
-    if getattr(sys.modules[_name], "__file__", None) is None:  # a namespace stand-in
-        del sys.modules[_name]
 
 
 def _root_conftest():

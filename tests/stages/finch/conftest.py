@@ -1,28 +1,10 @@
-"""Make ``stages.finch`` resolve to the product package while these tests run.
-
-pytest puts ``tests/`` on ``sys.path`` (rootdir conftest, no ``__init__.py``), where
-``tests/stages`` becomes a namespace package named ``stages``; its ``finch`` folder
-(this one) then shadows ``stages/finch`` because the editable-install finder is
-consulted after the path finder. Putting the repository root first and dropping
-namespace stand-ins fixes the lookup; with ``pythonpath = ["."]`` in the pytest
-configuration this is a no-op.
-"""
+"""Finch test settings. (``pythonpath = ["."]`` in pyproject.toml keeps ``tests/stages``
+from shadowing the product package ``stages``.)"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-_ROOT = str(Path(__file__).resolve().parents[3])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-for _name in [n for n in sys.modules if n == "stages" or n.startswith("stages.")]:
-    if getattr(sys.modules[_name], "__file__", None) is None:  # a namespace stand-in
-        del sys.modules[_name]
-
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)
