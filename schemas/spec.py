@@ -198,9 +198,11 @@ class GenerationSpec(_Strict):
         default="auto", description="auto: float32 on CPU, bfloat16 on GPU."
     )
     stop: tuple[str, ...] = Field(default=(), description="Extra stop strings (EOS always stops).")
+    # On by default: greedy output is identical to plain decoding, sampling keeps the
+    # model's distribution, and adaptive drafting stops drafting where nothing matches.
     speculative: SpeculativeSpec = Field(
-        default_factory=lambda: SpeculativeSpec(method="none"),
-        description="Prompt-lookup speculative decoding settings.",
+        default_factory=SpeculativeSpec,
+        description="Prompt-lookup speculative decoding settings (on by default; method: none turns it off).",
     )
 
 

@@ -18,16 +18,22 @@ more than one token in the whole batch costs far more than a one-token step
    Per n it learns p_first and the continuation rate alpha (P(next accepted |
    previous accepted)); a draft of length L is then expected to yield
    ``p_first * (1 + alpha + ... + alpha^(L-1))`` accepted tokens.
-3. ``StepCost``: step seconds ~ ``a + c * M + j * [M > 1]`` for M tokens fed in the
+3. ``StepCost``: step seconds ~ ``a + c * M + j * h(M)`` for M tokens fed in the
    whole batch, fitted online (decayed least squares around a device prior) from
-   the engine's own timed steps, so each actor learns its hardware.
-4. ``choose_width``: the T maximising expected emitted tokens per second, and
-   T = 1 (plain decoding) unless speculation promises ``min_gain`` more. Rows then
-   fill their slots up to T - 1 with drafts (padding is computed anyway).
+   the engine's own timed steps, so each actor learns its hardware. ``h`` is the
+   kernel-cost shape: on CPU the measured cost of the model's linear layers at M
+   relative to M = 1 (linear_plan.py: flat up to a few tokens, then jumps), else
+   the indicator ``[M > 1]``.
+4. ``choose_width``: the T saving the most expected decode time for the batch,
+   which ends with its last row (accepted tokens of rows that will finish early
+   save little; see the function), and T = 1 (plain decoding) unless speculation
+   saves ``min_gain - 1`` of the step's cost beyond breaking even. Rows then fill
+   their slots up to T - 1 with drafts (padding is computed anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -112,6 +118,24 @@ class AcceptanceModel:
         geo = float(length) if a >= 1.0 else (1.0 - a**length) / (1.0 - a)
         return p * geo
 
+    def expected_min(self, ngrams: list[int], lengths: list[int]) -> float:
+        """E[min accepted] over independent rows (drafts of ``lengths`` matched on ``ngrams``).
+
+        P(accepted >= k) = p_first * alpha^(k-1) for k <= length, so
+        E[min] = sum_k prod_rows P(accepted_row >= k).
+        """
+        if not lengths or min(lengths) <= 0 or min(ngrams) <= 0:
+            return 0.0
+        rates = [self.rates(n) for n in ngrams]
+        total, k = 0.0, 1
+        while k <= min(lengths):
+            prob = 1.0
+            for p, a in rates:
+                prob *= p * a ** (k - 1)
+            total += prob
+            k += 1
+        return total
+
     def update(self, n: int, drafted: int, accepted: int) -> None:
         if drafted == 0 or n <= 0:
             return
@@ -125,8 +149,13 @@ class AcceptanceModel:
             c[0], c[1] = d * c[0] + accepted - 1, d * c[1] + judged
 
 
+def step_indicator(m: int) -> float:
+    """Default kernel-cost shape: any step wider than one token pays a jump."""
+    return 1.0 if m > 1 else 0.0
+
+
 class StepCost:
-    """Step seconds ~ a + c * M + j * [M > 1] for M fed tokens (see module docstring).
+    """Step seconds ~ a + c * M + j * h(M) for M fed tokens (see module docstring).
 
     ``prior = (c/a, j/a)`` sets the shape before measurements arrive; the first
     measured step sets the scale. Prior pseudo-points stay in every fit (a ridge),
@@ -134,27 +163,29 @@ class StepCost:
     Observations far off the model (another process stealing the CPU) are clipped.
     """
 
-    def __init__(self, prior: tuple[float, float], forget: float = 0.97) -> None:
+    def __init__(
+        self, prior: tuple[float, float], forget: float = 0.97, shape: Callable[[int], float] = step_indicator
+    ) -> None:
         self.prior = prior
         self.forget = forget
+        self.shape = shape
         self._xtx = [[0.0] * 3 for _ in range(3)]
         self._xty = [0.0] * 3
         self._ptx: list[list[float]] | None = None
         self._pty: list[float] = [0.0] * 3
 
-    @staticmethod
-    def _features(m: int) -> list[float]:
-        return [1.0, float(m), 1.0 if m > 1 else 0.0]
+    def _features(self, m: int) -> list[float]:
+        return [1.0, float(m), self.shape(m)]
 
     def observe(self, fed: int, seconds: float) -> None:
         if self._ptx is None:
             r, j = self.prior
-            a = seconds / (1.0 + r * fed + (j if fed > 1 else 0.0))
+            a = seconds / (1.0 + r * fed + j * self.shape(fed))
             self._ptx = [[0.0] * 3 for _ in range(3)]
             # Light pseudo-points (a few percent of the decayed data weight): they only
             # keep the fit defined and lean it towards the prior shape.
-            for m in (1, 2, 8, 32):
-                x, y = self._features(m), a * (1.0 + r * m + (j if m > 1 else 0.0))
+            for m in (1, 2, 4, 8, 32):
+                x, y = self._features(m), a * (1.0 + r * m + j * self.shape(m))
                 for i in range(3):
                     self._pty[i] += 0.25 * x[i] * y
                     for k in range(3):
@@ -179,7 +210,7 @@ class StepCost:
 
     def predict(self, fed: int) -> float:
         a, c, j = self.coefficients()
-        return a + c * fed + (j if fed > 1 else 0.0)
+        return a + c * fed + j * self.shape(fed)
 
 
 def _solve3(m: list[list[float]]) -> tuple[float, float, float]:
@@ -199,22 +230,55 @@ def _solve3(m: list[list[float]]) -> tuple[float, float, float]:
 
 
 def choose_width(
-    lengths: list[int], ngrams: list[int], model: AcceptanceModel, cost: StepCost, min_gain: float
+    lengths: list[int],
+    ngrams: list[int],
+    model: AcceptanceModel,
+    cost: StepCost,
+    min_gain: float,
+    remaining: list[int] | None = None,
 ) -> int:
-    """Step width T (1 + most drafts fed by a row) maximising expected tokens per second."""
+    """Step width T (1 + most drafts fed by a row) saving the most decode time.
+
+    A batch decodes until its LAST row finishes, so accepted drafts are worth
+    different amounts (seconds saved, against ``cost`` of the wider step):
+    - every accepted token ends its row one step sooner, saving that row's share
+      of later steps: ``mu`` = marginal cost of one row in a one-token step;
+    - only when every critical row (most tokens ``remaining``, within 2) accepts
+      does the whole batch need one step fewer: ``E[min accepted over critical
+      rows]`` steps of cost(|critical|), less the ``mu`` already counted.
+    At batch size 1 this is: expected accepted tokens x the cost of a step.
+    ``remaining`` defaults to all rows critical. The step is widened only when it
+    saves ``min_gain - 1`` of its own cost beyond breaking even.
+    """
     longest = max(lengths, default=0)
     if longest == 0:
         return 1
     rows = len(lengths)
-    best_t, best_rate = 1, min_gain * rows / cost.predict(rows)
+    remaining = remaining if remaining is not None else [0] * rows
+    top = max(remaining)
+    critical = [i for i, r in enumerate(remaining) if r >= top - 2]
+    base = cost.predict(rows)
+    mu = (base - cost.predict(1)) / (rows - 1) if rows > 1 else 0.0
+    batch_step = max(cost.predict(len(critical)) - mu * len(critical), 0.0)
+    best_t, best_net = 1, 0.0
     for width in range(2, longest + 2):
-        gain = rows + sum(model.expected(n, min(m, width - 1)) for m, n in zip(lengths, ngrams, strict=True))
-        rate = gain / cost.predict(rows * width)
-        if rate > best_rate:
-            best_t, best_rate = width, rate
+        caps = [min(m, width - 1) for m in lengths]
+        saved = mu * sum(model.expected(n, c) for c, n in zip(caps, ngrams, strict=True))
+        saved += batch_step * model.expected_min([ngrams[i] for i in critical], [caps[i] for i in critical])
+        wide = cost.predict(rows * width)
+        net = saved - (wide - base) - (min_gain - 1.0) * wide
+        if net > best_net:
+            best_t, best_net = width, net
     return best_t
 
 
-def default_cost_prior(device_type: str) -> tuple[float, float]:
-    """(c/a, j/a) of StepCost before measurements: CPU measured on SmolLM2-135M."""
-    return (0.06, 0.7) if device_type == "cpu" else (0.002, 0.0)
+def default_cost_prior(device_type: str, calibrated: bool = False) -> tuple[float, float]:
+    """(c/a, j/a) of StepCost before measurements, measured on SmolLM2-135M.
+
+    ``calibrated``: h is the measured linear-stack shape (linear_plan.py); the linear
+    layers are about two thirds of a CPU step, attention and the rest grow ~2% of a
+    one-token step per extra token.
+    """
+    if device_type != "cpu":
+        return (0.002, 0.0)
+    return (0.02, 0.67) if calibrated else (0.06, 0.7)

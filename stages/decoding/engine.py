@@ -44,6 +44,7 @@ from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafting import NgramIndex
 from stages.decoding.forward import forward_pick, packed_gqa
 from stages.decoding.kvbuffer import adopt, compact, keep_rows
+from stages.decoding.linear_plan import LinearPlan, plan_for, routed_linears
 from stages.decoding.sampling import make_generators, target_probs
 from stages.decoding.state import PrefillState
 from stages.decoding.stops import StopChecker
@@ -52,13 +53,16 @@ from stages.decoding.verify import accept_greedy, accept_sampled
 # Learned per process and per (model, device): an actor decodes many batches with
 # one model on one device, so the step cost and the acceptance by matched suffix
 # length carry over from batch to batch.
-_LEARNED: dict[tuple[str, str], tuple[StepCost, AcceptanceModel]] = {}
+_LEARNED: dict[tuple[str, str], tuple[StepCost, AcceptanceModel, LinearPlan | None]] = {}
 
 
-def _learned(model, device: torch.device) -> tuple[StepCost, AcceptanceModel]:
+def _learned(model, device: torch.device) -> tuple[StepCost, AcceptanceModel, LinearPlan | None]:
     key = (str(getattr(model.config, "_name_or_path", "")) or type(model).__name__, device.type)
     if key not in _LEARNED:
-        _LEARNED[key] = (StepCost(default_cost_prior(device.type)), AcceptanceModel())
+        plan = plan_for(model, device)
+        prior = default_cost_prior(device.type, calibrated=plan is not None)
+        cost = StepCost(prior, shape=plan.shape) if plan else StepCost(prior)
+        _LEARNED[key] = (cost, AcceptanceModel(), plan)
     return _LEARNED[key]
 
 
@@ -104,7 +108,7 @@ def decode(
     results = [RowResult() for _ in range(b)]
     index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
     lengths = DraftLengths(b, k_max, tuning)
-    cost, acceptance = _learned(model, device)
+    cost, acceptance, linear_plan = _learned(model, device)
     clock = _step_clock(device)
     t0 = time.perf_counter()
     first_at = [0.0] * b
@@ -147,7 +151,7 @@ def decode(
         valid, pos, counts = valid[sel], pos[sel], [counts[r] for r in rows]
     arange = torch.arange(k_max + 1, device=device)
 
-    with packed_gqa(model):
+    with packed_gqa(model), routed_linears(model, linear_plan):
         while rows:
             n = len(rows)
             drafts, ngrams = (
@@ -222,7 +226,8 @@ def _drafts(
     if not config.adaptive:
         return props, ngrams
     allowed = [min(len(p), lengths.allowed(r)) for r, p in zip(rows, props, strict=True)]
-    width = choose_width(allowed, ngrams, acceptance, cost, tuning.min_gain)
+    remaining = [config.max_new_tokens - len(results[r].tokens) for r in rows]
+    width = choose_width(allowed, ngrams, acceptance, cost, tuning.min_gain, remaining)
     # Padding slots up to the width are computed anyway: fill them with drafts.
     return [p[: width - 1] for p in props], ngrams
 

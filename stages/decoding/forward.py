@@ -80,8 +80,14 @@ def forward_pick(
     pick: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Feed input_ids [B, T]; return (logits [N, V] float32 at flat slots pick [N], valid [B, S+T])."""
-    mask = step_mask(valid, new_valid)
     new_all = torch.cat([valid, new_valid], dim=1)
+    if input_ids.shape[1] == 1 and bool(new_all.all()):
+        # One token per row and no padding or holes anywhere: the mask would be all
+        # True, and SDPA without a mask gives the same numbers on a faster kernel
+        # (~4% of a CPU step at batch 1).
+        mask = None
+    else:
+        mask = step_mask(valid, new_valid)
     head = model.get_output_embeddings()
     if head is None or getattr(model.config, "final_logit_softcapping", None):
         # Models that post-process logits: take the full forward, then select.

@@ -46,7 +46,7 @@ def test_step_cost_fits_observed_steps():
     assert abs(a - 0.1) < 0.02 and abs(c - 0.01) < 0.003 and abs(j - 0.05) < 0.02
 
 
-def test_width_follows_expected_gain_per_cost():
+def test_width_follows_expected_time_saved():
     am = AcceptanceModel()
     flat = StepCost(prior=(0.0, 0.0))
     flat.observe(1, 0.1)
@@ -54,7 +54,39 @@ def test_width_follows_expected_gain_per_cost():
     steep.observe(1, 0.1)
     # Nothing drafted: plain step.
     assert choose_width([0, 0], [0, 0], am, flat, 1.05) == 1
-    # Free verification: feed everything drafted.
-    assert choose_width([6, 2], [4, 4], am, flat, 1.05) == 7
+    # Free verification, one row critical (most tokens left): feed all its drafts.
+    assert choose_width([6, 2], [4, 4], am, flat, 1.05, remaining=[40, 10]) == 7
+    # Free verification, both rows critical: drafts past the shorter one cannot
+    # shorten the batch, so the step stops at the shorter draft.
+    assert choose_width([6, 2], [4, 4], am, flat, 1.05, remaining=[40, 40]) == 3
     # Expensive verification and weak (1-gram) matches: do not speculate.
     assert choose_width([6, 2], [1, 1], am, steep, 1.05) == 1
+
+
+def test_width_at_batch_one_weighs_accepted_tokens_against_step_cost():
+    am = AcceptanceModel()
+    cost = StepCost(prior=(0.0, 1.0))  # any wider step costs 2x a one-token step
+    cost.observe(1, 0.1)
+    # 4-gram matches: p_first 0.7, alpha 0.7 -> a 6-token draft yields ~2.1 tokens > 1.05 step.
+    assert choose_width([6], [4], am, cost, 1.05) == 7
+    # 1-gram matches: p_first 0.2 -> ~0.6 tokens, less than the extra step: no drafts.
+    assert choose_width([6], [1], am, cost, 1.05) == 1
+
+
+def test_expected_min_over_rows():
+    am = AcceptanceModel(prior_weight=1.0, decay=1.0)
+    p, a = am.rates(3)
+    assert abs(am.expected_min([3], [2]) - am.expected(3, 2)) < 1e-9  # one row: its mean
+    two = am.expected_min([3, 3], [2, 5])
+    assert abs(two - (p * p + (p * a) ** 2)) < 1e-9  # capped by the shorter draft
+    assert am.expected_min([3, 0], [2, 2]) == 0.0 and am.expected_min([], []) == 0.0
+
+
+def test_step_cost_with_a_measured_kernel_shape():
+    shape = {1: 0.0, 2: 0.1, 4: 0.1, 8: 1.0}.get  # flat to 4 tokens, then a jump
+    cost = StepCost(prior=(0.0, 0.5), shape=lambda m: shape(m, 1.0))
+    for _ in range(60):
+        for m in (1, 2, 4, 8):
+            cost.observe(m, 0.1 + 0.002 * m + 0.06 * shape(m, 1.0))
+    assert abs(cost.predict(4) - (0.1 + 0.008 + 0.006)) < 0.005
+    assert abs(cost.predict(8) - (0.1 + 0.016 + 0.06)) < 0.005

@@ -1,0 +1,232 @@
+"""The fastest CPU kernel for each small token count, measured on the model's own weights.
+
+Why: a decode step feeds ``M = rows x width`` tokens through every ``nn.Linear``. On
+a CPU the stock ``x @ W^T`` is a memory-bound matrix-vector product at ``M = 1``, but
+for ``2 <= M <= ~8`` the BLAS picks matrix-matrix kernels that cost far more than
+the extra arithmetic: on SmolLM2-135M, one thread, the linear layers of a step
+took 39 ms at M = 1 and 68 ms at M = 2. The same product computed as ``(W @ x^T)^T``
+(another BLAS kernel), or padded with zero rows to a larger ``M`` that happens to
+be cheaper, often costs a fraction of that; which kernel wins depends on the BLAS
+build and the CPU. Speculative verification and small batches pay this on every
+step, so we time the candidates once on the model's linear stack and route each
+``M`` to the winner.
+
+Contract:
+- ``plan_for(model, device)`` returns the process's ``LinearPlan`` for this model
+  (``None`` off CPU, for tiny models where it cannot matter, or when disabled with
+  ``LONGDOC_LINEAR_PLAN=0``). Calibration takes a few seconds and is cached on disk
+  under ``$LONGDOC_CACHE/linear_plans`` keyed by CPU, torch version, threads and
+  weight shapes, so an actor pays it once per machine.
+- ``LinearPlan.routes``: M -> (kernel, padded M), kernel ``"xwt"`` (stock) or ``"wxt"``;
+  ``LinearPlan.cost(M)``: measured seconds of the linear stack at M under the plan
+  (interpolated between measured points, extrapolated linearly past the last).
+- ``routed_linears(model, plan)``: inside the block, every ``nn.Linear`` of the model
+  whose input has a routed M runs the planned kernel; the result is the same product
+  (float rounding may differ in the last bits, as with any change of BLAS kernel;
+  zero padding rows never touch real rows). Outside the block nothing changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+ROUTE_MAX_M = 16  # token counts we route; larger M are BLAS's home ground
+_PROBE_MS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
+_MIN_WEIGHT_BYTES = 32 << 20  # below this (test models) the weights sit in cache: nothing to win
+_PAD_MARGIN = 0.97  # leave the stock choice only when another is clearly cheaper (timing noise)
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    routes: dict[int, tuple[str, int]]  # M -> (kernel, padded M)
+    times: dict[int, float] = field(default_factory=dict)  # probed M -> seconds of the stack
+
+    def cost(self, m: int) -> float:
+        """Seconds of the model's linear stack for ``m`` tokens under this plan."""
+        ms = sorted(self.times)
+        if m in self.times:
+            return self.times[m]
+        if m <= ms[0]:
+            return self.times[ms[0]]
+        hi = next((x for x in ms if x > m), None)
+        lo = max(x for x in ms if x < m)
+        if hi is None:  # past the last probe: extend the last segment's slope
+            lo, hi = ms[-2], ms[-1]
+        slope = (self.times[hi] - self.times[lo]) / (hi - lo)
+        return self.times[lo] + slope * (m - lo)
+
+    def shape(self, m: int) -> float:
+        """``cost(m) / cost(1) - 1``: the step-cost feature adaptive.StepCost fits."""
+        return self.cost(m) / self.cost(1) - 1.0
+
+    def to_json(self) -> dict:
+        return {"routes": {str(m): list(r) for m, r in self.routes.items()},
+                "times": {str(m): t for m, t in self.times.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> LinearPlan:
+        return cls({int(m): (r[0], int(r[1])) for m, r in d["routes"].items()},
+                   {int(m): float(t) for m, t in d["times"].items()})
+
+
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _matmul(kernel: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, in] (row-major), w [out, in] -> [M, out] (row-major)."""
+    if kernel == "wxt":
+        return torch.mm(w, x.t()).t().contiguous()
+    return F.linear(x, w)
+
+
+def _clock() -> Callable[[], float]:
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+@torch.inference_mode()
+def _time_stack(weights: list[torch.Tensor], m: int, kernel: str, reps: int = 3) -> float:
+    """Best-of-reps seconds to run every weight once at M = m with one kernel."""
+    xs = {w.shape[1]: torch.randn(m, w.shape[1], dtype=w.dtype) for w in weights}
+    clock = _clock()
+    best = float("inf")
+    for _ in range(reps):
+        t = clock()
+        for w in weights:
+            _matmul(kernel, xs[w.shape[1]], w)
+        best = min(best, clock() - t)
+    return best
+
+
+def calibrate(model: torch.nn.Module, max_m: int = ROUTE_MAX_M) -> LinearPlan:
+    """Time both kernels at every M <= max_m (and stock at larger probes); pick per M.
+
+    Each M takes the cheapest (kernel, M') over M' >= M among the measured small
+    sizes (zero-padding to M'); the stock kernel and no padding stay unless the
+    alternative saves at least 3%.
+    """
+    weights = [lin.weight.detach() for lin in _linears(model)]
+    best: dict[int, tuple[float, str]] = {}
+    times: dict[int, float] = {}
+    for m in _PROBE_MS:
+        if m <= max_m:
+            stock, alt = _time_stack(weights, m, "xwt"), _time_stack(weights, m, "wxt")
+            # The other kernel must win clearly: a tie is timing noise.
+            best[m] = (alt, "wxt") if alt < _PAD_MARGIN * stock else (stock, "xwt")
+        else:
+            times[m] = _time_stack(weights, m, "xwt", reps=2)
+    routes: dict[int, tuple[str, int]] = {}
+    small = sorted(best)
+    for m in range(1, max_m + 1):
+        own = best.get(m) or best[min(x for x in small if x > m)]
+        target = m if m in best else min(x for x in small if x > m)
+        for m2 in small:
+            if m2 > m and best[m2][0] < _PAD_MARGIN * own[0]:
+                own, target = best[m2], m2
+        routes[m] = (own[1], target)
+        times[m] = own[0]
+    return LinearPlan(routes, times)
+
+
+# --------------------------------------------------------------------- per process
+_PLANS: dict[str, LinearPlan | None] = {}
+
+
+def _plan_key(model: torch.nn.Module) -> str:
+    shapes = sorted({(tuple(lin.weight.shape), str(lin.weight.dtype)) for lin in _linears(model)})
+    cpu = platform.processor() or platform.machine()
+    try:  # the CPU model name says more than the architecture
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    raw = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes, len(_linears(model))])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def plan_for(model: torch.nn.Module, device: torch.device) -> LinearPlan | None:
+    """The routing plan for ``model`` on ``device`` (see module contract)."""
+    if device.type != "cpu" or os.environ.get("LONGDOC_LINEAR_PLAN", "1") == "0":
+        return None
+    lins = _linears(model)
+    if sum(lin.weight.numel() * lin.weight.element_size() for lin in lins) < _MIN_WEIGHT_BYTES:
+        return None
+    key = _plan_key(model)
+    if key in _PLANS:
+        return _PLANS[key]
+    from stages.model_loading import cache_dir
+
+    path = cache_dir() / "linear_plans" / f"{key}.json"
+    plan = None
+    if path.is_file():
+        try:
+            plan = LinearPlan.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, OSError):
+            plan = None  # unreadable: measure again
+    if plan is None:
+        t = time.perf_counter()
+        plan = calibrate(model)
+        log.info("calibrated CPU linear kernels in %.1fs: %s", time.perf_counter() - t, plan.routes)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(plan.to_json()), encoding="utf-8")
+            tmp.replace(path)
+        except OSError as e:  # a read-only cache only costs the next process a calibration
+            log.warning("could not cache the linear plan at %s: %s", path, e)
+    _PLANS[key] = plan
+    return plan
+
+
+# --------------------------------------------------------------------- routing
+def _routed_forward(plan: LinearPlan) -> Callable:
+    routes = plan.routes
+
+    def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        m = x.numel() // x.shape[-1] if x.dim() else 0
+        route = routes.get(m)
+        if route is None or x.device.type != "cpu" or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        kernel, padded = route
+        x2 = x.reshape(m, x.shape[-1]).contiguous()  # row-major: the BLAS path we timed
+        if padded > m:
+            x2 = torch.cat([x2, x2.new_zeros(padded - m, x2.shape[1])])
+        y = _matmul(kernel, x2, self.weight)[:m]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    return forward
+
+
+@contextmanager
+def routed_linears(model: torch.nn.Module, plan: LinearPlan | None) -> Iterator[None]:
+    """Route the model's linear layers by ``plan`` inside the block (no-op for None)."""
+    if plan is None:
+        yield
+        return
+    fwd = _routed_forward(plan)
+    patched = []
+    for lin in _linears(model):
+        if "forward" not in lin.__dict__:  # leave instances someone else patched alone
+            lin.forward = types.MethodType(fwd, lin)
+            patched.append(lin)
+    try:
+        yield
+    finally:
+        for lin in patched:
+            del lin.forward
