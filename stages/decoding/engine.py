@@ -16,6 +16,10 @@ T from each row's recent acceptance and the measured step cost; rows feed ``[las
 drafts]`` right-padded to T with per-row RoPE positions ``next_pos + 0..T-1``.
 verify.py accepts a prefix of each row's drafts and emits one more token.
 
+Kernels (linear_plan.py): on CPU the step runs every linear layer on the BLAS
+kernel measured fastest for its token count, and the step-cost model uses the
+measured cost curve, so widths that are nearly free on this machine get used.
+
 Rollback and cache layout (kvbuffer.py): rejected drafts and padding stay in the
 KV cache but are marked invalid in ``valid`` (holes) so nothing attends to them,
 and positions advance only by accepted + 1, so each row's valid slots carry

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 ROUTE_MAX_M = 16  # token counts we route; larger M are BLAS's home ground
 _PROBE_MS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
 _MIN_WEIGHT_BYTES = 32 << 20  # below this (test models) the weights sit in cache: nothing to win
+_PLAN_VERSION = 2  # bump when calibration changes: cached plans are then re-measured
 _PAD_MARGIN = 0.97  # leave the stock choice only when another is clearly cheaper (timing noise)
 
 
@@ -154,7 +155,7 @@ def _plan_key(model: torch.nn.Module) -> str:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    raw = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes, len(_linears(model))])
+    raw = json.dumps([_PLAN_VERSION, cpu, torch.__version__, torch.get_num_threads(), shapes, len(_linears(model))])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
