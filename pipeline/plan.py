@@ -135,6 +135,10 @@ def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip
             num_gpus=res.compress_num_gpus,
             batch_format="numpy",
         )
+    # One block per generate batch: a shard (a big JSONL file) otherwise reaches the
+    # generate pool as ONE block, so a single actor would decode the whole file before
+    # anything is written: no progress, no use of the other actors, and a crash loses it all.
+    ds = ds.repartition(target_num_rows_per_block=res.batch_size)
     ds = ds.map_batches(
         GenerateStage,
         fn_constructor_kwargs={"spec": spec_json},

@@ -106,6 +106,28 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
     assert "missing field 'text'" in rows[2]["error"] and "qa.jsonl:2" in rows[2]["error"]
 
 
+def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_session):
+    """A single-file corpus must not reach the generate pool as one block: each
+    generate batch becomes its own Parquet file (resume granularity, progress, and
+    work for every actor of the pool)."""
+    data = tmp_path / "one.jsonl"
+    data.write_text("\n".join(json.dumps({"id": f"d{i}", "text": f"Document {i} talks about rivers. " * 8})
+                              for i in range(6)))
+    spec = spec_from_dict(
+        {
+            "name": "big",
+            "input": {"uri": str(data), "format": "jsonl"},
+            "generation": {"model": str(tiny_model_dir), "max_new_tokens": 2},
+            "resources": {"batch_size": 2},
+            "output": {"uri": str(tmp_path / "out")},
+        }
+    )
+    result = run_job(spec, run_date=DATE, progress=False)
+    files = list((tmp_path / "out" / f"run_date={DATE}").glob("*.parquet"))
+    assert load_output(result.output_uri).num_rows == 6
+    assert len(files) == 3
+
+
 @pytest.mark.e2e
 def test_sample_job_with_the_embedded_model(tmp_path, ray_session):
     spec = load_spec(
