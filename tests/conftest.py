@@ -8,38 +8,19 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+from tiny_models import tiny_causal_lm  # noqa: E402
 
 from schemas.spec import EMBEDDED_MODEL  # noqa: E402
 
 
 def make_tiny_llama(vocab_size: int, seed: int = 0, **overrides):
     """A 2-layer Llama with GQA (4 query heads, 2 KV heads), RoPE, random weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    cfg.update(overrides)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**cfg))
-    model.config._attn_implementation = "sdpa"
-    return model.eval()
+    return tiny_causal_lm(vocab_size, "llama", seed, **overrides)
 
 
 @pytest.fixture(scope="session")

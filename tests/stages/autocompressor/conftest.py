@@ -6,34 +6,19 @@ other processes and make tiny matmuls ~30x slower.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-
-
-def _root_conftest():
-    """tests/conftest.py by path (several folders hold a ``conftest`` module)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_longdoc_tests_root_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tiny_models import one_torch_thread, tiny_causal_lm
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, **overrides):
-    """tests/conftest.make_tiny_llama: 2-layer Llama, GQA 4/2 heads, hidden 64."""
-    return _root_conftest().make_tiny_llama(vocab_size, seed=seed, **overrides)
+    """2-layer Llama, GQA 4/2 heads, hidden 64 (tests/tiny_models.py)."""
+    return tiny_causal_lm(vocab_size, "llama", seed, **overrides)
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    yield from one_torch_thread()
 
 
 @pytest.fixture
