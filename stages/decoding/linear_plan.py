@@ -85,7 +85,11 @@ class LinearPlan:
 
 
 def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    """Plain float nn.Linear layers only: subclasses (quantised layers) keep their own forward."""
+    return [
+        m for m in model.modules()
+        if type(m) is torch.nn.Linear and m.weight.is_floating_point()
+    ]
 
 
 def _matmul(kernel: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
