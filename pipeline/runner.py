@@ -125,6 +125,12 @@ def run_job(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     ctx.enable_progress_bars = progress and sys.stderr.isatty()
+    if "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" not in os.environ:
+        # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
+        # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
+        # prefills on a shared core). Deadlines belong to the scheduler (RayJob
+        # activeDeadlineSeconds, see pipeline/render.py); the env var still overrides.
+        ctx.execution_no_progress_timeout_s = -1
     t0 = time.perf_counter()
     ds, n_shards = build_plan(spec, run_id, run_date, root, skip)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
