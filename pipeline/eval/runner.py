@@ -9,7 +9,8 @@ Contract:
   summary.md / summary.csv / summary.json (per method and budget, plus breakdowns by
   question kind and answer depth), scored.csv (one line per request) and eval.png.
   A run that raises is reported and skipped; the others go on. Reusing an
-  ``eval_id`` resumes: requests already written are skipped by the pipeline.
+  ``eval_id`` resumes: requests already written are skipped by the pipeline, and
+  a resumed run reports no wall time per request (``-``; its e2e_s still counts).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def run_eval(
             failed[r.tag] = f"{type(e).__name__}: {e}"
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
             continue
-        wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
+        if not res.skipped:  # a resumed run's wall time covers only the rows it added
+            wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
         scored += score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta)
     result = EvalResult(
         eval_id,
