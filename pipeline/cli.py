@@ -60,8 +60,8 @@ def run(
     quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
 ) -> None:
     """Run a job and print its summary."""
+    from pipeline.report.summary import format_summary
     from pipeline.runner import run_job
-    from pipeline.summary import format_summary
 
     job = _load(spec, set_)
     if date is not None:
@@ -90,7 +90,7 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Summarise the Parquet output of one or more runs."""
-    from pipeline.report import load_output, run_summaries
+    from pipeline.report.load import load_output, run_summaries
 
     table = load_output(output_uri)
     if table.num_rows == 0:
@@ -100,12 +100,12 @@ def report(
     if as_json:
         typer.echo(json.dumps(summaries, indent=2, default=str))
     else:
-        from pipeline.summary import format_summary
+        from pipeline.report.summary import format_summary
 
         for s in summaries:
             typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
     if plot:
-        from pipeline.report_plot import plot_report
+        from pipeline.report.plot import plot_report
 
         plot_report(table, plot, summaries=summaries)
         typer.echo(f"plot: {plot}")
@@ -126,9 +126,9 @@ def _register_operations() -> None:
     from pipeline.bench.compress import bench_compress
     from pipeline.bench.decode import bench_decode
     from pipeline.eval.runner import eval_command
-    from pipeline.render import render
-    from pipeline.submit import logs, status, submit
-    from pipeline.train_autocompressor import train_autocompressor
+    from pipeline.ops.render import render
+    from pipeline.ops.submit import logs, status, submit
+    from pipeline.train.autocompressor import train_autocompressor
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
     app.command(help="Status of a submitted job.")(status)

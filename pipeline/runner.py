@@ -115,7 +115,7 @@ def run_job(
     import ray.data
 
     from pipeline.plan import build_plan
-    from pipeline.summary import summarize
+    from pipeline.report.summary import summarize
 
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
@@ -129,7 +129,7 @@ def run_job(
         # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
         # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
         # prefills on a shared core). Deadlines belong to the scheduler (RayJob
-        # activeDeadlineSeconds, see pipeline/render.py); the env var still overrides.
+        # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
         ctx.execution_no_progress_timeout_s = -1
     t0 = time.perf_counter()
     ds, n_shards = build_plan(spec, run_id, run_date, root, skip)

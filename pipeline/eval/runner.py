@@ -55,7 +55,7 @@ class EvalResult:
 
 
 def _read_rows(output_uri: str) -> list[dict[str, Any]]:
-    from pipeline.report import load_output
+    from pipeline.report.load import load_output
 
     rows: dict[str, dict[str, Any]] = {}
     for r in load_output(output_uri).to_pylist():

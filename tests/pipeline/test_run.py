@@ -7,7 +7,7 @@ import json
 import duckdb
 import pytest
 
-from pipeline.report import load_output, run_summaries
+from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
 from schemas.loading import load_spec, spec_from_dict
 from schemas.output import OUTPUT_COLUMNS

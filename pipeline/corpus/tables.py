@@ -1,4 +1,4 @@
-"""Parse reST grid and simple tables into rows of cell strings (for ``pipeline.corpus_rst``).
+"""Parse reST grid and simple tables into rows of cell strings (for ``pipeline.corpus.rst``).
 
 ``read_table(lines, i)`` returns ``(rows, end)`` when a table starts at ``lines[i]``:
 ``rows`` is a list of rows, each a list of raw cell texts (multi-line cells joined

@@ -1,6 +1,6 @@
 """Turn the Python documentation's reST sources into readable plain text.
 
-Tooling for ``pipeline.corpus_build`` only; the runtime pipeline never imports it.
+Tooling for ``pipeline.corpus.build`` only; the runtime pipeline never imports it.
 
 Contract: ``rst_to_text(source, labels)`` keeps headings (as bare lines), paragraphs,
 lists, tables (one ``cell | cell`` line per row) and code (indented by four spaces);
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from pipeline.corpus_tables import read_table
+from pipeline.corpus.tables import read_table
 
 # Directive bodies shown verbatim as code.
 _CODE = {"doctest", "code-block", "code", "testcode", "testoutput", "sourcecode",

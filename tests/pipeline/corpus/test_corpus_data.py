@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus_build import (
+from pipeline.corpus.build import (
     DOC_ROOT,
     EVAL_TOKENS,
     SAMPLE_TOKENS,
@@ -22,10 +22,10 @@ from pipeline.corpus_build import (
     TOKEN_RANGE,
     sample_qa_records,
 )
-from pipeline.corpus_eval import MAX_DEPTH_ERROR, TARGET_DEPTHS, build_eval_records
-from pipeline.corpus_qa import NEEDLES
+from pipeline.corpus.eval_records import MAX_DEPTH_ERROR, TARGET_DEPTHS, build_eval_records
+from pipeline.corpus.qa import NEEDLES
 
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
+JOBS = Path(__file__).resolve().parents[3] / "jobs"
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -135,6 +135,6 @@ def test_readme_lists_every_document_and_the_licence(corpus):
 
 @pytest.mark.skipif(not DOC_ROOT.is_dir(), reason="needs Debian's python3.11-doc sources")
 def test_corpus_rebuilds_from_debian_docs(corpus):
-    from pipeline.corpus_build import build_corpus
+    from pipeline.corpus.build import build_corpus
 
     assert build_corpus() == corpus

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pipeline.corpus_rst import collect_labels, inline, rst_to_text
+from pipeline.corpus.rst import collect_labels, inline, rst_to_text
 
 
 def _rst(src: str, labels: dict[str, str] | None = None) -> str:

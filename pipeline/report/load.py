@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.summary import summarize
+from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
 
 

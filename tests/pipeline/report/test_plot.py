@@ -7,7 +7,7 @@ import random
 import matplotlib.image as mpimg
 import pytest
 
-from pipeline.report_plot import per_run_summaries, plot_report
+from pipeline.report.plot import per_run_summaries, plot_report
 from schemas.output import OUTPUT_SCHEMA, rows_to_table
 
 

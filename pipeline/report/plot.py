@@ -2,7 +2,7 @@
 
 Contract: ``plot_report(table, path)`` takes rows with the output schema (any number of
 runs and dates) and writes a 2x2 PNG with one x position per run (``run_date`` +
-``run_id``, in date order). Aggregates come from ``pipeline.summary.summarize`` so the
+``run_id``, in date order). Aggregates come from ``pipeline.report.summary.summarize`` so the
 plot and ``longdoc report`` never disagree; pass ``summaries`` (from
 ``pipeline.report.run_summaries``) to plot throughput over the recorded wall time
 instead of the device-time fallback. Uses the Agg backend: no display needed.
@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.summary import summarize
+from pipeline.report.summary import summarize
 
 
 def per_run_summaries(table: pa.Table) -> list[dict[str, Any]]:

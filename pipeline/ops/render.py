@@ -228,7 +228,7 @@ def render(
     worker_memory: Annotated[str, typer.Option(help="Memory per worker pod.")] = "8Gi",
 ) -> None:
     """Print KubeRay manifests (ConfigMap + RayJob or RayCronJob) for SPEC."""
-    from pipeline.submit import resolve_run_date
+    from pipeline.ops.submit import resolve_run_date
     from schemas.loading import SpecError, load_spec
 
     try:

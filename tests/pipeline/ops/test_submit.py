@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ray_head import VENV_BIN, ray_head
 
-from pipeline.submit import build_entrypoint, resolve_run_date, submission_id_for
+from pipeline.ops.submit import build_entrypoint, resolve_run_date, submission_id_for
 
 DATE = "2026-02-03"
 TOKEN = secrets.token_hex(16)

@@ -1,7 +1,7 @@
 """Hand-written questions over the sample corpus, and the synthetic facts of the eval set.
 
-Data only, read by ``pipeline.corpus_build`` and ``pipeline.corpus_eval``. Every answer
-is short and a literal substring of the document text that ``pipeline.corpus_rst``
+Data only, read by ``pipeline.corpus.build`` and ``pipeline.corpus.eval_records``. Every answer
+is short and a literal substring of the document text that ``pipeline.corpus.rst``
 produces (the build re-checks this). Questions were written by reading the documents.
 """
 

@@ -1,6 +1,6 @@
 """Build the QA eval set: long documents with inserted facts at set depths plus native questions.
 
-Tooling for ``pipeline.corpus_build``. Contract of one record (a JSON line):
+Tooling for ``pipeline.corpus.build``. Contract of one record (a JSON line):
 
 - ``id``: the corpus doc id; ``text``: the document with the inserted facts;
 - ``questions``, ``answers``, ``depths``, ``kind``: parallel lists, one entry per question.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 
-from pipeline.corpus_qa import NATIVE_QA, NEEDLES
+from pipeline.corpus.qa import NATIVE_QA, NEEDLES
 
 SEED = 20240611
 TARGET_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)

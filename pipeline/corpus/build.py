@@ -1,15 +1,15 @@
 """Rebuild the sample corpus, the sample QA file and the eval set under ``jobs/``.
 
-Tooling, not runtime: ``python -m pipeline.corpus_build --out jobs`` reads the reST
+Tooling, not runtime: ``python -m pipeline.corpus.build --out jobs`` reads the reST
 sources that Debian's ``python3.11-doc`` package installs (``apt-get install -y
 python3.11-doc``), converts the pages listed in ``SOURCES`` to plain text
-(``pipeline.corpus_rst``) and writes
+(``pipeline.corpus.rst``) and writes
 
 - ``<out>/corpus/<doc_id>.txt``: one document per file;
 - ``<out>/sample-qa.jsonl``: hand-written questions for a few short documents
-  (``pipeline.corpus_qa.SAMPLE_QA``);
+  (``pipeline.corpus.qa.SAMPLE_QA``);
 - ``<out>/eval/qa-eval.jsonl``: longer documents with inserted facts at set depths
-  plus native questions (``pipeline.corpus_eval``).
+  plus native questions (``pipeline.corpus.eval_records``).
 
 The output is deterministic: same Debian package, same bytes. Every answer is checked
 to be a literal substring of its text, and every document's length in tokens of the
@@ -24,9 +24,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.corpus_eval import build_eval_records
-from pipeline.corpus_qa import SAMPLE_QA
-from pipeline.corpus_rst import collect_labels, rst_to_text
+from pipeline.corpus.eval_records import build_eval_records
+from pipeline.corpus.qa import SAMPLE_QA
+from pipeline.corpus.rst import collect_labels, rst_to_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

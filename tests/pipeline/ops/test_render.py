@@ -12,10 +12,10 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.render import RenderOptions, date_expression, render, render_manifests
+from pipeline.ops.render import RenderOptions, date_expression, render, render_manifests
 from schemas.loading import load_spec, spec_from_dict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "jobs" / "sample-summarize.yaml"
 
 _app = typer.Typer()

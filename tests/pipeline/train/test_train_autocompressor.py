@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from pipeline.train_autocompressor import train_autocompressor
+from pipeline.train.autocompressor import train_autocompressor
 
 
 def _app() -> typer.Typer:

@@ -1,0 +1,1 @@
+"""Eval-corpus build tooling (not imported by the runtime pipeline): reST -> plain text, QA sets."""

@@ -1,0 +1,1 @@
+"""Operating jobs on a cluster: Ray Jobs submission and KubeRay manifests (RayJob, RayCronJob)."""

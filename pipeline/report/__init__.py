@@ -1,0 +1,1 @@
+"""Reading the output table back: run summaries, the report and its plot."""

@@ -1,0 +1,1 @@
+"""Offline model preparation: AutoCompressor training (and other one-off fits)."""
