@@ -1,0 +1,367 @@
+"""What `longdoc run` prints while it runs: one progress line, and Ray kept quiet.
+
+Contract:
+- ``estimate_requests(spec, n_shards, run_date, skipped)`` returns the number of rows
+  the run will write when it can be known cheaply *before* reading the corpus, else
+  None. Known: text corpora (one document per file, so the file listing is the
+  count), JSONL up to ``input.limit`` lines or ``COUNT_BYTES_MAX`` bytes, Parquet
+  footers of up to ``COUNT_FILES_MAX`` files; questions per document must not come
+  from the data (``qa`` with ``input.question_field`` is unknown). Requests already
+  written (``skipped``) are subtracted. Never a full pass over a big corpus: a count
+  that costs as much as the read is not worth an ETA.
+- ``RunProgress`` takes cumulative counts after every batch and prints
+  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA``. On a terminal it is
+  one line redrawn in place (carriage return); otherwise (cluster job logs) a plain
+  line at most every ``interval_s`` seconds, plus a final line from ``close()``.
+  Without a total it prints rows done and no ETA.
+- ``quiet_ray()`` turns Ray's console chatter off for a healthy run while keeping
+  every Ray log file complete and every real error on stderr (see its docstring).
+  ``LONGDOC_RAY_LOGS=1`` (``longdoc run --verbose``) leaves Ray's output untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+import fsspec
+
+from schemas.spec import JobSpec
+
+COUNT_BYTES_MAX = 64 * 1024 * 1024  # a JSONL count reads the files: only small corpora
+COUNT_FILES_MAX = 64  # a Parquet count reads one footer per file
+DEFAULT_INTERVAL_S = 30.0  # one log line per half minute keeps cluster logs short
+RAY_LOGS_ENV = "LONGDOC_RAY_LOGS"
+
+
+# ----------------------------------------------------------------------------- totals
+def estimate_requests(spec: JobSpec, n_shards: int, run_date: str, skipped: int = 0) -> int | None:
+    """Rows this run will write, or None when only a read of the corpus could tell."""
+    inp = spec.input
+    if spec.task.kind == "summarize":
+        per_doc = 1
+    elif inp.format != "text" and inp.question_field:
+        return None  # questions per document live in the data
+    else:
+        per_doc = max(1, len(spec.task.questions))  # a qa doc without questions: 1 error row
+    docs = _count_documents(spec, n_shards, run_date)
+    if docs is None:
+        return None
+    if inp.limit is not None:
+        docs = min(docs, inp.limit)
+    return max(docs * per_doc - skipped, 0)
+
+
+def _count_documents(spec: JobSpec, n_shards: int, run_date: str) -> int | None:
+    inp = spec.input
+    if inp.format == "text":
+        return n_shards
+    from stages.read import list_shards
+
+    if inp.format == "parquet":
+        if n_shards > COUNT_FILES_MAX:
+            return None
+        import pyarrow.parquet as pq
+
+        total = 0
+        for path in list_shards(inp, run_date):
+            try:
+                with fsspec.open(path, "rb") as f:
+                    total += pq.ParquetFile(f).metadata.num_rows
+            except Exception:  # an unreadable file becomes one error row
+                total += 1
+        return total
+    # JSONL: one document per non-blank line; stop at the limit or the byte budget.
+    total = read = 0
+    for path in list_shards(inp, run_date):
+        with fsspec.open(path, "rb") as f:
+            for line in f:
+                read += len(line)
+                if read > COUNT_BYTES_MAX:
+                    return None
+                total += bool(line.strip())
+                if inp.limit is not None and total >= inp.limit:
+                    return total
+    return total
+
+
+# ----------------------------------------------------------------------------- the line
+def _duration(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+class RunProgress:
+    """Progress of one run; feed it cumulative counts, it decides when to print.
+
+    ``stream`` defaults to the console (stderr, or the real terminal behind
+    ``quiet_ray``'s filter); ``tty`` defaults to whether that stream is a terminal;
+    ``clock`` is injectable so tests need no sleeping.
+    """
+
+    def __init__(
+        self,
+        total: int | None,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total, self.enabled, self.clock = total, enabled, clock
+        self.stream = stream if stream is not None else console_stream()
+        self.tty = _isatty(self.stream) if tty is None else tty
+        env = os.environ.get("LONGDOC_PROGRESS_INTERVAL_S")
+        self.interval_s = interval_s if interval_s is not None else float(env or DEFAULT_INTERVAL_S)
+        self.t0 = clock()
+        self._last_print: float | None = None
+        self._width = 0
+        self._printed_rows = -1
+        self.rows = self.failed = self.tokens = 0
+
+    @classmethod
+    def for_run(cls, spec: JobSpec, run_date: str, n_shards: int, skipped: int,
+                enabled: bool = True) -> RunProgress:
+        """A progress line for a run, with the total when it is cheap to know."""
+        total = None
+        if enabled:
+            try:
+                total = estimate_requests(spec, n_shards, run_date, skipped)
+            except Exception:  # a count is a nicety: never let it fail the run
+                total = None
+        return cls(total, enabled=enabled)
+
+    def line(self) -> str:
+        el = max(self.clock() - self.t0, 1e-9)
+        total = self.total if self.total is not None and self.rows <= self.total else None
+        done = f"rows {self.rows}" if total is None else (
+            f"rows {self.rows}/{total} ({self.rows / total:.0%})" if total else "rows 0/0")
+        rate = self.rows / el
+        parts = [done, f"failed {self.failed}", f"{self.tokens / el:.1f} tok/s",
+                 f"{rate:.2f} rows/s", f"elapsed {_duration(el)}"]
+        if total is not None and 0 < self.rows < total:
+            parts.append(f"ETA {_duration((total - self.rows) / rate)}")
+        return " | ".join(parts)
+
+    def update(self, rows: int, failed: int, tokens: int) -> None:
+        """Cumulative rows written, failed rows among them, output tokens so far."""
+        self.rows, self.failed, self.tokens = rows, failed, tokens
+        if not self.enabled:
+            return
+        now = self.clock()
+        if self.tty:
+            self._draw(self.line())
+        elif self._last_print is None or now - self._last_print >= self.interval_s:
+            self._emit(self.line())
+            self._last_print = now
+
+    def close(self) -> None:
+        """Print the final state (ends the redrawn line on a terminal)."""
+        if not self.enabled:
+            return
+        if self.tty:
+            self._draw(self.line())
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
+            _console.active = None
+        elif self._last_print is None or self.rows != self._printed_rows:
+            self._emit(self.line())
+
+    def _draw(self, text: str) -> None:
+        pad = " " * max(self._width - len(text), 0)  # wipe the tail of a longer old line
+        with _console.lock:
+            self.stream.write("\r  " + text + pad)
+            self.stream.flush()
+        self._width = len(text)
+        _console.active = self
+
+    def _emit(self, text: str) -> None:
+        with _console.lock:
+            self.stream.write("  " + text + "\n")
+            self.stream.flush()
+        self._printed_rows = self.rows
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------- Ray noise
+class _Console:
+    """The real stderr behind the filter, and the progress line drawn on it (if any)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stream: TextIO | None = None
+        self.active: RunProgress | None = None
+
+
+_console = _Console()
+
+
+def console_stream() -> TextIO:
+    return _console.stream if _console.stream is not None else sys.stderr
+
+
+# Lines Ray prints on every healthy run that say nothing actionable. Each is matched by
+# a fragment of its fixed text, so any other line (a real error) still gets through.
+HARMLESS_NATIVE_LINES = (
+    # Ray core (C++, once per process, ERROR level) whenever an actor with restarts
+    # gets constructor arguments by reference. Ray Data always passes its map
+    # transformer and DataContext that way (ray-project/ray#53727). Harmless here: the
+    # driver holds those references for the whole execution, so a restarted actor
+    # finds them; if the driver's node is lost, the run is lost anyway.
+    "has constructor arguments in the object store and max_restarts > 0",
+)
+HARMLESS_PY_MESSAGES = (
+    "Progress bars disabled.",  # we turned them off ourselves: RunProgress replaces them
+    "Token authentication is enabled for this Ray cluster.",  # local Ray: secure default
+)
+
+
+class _DropHarmless(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(msg.startswith(m) for m in HARMLESS_PY_MESSAGES)
+
+
+def ray_logs_wanted() -> bool:
+    return os.environ.get(RAY_LOGS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def quiet_python_loggers() -> None:
+    """Ray's Python loggers: INFO chatter off the console, known-harmless warnings dropped.
+
+    Call before ``ray.init``. Only console handlers change: Ray Data's ``ray-data.log``
+    handler and Ray's session log files keep every record.
+    """
+    if ray_logs_wanted():
+        return
+    import ray.data  # noqa: F401  (configures the ray.data logger and its handlers)
+
+    drop = _DropHarmless()
+    for name in ("ray", "ray.data", "ray._private.authentication.authentication_token_setup"):
+        lg = logging.getLogger(name)
+        if drop not in lg.filters and not any(isinstance(f, _DropHarmless) for f in lg.filters):
+            lg.addFilter(drop)
+        for h in lg.handlers:
+            # Ray Data's console handler prints INFO ("Starting execution of Dataset",
+            # "Execution plan ...", "execution finished") on every run.
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                if h.level < logging.WARNING:
+                    h.setLevel(logging.WARNING)
+                if not any(isinstance(f, _DropHarmless) for f in h.filters):
+                    h.addFilter(drop)
+
+
+class NativeStderrFilter:
+    """Drop known-harmless lines that native code writes straight to file descriptor 2.
+
+    Ray's C++ core logs errors to fd 2 directly (and to its own log file, which keeps
+    them), so no Python logging setting reaches them. Between ``start()`` and ``stop()``
+    fd 2 is a pipe read by a thread that forwards every line to the real stderr except
+    lines containing one of ``patterns``. Python's ``sys.stderr`` is pointed at the
+    real stderr directly, so the progress line and tracebacks never wait on the pipe.
+    Start it only after ``ray.init`` has spawned its processes (they must not inherit
+    the pipe); ``stop()`` restores fd 2 only if it still is our pipe (pytest or another
+    tool may have swapped it meanwhile) and is registered with ``atexit``.
+    """
+
+    def __init__(self, patterns: tuple[str, ...] = HARMLESS_NATIVE_LINES, fd: int = 2) -> None:
+        self.patterns = tuple(p.encode() for p in patterns)
+        self.fd = fd
+        self._saved: int | None = None
+        self._pipe_ino: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._old_sys_stderr: TextIO | None = None
+        self.dropped = 0
+
+    def start(self) -> None:
+        assert self._saved is None, "filter already started"
+        try:
+            sys.stderr.flush()
+        except (AttributeError, ValueError):
+            pass
+        self._saved = os.dup(self.fd)
+        r, w = os.pipe()
+        os.dup2(w, self.fd)
+        os.close(w)
+        st = os.fstat(self.fd)
+        self._pipe_ino = (st.st_dev, st.st_ino)
+        if self.fd == 2 and getattr(sys.stderr, "fileno", None) is not None:
+            try:
+                is_fd2 = sys.stderr.fileno() == 2
+            except (OSError, ValueError):
+                is_fd2 = False
+            if is_fd2:  # Python writes bypass the pipe: same terminal, no delay
+                self._old_sys_stderr = sys.stderr
+                sys.stderr = os.fdopen(os.dup(self._saved), "w", buffering=1, errors="backslashreplace")
+                _console.stream = sys.stderr
+        self._thread = threading.Thread(target=self._pump, args=(r,), name="longdoc-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self, r: int) -> None:
+        out = self._saved
+        assert out is not None
+        pending = b""
+        with os.fdopen(r, "rb", buffering=0) as pipe:
+            while True:
+                chunk = pipe.read(65536)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._forward(out, line + b"\n")
+        if pending:
+            self._forward(out, pending)
+
+    def _forward(self, out: int, line: bytes) -> None:
+        if any(p in line for p in self.patterns):
+            self.dropped += 1
+            return
+        with _console.lock:
+            if _console.active is not None and _console.active.tty:
+                os.write(out, b"\r\x1b[K")  # the progress line is redrawn at its next update
+            os.write(out, line)
+
+    def stop(self) -> None:
+        if self._saved is None:
+            return
+        st = os.fstat(self.fd)
+        if (st.st_dev, st.st_ino) == self._pipe_ino:
+            os.dup2(self._saved, self.fd)  # closes the pipe's last write end: the pump ends
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._old_sys_stderr is not None:
+            sys.stderr.flush()
+            sys.stderr = self._old_sys_stderr
+            _console.stream = None
+        os.close(self._saved)
+        self._saved = None
+
+
+_native_filter: NativeStderrFilter | None = None
+
+
+def quiet_native_stderr() -> None:
+    """Start the process-wide native stderr filter once (after ``ray.init``)."""
+    global _native_filter
+    if ray_logs_wanted() or _native_filter is not None:
+        return
+    import atexit
+
+    _native_filter = NativeStderrFilter()
+    _native_filter.start()
+    atexit.register(_native_filter.stop)

@@ -1,0 +1,214 @@
+"""The run's progress line, its cheap totals, and the filter that keeps Ray quiet."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.progress import (
+    HARMLESS_NATIVE_LINES,
+    NativeStderrFilter,
+    RunProgress,
+    _DropHarmless,
+    estimate_requests,
+)
+from schemas.loading import spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_non_tty_prints_a_line_per_interval_and_a_final_line():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(10, stream=out, tty=False, interval_s=30, clock=clock)
+    clock.t += 10
+    p.update(2, 0, 40)  # first update prints at once
+    clock.t += 10
+    p.update(4, 1, 80)  # 10 s later: within the interval, silent
+    clock.t += 25
+    p.update(6, 1, 120)  # 35 s after the last line: prints
+    clock.t += 5
+    p.update(10, 2, 200)
+    p.close()  # final state not printed yet: close prints it
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in out.getvalue()
+    assert lines[0].strip().startswith("rows 2/10 (20%) | failed 0 | 4.0 tok/s | 0.20 rows/s | elapsed 10s")
+    assert lines[0].endswith("ETA 40s")  # 8 rows left at 0.2 rows/s
+    assert lines[1].strip().startswith("rows 6/10 (60%) | failed 1")
+    assert "rows 10/10 (100%) | failed 2" in lines[2] and "ETA" not in lines[2]
+
+
+def test_close_does_not_repeat_a_line_already_printed():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(None, stream=out, tty=False, interval_s=30, clock=clock)
+    clock.t += 3
+    p.update(3, 0, 30)
+    p.close()
+    (line,) = out.getvalue().splitlines()
+    assert line.strip().startswith("rows 3 | failed 0") and "ETA" not in line  # no total: no ETA
+
+
+def test_tty_redraws_one_line_with_carriage_returns():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(1000, stream=out, tty=True, clock=clock)
+    for i in range(1, 4):
+        clock.t += 60
+        p.update(i * 100, 0, i * 1000)
+    p.close()
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n") and text.count("\r") == 4
+    frames = text.rstrip("\n").split("\r")[1:]
+    assert "rows 100/1000 (10%)" in frames[0] and "ETA 9m00s" in frames[0]
+    assert "rows 300/1000 (30%)" in frames[-1] and "elapsed 3m00s" in frames[-1]
+
+
+def test_tty_pads_over_a_longer_previous_line():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(10, stream=out, tty=True, clock=clock)
+    clock.t += 1
+    p.update(1, 0, 5)
+    long_frame = out.getvalue()
+    clock.t += 1000
+    p.update(10, 0, 5)  # done: the ETA part disappears, the line gets shorter
+    new_frame = out.getvalue()[len(long_frame):]
+    assert len(new_frame) >= len(long_frame)
+
+
+def test_more_rows_than_the_estimate_drop_the_total():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(2, stream=out, tty=False, clock=clock)
+    clock.t += 1
+    p.update(5, 0, 0)
+    assert out.getvalue().strip().startswith("rows 5 | failed 0")
+
+
+def test_disabled_prints_nothing():
+    out = io.StringIO()
+    p = RunProgress(3, enabled=False, stream=out, tty=False)
+    p.update(1, 0, 1)
+    p.close()
+    assert out.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- totals
+def _spec(tmp_path: Path, fmt: str, **over) -> object:
+    d = {"name": "p", "input": {"uri": str(tmp_path / "in"), "format": fmt}}
+    for k, v in over.items():
+        section, key = k.split("__")
+        d.setdefault(section, {})[key] = v
+    return spec_from_dict(d)
+
+
+def test_estimate_text_corpus_counts_files_minus_done(tmp_path):
+    (tmp_path / "in").mkdir()
+    for i in range(5):
+        (tmp_path / "in" / f"d{i}.txt").write_text(f"doc {i}")
+    assert estimate_requests(_spec(tmp_path, "text"), 5, "2026-01-01") == 5
+    assert estimate_requests(_spec(tmp_path, "text", input__limit=3), 5, "2026-01-01", skipped=1) == 2
+    qa = _spec(tmp_path, "text", task__kind="qa", task__questions=["a?", "b?"])
+    assert estimate_requests(qa, 5, "2026-01-01") == 10
+
+
+def test_estimate_jsonl_counts_lines_and_stops_at_the_limit(tmp_path):
+    (tmp_path / "in").mkdir()
+    for f in range(2):
+        lines = [json.dumps({"id": f"{f}-{i}", "text": "t"}) for i in range(4)]
+        (tmp_path / "in" / f"s{f}.jsonl").write_text("\n".join(lines) + "\n\n")  # blank lines skipped
+    assert estimate_requests(_spec(tmp_path, "jsonl"), 2, "2026-01-01") == 8
+    assert estimate_requests(_spec(tmp_path, "jsonl", input__limit=5), 2, "2026-01-01") == 5
+    # questions per document come from the data: unknown without reading it all
+    qa = _spec(tmp_path, "jsonl", task__kind="qa", input__question_field="qs")
+    assert estimate_requests(qa, 2, "2026-01-01") is None
+
+
+def test_estimate_parquet_reads_footers_only(tmp_path, monkeypatch):
+    (tmp_path / "in").mkdir()
+    for f, n in enumerate((3, 7)):
+        pq.write_table(pa.table({"id": [str(i) for i in range(n)], "text": ["t"] * n}),
+                       tmp_path / "in" / f"p{f}.parquet")
+    assert estimate_requests(_spec(tmp_path, "parquet"), 2, "2026-01-01") == 10
+    monkeypatch.setattr("pipeline.progress.COUNT_FILES_MAX", 1)
+    assert estimate_requests(_spec(tmp_path, "parquet"), 2, "2026-01-01") is None  # too many files
+
+
+# ----------------------------------------------------------------------------- Ray noise
+def test_native_filter_drops_only_known_harmless_lines(tmp_path):
+    """A child process writes to fd 2 like Ray's C++ core does; only the known line goes."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from pipeline.progress import NativeStderrFilter
+        f = NativeStderrFilter()
+        f.start()
+        os.write(2, b"[E core_worker.cc:1] Actor X {HARMLESS_NATIVE_LINES[0]}. See ...\\n")
+        os.write(2, b"[E core_worker.cc:2] Failed to register actor: real trouble\\n")
+        os.write(2, b"partial line without newline")
+        print("python stderr line", file=sys.stderr)
+        f.stop()
+        os.write(2, ("dropped=%d\\n" % f.dropped).encode())
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "LONGDOC_RAY_LOGS": ""})
+    assert r.returncode == 0, r.stderr
+    assert HARMLESS_NATIVE_LINES[0] not in r.stderr
+    assert "Failed to register actor: real trouble" in r.stderr
+    assert "partial line without newline" in r.stderr and "python stderr line" in r.stderr
+    assert r.stderr.rstrip().endswith("dropped=1")
+
+
+def test_filter_stop_leaves_a_swapped_fd_alone(tmp_path):
+    """If someone else (pytest, a tool) replaced fd 2 after start, stop must not undo it."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from pipeline.progress import NativeStderrFilter
+        f = NativeStderrFilter()
+        f.start()
+        other = os.open({str(tmp_path / "other.log")!r}, os.O_WRONLY | os.O_CREAT)
+        os.dup2(other, 2)
+        f.stop()
+        os.write(2, b"still to other\\n")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "other.log").read_text() == "still to other\n"
+
+
+@pytest.mark.parametrize(("msg", "kept"), [
+    ("Progress bars disabled. To enable, set ...", False),
+    ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled ...", False),
+    ("Token authentication is disabled for this Ray cluster. Anyone with network access ...", True),
+    ("Ray's object store is configured to use only 29.6% of available memory", True),
+])
+def test_python_filter_keeps_everything_but_the_known_messages(msg, kept):
+    rec = logging.LogRecord("ray.data", logging.WARNING, "x.py", 1, msg, None, None)
+    assert _DropHarmless().filter(rec) is kept
+
+
+def test_filter_is_not_started_twice():
+    fd = os.dup(2)
+    f = NativeStderrFilter(fd=fd)
+    try:
+        f.start()
+        with pytest.raises(AssertionError):
+            f.start()
+    finally:
+        f.stop()
+        os.close(fd)
