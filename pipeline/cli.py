@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from schemas.loading import SpecError, load_spec
+from schemas.loading import SpecError, check_environment, check_run_date, check_run_id, load_spec
 
 app = typer.Typer(
     help="Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out.",
@@ -24,22 +24,72 @@ SetOpt = Annotated[
 ]
 
 
-def _load(spec_path: str, overrides: list[str] | None):
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"longdoc {version('longdoc')}")
+        except PackageNotFoundError:  # a checkout run without `pip install -e .`
+            typer.echo("longdoc (not installed; version unknown)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out."""
+
+
+def _load(spec_path: str, overrides: list[str] | None, run_date: str | None = None, local_paths: bool = True):
+    """The validated spec, or exit 2 naming every problem (spec and this machine) before Ray starts."""
     try:
-        return load_spec(spec_path, overrides or [])
+        job = load_spec(spec_path, overrides or [])
     except SpecError as e:
         typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    problems = check_environment(job, run_date=run_date, local_paths=local_paths)
+    if problems:
+        typer.echo(f"job spec {spec_path} cannot run here:", err=True)
+        for p in problems:
+            typer.echo(f"  - {p}", err=True)
+        raise typer.Exit(2)
+    return job
+
+
+def _check_args(date: str | None = None, run_id: str | None = None) -> None:
+    try:
+        if date is not None:
+            check_run_date(date)
+        if run_id is not None:
+            check_run_id(run_id)
+    except SpecError as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
 
 @app.command()
 def validate(
-    spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
+    spec: Annotated[Optional[str], typer.Argument(help="Path of the YAML job spec.")] = None,  # noqa: UP045
     set_: SetOpt = None,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="Print the JSON Schema of a job spec (for editors) and exit.")
+    ] = False,
 ) -> None:
-    """Validate a job spec and print it with every default resolved."""
+    """Validate a job spec and print it with every default resolved (exit 2 if invalid)."""
     import yaml
 
+    if schema:
+        from schemas.loading import spec_json_schema
+
+        typer.echo(json.dumps(spec_json_schema(), indent=2))
+        return
+    if spec is None:
+        typer.echo("error: missing SPEC (or pass --schema)", err=True)
+        raise typer.Exit(2)
     job = _load(spec, set_)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
 
@@ -60,12 +110,15 @@ def run(
     quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
 ) -> None:
     """Run a job and print its summary."""
+    # Every check before the heavy imports and Ray: a bad spec or option exits 2 at once.
+    _check_args(date, run_id)
+    if not 0.0 <= max_failed_fraction <= 1.0:
+        typer.echo(f"error: --max-failed-fraction: got {max_failed_fraction}; allowed: 0 to 1", err=True)
+        raise typer.Exit(2)
+    job = _load(spec, set_, run_date=date)
     from pipeline.report.summary import format_summary
     from pipeline.runner import run_job
 
-    job = _load(spec, set_)
-    if date is not None:
-        _check_date(date)
     try:
         result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet)
     except ValueError as e:
@@ -74,6 +127,9 @@ def run(
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
+    if s.get("status") == "failed":  # Ray aborted: unfinished requests are retryable error rows
+        typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
+        raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
         typer.echo(
             f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "
@@ -109,16 +165,6 @@ def report(
 
         plot_report(table, plot, summaries=summaries)
         typer.echo(f"plot: {plot}")
-
-
-def _check_date(date: str) -> None:
-    from datetime import date as _date
-
-    try:
-        _date.fromisoformat(date)
-    except ValueError:
-        typer.echo(f"error: --date {date!r} is not a date like 2026-01-31", err=True)
-        raise typer.Exit(2) from None
 
 
 def _register_operations() -> None:

@@ -8,6 +8,7 @@ This module imports nothing else of the project.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,11 +27,98 @@ DEFAULT_QA_INSTRUCTION = (
 )
 
 
+#: The embedded names a field accepts after ``embedded:`` (stages/model_loading.py resolves them).
+EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
+    "model": (EMBEDDED_MODEL,),
+    "embedder": (EMBEDDED_EMBEDDER,),
+}
+#: URI schemes the readers and writers support (a plain path has none).
+URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
+INPUT_PLACEHOLDERS = ("run_date",)
+OUTPUT_PLACEHOLDERS = ("job", "run_date")
+# Default document bounds, in one place (README "The job spec" explains them). The
+# n-gram lookup index costs ~0.6 KB per document token (worst case, measured with
+# stages/decoding/drafting.NgramIndex at max_ngram=6) and the token ids travel
+# between actors, so 200k tokens caps one row at ~130 MB of index. 8 MiB is ~10x
+# the bytes of a 200k-token English document: the token limit decides for real
+# text, while the byte limit stops a reader and the tokenizer before they hold a
+# runaway document (a whole book dump, a base64 blob) in memory.
+DEFAULT_MAX_DOC_BYTES = 8 * 2**20
+DEFAULT_MAX_DOC_TOKENS = 200_000
+
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")
+
+
+class FieldError(ValueError):
+    """A model validator's error about one field: ``field`` is its path relative to the
+    model raising it (``"min_ngram"``, ``"task.questions"``), so the error report names
+    ``generation.speculative.min_ngram`` instead of the model as a whole."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
+    """``uri`` if its scheme is supported and its ``{placeholders}`` are known, else ValueError.
+
+    Pure syntax: whether the scheme's filesystem package is installed is checked where
+    the spec runs (schemas/loading.check_environment), not here.
+    """
+    if not uri.strip():
+        raise ValueError("is empty; allowed: a path or a URI with scheme " + ", ".join(URI_SCHEMES))
+    m = _SCHEME_RE.match(uri)
+    if m and (len(m.group(1)) > 1 or m.group(2)):  # one letter and no '//' is a Windows drive
+        scheme = m.group(1)
+        if scheme not in URI_SCHEMES:
+            raise ValueError(
+                f"{uri!r} has unsupported scheme {scheme + '://'!r}; allowed: "
+                + ", ".join(s + "://" for s in URI_SCHEMES) + " or a plain path"
+            )
+        if not m.group(2):
+            raise ValueError(f"{uri!r} is malformed: write {scheme}://... (two slashes)")
+    names = _PLACEHOLDER_RE.findall(uri)
+    unknown = [n for n in names if n not in placeholders]
+    if unknown:
+        raise ValueError(
+            f"{uri!r} has unknown placeholder {{{unknown[0]}}}; allowed: "
+            + ", ".join("{" + p + "}" for p in placeholders)
+        )
+    if "{" in _PLACEHOLDER_RE.sub("", uri) or "}" in _PLACEHOLDER_RE.sub("", uri):
+        raise ValueError(
+            f"{uri!r} has an unbalanced brace; placeholders look like "
+            + ", ".join("{" + p + "}" for p in placeholders)
+        )
+    return uri
+
+
+def check_embedded_name(value: str, field: str) -> str:
+    """``value`` unless it is an ``embedded:`` name this field does not ship."""
+    if value.startswith("embedded:"):
+        allowed = EMBEDDED_NAMES.get(field, ())
+        if value not in allowed:
+            raise ValueError(
+                f"unknown embedded name {value!r}; allowed: "
+                + (", ".join(allowed) if allowed else "none for this field")
+                + " (or a Hugging Face id / local path)"
+            )
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 # ----------------------------------------------------------------------------- input
+#: File suffixes of each input format (stages/read.py lists folders with them).
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "text": (".txt", ".md"),
+    "jsonl": (".jsonl", ".json"),
+    "parquet": (".parquet",),
+}
+
+
 class InputSpec(_Strict):
     uri: str = Field(
         description="fsspec URI or local path of the corpus (file://, s3://, gs://, memory://). "
@@ -57,6 +145,39 @@ class InputSpec(_Strict):
     limit: int | None = Field(
         default=None, ge=1, description="Read at most this many documents (in listing order)."
     )
+    max_doc_bytes: int = Field(
+        default=DEFAULT_MAX_DOC_BYTES,
+        ge=1,
+        description="A document (a text file, a JSONL line, a Parquet text value) over this many "
+        "bytes becomes an error row without being read whole. Default 8 MiB.",
+    )
+    max_doc_tokens: int = Field(
+        default=DEFAULT_MAX_DOC_TOKENS,
+        ge=1,
+        description="A document over this many generator tokens becomes an error row: the "
+        "n-gram lookup index (~0.6 KB per token) and the token ids grow with it. Default 200000.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_supported(cls, v: str) -> str:
+        return check_uri(v, INPUT_PLACEHOLDERS)
+
+    @model_validator(mode="after")
+    def _format_matches_file(self) -> InputSpec:
+        # A URI naming one file with another format's suffix is a mix-up caught here;
+        # a folder (or an unknown suffix) is left to the reader.
+        name = self.uri.rstrip("/").rsplit("/", 1)[-1].lower()
+        for fmt, suffixes in FORMAT_SUFFIXES.items():
+            if fmt != self.format and name.endswith(suffixes) and not name.endswith(FORMAT_SUFFIXES[self.format]):
+                raise FieldError(
+                    "format",
+                    f"is {self.format!r} but input.uri names a {suffixes[0]} file ({name!r}); "
+                    f"allowed for {self.format}: {', '.join(FORMAT_SUFFIXES[self.format])} "
+                    f"(set input.format: {fmt})",
+                )
+        return self
+
 
 
 # ----------------------------------------------------------------------------- task
@@ -179,8 +300,8 @@ class SpeculativeSpec(_Strict):
     @model_validator(mode="after")
     def _ngram_order(self) -> SpeculativeSpec:
         if self.min_ngram > self.max_ngram:
-            raise ValueError(
-                f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})"
+            raise FieldError(
+                "min_ngram", f"got {self.min_ngram}; allowed: <= max_ngram ({self.max_ngram})"
             )
         return self
 
@@ -204,6 +325,13 @@ class GenerationSpec(_Strict):
         default_factory=SpeculativeSpec,
         description="Prompt-lookup speculative decoding settings (on by default; method: none turns it off).",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"is empty; allowed: {EMBEDDED_MODEL}, a Hugging Face id or a local path")
+        return check_embedded_name(v, "model")
 
 
 # ----------------------------------------------------------------------------- resources
@@ -243,6 +371,11 @@ class OutputSpec(_Strict):
         "Rows land under run_date=YYYY-MM-DD/ (hive partitioning).",
     )
 
+    @field_validator("uri")
+    @classmethod
+    def _uri_supported(cls, v: str) -> str:
+        return check_uri(v, OUTPUT_PLACEHOLDERS)
+
 
 class CostSpec(_Strict):
     usd_per_device_hour: float = Field(
@@ -272,7 +405,31 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _qa_has_questions(self) -> JobSpec:
         if self.task.kind == "qa" and not self.task.questions and not self.input.question_field:
-            raise ValueError(
-                "task.kind=qa needs questions: set input.question_field or task.questions"
+            raise FieldError(
+                "task.questions",
+                "task.kind qa needs questions; allowed: a list here, or input.question_field "
+                "naming a field of each document",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _output_apart_from_input(self) -> JobSpec:
+        # Writing into the corpus would make the next run read its own output.
+        out = self.output.uri.replace("{job}", self.name).rstrip("/")
+        if out == self.input.uri.rstrip("/"):
+            raise FieldError(
+                "output.uri",
+                f"{self.output.uri!r} is the input.uri; allowed: any other location",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _embedded_names_exist(self) -> JobSpec:
+        # Any method's model-name field (rag's embedder, ...) named `embedded:...` must be shipped.
+        for key, value in self.compression:
+            if isinstance(value, str) and value.startswith("embedded:"):
+                try:
+                    check_embedded_name(value, key)
+                except ValueError as e:
+                    raise FieldError(f"compression.{key}", str(e)) from None
         return self

@@ -63,7 +63,7 @@ def resolve_run_date(value: str | None) -> str:
             raise ValueError
         date.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"run date {value!r} is not a date; allowed: YYYY-MM-DD") from None
+        raise ValueError(f"--date: {value!r} is not a calendar date; allowed: YYYY-MM-DD") from None
     return value
 
 
@@ -191,11 +191,13 @@ def submit(
     ] = False,
 ) -> None:
     """Submit SPEC to a Ray cluster through the Ray Jobs API."""
-    from schemas.loading import SpecError, load_spec
+    from schemas.loading import SpecError, check_environment, check_run_id, load_spec
 
     overrides = list(overrides or [])
     try:
         run_date = resolve_run_date(run_date)
+        if run_id is not None:
+            check_run_id(run_id)
         job = load_spec(spec, overrides)
         sid = submission_id_for(job.name, run_date, suffix)
         env_vars = _env_vars(list(env or []))
@@ -237,6 +239,9 @@ def submit(
         entrypoint = build_entrypoint(rel, run_date, overrides, run_id, max_failed_fraction, program)
         for note in _local_path_notes({"input.uri": job.input.uri, "output.uri": job.output.uri}):
             typer.echo(note, err=True)
+        # The cluster reads and writes, so a filesystem package missing HERE is only a note.
+        for problem in check_environment(job, local_paths=False):
+            typer.echo(f"note: {problem} (on this machine; the cluster image needs it)", err=True)
         try:
             client.submit_job(
                 entrypoint=entrypoint,

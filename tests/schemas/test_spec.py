@@ -32,7 +32,7 @@ def test_spec_is_frozen():
         ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens"),
         ({"input": {"uri": "x", "format": "csv"}}, "input.format"),
         ({"compression": {"method": "zip"}}, "compression"),
-        ({"compression": {"method": "truncate", "keep": "middle"}}, "compression.truncate.keep"),
+        ({"compression": {"method": "truncate", "keep": "middle"}}, "compression.keep"),
         ({"generation": {"temprature": 0.5}}, "generation.temprature"),
         ({"resources": {"actors": [3, 1]}}, "resources.actors"),
         ({"generation": {"speculative": {"min_ngram": 4, "max_ngram": 2}}}, "generation.speculative"),
