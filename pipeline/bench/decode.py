@@ -124,7 +124,7 @@ def run_hf(model, tok, prompts, caches, max_new: int, eos: list[int], pld: int) 
     return outs, dt
 
 
-def run_ours(model, prompts, caches, config, tuning=None) -> tuple[list[list[int]], float, list]:
+def run_ours(model, engine, prompts, caches, config, tuning=None) -> tuple[list[list[int]], float, list]:
     import torch
 
     from stages.decoding.engine import decode
@@ -137,7 +137,7 @@ def run_ours(model, prompts, caches, config, tuning=None) -> tuple[list[list[int
         pos = valid.sum(1)
         logits, valid = forward_step(model, cache, valid, last, pos[:, None], torch.ones_like(last, dtype=torch.bool))
         state = PrefillState(cache, valid, pos + 1, logits[:, -1], 0.0)
-        res = decode(model, state, [list(p) for p in prompts], config, tuning=tuning)
+        res = decode(engine, state, [list(p) for p in prompts], config, tuning=tuning)
     return [r.tokens for r in res], _clock() - t, res
 
 
@@ -156,10 +156,10 @@ def bench_decode(
     """Print tok/s and ratios of HF generate and our engine, greedy and prompt lookup."""
     import torch
 
-    from schemas.spec import EMBEDDED_MODEL, SpeculativeSpec
+    from schemas.spec import EMBEDDED_MODEL, GenerationSpec, SpeculativeSpec
     from stages.decoding.adaptive import Tuning
-    from stages.decoding.config import DecodeConfig
-    from stages.decoding.linear_plan import plan_for
+    from stages.decoding.config import decode_config_for
+    from stages.decoding.engine_state import EngineState
     from stages.model_loading import load_causal_lm
     from stages.prompting import PromptBuilder
 
@@ -168,27 +168,24 @@ def bench_decode(
         torch.set_num_threads(threads)
     _clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
     model, tok = load_causal_lm(EMBEDDED_MODEL)
-    # The engine's CPU kernel plan is measured (or read from its cache) once per process:
-    # do it here so the first timed decode does not pay for it.
+    # One engine state, as one actor has: its CPU kernel plan is measured (or read from
+    # its cache) here so the first timed decode does not pay for it.
     t_plan = time.perf_counter()
-    plan = plan_for(model, torch.device("cpu"))
-    eos = [tok.eos_token_id]
+    engine = EngineState(model, torch.device("cpu"))
+    # The same DecodeConfig the generate stage builds (EOS of tokenizer + generation_config).
     spec = SpeculativeSpec()
-    greedy_cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=frozenset(eos))
-    pld_cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens, eos_ids=frozenset(eos), speculative="prompt_lookup",
-        num_draft_tokens=spec.num_draft_tokens, max_ngram=spec.max_ngram, min_ngram=spec.min_ngram,
-        adaptive=spec.adaptive,
-    )
+    gen = GenerationSpec(max_new_tokens=max_new_tokens, speculative=spec)
+    pld_cfg = decode_config_for(gen, tok, model.generation_config)
+    plain = gen.model_copy(update={"speculative": SpeculativeSpec(method="none")})
+    greedy_cfg = decode_config_for(plain, tok, model.generation_config)
+    eos = sorted(pld_cfg.eos_ids)
     tuning = Tuning(prefer=prefer)
     rows = load_rows(corpus, docs, doc_tokens, PromptBuilder(tok), tok)
     print(f"# bench decode: {docs} rows/task ({b1_rows} at B=1,4), docs cut to {doc_tokens} tokens, "
           f"{max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
           f"PLD {spec.model_dump()}, tie rule {prefer}, HF PLD {hf_pld_tokens} tokens, "
           f"clock {_clock.__name__}", flush=True)
-    routed = {m: r for m, r in plan.routes.items() if r != ("xwt", m)} if plan else {}
-    print(f"# CPU linear plan ({time.perf_counter() - t_plan:.1f}s): "
-          f"{'off' if plan is None else routed or 'stock kernels everywhere'}", flush=True)
+    print(f"# engine ({time.perf_counter() - t_plan:.1f}s): {engine.describe()}", flush=True)
     table = []
     for task in tasks.split(","):
         pre = [prefix_cache(model, p) for p in rows[task]]
@@ -204,10 +201,10 @@ def bench_decode(
                 hf, dt = run_hf(model, tok, prompts, caches, max_new_tokens, eos, 0)
                 agg["hf"][0] += sum(map(len, hf))
                 agg["hf"][1] += dt
-                ours, dt, _ = run_ours(model, prompts, caches, greedy_cfg)
+                ours, dt, _ = run_ours(model, engine, prompts, caches, greedy_cfg)
                 agg["ours"][0] += sum(map(len, ours))
                 agg["ours"][1] += dt
-                pld, dt, res = run_ours(model, prompts, caches, pld_cfg, tuning)
+                pld, dt, res = run_ours(model, engine, prompts, caches, pld_cfg, tuning)
                 agg["ours_pld"][0] += sum(map(len, pld))
                 agg["ours_pld"][1] += dt
                 same["spec"] += sum(a == b for a, b in zip(ours, pld, strict=True))

@@ -1,8 +1,11 @@
 """The decoding engine the product uses: batched plain or prompt-lookup speculative decoding.
 
-Contract: ``decode(model, state, lookup_ids, config, seeds, decode_text)`` consumes
-``state`` (its cache is mutated) and returns one RowResult per row, in order. The
-engine knows nothing about tokenization beyond ``decode_text`` (for stop strings).
+Contract: ``decode(engine, state, lookup_ids, config, seeds, decode_text)`` consumes
+``state`` (its cache is mutated) and returns one RowResult per row, in order.
+``engine`` (engine_state.EngineState, one per actor) holds the device's step backend
+and what the engine has learned so far (step cost, acceptance); ``decode`` updates
+it and keeps nothing else between calls. The engine knows nothing about
+tokenization beyond ``decode_text`` (for stop strings).
 ``config.speculative == "none"`` runs the same loop with no drafts (one token per
 row per step); greedy output is token-for-token that of reference.decode_plain.
 
@@ -16,9 +19,11 @@ T from each row's recent acceptance and the measured step cost; rows feed ``[las
 drafts]`` right-padded to T with per-row RoPE positions ``next_pos + 0..T-1``.
 verify.py accepts a prefix of each row's drafts and emits one more token.
 
-Kernels (linear_plan.py): on CPU the step runs every linear layer on the BLAS
-kernel measured fastest for its token count, and the step-cost model uses the
-measured cost curve, so widths that are nearly free on this machine get used.
+Step backend (backend.py): the forward of a step, the clock its cost is measured
+with, and the cost model's prior are the device's. On CPU (cpu_backend.py) every
+linear layer runs on the BLAS kernel measured fastest for its token count
+(linear_plan.py), and the step-cost model uses the measured cost curve, so widths
+that are nearly free on this machine get used.
 
 Rollback and cache layout (kvbuffer.py): rejected drafts and padding stay in the
 KV cache but are marked invalid in ``valid`` (holes) so nothing attends to them,
@@ -36,51 +41,20 @@ from collections.abc import Callable
 
 import torch
 
-from stages.decoding.adaptive import (
-    AcceptanceModel,
-    DraftLengths,
-    StepCost,
-    Tuning,
-    choose_width,
-    default_cost_prior,
-)
+from stages.decoding.adaptive import AcceptanceModel, DraftLengths, StepCost, Tuning, choose_width
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafting import NgramIndex
-from stages.decoding.forward import forward_pick, packed_gqa
+from stages.decoding.engine_state import EngineState
 from stages.decoding.kvbuffer import adopt, compact, keep_rows
-from stages.decoding.linear_plan import LinearPlan, plan_for, routed_linears
 from stages.decoding.sampling import make_generators, target_probs
 from stages.decoding.state import PrefillState
 from stages.decoding.stops import StopChecker
 from stages.decoding.verify import accept_greedy, accept_sampled
 
-# Learned per process and per (model, device): an actor decodes many batches with
-# one model on one device, so the step cost and the acceptance by matched suffix
-# length carry over from batch to batch.
-_LEARNED: dict[tuple[str, str], tuple[StepCost, AcceptanceModel, LinearPlan | None]] = {}
 
-
-def _learned(model, device: torch.device) -> tuple[StepCost, AcceptanceModel, LinearPlan | None]:
-    key = (str(getattr(model.config, "_name_or_path", "")) or type(model).__name__, device.type)
-    if key not in _LEARNED:
-        plan = plan_for(model, device)
-        prior = default_cost_prior(device.type, calibrated=plan is not None)
-        cost = StepCost(prior, shape=plan.shape) if plan else StepCost(prior)
-        _LEARNED[key] = (cost, AcceptanceModel(), plan)
-    return _LEARNED[key]
-
-
-def _step_clock(device: torch.device) -> Callable[[], float]:
-    """The clock StepCost learns from. On CPU with one intra-op thread the forward
-    runs on this thread, so its CPU time leaves out bursts of other processes that
-    would otherwise teach the cost model noise; elsewhere wall time (accelerators are
-    synchronised by the ``.tolist()`` in verification)."""
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time
-    return time.perf_counter
-
-
-def _check(state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
+def _check(engine: EngineState, state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
+    if state.valid.device.type != engine.device.type:
+        raise ValueError(f"the prefill state is on {state.valid.device}, the engine state on {engine.device}")
     if len(lookup_ids) != state.batch_size:
         raise ValueError(f"lookup_ids has {len(lookup_ids)} rows, the prefill state has {state.batch_size}")
     if config.speculative not in ("none", "prompt_lookup"):
@@ -93,7 +67,7 @@ def _check(state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfi
 
 @torch.inference_mode()
 def decode(
-    model,
+    engine: EngineState,
     state: PrefillState,
     lookup_ids: list[list[int]],
     config: DecodeConfig,
@@ -101,7 +75,8 @@ def decode(
     decode_text: Callable[[list[int]], str] | None = None,
     tuning: Tuning | None = None,
 ) -> list[RowResult]:
-    _check(state, lookup_ids, config)
+    """Decode every row of ``state`` to its stop (see the module contract); updates ``engine``."""
+    _check(engine, state, lookup_ids, config)
     tuning = tuning or Tuning()
     b = state.batch_size
     device = state.valid.device
@@ -112,8 +87,8 @@ def decode(
     results = [RowResult() for _ in range(b)]
     index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
     lengths = DraftLengths(b, k_max, tuning)
-    cost, acceptance, linear_plan = _learned(model, device)
-    clock = _step_clock(device)
+    cost, acceptance, backend = engine.cost, engine.acceptance, engine.backend
+    clock = backend.clock
     t0 = time.perf_counter()
     first_at = [0.0] * b
 
@@ -155,58 +130,57 @@ def decode(
         valid, pos, counts = valid[sel], pos[sel], [counts[r] for r in rows]
     arange = torch.arange(k_max + 1, device=device)
 
-    with packed_gqa(model), routed_linears(model, linear_plan):
-        while rows:
-            n = len(rows)
-            drafts, ngrams = (
-                _drafts(rows, results, index, lengths, acceptance, cost, config, tuning) if spec else ([[]] * n, [])
-            )
-            width = 1 + max(len(d) for d in drafts)
-            lens = [1 + len(d) for d in drafts]
-            feed = torch.tensor(
-                [[results[r].tokens[-1]] + d + [0] * (width - m) for r, d, m in zip(rows, drafts, lens, strict=True)],
-                dtype=torch.long, device=device,
-            )  # [n, T]
-            cols = arange[:width]
-            new_valid = cols[None] < torch.tensor(lens, device=device)[:, None]  # [n, T]
-            pick = new_valid.flatten().nonzero().squeeze(1)  # [N] real fed slots
-            t_step = clock()
-            logits, valid = forward_pick(model, cache, valid, feed, pos[:, None] + cols[None], new_valid, pick)
-            verdicts = _verify(logits, drafts, rows, config, gens)
-            cost.observe(n * width, clock() - t_step)
+    while rows:
+        n = len(rows)
+        drafts, ngrams = (
+            _drafts(rows, results, index, lengths, acceptance, cost, config, tuning) if spec else ([[]] * n, [])
+        )
+        width = 1 + max(len(d) for d in drafts)
+        lens = [1 + len(d) for d in drafts]
+        feed = torch.tensor(
+            [[results[r].tokens[-1]] + d + [0] * (width - m) for r, d, m in zip(rows, drafts, lens, strict=True)],
+            dtype=torch.long, device=device,
+        )  # [n, T]
+        cols = arange[:width]
+        new_valid = cols[None] < torch.tensor(lens, device=device)[:, None]  # [n, T]
+        pick = new_valid.flatten().nonzero().squeeze(1)  # [N] real fed slots
+        t_step = clock()
+        logits, valid = backend.forward(cache, valid, feed, pos[:, None] + cols[None], new_valid, pick)
+        verdicts = _verify(logits, drafts, rows, config, gens)
+        cost.observe(n * width, clock() - t_step)
 
-            accepted = [a for a, _ in verdicts]
-            acc_t = torch.tensor(accepted, device=device)
-            valid[:, -width:] &= cols[None] <= acc_t[:, None]  # holes: rejected drafts, padding
-            pos = pos + acc_t + 1
-            keep = []
-            for i, (r, (a, out)) in enumerate(zip(rows, verdicts, strict=True)):
-                res = results[r]
-                res.decode_steps += 1
-                res.draft_tokens += len(drafts[i])
-                res.accepted_tokens += a
-                counts[i] += a + 1
-                if spec:
-                    lengths.update(r, len(drafts[i]), a)
-                    acceptance.update(ngrams[i], len(drafts[i]), a)
-                if not emit(r, out):
-                    keep.append(i)
-            if not keep:
-                break
-            if len(keep) < n:
-                sel = torch.tensor(keep, device=device)
-                keep_rows(cache, sel)
-                valid, pos = valid[sel], pos[sel]
-                rows, counts = [rows[i] for i in keep], [counts[i] for i in keep]
-                accepted = [accepted[i] for i in keep]
-            # Slots past every kept row's last accepted token: drop them outright.
-            tail = width - 1 - max(accepted)
-            if tail > 0:
-                cache.crop(-tail)
-                valid = valid[:, :-tail]
-            holes = valid.shape[1] - max(counts)
-            if holes > 0 and holes >= max(tuning.compact_min_holes, tuning.compact_fraction * valid.shape[1]):
-                valid = compact(cache, valid)
+        accepted = [a for a, _ in verdicts]
+        acc_t = torch.tensor(accepted, device=device)
+        valid[:, -width:] &= cols[None] <= acc_t[:, None]  # holes: rejected drafts, padding
+        pos = pos + acc_t + 1
+        keep = []
+        for i, (r, (a, out)) in enumerate(zip(rows, verdicts, strict=True)):
+            res = results[r]
+            res.decode_steps += 1
+            res.draft_tokens += len(drafts[i])
+            res.accepted_tokens += a
+            counts[i] += a + 1
+            if spec:
+                lengths.update(r, len(drafts[i]), a)
+                acceptance.update(ngrams[i], len(drafts[i]), a)
+            if not emit(r, out):
+                keep.append(i)
+        if not keep:
+            break
+        if len(keep) < n:
+            sel = torch.tensor(keep, device=device)
+            keep_rows(cache, sel)
+            valid, pos = valid[sel], pos[sel]
+            rows, counts = [rows[i] for i in keep], [counts[i] for i in keep]
+            accepted = [accepted[i] for i in keep]
+        # Slots past every kept row's last accepted token: drop them outright.
+        tail = width - 1 - max(accepted)
+        if tail > 0:
+            cache.crop(-tail)
+            valid = valid[:, :-tail]
+        holes = valid.shape[1] - max(counts)
+        if holes > 0 and holes >= max(tuning.compact_min_holes, tuning.compact_fraction * valid.shape[1]):
+            valid = compact(cache, valid)
     return results
 
 

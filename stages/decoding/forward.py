@@ -7,18 +7,23 @@ mask, same cache append) but returns logits only for the flat slots ``pick``
 needs logits for each row's real slots, not for padding, and the vocabulary
 projection is a fifth of this model's compute, so padding should not pay for it.
 
-``packed_gqa()``: a context manager that routes attention through
-``packed_gqa_sdpa`` while decoding. With a mask and more than one query token,
-transformers' SDPA path repeats every key/value head ``n_rep`` times (a copy of the
-whole cache per layer per step); we instead fold the ``n_rep`` query heads that
-share a KV head into the query-length axis and tile the (head-independent) mask,
-which is the same arithmetic without the copy.
+``decode_view(model)``: the model a step backend runs. A copy of the module tree
+that shares every parameter and buffer with ``model`` (no weight is copied) and
+has its own config, in which an ``sdpa`` model attends through
+``packed_gqa_sdpa``. Backends may change how the view computes (linear_plan.py
+routes its linear layers); the caller's model is never touched: its modules,
+forwards and config are the same before, during and after decoding.
+
+Why packed GQA: with a mask and more than one query token, transformers' SDPA path
+repeats every key/value head ``n_rep`` times (a copy of the whole cache per layer
+per step); we instead fold the ``n_rep`` query heads that share a KV head into the
+query-length axis and tile the (head-independent) mask, which is the same
+arithmetic without the copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +51,11 @@ def packed_gqa_sdpa(
     # Query head h = g * rep + r uses KV head g; rows (r, t) of group g become one axis.
     q = query.reshape(b, hkv, rep * t, d)  # [B, Hkv, rep*T, D]
     mask = attention_mask
+    if mask is None and t > 1:
+        # transformers builds no mask for an attention name it does not know: the
+        # causal mask of T new queries over S keys (the engine always passes its own).
+        s = key.shape[2]
+        mask = torch.ones(t, s, dtype=torch.bool, device=query.device).tril(s - t)[None, None]  # [1, 1, T, S]
     if mask is not None and rep > 1:
         mask = mask.repeat(1, 1, rep, 1)  # [B, 1, rep*T, S]; row r*T + t is mask row t
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
@@ -55,19 +65,19 @@ def packed_gqa_sdpa(
 AttentionInterface.register(_ATTN_NAME, packed_gqa_sdpa)
 
 
-@contextmanager
-def packed_gqa(model) -> Iterator[None]:
-    """Use packed_gqa_sdpa for ``model`` inside the block (sdpa models only)."""
-    cfg = model.config
-    old = getattr(cfg, "_attn_implementation", None)
-    if old != "sdpa":  # eager/flash/custom: leave the user's choice alone
-        yield
-        return
-    cfg._attn_implementation = _ATTN_NAME
-    try:
-        yield
-    finally:
-        cfg._attn_implementation = old
+def decode_view(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` sharing its weights, for a step backend to own (see module doc).
+
+    ``copy.deepcopy`` with every parameter and buffer pre-entered in the memo copies
+    the module objects and the config but maps each tensor to itself, so tied
+    weights stay tied and in-place weight updates of ``model`` show in the view.
+    """
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    view = copy.deepcopy(model, shared)
+    cfg = view.config
+    if getattr(cfg, "_attn_implementation", None) == "sdpa":  # eager/flash/custom: the user's choice stands
+        cfg._attn_implementation = _ATTN_NAME
+    return view.eval()
 
 
 def forward_pick(

@@ -12,18 +12,22 @@ step, so we time the candidates once on the model's linear stack and route each
 ``M`` to the winner.
 
 Contract:
-- ``plan_for(model, device)`` returns the process's ``LinearPlan`` for this model
+- ``plan_for(model, device, clock)`` returns the ``LinearPlan`` for this model
   (``None`` off CPU, for tiny models where it cannot matter, or when disabled with
-  ``LONGDOC_LINEAR_PLAN=0``). Calibration takes a few seconds and is cached on disk
-  under ``$LONGDOC_CACHE/linear_plans`` keyed by CPU, torch version, threads and
-  weight shapes, so an actor pays it once per machine.
+  ``LONGDOC_LINEAR_PLAN=0``), timed with ``clock`` (the CPU step backend's clock).
+  Calibration takes a few seconds and is cached on disk under
+  ``$LONGDOC_CACHE/linear_plans`` keyed by CPU, torch version, threads and weight
+  shapes, so an actor pays it once per machine. Nothing is kept in the process: the
+  step backend that asked holds the plan (cpu_backend.py).
 - ``LinearPlan.routes``: M -> (kernel, padded M), kernel ``"xwt"`` (stock) or ``"wxt"``;
   ``LinearPlan.cost(M)``: measured seconds of the linear stack at M under the plan
   (interpolated between measured points, extrapolated linearly past the last).
-- ``routed_linears(model, plan)``: inside the block, every ``nn.Linear`` of the model
-  whose input has a routed M runs the planned kernel; the result is the same product
-  (float rounding may differ in the last bits, as with any change of BLAS kernel;
-  zero padding rows never touch real rows). Outside the block nothing changes.
+- ``route_linears(view, plan)``: turns every plain ``nn.Linear`` of ``view`` into a
+  ``RoutedLinear`` (same weight and bias tensors) that runs the planned kernel for
+  routed M; the result is the same product (float rounding may differ in the last
+  bits, as with any change of BLAS kernel; zero padding rows never touch real rows).
+  It edits the modules it is given, so it is only ever applied to a backend's own
+  ``forward.decode_view`` copy, never to the caller's model.
 """
 
 from __future__ import annotations
@@ -34,9 +38,7 @@ import logging
 import os
 import platform
 import time
-import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -99,15 +101,13 @@ def _matmul(kernel: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
 
 
-def _clock() -> Callable[[], float]:
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
 @torch.inference_mode()
-def _time_stack(weights: list[torch.Tensor], m: int, kernel: str, reps: int = 3) -> float:
+def _time_stack(
+    weights: list[torch.Tensor], m: int, kernel: str, clock: Callable[[], float], reps: int = 3
+) -> float:
     """Best-of-reps seconds to run every weight once at M = m with one kernel."""
-    xs = {w.shape[1]: torch.randn(m, w.shape[1], dtype=w.dtype) for w in weights}
-    clock = _clock()
+    gen = torch.Generator().manual_seed(m)  # a private generator: the global RNG is the user's
+    xs = {w.shape[1]: torch.randn(m, w.shape[1], dtype=w.dtype, generator=gen) for w in weights}
     best = float("inf")
     for _ in range(reps):
         t = clock()
@@ -117,7 +117,9 @@ def _time_stack(weights: list[torch.Tensor], m: int, kernel: str, reps: int = 3)
     return best
 
 
-def calibrate(model: torch.nn.Module, max_m: int = ROUTE_MAX_M) -> LinearPlan:
+def calibrate(
+    model: torch.nn.Module, clock: Callable[[], float] = time.perf_counter, max_m: int = ROUTE_MAX_M
+) -> LinearPlan:
     """Time both kernels at every M <= max_m (and stock at larger probes); pick per M.
 
     Each M takes the cheapest (kernel, M') over M' >= M among the measured small
@@ -129,11 +131,11 @@ def calibrate(model: torch.nn.Module, max_m: int = ROUTE_MAX_M) -> LinearPlan:
     times: dict[int, float] = {}
     for m in _PROBE_MS:
         if m <= max_m:
-            stock, alt = _time_stack(weights, m, "xwt"), _time_stack(weights, m, "wxt")
+            stock, alt = _time_stack(weights, m, "xwt", clock), _time_stack(weights, m, "wxt", clock)
             # The other kernel must win clearly: a tie is timing noise.
             best[m] = (alt, "wxt") if alt < _PAD_MARGIN * stock else (stock, "xwt")
         else:
-            times[m] = _time_stack(weights, m, "xwt", reps=2)
+            times[m] = _time_stack(weights, m, "xwt", clock, reps=2)
     routes: dict[int, tuple[str, int]] = {}
     small = sorted(best)
     for m in range(1, max_m + 1):
@@ -147,10 +149,7 @@ def calibrate(model: torch.nn.Module, max_m: int = ROUTE_MAX_M) -> LinearPlan:
     return LinearPlan(routes, times)
 
 
-# --------------------------------------------------------------------- per process
-_PLANS: dict[str, LinearPlan | None] = {}
-
-
+# --------------------------------------------------------------------- disk cache
 def _plan_key(model: torch.nn.Module) -> str:
     shapes = sorted({(tuple(lin.weight.shape), str(lin.weight.dtype)) for lin in _linears(model)})
     cpu = platform.processor() or platform.machine()
@@ -163,16 +162,16 @@ def _plan_key(model: torch.nn.Module) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def plan_for(model: torch.nn.Module, device: torch.device) -> LinearPlan | None:
-    """The routing plan for ``model`` on ``device`` (see module contract)."""
+def plan_for(
+    model: torch.nn.Module, device: torch.device, clock: Callable[[], float] = time.perf_counter
+) -> LinearPlan | None:
+    """The routing plan for ``model`` on ``device``, timed with ``clock`` (see module contract)."""
     if device.type != "cpu" or os.environ.get("LONGDOC_LINEAR_PLAN", "1") == "0":
         return None
     lins = _linears(model)
     if sum(lin.weight.numel() * lin.weight.element_size() for lin in lins) < _MIN_WEIGHT_BYTES:
         return None
     key = _plan_key(model)
-    if key in _PLANS:
-        return _PLANS[key]
     from stages.model_loading import cache_dir
 
     path = cache_dir() / "linear_plans" / f"{key}.json"
@@ -184,7 +183,7 @@ def plan_for(model: torch.nn.Module, device: torch.device) -> LinearPlan | None:
             plan = None  # unreadable: measure again
     if plan is None:
         t = time.perf_counter()
-        plan = calibrate(model)
+        plan = calibrate(model, clock)
         log.info("calibrated CPU linear kernels in %.1fs: %s", time.perf_counter() - t, plan.routes)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,17 +192,23 @@ def plan_for(model: torch.nn.Module, device: torch.device) -> LinearPlan | None:
             tmp.replace(path)
         except OSError as e:  # a read-only cache only costs the next process a calibration
             log.warning("could not cache the linear plan at %s: %s", path, e)
-    _PLANS[key] = plan
     return plan
 
 
 # --------------------------------------------------------------------- routing
-def _routed_forward(plan: LinearPlan) -> Callable:
-    routes = plan.routes
+class RoutedLinear(torch.nn.Linear):
+    """An ``nn.Linear`` that runs the planned kernel for its routed token counts.
 
-    def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    Made only by ``route_linears`` from a module of a decode view: it keeps the
+    original's weight and bias tensors (shared with the caller's model).
+    """
+
+    routes: dict[int, tuple[str, int]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]: the stock product, by the kernel planned for M = x.numel() / in."""
         m = x.numel() // x.shape[-1] if x.dim() else 0
-        route = routes.get(m)
+        route = self.routes.get(m)
         if route is None or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         kernel, padded = route
@@ -215,23 +220,15 @@ def _routed_forward(plan: LinearPlan) -> Callable:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
-    return forward
 
+def route_linears(view: torch.nn.Module, plan: LinearPlan) -> int:
+    """Route ``view``'s plain float linear layers by ``plan``; returns how many.
 
-@contextmanager
-def routed_linears(model: torch.nn.Module, plan: LinearPlan | None) -> Iterator[None]:
-    """Route the model's linear layers by ``plan`` inside the block (no-op for None)."""
-    if plan is None:
-        yield
-        return
-    fwd = _routed_forward(plan)
-    patched = []
-    for lin in _linears(model):
-        if "forward" not in lin.__dict__:  # leave instances someone else patched alone
-            lin.forward = types.MethodType(fwd, lin)
-            patched.append(lin)
-    try:
-        yield
-    finally:
-        for lin in patched:
-            del lin.forward
+    ``view`` must be a decode view the caller owns (forward.decode_view): the modules
+    are changed in place (class and ``routes``), their tensors are not.
+    """
+    lins = _linears(view)
+    for lin in lins:
+        lin.__class__ = RoutedLinear
+        lin.routes = plan.routes
+    return len(lins)

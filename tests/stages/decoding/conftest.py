@@ -16,6 +16,14 @@ def tiny_llama_factory():
     return lambda vocab_size, seed=0, **overrides: tiny_causal_lm(vocab_size, "llama", seed, **overrides)
 
 
+@pytest.fixture
+def tiny_engine(tiny_model):
+    """A fresh engine state for the shared tiny model (nothing learned carries between tests)."""
+    from stages.decoding.engine_state import EngineState
+
+    return EngineState(tiny_model)
+
+
 @pytest.fixture(autouse=True)
 def _single_thread():
     yield from one_torch_thread()

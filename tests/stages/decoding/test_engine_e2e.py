@@ -11,6 +11,7 @@ import pytest
 from schemas.spec import DEFAULT_QA_INSTRUCTION
 from stages.decoding.config import DecodeConfig
 from stages.decoding.engine import decode
+from stages.decoding.engine_state import EngineState
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptBuilder
@@ -29,10 +30,11 @@ def test_pld_identical_to_plain_greedy_on_real_documents(embedded_model):
     ]
     eos = frozenset({tok.eos_token_id})
     state = prefill_full(model, prompts, tok.pad_token_id)
+    engine = EngineState(model)
     ref = decode_plain(model, copy.deepcopy(state), DecodeConfig(max_new_tokens=24, eos_ids=eos))
     for adaptive in (False, True):
         cfg = DecodeConfig(max_new_tokens=24, eos_ids=eos, speculative="prompt_lookup", adaptive=adaptive)
-        out = decode(model, copy.deepcopy(state), prompts, cfg)
+        out = decode(engine, copy.deepcopy(state), prompts, cfg)
         assert [r.tokens for r in out] == [r.tokens for r in ref]
         assert [r.finish_reason for r in out] == [r.finish_reason for r in ref]
         if not adaptive:

@@ -14,6 +14,7 @@ from stages.decoding import engine
 from stages.decoding.adaptive import Tuning
 from stages.decoding.config import DecodeConfig
 from stages.decoding.engine import decode
+from stages.decoding.engine_state import EngineState
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 
@@ -40,7 +41,7 @@ def _both(model, prompts, lookup, cfg, tuning=None, edit=None):
     if edit is not None:
         edit(state)
     ref = decode_plain(model, copy.deepcopy(state), cfg)
-    out = decode(model, state, lookup, cfg, tuning=tuning)
+    out = decode(EngineState(model), state, lookup, cfg, tuning=tuning)
     return ref, out
 
 
@@ -112,12 +113,12 @@ def test_prefill_state_with_holes(tiny_model, prompts, greedy_runs):
 
 
 @pytest.mark.parametrize("speculative", ["none", "prompt_lookup"])
-def test_stats_columns_consistent(tiny_model, prompts, greedy_runs, speculative):
+def test_stats_columns_consistent(tiny_model, tiny_engine, prompts, greedy_runs, speculative):
     runs, _ = greedy_runs
     lookup = [p + r for p, r in zip(prompts, runs, strict=True)]
     cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative=speculative, adaptive=False)
     state = prefill_full(tiny_model, prompts, 0)
-    out = decode(tiny_model, state, lookup, cfg)
+    out = decode(tiny_engine, state, lookup, cfg)
     for r in out:
         assert 0 <= r.accepted_tokens <= r.draft_tokens
         assert r.ttft_s >= state.prefill_s and r.decode_s >= 0.0
@@ -130,18 +131,20 @@ def test_stats_columns_consistent(tiny_model, prompts, greedy_runs, speculative)
         assert all(mean_accepted_per_step(len(r.tokens), r.decode_steps) > 1.0 for r in out)
 
 
-def test_plain_sampling_matches_reference_seed_for_seed(tiny_model, prompts):
+def test_plain_sampling_matches_reference_seed_for_seed(tiny_model, tiny_engine, prompts):
     cfg = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS, temperature=0.9, top_p=0.8)
     state = prefill_full(tiny_model, prompts, 0)
     ref = decode_plain(tiny_model, copy.deepcopy(state), cfg, seeds=[5, 6, 7, 8])
-    out = decode(tiny_model, state, [list(p) for p in prompts], cfg, seeds=[5, 6, 7, 8])
+    out = decode(tiny_engine, state, [list(p) for p in prompts], cfg, seeds=[5, 6, 7, 8])
     assert [r.tokens for r in out] == [r.tokens for r in ref]
 
 
-def test_bad_arguments_raise(tiny_model, prompts):
+def test_bad_arguments_raise(tiny_model, tiny_engine, prompts):
     state = prefill_full(tiny_model, prompts, 0)
     cfg = DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS)
     with pytest.raises(ValueError, match="lookup_ids"):
-        decode(tiny_model, state, [[1]], cfg)
+        decode(tiny_engine, state, [[1]], cfg)
     with pytest.raises(ValueError, match="speculative"):
-        decode(tiny_model, state, prompts, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS, speculative="medusa"))
+        decode(tiny_engine, state, prompts, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS, speculative="medusa"))
+    with pytest.raises(ValueError, match="engine state on meta"):
+        decode(EngineState(tiny_model, torch.device("meta")), state, prompts, cfg)

@@ -18,6 +18,7 @@ import torch
 from stages.decoding import engine
 from stages.decoding.config import DecodeConfig
 from stages.decoding.engine import decode
+from stages.decoding.engine_state import EngineState
 from stages.decoding.sampling import target_probs
 from stages.decoding.state import prefill_full
 
@@ -71,7 +72,7 @@ def _sample(model, prompt) -> tuple[torch.Tensor, torch.Tensor, int]:
         speculative="prompt_lookup", num_draft_tokens=3, max_ngram=2, adaptive=False,
     )
     state = prefill_full(model, [prompt] * ROWS, 0)
-    out = decode(model, state, [list(prompt)] * ROWS, cfg, seeds=list(range(ROWS)))
+    out = decode(EngineState(model), state, [list(prompt)] * ROWS, cfg, seeds=list(range(ROWS)))
     t2 = torch.bincount(torch.tensor([r.tokens[1] for r in out]), minlength=V).double()
     t3 = torch.bincount(torch.tensor([r.tokens[2] for r in out]), minlength=V).double()
     drafted = sum(r.draft_tokens for r in out)

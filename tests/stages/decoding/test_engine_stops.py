@@ -12,7 +12,7 @@ from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 
 
-def test_stop_string_inside_accepted_drafts(tiny_model, tokenizer):
+def test_stop_string_inside_accepted_drafts(tiny_model, tiny_engine, tokenizer):
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(300, 3000, (n,), generator=g).tolist() for n in (8, 15)]
     plain = DecodeConfig(max_new_tokens=20, eos_ids=frozenset({-1}))
@@ -30,7 +30,7 @@ def test_stop_string_inside_accepted_drafts(tiny_model, tokenizer):
     state = prefill_full(tiny_model, prompts, 0)
     ref = decode_plain(tiny_model, copy.deepcopy(state), cfg, decode=tokenizer.decode)
     lookup = [p + r for p, r in zip(prompts, runs, strict=True)]  # drafts = the continuation
-    out = decode(tiny_model, state, lookup, cfg, decode_text=tokenizer.decode)
+    out = decode(tiny_engine, state, lookup, cfg, decode_text=tokenizer.decode)
     assert ref[row].finish_reason == "stop" and 3 < len(ref[row].tokens) < 17
     for a, b in zip(ref, out, strict=True):
         assert (b.tokens, b.finish_reason) == (a.tokens, a.finish_reason)
