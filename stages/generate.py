@@ -35,7 +35,7 @@ from schemas.spec import (
 )
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.engine import decode
-from stages.decoding.linear_plan import plan_for
+from stages.decoding.engine_state import EngineState
 from stages.decoding.state import CompressedPrefill, prefill_full
 from stages.decoding.stops import cut_text
 from stages.model_loading import load_causal_lm, pick_device
@@ -54,9 +54,10 @@ class GenerateStage:
             # One actor per node slice: use the CPUs Ray granted it, not every core.
             torch.set_num_threads(max(1, int(res.num_cpus)))
         self.model, self.tokenizer, self._prefill = self._load(gen.model)
-        # Measure (or read the cached) CPU kernel plan now, so the first batch's
-        # latency figures do not include it (decoding/linear_plan.py).
-        plan_for(self.model, self.device)
+        # The engine's per-actor state: made (and its backend warmed up: the CPU kernel
+        # plan measured or read) now, so the first batch's latency figures do not
+        # include it; it learns step cost and acceptance across batches.
+        self.engine = EngineState(self.model, self.device)
         self.prompts = PromptBuilder(self.tokenizer)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.device_name = (
@@ -175,7 +176,7 @@ class GenerateStage:
         lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
         seeds = [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
         results = decode(
-            self.model,
+            self.engine,
             compressed.state,
             lookup,
             self.decode_config,
