@@ -1,14 +1,18 @@
 """Build the Ray Data plan for a JobSpec (nothing runs until the dataset is consumed).
 
     shards -> read (tasks) -> [limit] -> requests (tasks, skip finished)
-           -> tokenize (+ truncate)      actor pool, resources.compress_actors
-           -> rag                         actor pool, compress_num_gpus (method=rag)
-           -> generate                    actor pool, resources.actors/num_gpus/num_cpus
+           -> tokenize (+ a runs_at=tokenize method, e.g. truncate)
+                                          actor pool, resources.compress_actors
+           -> a runs_at=text_stage method (e.g. rag)
+                                          actor pool, compress_actors/compress_num_gpus
+           -> generate (+ a runs_at=prefill method's strategy, e.g. finch)
+                                          actor pool, resources.actors/num_gpus/num_cpus
            -> write Parquet               tasks; returns per-row figures to the driver
 
-Each stage declares the columns it needs and adds (``STAGES``); ``check_chain``
-verifies the chain when the plan is built, so a wiring mistake fails before any
-model loads.
+What runs where comes from the compression method's declaration (stages/compression/).
+Each stage and method declares the columns it needs and adds (schemas/rows.py);
+``check_chain`` verifies the chain when the plan is built, so a wiring mistake fails
+before any model loads.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.rows import OutputRow, RequestRow, columns
 from schemas.spec import JobSpec
+from stages.compression import method_for
+from stages.generate import GenerateStage
 from stages.read import Document, expand_requests, generation_fingerprint, list_shards, read_shard
-
-READ_COLUMNS = (
-    "request_id", "run_id", "run_date", "job", "doc_id", "source_uri", "task",
-    "prompt", "instruction", "question", "reference", "text", "error",
-)  # fmt: skip
+from stages.tokenize import TokenizeStage
 
 
 @dataclass(frozen=True)
@@ -32,37 +35,30 @@ class StageColumns:
     adds: tuple[str, ...]
 
 
-STAGES: dict[str, StageColumns] = {
-    "read": StageColumns("read", (), READ_COLUMNS),
-    "tokenize": StageColumns("tokenize", ("text", "error"), ("doc_ids", "doc_tokens")),
-    "truncate": StageColumns("truncate", ("doc_ids",), ("context_ids", "context_tokens", "compress_s")),
-    "rag": StageColumns(
-        "rag", ("doc_ids", "question", "instruction"), ("context_ids", "context_tokens", "compress_s")
-    ),
-    "generate": StageColumns(
-        "generate", ("request_id", "doc_ids", "instruction", "question", "error"), ("output_text",)
-    ),
-    "write": StageColumns("write", ("request_id", "output_text"), ()),
-}
+READ = StageColumns("read", (), columns(RequestRow))
+TOKENIZE = StageColumns("tokenize", TokenizeStage.needs, TokenizeStage.adds)
+GENERATE = StageColumns("generate", GenerateStage.needs, GenerateStage.adds)
+WRITE = StageColumns("write", columns(OutputRow), ())
 
 
-def stage_chain(spec: JobSpec) -> list[str]:
-    chain = ["read", "tokenize"]
-    if spec.compression.method == "truncate":
-        chain.append("truncate")
-    elif spec.compression.method == "rag":
-        chain.append("rag")
-    return chain + ["generate", "write"]
+def stage_chain(spec: JobSpec) -> list[StageColumns]:
+    """The logical chain of a spec: read, tokenize, its compression method, generate, write.
+
+    The method is a step of its own whatever process runs it (tokenize actor, its own
+    pool or the generate actor), so its needs are checked against what precedes it.
+    """
+    m = method_for(spec.compression)
+    method = StageColumns(f"compression {m.name!r} ({m.runs_at})", m.needs, m.adds)
+    return [READ, TOKENIZE, method, GENERATE, WRITE]
 
 
-def check_chain(chain: list[str]) -> None:
+def check_chain(chain: list[StageColumns]) -> None:
     have: set[str] = set()
-    for name in chain:
-        cols = STAGES[name]
-        missing = [c for c in cols.needs if c not in have]
+    for stage in chain:
+        missing = [c for c in stage.needs if c not in have]
         if missing:
-            raise ValueError(f"plan: stage {name!r} needs columns {missing} that no earlier stage adds")
-        have |= set(cols.adds)
+            raise ValueError(f"plan: stage {stage.name} needs columns {missing} that no earlier stage adds")
+        have |= set(stage.adds)
 
 
 def _actor_pool(size: int | tuple[int, int]):
@@ -100,9 +96,7 @@ def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip
     """Return (dataset of per-row figures, number of shards)."""
     import ray.data
 
-    from stages.generate import GenerateStage
     from stages.read import resolve_uri
-    from stages.tokenize import TokenizeStage
     from stages.write import WriteStage
 
     check_chain(stage_chain(spec))
@@ -122,18 +116,21 @@ def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip
         batch_size=16,
         num_cpus=0.5,
         batch_format="numpy",
+        max_restarts=res.max_retries,  # finite, as for generate below
+        max_task_retries=res.max_retries,
     )
-    if spec.compression.method == "rag":
-        from stages.rag import RagStage
-
+    method = method_for(spec.compression)
+    if method.runs_at == "text_stage":
         ds = ds.map_batches(
-            RagStage,
+            method.stage_class(),
             fn_constructor_kwargs={"spec": spec_json},
             compute=_actor_pool(res.compress_actors),
             batch_size=16,
             num_cpus=0.5,
-            num_gpus=res.compress_num_gpus,
+            num_gpus=res.compress_num_gpus if method.uses_compress_gpus else 0,
             batch_format="numpy",
+            max_restarts=res.max_retries,  # finite, as for generate below
+            max_task_retries=res.max_retries,
         )
     # One block per generate batch: a shard (a big JSONL file) otherwise reaches the
     # generate pool as ONE block, so a single actor would decode the whole file before

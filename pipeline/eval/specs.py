@@ -1,9 +1,11 @@
 """The runs of `longdoc eval` and their JobSpecs.
 
 Contract:
-- ``plan_runs`` lists the runs: every budgeted method (truncate, rag, finch) once per
-  ``target_tokens``; methods that take no budget (none: the whole document;
-  autocompressor: summary vectors of the whole document) once.
+- ``plan_runs`` lists the runs, methods from the registry (stages/compression/) in
+  display order: every ``eval_budgeted`` method (truncate, rag, finch, ...) once per
+  ``target_tokens``; the others (none: the whole document; autocompressor: summary
+  vectors of the whole document) once. A method that ``needs_checkpoint`` runs only
+  when ``--autocompressor PATH`` gives one (it becomes compression.checkpoint).
 - ``split_overrides`` sorts ``--set`` items: ``key=value`` applies to every run,
   ``METHOD:key=value`` to that method's runs only. Compression, input and output are
   set per run by the eval, so unscoped overrides of them are refused.
@@ -20,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.eval.table import QuestionMeta
+from stages.compression import registry
 
-BUDGETED = ("truncate", "rag", "finch")
-UNBUDGETED = ("none", "autocompressor")
-METHODS = ("none", *BUDGETED, "autocompressor")
+METHODS = tuple(registry())
+BUDGETED = tuple(m.name for m in registry().values() if m.eval_budgeted)
+UNBUDGETED = tuple(m for m in METHODS if m not in BUDGETED)
+NEEDS_CHECKPOINT = tuple(m.name for m in registry().values() if m.needs_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,13 @@ def plan_runs(
 ) -> list[EvalRun]:
     names = [m.strip() for item in methods or [] for m in item.split(",") if m.strip()]
     if not names:
-        names = ["none", *BUDGETED] + (["autocompressor"] if autocompressor else [])
+        names = [m for m in METHODS if autocompressor or m not in NEEDS_CHECKPOINT]
     bad = [m for m in names if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method(s) {bad}; allowed: {', '.join(METHODS)}")
-    if "autocompressor" in names and not autocompressor:
-        raise ValueError("method autocompressor needs a checkpoint: --autocompressor PATH")
+    for m in names:
+        if m in NEEDS_CHECKPOINT and not autocompressor:
+            raise ValueError(f"method {m} needs a checkpoint: --autocompressor PATH")
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"--target-tokens must be one or more integers >= 1, got {budgets}")
     runs: list[EvalRun] = []
@@ -96,7 +101,7 @@ def build_eval_spec(
     compression: dict[str, Any] = {"method": run.method}
     if run.target_tokens is not None:
         compression["target_tokens"] = run.target_tokens
-    if run.method == "autocompressor":
+    if run.method in NEEDS_CHECKPOINT:
         compression["checkpoint"] = autocompressor
     data = {
         "name": f"eval-{run.tag}",

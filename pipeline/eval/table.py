@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.eval.metrics import METRICS, score
+from stages.compression import registry
 
-METHOD_ORDER = ("none", "truncate", "rag", "finch", "autocompressor")
+METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
 COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "e2e_s")
 SUMMARY_COLUMNS = (
     "method",

@@ -21,15 +21,18 @@ padding. ``context_tokens[b]`` = S_b, the number of summary vectors row b condit
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
-from schemas.spec import AutoCompressorCompression
 from stages.autocompressor.checkpoint import load_autocompressor
 from stages.autocompressor.model import AutoCompressor, position_ids
 from stages.decoding.state import CompressedPrefill, PrefillState, forward_step
 from stages.prompting import PromptParts
+
+if TYPE_CHECKING:  # the settings model lives with its method; imported for types only
+    from stages.compression.autocompressor import AutoCompressorCompression
 
 __all__ = ["autocompressor_prefill", "document_segments", "load_autocompressor", "prefill_soft"]
 

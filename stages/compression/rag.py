@@ -1,14 +1,16 @@
-"""RAG context compression: keep the document chunks most similar to the query.
+"""Method ``rag``: keep the document chunks most similar to the query, in document order.
 
 This is the retrieval baseline of the Finch paper (Corallo & Papotti, 2024,
 https://arxiv.org/abs/2408.00167): the document is cut into consecutive chunks of
 ``chunk_tokens`` generator tokens, chunks and query are embedded with a
 sentence-transformers model, and the most similar chunks (cosine similarity) fill
-the budget.
+the budget. It runs as its own actor pool before generate (``RagStage``), so the
+embedder scales on its own resources (``resources.compress_actors``,
+``compress_num_gpus``).
 
 Contract (Ray-agnostic core, ``rag_contexts``):
 - Input per request: ``doc_ids`` (list[int], the whole document in generator
-  tokens) and ``query`` (the question for qa, else the instruction).
+  tokens) and ``query`` (the question for qa, else the instruction: ``rag_query``).
 - Output per request: ``context_ids`` whose length is exactly
   ``min(target_tokens, len(doc_ids))``. Chunks are taken best first; the last one
   taken is cut (its head kept) so the budget is filled exactly. Kept pieces are
@@ -23,7 +25,11 @@ Contract (Ray-agnostic core, ``rag_contexts``):
   queries in another. A request that fails yields its exception in place of a
   result; the others go on.
 
-The Ray Data stage wrapping this core is ``stages.rag.RagStage``.
+Stage (``RagStage``, rows of schemas/rows.TokenizedRow -> CompressedRow): adds
+``context_ids``, ``context_tokens`` and ``compress_s`` (this row's own time plus its
+share of the batch's embedding time). Rows whose ``error`` is set pass through
+untouched (the three columns null); a row that fails here gets ``error = "rag: ..."``.
+Rows are never dropped or reordered.
 """
 
 from __future__ import annotations
@@ -31,9 +37,33 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import torch
+import numpy as np
+from pydantic import Field
+
+from schemas.rows import CompressedRow, TokenizedRow
+from schemas.spec import EMBEDDED_EMBEDDER, CompressionSpec, JobSpec
+from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
+from stages.rows import batch_to_rows, fail, rows_to_batch
+
+if TYPE_CHECKING:
+    import torch
+
+
+class RagCompression(CompressionSpec):
+    """Keep the chunks most similar to the question (or instruction), in document order."""
+
+    method: Literal["rag"] = "rag"
+    target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
+    chunk_tokens: int = Field(
+        default=256, ge=8, description="Chunk size in generator tokens (the Finch paper used 256)."
+    )
+    embedder: str = Field(
+        default=EMBEDDED_EMBEDDER,
+        description="sentence-transformers model id or path; default is the embedded all-MiniLM-L6-v2.",
+    )
+    embed_batch_size: int = Field(default=64, ge=1, description="Chunks per embedding batch.")
 
 
 class TextEmbedder(Protocol):
@@ -76,9 +106,7 @@ class SentenceEmbedder:
         return self._encode("encode_document", texts)
 
 
-def load_embedder(
-    name: str, device: torch.device | str = "cpu", batch_size: int = 64
-) -> SentenceEmbedder:
+def load_embedder(name: str, device: torch.device | str = "cpu", batch_size: int = 64) -> SentenceEmbedder:
     """Load a sentence-transformers model by id, path or the embedded sentinel name."""
     from sentence_transformers import SentenceTransformer
 
@@ -208,7 +236,7 @@ def rag_contexts(
             local = p.local_s + time.perf_counter() - t0
             results[p.index] = RagResult(context, kept, local + share, len(p.chunks))
     assert all(r is not None for r in results)
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _score(pending: list[_Pending], embedder: TextEmbedder) -> float:
@@ -235,3 +263,62 @@ def _score(pending: list[_Pending], embedder: TextEmbedder) -> float:
             except Exception as e:  # noqa: BLE001
                 p.error = e
     return time.perf_counter() - t0
+
+
+def rag_query(row: TokenizedRow) -> str | None:
+    """The text chunks are ranked against: the question (qa), else the instruction."""
+    q = row.get("question")
+    return q if isinstance(q, str) and q.strip() else row.get("instruction")
+
+
+class RagStage:
+    """Callable class for ``map_batches``: loads tokenizer and embedder once per actor."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from stages.model_loading import load_tokenizer, pick_device
+
+        job = JobSpec.model_validate(spec)
+        self.config: RagCompression = RagMethod().config(job)
+        self.device = pick_device(job.resources.compress_num_gpus)
+        self.tokenizer = load_tokenizer(job.generation.model)
+        self.embedder = load_embedder(self.config.embedder, self.device, batch_size=self.config.embed_batch_size)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows: list[CompressedRow] = batch_to_rows(batch)
+        for r in rows:
+            for col in CONTEXT_COLUMNS:
+                r.setdefault(col, None)
+        live = [r for r in rows if not r.get("error")]
+        if live:
+            results = rag_contexts(
+                [r.get("doc_ids") for r in live],
+                [rag_query(r) for r in live],
+                tokenizer=self.tokenizer,
+                embedder=self.embedder,
+                target_tokens=self.config.target_tokens,
+                chunk_tokens=self.config.chunk_tokens,
+            )
+            for row, res in zip(live, results, strict=True):
+                if isinstance(res, RagResult):
+                    row["context_ids"] = res.context_ids
+                    row["context_tokens"] = len(res.context_ids)
+                    row["compress_s"] = float(res.compress_s)
+                else:
+                    fail(row, "rag", res)
+        return rows_to_batch(rows)
+
+
+class RagMethod(CompressionMethod):
+    name = "rag"
+    spec_model = RagCompression
+    summary = "the chunks most similar to the question, in document order"
+    paper = "https://arxiv.org/abs/2408.00167"
+    order = 2
+    runs_at = "text_stage"
+    needs = ("doc_ids", "question", "instruction")
+    adds = CONTEXT_COLUMNS
+    uses_compress_gpus = True
+    eval_budgeted = True
+
+    def stage_class(self) -> type:
+        return RagStage

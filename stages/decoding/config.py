@@ -2,11 +2,18 @@
 
 Contract: a decoder takes a ``PrefillState`` (see state.py), per-row lookup token
 lists and a ``DecodeConfig``, and returns one ``RowResult`` per row, in order.
+``decode_config_for`` is the one place a spec's generation settings become a
+DecodeConfig (the generate stage and the bench both use it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from schemas.spec import GenerationSpec
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,36 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def eos_ids_of(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """Every token that ends generation: the tokenizer's EOS and the model's
+    ``generation_config.eos_token_id`` (an int or a list: chat models often stop on
+    an end-of-turn token besides EOS)."""
+    ids: set[Any] = {getattr(tokenizer, "eos_token_id", None)}
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids |= set(gen_eos) if isinstance(gen_eos, Iterable) else {gen_eos}
+    return frozenset(int(i) for i in ids if i is not None)
+
+
+def decode_config_for(generation: GenerationSpec, tokenizer: Any, generation_config: Any = None) -> DecodeConfig:
+    """The DecodeConfig of a spec's ``generation`` settings for this tokenizer/model.
+
+    EOS ids come from ``eos_ids_of``; ``speculative.method`` none turns drafting off.
+    """
+    spec = generation.speculative
+    return DecodeConfig(
+        max_new_tokens=generation.max_new_tokens,
+        eos_ids=eos_ids_of(tokenizer, generation_config),
+        temperature=generation.temperature,
+        top_p=generation.top_p,
+        stop_strings=tuple(generation.stop),
+        speculative=spec.method,
+        num_draft_tokens=spec.num_draft_tokens,
+        max_ngram=spec.max_ngram,
+        min_ngram=spec.min_ngram,
+        adaptive=spec.adaptive,
+    )
 
 
 @dataclass

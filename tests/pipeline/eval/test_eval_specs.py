@@ -14,7 +14,8 @@ from pipeline.eval.specs import (
     split_overrides,
 )
 from schemas.loading import SpecError
-from schemas.spec import RagCompression, TruncateCompression
+from stages.compression.rag import RagCompression
+from stages.compression.truncate import TruncateCompression
 
 
 def test_plan_runs_defaults_and_budgets() -> None:

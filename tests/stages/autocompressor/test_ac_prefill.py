@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from schemas.spec import AutoCompressorCompression
 from stages.autocompressor.prefill import autocompressor_prefill, document_segments
+from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import forward_step

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.spec import DEFAULT_QA_INSTRUCTION, FinchCompression
+from schemas.spec import DEFAULT_QA_INSTRUCTION
+from stages.compression.finch import FinchCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.finch import finch_prefill

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.truncate import truncate_ids
+from stages.compression.truncate import truncate_ids
 
 IDS = list(range(100))
 

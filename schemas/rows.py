@@ -1,0 +1,109 @@
+"""The rows that travel between stages, as types: one TypedDict per hop.
+
+A request is one document x one task prompt (summarize) or question (qa). Its row
+grows column by column on the way to the output table::
+
+    read ------> RequestRow      (stages/read.py: expand_requests)
+    tokenize --> TokenizedRow    (stages/tokenize.py: TokenizeStage)
+    text compression -> CompressedRow  (a method with runs_at tokenize or text_stage,
+                                        stages/compression/)
+    generate --> OutputRow       (stages/generate.py: GenerateStage; = schemas/output.py)
+    write -----> Parquet         (stages/write.py)
+
+Each stage's signature names the row it takes and returns; each stage and method
+declares the columns it needs and adds (``needs``/``adds``), and the plan checks the
+chain before anything loads (pipeline/plan.py). tests/schemas/test_rows.py checks
+the declarations against these types and ``OutputRow`` against the output schema.
+
+Contract: a stage never drops a row. A row whose ``error`` is set passes through
+untouched (the columns a stage would add stay null); a row that fails in a stage gets
+``error = "<stage>: <message>"`` and ``error_kind`` (stages/rows.fail). Ray Data
+hands the rows over as numpy batches; stages/rows.py converts.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class RequestRow(TypedDict):
+    """One request as read (stages/read.py); identity columns as in schemas/output.py."""
+
+    request_id: str  # stable hash of document, prompt and settings (reruns skip it)
+    run_id: str
+    run_date: str  # YYYY-MM-DD
+    job: str
+    doc_id: str
+    source_uri: str
+    task: str  # summarize | qa
+    prompt: str  # the question (qa) or the instruction (summarize)
+    instruction: str  # the task instruction (task.resolved_instruction)
+    question: str | None  # None for summarize
+    reference: str | None  # reference answer (input.answer_field), for evaluation
+    text: str | None  # the document; None when reading it failed
+    error: str | None
+    error_kind: str | None  # schemas.output.INPUT | RETRYABLE when error is set
+
+
+class TokenizedRow(RequestRow):
+    """After tokenize: the whole document in the generating model's tokens."""
+
+    doc_ids: list[int] | None  # None when the row failed before or here
+    doc_tokens: int | None
+
+
+class CompressedRow(TokenizedRow):
+    """After a text compression (truncate, rag, ...): what the model will read instead."""
+
+    context_ids: list[int] | None  # a subsequence of doc_ids, at most target_tokens long
+    context_tokens: int | None
+    compress_s: float | None  # seconds this row's compression took (its share of a batch)
+
+
+class OutputRow(TypedDict):
+    """One row of the output table: exactly the columns of schemas.output.OUTPUT_SCHEMA
+    (their definitions are ``COLUMN_DOCS`` there); null where a failed row has none."""
+
+    run_id: str
+    run_date: str
+    job: str
+    doc_id: str
+    request_id: str
+    source_uri: str | None
+    task: str | None
+    prompt: str | None
+    reference: str | None
+    output_text: str | None
+    model: str | None
+    compression: str | None
+    speculative: str | None
+    doc_tokens: int | None
+    context_tokens: int | None
+    compression_ratio: float | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    draft_tokens: int | None
+    accepted_tokens: int | None
+    acceptance_rate: float | None
+    decode_steps: int | None
+    mean_accepted_per_step: float | None
+    compress_s: float | None
+    prefill_s: float | None
+    ttft_s: float | None
+    decode_s: float | None
+    e2e_s: float | None
+    device: str | None
+    device_s: float | None
+    cost_usd: float | None
+    error: str | None
+    error_kind: str | None
+    schema_version: int
+
+
+#: What generate reads: a tokenized row, text-compressed or not.
+GenerateInput = TokenizedRow | CompressedRow
+
+
+def columns(row_type: type) -> tuple[str, ...]:
+    """The column names of a row TypedDict, in declaration order (inherited ones first)."""
+    return tuple(row_type.__annotations__)

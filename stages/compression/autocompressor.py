@@ -1,0 +1,70 @@
+"""Method ``autocompressor``: learned summary vectors per segment, as a soft prompt.
+
+AutoCompressors (Chevalier et al., EMNLP 2023, https://arxiv.org/abs/2305.14788)
+compress each ``segment_tokens`` segment of the document into a few summary vectors
+that the generating model reads as a soft prompt. The checkpoint brings its own model
+and tokenizer (``tokenizer_source``), so it runs as a prefill strategy inside the
+generate actor and reads documents of any length. This module only declares the
+method and its settings; the model, checkpoints and training are stages/autocompressor/.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from schemas.spec import CompressionSpec, JobSpec
+from stages.compression.base import CompressionMethod, Loaded
+
+if TYPE_CHECKING:
+    import torch
+
+
+class AutoCompressorCompression(CompressionSpec):
+    """Compress the document into learned summary vectors, used as a soft prompt."""
+
+    method: Literal["autocompressor"] = "autocompressor"
+    checkpoint: str = Field(
+        description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
+        "or a published princeton-nlp AutoCompressor id/path."
+    )
+    segment_tokens: int = Field(
+        default=1024, ge=16, description="Document tokens per compressed segment."
+    )
+    target_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Optional: read at most this many document tokens (tail kept) before compressing.",
+    )
+    soft_prompt_at: Literal["start", "document"] = Field(
+        default="start",
+        description="Where the summary vectors go in the prompt. start: before the whole prompt "
+        "(the published checkpoints' convention and what training teaches); document: where the "
+        "document text would sit, after the chat-template prefix.",
+    )
+
+
+class AutoCompressorMethod(CompressionMethod):
+    name = "autocompressor"
+    spec_model = AutoCompressorCompression
+    summary = "learned summary vectors per segment, as a soft prompt"
+    paper = "https://arxiv.org/abs/2305.14788"
+    order = 4
+    runs_at = "prefill"
+    needs = ("doc_ids",)
+    reads_any_length = True
+    needs_checkpoint = True
+
+    def tokenizer_source(self, job: JobSpec) -> str:
+        from stages.autocompressor.checkpoint import tokenizer_source
+
+        return tokenizer_source(self.config(job).checkpoint)
+
+    def load(self, job: JobSpec, device: torch.device) -> Loaded:
+        from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
+
+        config = self.config(job)
+        lm, tok, ac = load_autocompressor(config.checkpoint, job.generation.dtype, device)
+        pad = tok.pad_token_id
+        return Loaded(lm, tok, lambda parts: autocompressor_prefill(ac, parts, config, pad))

@@ -1,0 +1,131 @@
+"""What a compression method declares about itself: ``CompressionMethod``.
+
+Contract: one module of stages/compression/ per method, holding the method's settings
+model (a ``schemas.spec.CompressionSpec`` subclass) and one ``CompressionMethod``
+subclass. The registry (stages/compression/__init__.py) finds the subclasses; the
+spec, the plan, tokenize, generate, the eval, the bench and the docs read them, and
+nobody else branches on method types.
+
+Where a method runs (``runs_at``):
+- ``"tokenize"``: a pure function of the document's token ids (``compress_ids``),
+  cheap enough to ride along in the tokenize actor instead of costing a pool;
+- ``"text_stage"``: its own actor pool before generate (``stage_class``: a Ray Data
+  callable class taking ``spec=<JobSpec as JSON>``), ``resources.compress_actors``
+  actors with ``resources.compress_num_gpus`` each when ``uses_compress_gpus``;
+- ``"prefill"``: a prefill strategy inside the generate actor (``load``), because it
+  needs the generating model's own weights (DESIGN.md).
+Text compression (tokenize, text_stage) adds ``context_ids``/``context_tokens``/
+``compress_s`` to the row (schemas/rows.CompressedRow); a prefill strategy reports
+its ``context_tokens``/``compress_s`` through ``CompressedPrefill``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from schemas.spec import CompressionSpec, JobSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from stages.decoding.state import CompressedPrefill
+    from stages.prompting import PromptParts
+
+RunsAt = Literal["tokenize", "text_stage", "prefill"]
+#: Where each ``runs_at`` runs, in the words of the README's method table.
+WHERE: Mapping[str, str] = MappingProxyType(
+    {"tokenize": "tokenize actor", "text_stage": "its own actor pool", "prefill": "generate actor"}
+)
+#: The row columns every text compression adds (schemas/rows.CompressedRow).
+CONTEXT_COLUMNS = ("context_ids", "context_tokens", "compress_s")
+
+Prefill = Callable[[list["PromptParts"]], "CompressedPrefill"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a method hands the generate actor: the decoding model, its tokenizer and
+    the prefill strategy (B prompts -> CompressedPrefill whose cache ``model`` decodes)."""
+
+    model: Any
+    tokenizer: Any
+    prefill: Prefill
+
+
+class CompressionMethod(ABC):
+    """One compression method. Stateless: the registry holds one instance per method.
+
+    Class attributes (the declaration): ``name`` (= the spec's ``method``), ``spec_model``,
+    ``summary`` (one line: what it keeps, for the docs), ``paper`` (link or None),
+    ``order`` (display order: tables, eval runs), ``runs_at`` (see module docstring),
+    ``needs``/``adds`` (row columns read before generate / added to the row),
+    ``uses_compress_gpus`` (its pool takes resources.compress_num_gpus),
+    ``reads_any_length`` (reads documents of any length chunk by chunk, so generate
+    does not reject a document longer than the model's context), ``eval_budgeted``
+    (``longdoc eval`` sweeps target_tokens for it) and ``needs_checkpoint`` (the eval
+    passes ``--autocompressor PATH`` as compression.checkpoint and runs it only then).
+    """
+
+    name: ClassVar[str]
+    spec_model: ClassVar[type[CompressionSpec]]
+    summary: ClassVar[str]
+    paper: ClassVar[str | None] = None
+    order: ClassVar[int] = 100
+    runs_at: ClassVar[RunsAt]
+    needs: ClassVar[tuple[str, ...]] = ()
+    adds: ClassVar[tuple[str, ...]] = ()
+    uses_compress_gpus: ClassVar[bool] = False
+    reads_any_length: ClassVar[bool] = False
+    eval_budgeted: ClassVar[bool] = False
+    needs_checkpoint: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ every method
+    def config(self, job: JobSpec) -> Any:
+        """``job.compression``, checked to be this method's settings model."""
+        if not isinstance(job.compression, self.spec_model):
+            raise ValueError(
+                f"{type(self).__name__} needs compression.method {self.name!r}, "
+                f"got {job.compression.method!r}"
+            )
+        return job.compression
+
+    def tokenizer_source(self, job: JobSpec) -> str:
+        """Name or path of the generating model's tokenizer (documents are counted in it)."""
+        return job.generation.model
+
+    # ------------------------------------------------------------------ runs_at == "tokenize"
+    def compress_ids(self, config: Any, doc_ids: list[int]) -> list[int]:
+        """The context ids kept of ``doc_ids`` (a subsequence, at most the budget)."""
+        raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
+
+    # ------------------------------------------------------------------ runs_at == "text_stage"
+    def stage_class(self) -> type:
+        """Ray Data callable class: ``__init__(spec: dict)``, ``__call__(batch) -> batch``."""
+        raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not as a text stage")
+
+    # ------------------------------------------------------------------ generate actor
+    def load(self, job: JobSpec, device: torch.device) -> Loaded:
+        """Load the generating model and this method's prefill strategy on ``device``.
+
+        Default (text compression or none): ``generation.model`` and a full prefill of
+        ``prefix + context + query``, where the context is already what the method kept.
+        """
+        from stages.decoding.state import CompressedPrefill, prefill_full
+        from stages.model_loading import load_causal_lm
+
+        model, tok = load_causal_lm(job.generation.model, job.generation.dtype, device)
+        pad = tok.pad_token_id
+
+        def full(parts: list[PromptParts]) -> CompressedPrefill:
+            state = prefill_full(model, [p.full_ids for p in parts], pad)
+            return CompressedPrefill(
+                state=state,
+                context_tokens=[len(p.context_ids) for p in parts],
+                compress_s=[0.0] * len(parts),
+            )
+
+        return Loaded(model, tok, full)

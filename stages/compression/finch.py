@@ -1,0 +1,95 @@
+"""Method ``finch``: prompt-guided KV-cache compression by chunked prefill.
+
+Finch (Corallo & Papotti, TACL 2024, https://arxiv.org/abs/2408.00167) reads the
+document chunk by chunk and keeps, per layer, the KV entries the question attends to
+most: exactly ``min(target_tokens, len(doc))`` of them. It needs the generating
+model's own weights, so it runs as a prefill strategy inside the generate actor and
+reads documents of any length (``reads_any_length``). This module only declares the
+method and its settings; the algorithm is the stages/finch/ package.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, model_validator
+
+from schemas.spec import CompressionSpec, JobSpec
+from stages.compression.base import CompressionMethod, Loaded
+
+if TYPE_CHECKING:
+    import torch
+
+
+class FinchCompression(CompressionSpec):
+    """Keep the KV entries the question attends to most, read chunk by chunk."""
+
+    method: Literal["finch"] = "finch"
+    target_tokens: int = Field(
+        default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
+    )
+    chunk_tokens: int = Field(
+        default=512, ge=16, description="Document tokens read per chunked-prefill step."
+    )
+    head_mode: Literal["sum", "kv_group"] = Field(
+        default="sum",
+        description="sum: one selection from attention summed over the scoring heads; "
+        "kv_group: a separate selection per KV head group (GQA; mode kv only).",
+    )
+    scoring: Literal["heads", "paper"] = Field(
+        default="heads",
+        description="heads: the model's calibrated retrieval heads (`longdoc calibrate-heads`; "
+        "all heads when uncalibrated), each normalised, pooled over pool_window tokens; "
+        "paper: the Finch paper's attention summed over every head, per layer, no pooling.",
+    )
+    pool_window: int = Field(
+        default=7, ge=1, description="scoring heads: scores averaged over this many tokens, "
+        "so whole spans are kept rather than scattered tokens (1 = no pooling).",
+    )
+    selection: Literal["shared", "per_layer"] = Field(
+        default="shared",
+        description="scoring heads: shared = one selection for every layer; per_layer = each "
+        "layer ranks by its own heads (mode kv only).",
+    )
+    mode: Literal["kv", "early_exit"] = Field(
+        default="early_exit",
+        description="kv: keep the selected KV entries of every layer; early_exit: read the "
+        "document only through the layers up to the last scoring layer, then prefill the "
+        "kept tokens through the whole model (GemFilter). Needs scoring heads, selection shared.",
+    )
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> FinchCompression:
+        if self.chunk_tokens < 16:
+            raise ValueError("chunk_tokens must be >= 16")
+        if self.mode == "early_exit" and (
+            self.scoring != "heads" or self.selection != "shared" or self.head_mode != "sum"
+        ):
+            raise ValueError(
+                f"mode early_exit keeps one token selection: it needs scoring heads, selection "
+                f"shared and head_mode sum (got scoring {self.scoring}, selection "
+                f"{self.selection}, head_mode {self.head_mode}); set mode: kv for the others"
+            )
+        return self
+
+
+class FinchMethod(CompressionMethod):
+    name = "finch"
+    spec_model = FinchCompression
+    summary = "the KV entries the question attends to most, per layer, read chunk by chunk"
+    paper = "https://arxiv.org/abs/2408.00167"
+    order = 3
+    runs_at = "prefill"
+    needs = ("doc_ids", "question", "instruction")
+    reads_any_length = True
+    eval_budgeted = True
+
+    def load(self, job: JobSpec, device: torch.device) -> Loaded:
+        from stages.finch import check_supported, finch_prefill
+        from stages.model_loading import load_causal_lm
+
+        config = self.config(job)
+        model, tok = load_causal_lm(job.generation.model, job.generation.dtype, device)
+        check_supported(model)  # an unsupported architecture fails at actor start, not per row
+        pad = tok.pad_token_id
+        return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad))
