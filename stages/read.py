@@ -3,9 +3,18 @@
 Contract:
 - ``list_shards(input_spec, run_date)`` (driver side, cheap) returns the files to
   read, sorted, or raises ValueError naming the URI when nothing is there.
-- ``read_shard(path, input_spec)`` returns one ``Document`` per document in the file.
-  A document that cannot be read (bad bytes, bad JSON, missing field, empty text)
-  still yields a Document with ``error`` set, naming file, line/row and field.
+- ``iter_shard(path, input_spec, root_uri)`` yields one ``Document`` per document in
+  the file, streaming: a text file is one document; JSONL is read in 1 MiB blocks
+  and split into lines; Parquet is read batch by batch (row groups), only the spec's
+  columns. ``read_shard`` is ``list(iter_shard(...))``. Memory per reader is bounded
+  by ``input.max_doc_bytes`` plus one block / row group, never by the file size.
+- A document that cannot be read (bad bytes, bad JSON, missing field, empty text,
+  over ``input.max_doc_bytes``) still yields a Document with ``error`` set, naming
+  file, line/row and field or limit, and ``error_kind`` ``input`` (final). A file
+  that cannot be opened or breaks off mid-read yields an error Document of kind
+  ``retryable`` (storage: a rerun may succeed).
+- ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
+  on each document's token count.
 - ``expand_requests(doc, spec, run_id, run_date)`` returns one request row per
   document x prompt (see stages/rows.py for the columns); ``request_id`` is stable
   across runs for the same document, prompt and settings, so reruns can skip work.
@@ -15,16 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 import pyarrow.parquet as pq
 
-from schemas.spec import InputSpec, JobSpec
+from schemas.output import INPUT, RETRYABLE
+from schemas.spec import FORMAT_SUFFIXES, InputSpec, JobSpec
 
-TEXT_SUFFIXES = (".txt", ".md")
-_FORMAT_SUFFIXES = {"text": TEXT_SUFFIXES, "jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}
+TEXT_SUFFIXES = FORMAT_SUFFIXES["text"]
+_BLOCK = 1 << 20  # JSONL read size: one block in memory besides the current line
+_PARQUET_BATCH_ROWS = 64
 
 
 @dataclass
@@ -35,6 +47,11 @@ class Document:
     questions: list[str] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)
     error: str | None = None
+    error_kind: str | None = None  # schemas.output.INPUT | RETRYABLE when error is set
+
+
+def _bad(doc_id: str, path: str, error: str, kind: str = INPUT) -> Document:
+    return Document(doc_id, path, None, error=error, error_kind=kind)
 
 
 def resolve_uri(uri: str, run_date: str, job: str = "") -> str:
@@ -50,7 +67,7 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     if fs.isfile(root):
         paths = [root]
     else:
-        suffixes = _FORMAT_SUFFIXES[inp.format]
+        suffixes = FORMAT_SUFFIXES[inp.format]
         paths = sorted(p for p in fs.find(root) if p.lower().endswith(suffixes))
         if not paths:
             raise ValueError(
@@ -65,16 +82,26 @@ def _unstrip(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 def read_shard(path: str, inp: InputSpec, root_uri: str) -> list[Document]:
+    return list(iter_shard(path, inp, root_uri))
+
+
+def iter_shard(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
+    """The documents of one file, streamed (see the module contract)."""
+    reader = {"text": _text_documents, "jsonl": _jsonl_documents, "parquet": _parquet_documents}
+    where = path
     try:
-        with fsspec.open(path, "rb") as f:
-            data = f.read()
-    except Exception as e:  # unreadable file: one error document, the job goes on
-        return [Document(doc_id=path, source_uri=path, text=None, error=f"read: cannot read {path}: {e}")]
-    if inp.format == "text":
-        return [_text_document(path, data, root_uri)]
-    if inp.format == "jsonl":
-        return _jsonl_documents(path, data, inp)
-    return _parquet_documents(path, data, inp)
+        for doc in reader[inp.format](path, inp, root_uri):
+            where = doc.source_uri if doc.doc_id == path else f"{path} after {doc.doc_id!r}"
+            yield doc
+    except Exception as e:  # storage failure: one retryable error document, the job goes on
+        yield _bad(path, path, f"read: cannot read {where}: {type(e).__name__}: {e}", RETRYABLE)
+
+
+def _over_bytes(size: int, inp: InputSpec, what: str) -> str:
+    return (
+        f"read: {what} is {size} bytes, over input.max_doc_bytes={inp.max_doc_bytes}; "
+        "split the document or raise the limit"
+    )
 
 
 def _relative_id(path: str, root_uri: str) -> str:
@@ -83,48 +110,99 @@ def _relative_id(path: str, root_uri: str) -> str:
     return bare[len(root) + 1 :] if bare.startswith(root + "/") else bare.rsplit("/", 1)[-1]
 
 
-def _text_document(path: str, data: bytes, root_uri: str) -> Document:
+def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
     doc_id = _relative_id(path, root_uri)
+    fs, bare = fsspec.core.url_to_fs(path)
+    size = fs.info(bare).get("size")
+    if size is not None and size > inp.max_doc_bytes:  # refused without reading it
+        yield _bad(doc_id, path, _over_bytes(size, inp, path))
+        return
+    with fs.open(bare, "rb") as f:
+        data = f.read(inp.max_doc_bytes + 1)  # the size may be unknown or have grown
+    if len(data) > inp.max_doc_bytes:
+        yield _bad(doc_id, path, _over_bytes(len(data), inp, f"{path} (at least)"))
+        return
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        return Document(doc_id, path, None, error=f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason})")
+        yield _bad(doc_id, path, f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason})")
+        return
     if not text.strip():
-        return Document(doc_id, path, None, error=f"read: {path} is empty")
-    return Document(doc_id, path, text)
+        yield _bad(doc_id, path, f"read: {path} is empty")
+        return
+    yield Document(doc_id, path, text)
 
 
-def _jsonl_documents(path: str, data: bytes, inp: InputSpec) -> list[Document]:
-    docs: list[Document] = []
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        where = f"{path}:{lineno}"
+def iter_lines(f: BinaryIO, limit: int, block: int = _BLOCK) -> Iterator[tuple[int, bytes | None, int]]:
+    """``(line number, line or None if over limit bytes, line size)`` for each line of ``f``.
+
+    Reads ``block`` bytes at a time; an over-long line is counted and skipped, never
+    held: memory stays under ``limit + block`` whatever the file holds.
+    """
+    buf = bytearray()
+    lineno, skipped = 1, -1  # skipped >= 0: bytes of an over-long line dropped so far
+    while chunk := f.read(block):
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            if skipped >= 0:
+                skipped += len(piece)
+            else:
+                buf += piece
+                if len(buf) > limit:
+                    skipped = len(buf)
+                    buf = bytearray()
+            if nl < 0:
+                break
+            yield (lineno, None, skipped) if skipped >= 0 else (lineno, bytes(buf), len(buf))
+            buf, skipped, lineno, start = bytearray(), -1, lineno + 1, nl + 1
+    if skipped >= 0:
+        yield lineno, None, skipped
+    elif buf:
+        yield lineno, bytes(buf), len(buf)
+
+
+def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
+    del root_uri  # ids come from the records
+    with fsspec.open(path, "rb") as f:
+        for lineno, raw, size in iter_lines(f, inp.max_doc_bytes):
+            where = f"{path}:{lineno}"
+            if raw is None:
+                yield _bad(where, path, _over_bytes(size, inp, f"line {where}"))
+                continue
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield _bad(where, path, f"read: {where} is not valid UTF-8 (byte {e.start})")
+                continue
+            except json.JSONDecodeError as e:
+                yield _bad(where, path, f"read: {where} is not valid JSON ({e.msg})")
+                continue
+            if not isinstance(rec, dict):
+                yield _bad(where, path, f"read: {where} is not a JSON object")
+                continue
+            yield _record_document(rec, where, path, inp)
+
+
+def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
+    del root_uri
+    with fsspec.open(path, "rb") as f:
         try:
-            rec = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            docs.append(Document(where, path, None, error=f"read: {where} is not valid UTF-8 (byte {e.start})"))
-            continue
-        except json.JSONDecodeError as e:
-            docs.append(Document(where, path, None, error=f"read: {where} is not valid JSON ({e.msg})"))
-            continue
-        if not isinstance(rec, dict):
-            docs.append(Document(where, path, None, error=f"read: {where} is not a JSON object"))
-            continue
-        docs.append(_record_document(rec, where, path, inp))
-    return docs
-
-
-def _parquet_documents(path: str, data: bytes, inp: InputSpec) -> list[Document]:
-    import io
-
-    try:
-        table = pq.read_table(io.BytesIO(data))
-    except Exception as e:
-        return [Document(path, path, None, error=f"read: {path} is not a readable Parquet file: {e}")]
-    return [
-        _record_document(rec, f"{path}#row{i}", path, inp) for i, rec in enumerate(table.to_pylist())
-    ]
+            pf = pq.ParquetFile(f)
+        except Exception as e:  # not Parquet at all: the file itself is bad input
+            yield _bad(path, path, f"read: {path} is not a readable Parquet file: {e}")
+            return
+        names = set(pf.schema_arrow.names)
+        wanted = (inp.id_field, inp.text_field, inp.question_field, inp.answer_field)
+        columns = [c for c in dict.fromkeys(wanted) if c and c in names]
+        i = 0
+        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
+            for rec in batch.to_pylist():
+                yield _record_document(rec, f"{path}#row{i}", path, inp)
+                i += 1
 
 
 def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec) -> Document:
@@ -132,13 +210,19 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     doc_id = str(raw_id) if raw_id is not None else where
     text = rec.get(inp.text_field)
     if text is None:
-        return Document(doc_id, path, None, error=f"read: {where}: missing field {inp.text_field!r}")
+        return _bad(doc_id, path, f"read: {where}: missing field {inp.text_field!r}")
     if not isinstance(text, str):
-        return Document(doc_id, path, None, error=f"read: {where}: field {inp.text_field!r} is not a string")
+        return _bad(doc_id, path, f"read: {where}: field {inp.text_field!r} is not a string")
     if not text.strip():
-        return Document(doc_id, path, None, error=f"read: {where}: field {inp.text_field!r} is empty")
+        return _bad(doc_id, path, f"read: {where}: field {inp.text_field!r} is empty")
+    # chars <= UTF-8 bytes <= 4 * chars: encode only when the count is in doubt
+    if len(text) > inp.max_doc_bytes or (
+        4 * len(text) > inp.max_doc_bytes and len(text.encode("utf-8")) > inp.max_doc_bytes
+    ):
+        size = len(text.encode("utf-8", "surrogatepass"))
+        return _bad(doc_id, path, _over_bytes(size, inp, f"{where}: field {inp.text_field!r}"))
     if raw_id is None:
-        return Document(doc_id, path, None, error=f"read: {where}: missing field {inp.id_field!r}")
+        return _bad(doc_id, path, f"read: {where}: missing field {inp.id_field!r}")
     questions = _as_list(rec.get(inp.question_field)) if inp.question_field else []
     answers = _as_list(rec.get(inp.answer_field)) if inp.answer_field else []
     return Document(doc_id, path, text, questions=[str(q) for q in questions], answers=answers)
@@ -148,6 +232,19 @@ def _as_list(v: Any) -> list:
     if v is None:
         return []
     return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def doc_tokens_error(n_tokens: int, inp: InputSpec, doc_id: str) -> str | None:
+    """The error message for a document of ``n_tokens`` over ``input.max_doc_tokens``, else None.
+
+    The caller fails the row with ``kind=INPUT`` (the same document fails on every rerun).
+    """
+    if n_tokens <= inp.max_doc_tokens:
+        return None
+    return (
+        f"document {doc_id!r} is {n_tokens} tokens, over input.max_doc_tokens="
+        f"{inp.max_doc_tokens}; split the document or raise the limit"
+    )
 
 
 def generation_fingerprint(spec: JobSpec) -> str:
@@ -185,6 +282,7 @@ def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fi
         "instruction": instruction,
         "text": doc.text,
         "error": doc.error,
+        "error_kind": (doc.error_kind or INPUT) if doc.error else None,
     }
     if spec.task.kind == "summarize":
         pairs: list[tuple[str | None, str | None]] = [(None, None)]
@@ -195,6 +293,7 @@ def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fi
             pairs = [(None, None)]
             if base["error"] is None:
                 base["error"] = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question"
+                base["error_kind"] = INPUT
     rows = []
     for question, answer in pairs:
         prompt = question if question is not None else instruction

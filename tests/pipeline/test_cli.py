@@ -59,3 +59,28 @@ def test_run_fails_when_too_many_rows_fail_then_report(tmp_path, tiny_model_dir,
     assert rep.exit_code == 0, rep.output
     assert '"rows": 3' in rep.output and '"failed": 2' in rep.output
     assert runner.invoke(app, ["report", f"{tmp_path}/nothing"]).exit_code == 2
+
+
+def test_version_and_schema():
+    import json
+    from importlib.metadata import version
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"longdoc {version('longdoc')}"
+    res = runner.invoke(app, ["validate", "--schema"])
+    assert res.exit_code == 0, res.output
+    schema = json.loads(res.output)
+    assert {"name", "input", "compression", "generation", "output"} <= set(schema["properties"])
+    assert schema["required"] == ["name", "input"]
+    assert "max_doc_tokens" in json.dumps(schema)
+    assert runner.invoke(app, ["validate"]).exit_code == 2  # neither SPEC nor --schema
+
+
+def test_validate_checks_the_local_input_for_the_run_date(tmp_path):
+    (tmp_path / "2026-01-31").mkdir()
+    (tmp_path / "2026-01-31" / "a.txt").write_text("doc")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: d\ninput: {{uri: '{tmp_path}/{{run_date}}'}}\noutput: {{uri: {tmp_path}/out}}\n")
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0  # date unknown: not checked
+    res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet"])
+    assert res.exit_code == 2 and f"{tmp_path}/2026-02-01" in res.output and "does not exist" in res.output

@@ -93,3 +93,102 @@ def test_requests_expand_per_question_with_stable_ids(tmp_path):
     no_q = expand_requests(Document("d2", "f", "text"), spec.model_copy(
         update={"task": spec.task.model_copy(update={"questions": ()})}), "r", "d", fp)
     assert len(no_q) == 1 and "no question" in no_q[0]["error"]
+
+
+# ----------------------------------------------------------------------------- bounded, streamed
+def test_iter_lines_matches_split_for_any_block_size():
+    import io
+    import random
+
+    from stages.read import iter_lines
+
+    rng = random.Random(0)
+    lines = [bytes(rng.choice(b"ab{}\"") for _ in range(rng.randrange(0, 40))) for _ in range(200)]
+    data = b"\n".join(lines)
+    for block in (1, 2, 7, 64, 10_000):
+        got = list(iter_lines(io.BytesIO(data), limit=30, block=block))
+        assert [n for n, _, _ in got] == list(range(1, len(got) + 1))
+        want = list(lines)
+        if not want[-1]:
+            want = want[:-1]  # a trailing empty line is no line
+        assert [raw if raw is not None else len(want[i]) for i, (_, raw, _) in enumerate(got)] == [
+            ln if len(ln) <= 30 else len(ln) for ln in want
+        ]
+        assert [size for _, _, size in got] == [len(ln) for ln in want]
+
+
+def test_iter_lines_never_holds_an_over_long_line():
+    from stages.read import iter_lines
+
+    class Source:
+        """A 10 MB single line followed by a short one, served in blocks; records what is held."""
+
+        def __init__(self):
+            self.left, self.tail = 10_000_000, b"\n{\"id\": 1}\n"
+
+        def read(self, n):
+            if self.left:
+                k = min(n, self.left)
+                self.left -= k
+                return b"x" * k
+            out, self.tail = self.tail, b""
+            return out
+
+    got = list(iter_lines(Source(), limit=1000, block=4096))
+    assert got == [(1, None, 10_000_000), (2, b'{"id": 1}', 9)]
+
+
+def test_oversized_documents_become_input_errors_naming_the_limit(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "small.txt").write_text("small")
+    (tmp_path / "t" / "big.txt").write_text("x" * 200)
+    docs = {d.doc_id: d for d in _read_all(InputSpec(uri=str(tmp_path / "t"), max_doc_bytes=100))}
+    assert docs["small.txt"].error is None
+    assert "200 bytes" in docs["big.txt"].error and "input.max_doc_bytes=100" in docs["big.txt"].error
+    assert docs["big.txt"].error_kind == "input"
+
+    lines = [json.dumps({"id": "a", "text": "ok"}), json.dumps({"id": "b", "text": "y" * 300}),
+             json.dumps({"id": "c", "text": "fine"})]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    jdocs = _read_all(InputSpec(uri=str(tmp_path / "d.jsonl"), format="jsonl", max_doc_bytes=100))
+    assert [d.doc_id for d in jdocs] == ["a", f"{tmp_path}/d.jsonl:2", "c"]
+    assert "input.max_doc_bytes=100" in jdocs[1].error and jdocs[1].error_kind == "input"
+    assert jdocs[2].text == "fine"
+
+    # Parquet: several row groups streamed in batches, row numbers continue across them.
+    n = 150
+    texts = [f"t{i}" if i != 120 else "é" * 60 for i in range(n)]  # 120 bytes in 60 chars
+    pq.write_table(pa.table({"id": [str(i) for i in range(n)], "text": texts, "blob": [b"z"] * n}),
+                   tmp_path / "p.parquet", row_group_size=40)
+    pdocs = _read_all(InputSpec(uri=str(tmp_path / "p.parquet"), format="parquet", max_doc_bytes=100))
+    assert [d.doc_id for d in pdocs] == [str(i) for i in range(n)]
+    assert "row120" in pdocs[120].error and "120 bytes" in pdocs[120].error
+    assert all(d.error is None for i, d in enumerate(pdocs) if i != 120)
+
+
+def test_broken_files_error_kinds(tmp_path):
+    from stages.read import iter_shard
+
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    inp = InputSpec(uri=str(tmp_path / "bad.parquet"), format="parquet")
+    (doc,) = _read_all(inp)
+    assert "not a readable Parquet file" in doc.error and doc.error_kind == "input"
+    # A file gone between listing and reading: storage, a rerun may succeed.
+    (gone,) = list(iter_shard(str(tmp_path / "gone.txt"), InputSpec(uri=str(tmp_path)), str(tmp_path)))
+    assert "cannot read" in gone.error and gone.error_kind == "retryable"
+
+
+def test_error_kind_reaches_the_request_rows_and_token_limit(tmp_path):
+    from stages.read import Document, doc_tokens_error
+
+    spec = spec_from_dict({"name": "k", "input": {"uri": str(tmp_path), "max_doc_tokens": 10}})
+    fp = generation_fingerprint(spec)
+    bad = Document("d", "f", None, error="read: f is empty", error_kind="input")
+    lost = Document("e", "f", None, error="read: cannot read f", error_kind="retryable")
+    ok = Document("g", "f", "text")
+    assert expand_requests(bad, spec, "r", "2026-01-01", fp)[0]["error_kind"] == "input"
+    assert expand_requests(lost, spec, "r", "2026-01-01", fp)[0]["error_kind"] == "retryable"
+    assert expand_requests(ok, spec, "r", "2026-01-01", fp)[0]["error_kind"] is None
+    assert doc_tokens_error(10, spec.input, "g") is None
+    msg = doc_tokens_error(11, spec.input, "g")
+    assert "'g'" in msg and "11 tokens" in msg and "input.max_doc_tokens=10" in msg
