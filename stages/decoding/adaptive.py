@@ -20,10 +20,11 @@ more than one token in the whole batch costs far more than a one-token step
    ``p_first * (1 + alpha + ... + alpha^(L-1))`` accepted tokens.
 3. ``StepCost``: step seconds ~ ``a + c * M + j * h(M)`` for M tokens fed in the
    whole batch, fitted online (decayed least squares around a device prior) from
-   the engine's own timed steps, so each actor learns its hardware. ``h`` is the
-   kernel-cost shape: on CPU the measured cost of the model's linear layers at M
-   relative to M = 1 (linear_plan.py: flat up to a few tokens, then jumps), else
-   the indicator ``[M > 1]``.
+   the engine's own timed steps (engine_state.EngineState holds one per actor), so
+   each actor learns its hardware. The prior and ``h``, the kernel-cost shape,
+   come from the device's step backend: on CPU with a kernel plan, the measured
+   cost of the model's linear layers at M relative to M = 1 (linear_plan.py: flat
+   up to a few tokens, then jumps), else the indicator ``[M > 1]``.
 4. ``choose_width``: the T saving the most expected decode time for the batch,
    which ends with its last row (accepted tokens of rows that will finish early
    save little; see the function), and T = 1 (plain decoding) unless speculation

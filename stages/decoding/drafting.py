@@ -3,11 +3,13 @@
 Contract: ``NgramIndex(tokens, max_ngram, min_ngram, prefer)`` indexes one row's
 lookup sequence (the ORIGINAL document + prompt, never the compressed cache or the
 cut text) and grows with ``extend(new_tokens)`` as output is generated.
-``propose(k)`` returns up to ``k`` draft tokens: for n from ``max_ngram`` down to
-``min_ngram``, the last n tokens of the sequence are looked up among the n-grams
-that occurred EARLIER in it, and the first match wins (longest suffix first). The
-draft is the tokens that followed that occurrence, cut at ``k`` and at the end of
-the sequence. No match: an empty draft.
+``match(k)`` (what the engine calls) returns ``(draft, n)``: for n from
+``max_ngram`` down to ``min_ngram``, the last n tokens of the sequence are looked
+up among the n-grams that occurred EARLIER in it, and the first match wins
+(longest suffix first). The draft is up to ``k`` tokens that followed that
+occurrence, cut at the end of the sequence; ``n`` is the matched suffix length,
+the signal adaptive.AcceptanceModel learns acceptance by. No match: ``([], 0)``.
+``propose(k)`` is the draft alone.
 
 No self-match: an n-gram is indexed only once the token after it is known, so the
 sequence's own suffix is never in the index, and every hit has a continuation.
