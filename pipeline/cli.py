@@ -108,19 +108,35 @@ def run(
         float, typer.Option(help="Exit non-zero when more than this fraction of rows failed.")
     ] = 0.5,
     quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+    verbose: Annotated[
+        bool, typer.Option(help="Show Ray's own console logs (also: LONGDOC_RAY_LOGS=1).")
+    ] = False,
+    retry_errors: Annotated[
+        str,
+        typer.Option(help="Error rows of the date to redo and replace: all | retryable "
+                     "(error_kind retryable: infrastructure) | none."),
+    ] = "retryable",
 ) -> None:
     """Run a job and print its summary."""
+    if verbose:
+        import os
+
+        os.environ["LONGDOC_RAY_LOGS"] = "1"  # read by pipeline.progress when Ray starts
     # Every check before the heavy imports and Ray: a bad spec or option exits 2 at once.
     _check_args(date, run_id)
     if not 0.0 <= max_failed_fraction <= 1.0:
         typer.echo(f"error: --max-failed-fraction: got {max_failed_fraction}; allowed: 0 to 1", err=True)
+        raise typer.Exit(2)
+    if retry_errors not in ("all", "retryable", "none"):
+        typer.echo(f"error: --retry-errors: got {retry_errors!r}; allowed: all, retryable, none", err=True)
         raise typer.Exit(2)
     job = _load(spec, set_, run_date=date)
     from pipeline.report.summary import format_summary
     from pipeline.runner import run_job
 
     try:
-        result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet)
+        result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet,
+                         retry_errors=retry_errors)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -144,6 +160,7 @@ def report(
     output_uri: Annotated[str, typer.Argument(help="Output table root (the spec's output.uri).")],
     plot: Annotated[Optional[str], typer.Option(help="Also draw a PNG report here.")] = None,  # noqa: UP045
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    last: Annotated[int, typer.Option(min=1, help="Plot at most the newest N runs.")] = 30,
 ) -> None:
     """Summarise the Parquet output of one or more runs."""
     from pipeline.report.load import load_output, run_summaries
@@ -163,7 +180,7 @@ def report(
     if plot:
         from pipeline.report.plot import plot_report
 
-        plot_report(table, plot, summaries=summaries)
+        plot_report(table, plot, summaries=summaries, last=last)
         typer.echo(f"plot: {plot}")
 
 
@@ -175,6 +192,7 @@ def _register_operations() -> None:
     from pipeline.ops.render import render
     from pipeline.ops.submit import logs, status, submit
     from pipeline.train.autocompressor import train_autocompressor
+    from pipeline.train.calibrate_heads import calibrate_heads_command
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
     app.command(help="Status of a submitted job.")(status)
@@ -189,6 +207,10 @@ def _register_operations() -> None:
         "train-autocompressor",
         help="Turn a causal LM into an AutoCompressor (summary embeddings + LoRA).",
     )(train_autocompressor)
+    app.command(
+        "calibrate-heads",
+        help="Find a model's retrieval heads for Finch (synthetic needles; cached per model).",
+    )(calibrate_heads_command)
 
 
 _register_operations()

@@ -144,9 +144,13 @@ def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip
         num_cpus=res.num_cpus,
         num_gpus=res.num_gpus,
         batch_format="numpy",
-        # Ray Data's actor pools default to max_restarts=-1 and max_task_retries=-1:
-        # an actor that dies (OOM, node loss, kill -9) is restarted and its batch
-        # retried; write file names are deterministic, so retries add no duplicates.
+        # Finite (Ray Data's default is -1: an actor that dies on every batch would be
+        # restarted for ever): a dead actor (OOM, node loss, kill -9) is restarted and
+        # its batch retried up to resources.max_retries times; after that Ray aborts the
+        # run and the runner writes the unfinished requests as retryable error rows.
+        # Staged file names are deterministic, so retries add no duplicates.
+        max_restarts=res.max_retries,
+        max_task_retries=res.max_retries,
     )
     ds = ds.map_batches(WriteStage(output_root, run_date, run_id), batch_size=None, batch_format="numpy")
     return ds, len(shards)

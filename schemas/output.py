@@ -2,8 +2,29 @@
 
 Every figure is defined exactly once, here, in ``COLUMN_DOCS``; code that computes a
 figure cites this module. The schema is explicit (never inferred from data) so that
-files from different runs and workers always union cleanly in DuckDB/Spark/pandas.
-``SCHEMA_VERSION`` is stored in every file's metadata and bumps on any change.
+files from different runs and workers always union cleanly.
+
+Layout (what every reader opens without options): ``{output}/run_date=YYYY-MM-DD/*.parquet``.
+``run_date`` is a hive partition column: it lives in the folder name ONLY, never inside
+the files (``FILE_SCHEMA`` = ``OUTPUT_SCHEMA`` minus ``PARTITION_COLUMNS``). A column in
+both places breaks pandas/pyarrow.dataset ("Unable to merge: string vs dictionary") and
+Spark ("Found duplicate column(s) in the data schema and the partition schema").
+pandas, pyarrow, DuckDB (hive auto-detect), Polars (``hive_partitioning=True``) and
+Spark's partition discovery all turn the folder back into the column.
+
+Schema rules:
+- ``SCHEMA_VERSION`` is stored in every row (``schema_version``) and in the file
+  metadata, and bumps on any change.
+- Additive only: columns are only ever appended. ``tests/schemas/output_schema_snapshot.json``
+  records the columns of every version; a test fails when a column is removed,
+  renamed, retyped or reordered.
+- Each Arrow field carries its ``COLUMN_DOCS`` text as field metadata ``description``
+  (kept in the file's Arrow schema; ``pq.read_schema(f).field(c).metadata``).
+- Identity columns are non-null (``nullable=False``, Parquet REQUIRED), error rows too.
+
+Errors: ``error`` says what failed; ``error_kind`` says whether a rerun can heal it
+(``classify_error``): ``input`` (final: the request itself is bad) or ``retryable``
+(infrastructure: actor lost, out of memory, storage, timeout, unexpected exception).
 """
 
 from __future__ import annotations
@@ -12,12 +33,16 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = 2
+
+INPUT = "input"  # final: the same input fails the same way on every rerun
+RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
+ERROR_KINDS = (INPUT, RETRYABLE)
 
 # name -> (arrow type, definition). Order is the column order in files.
 _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("run_id", pa.string(), "Identifier of the run that wrote the row."),
-    ("run_date", pa.string(), "Logical date of the run (YYYY-MM-DD); also the hive partition."),
+    ("run_date", pa.string(), "Logical date of the run (YYYY-MM-DD). Hive partition: in the folder name run_date=..., not in the files."),
     ("job", pa.string(), "JobSpec.name."),
     ("doc_id", pa.string(), "Document id (file path relative to the input root, or id_field)."),
     ("request_id", pa.string(), "Stable hash of (doc_id, prompt, document text, generation settings, compression)."),
@@ -48,14 +73,40 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("device_s", pa.float64(), "This row's share of its actor's busy time: batch wall time / rows in the batch."),
     ("cost_usd", pa.float64(), "device_s * cost.usd_per_device_hour / 3600."),
     ("error", pa.string(), "Null on success; otherwise a readable message naming the stage and the problem."),
+    # --- version 2 (columns are only appended; see the module docstring) ---
+    ("error_kind", pa.string(), "Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it)."),
+    ("schema_version", pa.int32(), "Version of this schema the row was written with (schemas.output.SCHEMA_VERSION)."),
 ]
 
+# Never null, error rows included: a row without them cannot be found, resumed or joined.
+IDENTITY_COLUMNS = ("run_id", "run_date", "job", "doc_id", "request_id", "schema_version")
+# In the folder name only (hive partitioning), never inside the files.
+PARTITION_COLUMNS = ("run_date",)
+
 OUTPUT_SCHEMA: pa.Schema = pa.schema(
-    [pa.field(name, typ) for name, typ, _ in _COLUMNS],
-    metadata={"longdoc.schema_version": SCHEMA_VERSION},
+    [
+        pa.field(name, typ, nullable=name not in IDENTITY_COLUMNS, metadata={"description": doc})
+        for name, typ, doc in _COLUMNS
+    ],
+    metadata={"longdoc.schema_version": str(SCHEMA_VERSION)},
 )
+"""The table as readers see it (the partition column included)."""
+FILE_SCHEMA: pa.Schema = pa.schema(
+    [f for f in OUTPUT_SCHEMA if f.name not in PARTITION_COLUMNS], metadata=OUTPUT_SCHEMA.metadata
+)
+"""What every Parquet file holds: OUTPUT_SCHEMA minus the partition column."""
 COLUMN_DOCS: dict[str, str] = {name: doc for name, _, doc in _COLUMNS}
 OUTPUT_COLUMNS: list[str] = [name for name, _, _ in _COLUMNS]
+FILE_COLUMNS: list[str] = FILE_SCHEMA.names
+
+# Exception classes (matched by name anywhere in the MRO, so schemas/ imports neither
+# Ray nor torch) that mean the request itself is bad. Everything else is retryable:
+# wrongly retrying costs one more attempt, wrongly calling an error final loses the row.
+_INPUT_EXCEPTIONS = frozenset({"UnicodeError", "JSONDecodeError"})
+_RETRYABLE_EXCEPTIONS = frozenset({
+    "MemoryError", "OutOfMemoryError", "OSError", "TimeoutError", "ConnectionError",
+    "RayError", "RayActorError", "ActorDiedError", "WorkerCrashedError", "ObjectLostError",
+})  # fmt: skip
 
 
 def compression_ratio(doc_tokens: int, context_tokens: int) -> float | None:
@@ -76,12 +127,66 @@ def cost_usd(device_s: float, usd_per_device_hour: float) -> float:
     return device_s * usd_per_device_hour / 3600.0
 
 
+def classify_error(err: BaseException | str | None) -> str:
+    """``error_kind`` of a failure: INPUT (final) or RETRYABLE (a rerun retries it).
+
+    Exceptions are classified by type: out of memory, storage (OSError), timeouts,
+    connection and Ray actor/worker/object losses are RETRYABLE; Unicode/JSON decoding
+    errors are INPUT; anything unknown is RETRYABLE. A message (str) or None says
+    nothing about its origin and is RETRYABLE: a raise site that knows the cause
+    passes ``kind=`` (stages.rows.fail) instead of relying on this default.
+    """
+    if isinstance(err, BaseException):
+        names = {cls.__name__ for cls in type(err).__mro__}
+        if names & _INPUT_EXCEPTIONS:
+            return INPUT
+        if names & _RETRYABLE_EXCEPTIONS:
+            return RETRYABLE
+    return RETRYABLE
+
+
+def is_retried(error_kind: str | None, policy: str) -> bool:
+    """Whether a failed row is retried by a rerun under ``--retry-errors policy``.
+
+    policy: ``all`` (every error row), ``retryable`` (error_kind retryable, or unknown:
+    rows written before error_kind existed) or ``none``.
+    """
+    if policy not in RETRY_POLICIES:
+        raise ValueError(f"--retry-errors {policy!r} is not one of {', '.join(RETRY_POLICIES)}")
+    if policy == "all":
+        return True
+    return policy == "retryable" and error_kind != INPUT
+
+
+RETRY_POLICIES = ("all", "retryable", "none")
+
+
 def empty_row() -> dict[str, Any]:
     """A row with every column present and null, to be filled by the stages."""
     return dict.fromkeys(OUTPUT_COLUMNS)
 
 
-def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Build a table with exactly OUTPUT_SCHEMA; unknown keys are dropped, missing are null."""
-    cols = {name: [r.get(name) for r in rows] for name in OUTPUT_COLUMNS}
-    return pa.Table.from_pydict(cols, schema=OUTPUT_SCHEMA)
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema = OUTPUT_SCHEMA) -> pa.Table:
+    """Build a table with exactly ``schema`` (OUTPUT_SCHEMA or FILE_SCHEMA).
+
+    Unknown keys are dropped, missing ones are null; ``schema_version`` is set to
+    SCHEMA_VERSION and a failed row without ``error_kind`` gets ``classify_error``'s
+    default. Raises ValueError naming the column and request when an identity column
+    is null (an upstream bug: every row, error rows included, carries its identity).
+    """
+    cols: dict[str, list[Any]] = {name: [r.get(name) for r in rows] for name in schema.names}
+    if "schema_version" in cols:
+        cols["schema_version"] = [SCHEMA_VERSION] * len(rows)
+    if "error_kind" in cols:
+        cols["error_kind"] = [
+            (kind or classify_error(err)) if err is not None else None
+            for kind, err in zip(cols["error_kind"], cols["error"])
+        ]
+    for name in IDENTITY_COLUMNS:
+        if name in cols and None in cols[name]:
+            bad = rows[cols[name].index(None)]
+            raise ValueError(
+                f"output row {bad.get('request_id')!r} (doc {bad.get('doc_id')!r}) has no {name}: "
+                f"identity columns {', '.join(IDENTITY_COLUMNS)} must be set on every row"
+            )
+    return pa.Table.from_pydict(cols, schema=schema)

@@ -79,8 +79,8 @@ class GenerateStage:
                 outputs[i] = self._output_row(row, None, error=row["error"])
             else:
                 msg = self._precheck(row)
-                if msg:
-                    outputs[i] = self._output_row(row, None, error=msg)
+                if msg:  # too long for the model: the request itself is bad (final)
+                    outputs[i] = self._output_row(row, None, error=msg, error_kind=out_schema.INPUT)
                 else:
                     todo.append(i)
         for i, result in self._generate_with_retries([rows[i] for i in todo], todo):
@@ -196,6 +196,8 @@ class GenerateStage:
         o["speculative"] = self.decode_config.speculative
         o["doc_tokens"] = row.get("doc_tokens")
         o["error"] = error
+        # An upstream stage's failure keeps the kind its stage gave it (stages/rows.py fail).
+        o["error_kind"] = (error_kind or row.get("error_kind")) if error else None
         if res is None:
             return o
         text_compress_s = float(row.get("compress_s") or 0.0)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from schemas.output import ERROR_KINDS, classify_error
+
 
 def batch_to_rows(batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     cols = list(batch)
@@ -55,8 +57,18 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def fail(row: dict[str, Any], stage: str, err: BaseException | str) -> dict[str, Any]:
-    """Mark a row failed with a readable message naming the stage."""
+def fail(
+    row: dict[str, Any], stage: str, err: BaseException | str, kind: str | None = None
+) -> dict[str, Any]:
+    """Mark a row failed with a readable message naming the stage, and its ``error_kind``.
+
+    ``kind``: schemas.output.INPUT (final: the request itself is bad) or RETRYABLE
+    (infrastructure); the raise site knows best, so pass it there. Without it the
+    kind comes from ``schemas.output.classify_error(err)``.
+    """
+    if kind is not None and kind not in ERROR_KINDS:
+        raise ValueError(f"error kind {kind!r} is not one of {', '.join(ERROR_KINDS)}")
     msg = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
     row["error"] = f"{stage}: {msg}"
+    row["error_kind"] = kind or classify_error(err)
     return row

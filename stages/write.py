@@ -1,12 +1,18 @@
-"""Write stage: output rows -> one Parquet file per block, atomically.
+"""Write stage: output rows -> one staged Parquet file per block, atomically.
 
 Contract:
-- Files land at ``{root}/run_date=YYYY-MM-DD/part-{run_id}-{digest}.parquet`` with
-  exactly schemas.output.OUTPUT_SCHEMA. ``digest`` hashes the block's request ids,
-  so a task that Ray retries rewrites the same file instead of adding a duplicate.
-- Atomic: on a local filesystem the file is written under a hidden temporary name
-  and renamed; on object stores a single PUT/multipart upload only becomes visible
-  when complete. Readers never see half a file.
+- ``WriteStage`` stages each block at ``{root}/_staging/{run_date}/{run_id}/part-{digest}.staged``
+  with exactly schemas.output.FILE_SCHEMA (no ``run_date`` inside: it is the hive
+  folder). ``digest`` hashes the block's request ids, so a task that Ray retries
+  rewrites the same file instead of adding a duplicate. Readers never see staged
+  files (``_``-prefixed folder, no ``.parquet`` suffix); the driver publishes them
+  into ``run_date=D/`` at the end of the run (stages/partition.py ``commit_date``).
+- Atomic on every filesystem: locally a hidden temporary name + ``os.replace``; on
+  object stores (s3fs, gcsfs, ...) the bytes are built in memory or in a local
+  temporary file and sent in ONE call (``pipe``/``put``), so an object appears only
+  when the upload completed. Never an open remote stream: fsspec's ``__exit__``
+  calls ``close()``, which completes the upload even when the ``with`` body raised,
+  leaving a truncated object (tests/stages/test_write.py shows it on a real S3 server).
 - ``write_block`` returns the block's figures without the text columns (what the
   driver needs for progress and the run summary), so text never travels twice.
 """
@@ -14,7 +20,9 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import shutil
 import uuid
 
 import fsspec
@@ -22,48 +30,93 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.output import rows_to_table
+from schemas.output import FILE_SCHEMA, rows_to_table
 from stages.rows import batch_to_rows
 
 TEXT_COLUMNS = ("output_text", "prompt", "reference", "source_uri", "model")
+STAGED_SUFFIX = ".staged"
 
 
 def partition_dir(root: str, run_date: str) -> str:
+    """The hive folder readers see: ``{root}/run_date=YYYY-MM-DD``."""
     return f"{root.rstrip('/')}/run_date={run_date}"
 
 
-def write_table_atomic(table: pa.Table, uri: str) -> None:
-    fs, path = fsspec.core.url_to_fs(uri)
-    parent = path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
+def staging_dir(root: str, run_date: str) -> str:
+    """Where blocks wait for the end-of-run commit; every reader skips ``_`` folders."""
+    return f"{root.rstrip('/')}/_staging/{run_date}"
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("file", "local"):
-        tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+    return protocol in ("file", "local")
+
+
+def _hidden_tmp(path: str) -> str:
+    parent, name = path.rsplit("/", 1)
+    return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+
+
+def write_bytes_atomic(data: bytes, uri: str) -> None:
+    """Make ``uri`` hold exactly ``data``, or leave it as it was (no partial object)."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if is_local(fs):
+        tmp = _hidden_tmp(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
     else:
-        with fs.open(path, "wb") as f:
-            pq.write_table(table, f)
+        fs.pipe_file(path, data)  # one PUT (or a multipart upload completed only at the end)
 
 
-def block_file_name(run_id: str, request_ids: list[str]) -> str:
-    digest = hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:16]
-    return f"part-{run_id}-{digest}.parquet"
+def put_file_atomic(local_path: str, uri: str) -> None:
+    """Publish a finished local file at ``uri`` (moves it when ``uri`` is local too)."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if is_local(fs):
+        tmp = _hidden_tmp(path)
+        try:
+            shutil.move(local_path, tmp)  # same filesystem: a rename; else copy, then rename
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    else:
+        fs.put_file(local_path, path)  # multipart uploads complete only after the last part
+
+
+def write_table_atomic(table: pa.Table, uri: str) -> None:
+    """Serialise ``table`` completely first, then publish it in one atomic step."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf)  # raises before anything reaches the store
+    write_bytes_atomic(buf.getvalue(), uri)
+
+
+def block_digest(request_ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:16]
+
+
+def staged_file_name(request_ids: list[str]) -> str:
+    return f"part-{block_digest(request_ids)}{STAGED_SUFFIX}"
 
 
 class WriteStage:
-    """map_batches callable: writes each block, returns its figures."""
+    """map_batches callable: stages each block, returns its figures."""
 
     def __init__(self, root: str, run_date: str, run_id: str) -> None:
-        self.dir = partition_dir(root, run_date)
+        self.dir = f"{staging_dir(root, run_date)}/{run_id}"
         self.run_id = run_id
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         rows = batch_to_rows(batch)
-        if not rows:
-            return rows_to_table([]).drop_columns(list(TEXT_COLUMNS))
-        table = rows_to_table(rows)
-        name = block_file_name(self.run_id, [r["request_id"] for r in rows])
-        write_table_atomic(table, f"{self.dir}/{name}")
+        table = rows_to_table(rows, FILE_SCHEMA)
+        if rows:
+            name = staged_file_name([r["request_id"] for r in rows])
+            write_table_atomic(table, f"{self.dir}/{name}")
         # Arrow keeps nulls typed (numpy would turn null ints into NaN floats).
         return table.drop_columns(list(TEXT_COLUMNS))

@@ -1,9 +1,10 @@
 """Read an output table back and summarise it per run (``longdoc report``).
 
-Contract: ``load_output(uri)`` returns every row under ``uri`` (all run dates) with
-OUTPUT_SCHEMA, ignoring ``_runs/`` and hidden temporary files. ``run_summaries``
-returns one summary per run id, using the wall time recorded in the run's summary
-JSON when present (else device time, as stated in ``throughput_basis``).
+Contract: ``load_output(uri)`` returns every committed row under ``uri`` (all run
+dates) with OUTPUT_SCHEMA, ``run_date`` taken from the hive folder name; staged,
+``_runs/`` and hidden temporary files are not rows. ``run_summaries`` returns one
+summary per run id, using the wall time recorded in the run's summary JSON when
+present (else device time, as stated in ``throughput_basis``).
 """
 
 from __future__ import annotations
@@ -14,30 +15,34 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
+from stages.partition import list_files, read_file
+
+_PREFIX = "run_date="
 
 
-def list_output_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+def list_output_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[str, str]]]:
+    """(filesystem, [(run_date, committed file path)]) under ``uri``, sorted."""
     fs, root = fsspec.core.url_to_fs(uri)
     if not fs.exists(root):
         return fs, []
-    files = [
-        f
-        for f in fs.find(root)
-        if f.endswith(".parquet") and "/_runs/" not in f and not f.rsplit("/", 1)[-1].startswith(".")
-    ]
-    return fs, sorted(files)
+    out = []
+    for d in sorted(fs.ls(root, detail=False)):
+        name = d.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith(_PREFIX):
+            out += [(name[len(_PREFIX):], f) for f in list_files(fs, d, ".parquet")]
+    return fs, out
 
 
 def load_output(uri: str) -> pa.Table:
     fs, files = list_output_files(uri)
     tables = []
-    for f in files:
-        with fs.open(f, "rb") as fh:
-            tables.append(pq.read_table(fh, schema=OUTPUT_SCHEMA))
+    for run_date, f in files:
+        t = read_file(fs, f)
+        t = t.add_column(1, OUTPUT_SCHEMA.field("run_date"), pa.array([run_date] * t.num_rows, pa.string()))
+        tables.append(t.select(OUTPUT_SCHEMA.names).cast(OUTPUT_SCHEMA))
     return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
 

@@ -4,14 +4,29 @@ Contract: ``summarize(table, wall_s)`` takes any table with the output schema's
 figure columns (text columns optional) and returns a flat dict; throughput figures
 use ``wall_s`` when the run's wall time is known, else the summed device seconds
 (stated in ``throughput_basis``). ``format_summary`` renders it as an aligned table.
+
+``run_summary`` adds what `longdoc run` records for one run: ``status``
+(``succeeded``: the date has no error row; ``partial``: the run completed but some rows
+of the date failed; ``failed``: Ray aborted the run, its unfinished requests are
+retryable error rows), ``errors_by_kind`` (this run's rows) and the date as a whole
+(``date_rows``, ``date_failed``, ``date_failed_fraction``, ``date_errors_by_kind``: each
+request once, after retried rows replaced old ones). ``run_record_json`` is the bytes
+of ``_runs/{date}/{run_id}.json``; ``package_versions`` the versions it carries.
 """
 
 from __future__ import annotations
 
+import json
+import platform
+from importlib import metadata
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from schemas.output import ERROR_KINDS
+
+VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
 
 
 def _quantile(col: pa.ChunkedArray, q: float) -> float | None:
@@ -60,6 +75,54 @@ def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
     }
 
 
+def errors_by_kind(table: pa.Table) -> dict[str, int]:
+    """Failed rows per error_kind (a row failed before error_kind existed counts as retryable)."""
+    out = dict.fromkeys(ERROR_KINDS, 0)
+    if "error_kind" not in table.column_names or not table.num_rows:
+        return out
+    failed = table.filter(pc.is_valid(table.column("error")))
+    for kind in failed.column("error_kind").to_pylist():
+        out[kind if kind in out else "retryable"] += 1
+    return out
+
+
+def run_summary(
+    figures: pa.Table, wall_s: float | None, date_counts: dict[str, int], aborted: BaseException | None
+) -> dict[str, Any]:
+    """``summarize`` of this run's rows + status and date-level counts (see module docstring).
+
+    ``date_counts``: stages.partition.DateScan.counts() after the commit.
+    """
+    s = summarize(figures, wall_s=wall_s)
+    rows, failed = date_counts["rows"], date_counts["failed"]
+    s["errors_by_kind"] = errors_by_kind(figures)
+    s.update(
+        date_rows=rows,
+        date_failed=failed,
+        date_failed_fraction=failed / rows if rows else 0.0,
+        date_errors_by_kind={k: date_counts.get(f"errors_{k}", 0) for k in ERROR_KINDS},
+        status="failed" if aborted is not None else ("partial" if failed else "succeeded"),
+        abort_reason=None if aborted is None else f"{type(aborted).__name__}: {aborted}"[:2000],
+    )
+    return s
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of what produced the rows (no imports: torch stays unloaded)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def run_record_json(summary: dict[str, Any], spec: dict[str, Any]) -> bytes:
+    """The run summary file's bytes: {"summary": ..., "spec": ...}."""
+    return json.dumps({"summary": summary, "spec": spec}, indent=2, default=str).encode()
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -74,6 +137,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("rows", "rows (requests)"),
         ("ok", "ok"),
         ("failed", "failed"),
+        ("retried", "error rows retried"),
+        ("status", "status"),
         ("tokens_in", "tokens in (prompt)"),
         ("tokens_out", "tokens out"),
         ("mean_compression_ratio", "mean compression ratio"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.report.load import load_output, run_summaries
@@ -108,8 +109,8 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
 
 def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_session):
     """A single-file corpus must not reach the generate pool as one block: each
-    generate batch becomes its own Parquet file (resume granularity, progress, and
-    work for every actor of the pool)."""
+    generate batch is staged as its own file (resume granularity, progress, and work
+    for every actor of the pool); the end of the run compacts them into one file."""
     data = tmp_path / "one.jsonl"
     data.write_text("\n".join(json.dumps({"id": f"d{i}", "text": f"Document {i} talks about rivers. " * 8})
                               for i in range(6)))
@@ -125,7 +126,9 @@ def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_se
     result = run_job(spec, run_date=DATE, progress=False)
     files = list((tmp_path / "out" / f"run_date={DATE}").glob("*.parquet"))
     assert load_output(result.output_uri).num_rows == 6
-    assert len(files) == 3
+    assert result.summary["staged_blocks"] == 3
+    assert len(files) == 1 and pq.ParquetFile(files[0]).metadata.num_rows == 6
+    assert not list((tmp_path / "out" / "_staging").rglob("*.staged"))  # published, then removed
 
 
 @pytest.mark.e2e

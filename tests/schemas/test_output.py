@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
 from schemas import output
 
@@ -18,11 +23,12 @@ def test_every_contract_column_is_present_and_documented():
     for col in ISSUE_COLUMNS:
         assert col in output.OUTPUT_COLUMNS
         assert output.COLUMN_DOCS[col]
-    assert output.OUTPUT_SCHEMA.metadata[b"longdoc.schema_version"] == output.SCHEMA_VERSION.encode()
+    assert output.OUTPUT_SCHEMA.metadata[b"longdoc.schema_version"] == str(output.SCHEMA_VERSION).encode()
 
 
 def test_rows_to_table_fills_missing_and_drops_unknown():
-    t = output.rows_to_table([{"run_id": "r", "doc_tokens": 10, "bogus": 1}, {"error": "x"}])
+    ident = {"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": "d", "request_id": "q"}
+    t = output.rows_to_table([{**ident, "doc_tokens": 10, "bogus": 1}, {**ident, "error": "x"}])
     assert t.schema.equals(output.OUTPUT_SCHEMA, check_metadata=False)
     assert t.column("doc_tokens").to_pylist() == [10, None]
     assert t.column("doc_tokens").type == pa.int64()
@@ -35,3 +41,80 @@ def test_figure_definitions():
     assert output.acceptance_rate(0, 0) is None
     assert output.cost_usd(3600, 2.5) == 2.5
     assert output.mean_accepted_per_step(10, 4) == 2.0
+
+
+SNAPSHOT = Path(__file__).with_name("output_schema_snapshot.json")
+
+
+def test_schema_only_grows_against_the_committed_snapshot():
+    """Additive-only rule: every version's columns are a prefix of the next one's, and
+    the current schema is exactly the snapshot's latest version (bump + record it)."""
+    versions = json.loads(SNAPSHOT.read_text())["versions"]
+    ordered = [versions[k] for k in sorted(versions, key=int)]
+    for older, newer in zip(ordered, ordered[1:]):
+        assert newer[: len(older)] == older, "a column was removed, renamed, retyped or moved"
+        assert len(newer) > len(older)
+    current = [[f.name, str(f.type)] for f in output.OUTPUT_SCHEMA]
+    assert max(versions, key=int) == str(output.SCHEMA_VERSION)
+    assert current == ordered[-1], "OUTPUT_SCHEMA differs from the snapshot of its version"
+
+
+def test_partition_column_is_in_the_folder_only_and_identity_is_non_null():
+    assert "run_date" in output.OUTPUT_SCHEMA.names and "run_date" not in output.FILE_SCHEMA.names
+    assert output.FILE_SCHEMA.names == [c for c in output.OUTPUT_COLUMNS if c != "run_date"]
+    for f in output.OUTPUT_SCHEMA:
+        assert f.nullable == (f.name not in output.IDENTITY_COLUMNS), f.name
+        assert f.metadata[b"description"].decode() == output.COLUMN_DOCS[f.name]
+    assert {"run_id", "job", "doc_id", "request_id"} <= set(output.IDENTITY_COLUMNS)
+
+
+def test_descriptions_and_required_columns_survive_a_parquet_round_trip(tmp_path):
+    rows = [{"run_id": "r", "job": "j", "doc_id": "d", "request_id": "q", "error": "read: empty",
+             "error_kind": output.INPUT}]
+    pq.write_table(output.rows_to_table(rows, output.FILE_SCHEMA), tmp_path / "f.parquet")
+    schema = pq.read_schema(tmp_path / "f.parquet")
+    assert schema.field("cost_usd").metadata[b"description"].decode() == output.COLUMN_DOCS["cost_usd"]
+    assert not schema.field("request_id").nullable
+    parquet_schema = pq.ParquetFile(tmp_path / "f.parquet").schema
+    assert parquet_schema.column(parquet_schema.names.index("doc_id")).max_definition_level == 0  # REQUIRED
+    assert pq.read_table(tmp_path / "f.parquet").column("schema_version").to_pylist() == [output.SCHEMA_VERSION]
+
+
+def test_identity_columns_are_required_on_error_rows_too():
+    with pytest.raises(ValueError, match="has no doc_id"):
+        output.rows_to_table([{"run_id": "r", "run_date": "2026-01-01", "job": "j", "request_id": "q",
+                               "error": "read: x"}])
+
+
+def test_error_kind_classification():
+    assert output.classify_error(MemoryError()) == output.RETRYABLE
+    assert output.classify_error(FileNotFoundError("s3://b/k")) == output.RETRYABLE  # storage
+    assert output.classify_error(TimeoutError()) == output.RETRYABLE
+    import ray.exceptions
+    import torch
+
+    assert output.classify_error(torch.cuda.OutOfMemoryError("CUDA out of memory")) == output.RETRYABLE
+    assert output.classify_error(ray.exceptions.ActorDiedError()) == output.RETRYABLE
+    assert output.classify_error(ray.exceptions.WorkerCrashedError()) == output.RETRYABLE
+    assert output.classify_error(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad")) == output.INPUT
+    assert output.classify_error(json.JSONDecodeError("x", "", 0)) == output.INPUT
+    assert output.classify_error(RuntimeError("unknown")) == output.RETRYABLE
+    # A failed row without a kind gets the default; a successful row has none.
+    t = output.rows_to_table([{"run_id": "r", "run_date": "d", "job": "j", "doc_id": "d", "request_id": "1",
+                               "error": "generate: boom"},
+                              {"run_id": "r", "run_date": "d", "job": "j", "doc_id": "d", "request_id": "2"}])
+    assert t.column("error_kind").to_pylist() == [output.RETRYABLE, None]
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "retried"),
+    [("input", "all", True), ("input", "retryable", False), ("retryable", "retryable", True),
+     (None, "retryable", True), ("retryable", "none", False)],
+)
+def test_retry_policy(kind, policy, retried):
+    assert output.is_retried(kind, policy) is retried
+
+
+def test_retry_policy_rejects_unknown_values():
+    with pytest.raises(ValueError, match="all, retryable, none"):
+        output.is_retried("input", "some")

@@ -1,0 +1,257 @@
+"""One run date's files: scan what is there, and commit staged blocks (with compaction).
+
+Files of a run date (see stages/write.py for the names):
+- committed: ``{root}/run_date=D/*.parquet``, what readers see. Invariant: each
+  request is in exactly one committed file, once.
+- staged: ``{root}/_staging/D/{run_id}/*.staged``, written block by block during a
+  run; invisible to readers.
+
+``commit_date`` publishes the staged rows with two kinds of single-file atomic steps,
+so a reader listing the folder at ANY moment (or a crash at any point) sees every
+committed request exactly once:
+1. a staged row whose request is already committed (a retried error row) replaces it
+   IN the committed file: the file is rewritten whole under the same name (temporary
+   name + rename locally; one PUT on object stores, which replaces atomically);
+2. the other staged rows are new requests: they are compacted into one file per
+   ``target_bytes`` (not one per block) named ``part-{run_id}-{digest}.parquet``;
+3. only then are the staged files deleted.
+A crash before 3 leaves staged files behind: the next run commits them first (so no
+request is lost), and re-committing a row that is already committed is a no-op.
+One run of a date at a time (two concurrent runs of one date are not supported).
+
+``scan_date`` reads just ``request_id``/``error``/``error_kind`` of every file: the one
+place that lists a run date (resume, retry selection, summary counts, report).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, is_retried
+from stages.write import (
+    STAGED_SUFFIX,
+    block_digest,
+    is_local,
+    partition_dir,
+    put_file_atomic,
+    staging_dir,
+    write_table_atomic,
+)
+
+TARGET_FILE_BYTES = 256 * 2**20  # compacted file size (staged Parquet bytes) for analytics
+ROW_GROUP_BYTES = 64 * 2**20  # in-memory rows buffered per row group while compacting
+
+
+@dataclass
+class RowState:
+    path: str  # file holding the row (committed, or staged when not yet committed)
+    error: str | None
+    error_kind: str | None
+
+
+@dataclass
+class DateScan:
+    """Every request of one run date, as readers will see it once staged rows are committed."""
+
+    fs: fsspec.AbstractFileSystem
+    committed: list[str] = field(default_factory=list)
+    staged: list[str] = field(default_factory=list)
+    rows: dict[str, RowState] = field(default_factory=dict)
+
+    def skip(self, retry_errors: str) -> frozenset[str]:
+        """Request ids a rerun must not redo under ``--retry-errors`` (all|retryable|none)."""
+        return frozenset(
+            rid for rid, s in self.rows.items() if s.error is None or not is_retried(s.error_kind, retry_errors)
+        )
+
+    def counts(self) -> dict[str, int]:
+        """rows, failed, and failed rows per error kind (``errors_input``, ``errors_retryable``)."""
+        failed = [s for s in self.rows.values() if s.error is not None]
+        return {
+            "rows": len(self.rows),
+            "failed": len(failed),
+            f"errors_{INPUT}": sum(s.error_kind == INPUT for s in failed),
+            f"errors_{RETRYABLE}": sum(s.error_kind != INPUT for s in failed),
+        }
+
+
+def _visible(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return not name.startswith((".", "_"))
+
+
+def list_files(fs: fsspec.AbstractFileSystem, folder: str, suffix: str) -> list[str]:
+    if not fs.exists(folder):
+        return []
+    return sorted(f for f in fs.find(folder) if f.endswith(suffix) and _visible(f))
+
+
+def read_file(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None) -> pa.Table:
+    """One output file conformed to FILE_SCHEMA (or its ``columns``).
+
+    Files written before schema version 2 lack ``error_kind``/``schema_version`` and
+    hold ``run_date`` inside: missing columns come back null (``schema_version`` 1),
+    the in-file ``run_date`` is dropped (the folder is the truth).
+    """
+    want = columns or FILE_SCHEMA.names
+    with fs.open(path, "rb") as fh:
+        pf = pq.ParquetFile(fh)
+        have = set(pf.schema_arrow.names)
+        table = pf.read(columns=[c for c in want if c in have])
+    n = table.num_rows
+    cols = []
+    for name in want:
+        f = FILE_SCHEMA.field(name)
+        if name in have:
+            cols.append(table.column(name).cast(f.type))
+        elif name == "schema_version":
+            cols.append(pa.array([1] * n, f.type))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(cols, schema=pa.schema([FILE_SCHEMA.field(c) for c in want]))
+
+
+def _states(fs, path: str) -> Iterator[tuple[str, RowState]]:
+    t = read_file(fs, path, ["request_id", "error", "error_kind"])
+    for rid, err, kind in zip(*(t.column(i).to_pylist() for i in range(3))):
+        yield rid, RowState(path, err, kind)
+
+
+def scan_date(root: str, run_date: str) -> DateScan:
+    fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    stage = fsspec.core.url_to_fs(staging_dir(root, run_date))[1]
+    scan = DateScan(fs, list_files(fs, part, ".parquet"), list_files(fs, stage, STAGED_SUFFIX))
+    for path in scan.committed:
+        scan.rows.update(_states(fs, path))
+    for rid, state in _staged_winners(fs, scan.staged).items():
+        scan.rows[rid] = state
+    return scan
+
+
+def _staged_winners(fs, staged: list[str]) -> dict[str, RowState]:
+    """request_id -> the staged row to publish. Normally each request is staged once;
+    should a straggler task of a killed driver have staged one too, a success beats
+    an error, then the later path wins (deterministic)."""
+    winners: dict[str, RowState] = {}
+    for path in staged:
+        for rid, state in _states(fs, path):
+            old = winners.get(rid)
+            if old is None or state.error is None or old.error is not None:
+                winners[rid] = state
+    return winners
+
+
+def _take(fs, path: str, ids: set[str]) -> pa.Table:
+    t = read_file(fs, path)
+    return t.filter(pc.is_in(t.column("request_id"), pa.array(sorted(ids), pa.string())))
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.sort_by("request_id")
+
+
+def commit_date(root: str, run_date: str, run_id: str, target_bytes: int = TARGET_FILE_BYTES) -> dict[str, int]:
+    """Publish every staged row of ``run_date`` (see the module docstring for the steps).
+
+    Returns counts: ``staged_files``, ``replaced`` (rows swapped into committed files),
+    ``added`` (new rows), ``files_written``.
+    """
+    fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    stage = fsspec.core.url_to_fs(staging_dir(root, run_date))[1]
+    staged = list_files(fs, stage, STAGED_SUFFIX)
+    out = {"staged_files": len(staged), "replaced": 0, "added": 0, "files_written": 0}
+    if not staged:
+        return out
+    winners = _staged_winners(fs, staged)
+    committed: dict[str, str] = {}
+    for path in list_files(fs, part, ".parquet"):
+        committed.update((rid, path) for rid, _ in _states(fs, path))
+    # 1. Retried requests: swap the new row into the committed file that holds the old one.
+    by_file: dict[str, set[str]] = {}
+    for rid in winners.keys() & committed.keys():
+        by_file.setdefault(committed[rid], set()).add(rid)
+    for path, ids in sorted(by_file.items()):
+        old = read_file(fs, path)
+        mask = pc.is_in(old.column("request_id"), pa.array(sorted(ids), pa.string()))
+        new_rows = _staged_rows(fs, winners, ids)
+        if _sorted(old.filter(mask)).equals(_sorted(new_rows)):
+            continue  # committed by an earlier, interrupted commit
+        table = pa.concat_tables([old.filter(pc.invert(mask)), new_rows])
+        write_table_atomic(table, _uri(fs, path))
+        out["replaced"] += len(ids)
+        out["files_written"] += 1
+    # 2. New requests: compacted into few large files.
+    new_ids = winners.keys() - committed.keys()
+    for written in _compact(fs, part, run_id, winners, new_ids, target_bytes):
+        out["added"] += written
+        out["files_written"] += 1
+    # 3. Everything is published: the staged copies can go.
+    for path in staged:
+        fs.rm_file(path)
+    for d in sorted({p.rsplit("/", 1)[0] for p in staged}, reverse=True):
+        _rmdir_quiet(fs, d)
+    return out
+
+
+def _staged_rows(fs, winners: dict[str, RowState], ids: set[str]) -> pa.Table:
+    per_file: dict[str, set[str]] = {}
+    for rid in ids:
+        per_file.setdefault(winners[rid].path, set()).add(rid)
+    return pa.concat_tables([_take(fs, p, s) for p, s in sorted(per_file.items())])
+
+
+def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[str],
+             target_bytes: int) -> Iterator[int]:
+    """Write the staged rows of ``ids`` into files of ~target_bytes; yield rows per file."""
+    per_file: dict[str, set[str]] = {}
+    for rid in ids:
+        per_file.setdefault(winners[rid].path, set()).add(rid)
+    batch: list[pa.Table] = []
+    batch_bytes = 0
+    for path, sel in sorted(per_file.items()):
+        batch.append(_take(fs, path, sel))
+        batch_bytes += fs.size(path)
+        if batch_bytes >= target_bytes:
+            yield _publish(fs, part, run_id, batch)
+            batch, batch_bytes = [], 0
+    if batch:
+        yield _publish(fs, part, run_id, batch)
+
+
+def _publish(fs, part: str, run_id: str, tables: list[pa.Table]) -> int:
+    """One compacted file from ``tables``, row groups of ~ROW_GROUP_BYTES, published atomically."""
+    ids = [rid for t in tables for rid in t.column("request_id").to_pylist()]
+    name = f"part-{run_id}-{block_digest(ids)}.parquet"
+    with tempfile.TemporaryDirectory(prefix="longdoc-compact-") as tmpdir:
+        local = os.path.join(tmpdir, name)
+        with pq.ParquetWriter(local, FILE_SCHEMA) as writer:
+            group: list[pa.Table] = []
+            for t in tables:
+                group.append(t)
+                if sum(g.nbytes for g in group) >= ROW_GROUP_BYTES:
+                    writer.write_table(pa.concat_tables(group))  # one row group, not one per block
+                    group = []
+            if group:
+                writer.write_table(pa.concat_tables(group))
+        put_file_atomic(local, _uri(fs, f"{part}/{name}"))
+    return len(ids)
+
+
+def _uri(fs, path: str) -> str:
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def _rmdir_quiet(fs, path: str) -> None:
+    try:
+        if not fs.ls(path):
+            fs.rmdir(path)
+    except (OSError, NotImplementedError):
+        pass  # object stores have no real folders
