@@ -13,22 +13,37 @@ the operator's RayCronJob feature). Contract of the output, a multi-document YAM
    entrypoint is ``longdoc run /etc/longdoc/job.yaml --date D``. Without ``--date``
    the date is computed when the job starts (``$(TZ=<timezone> date +%F)``, shifted by
    ``--date-offset-days``), so each nightly run writes its own partition.
-   The cluster is sized from ``resources``: one worker pod per generate actor
-   (``actors`` = replicas, ``[min, max]`` = autoscaling bounds), ``num_cpus`` + 1 CPU
-   per pod (room for tokenize actors and read/write tasks), ``nvidia.com/gpu`` limits
-   when ``num_gpus > 0``, a separate GPU group for GPU compression actors, and a head
-   with ``num-cpus: 0`` so no work lands on it.
+   The cluster is sized from ``resources``: generate actors packed onto worker pods
+   (``pack``: a pod per actor on CPU or with >= 1 GPU each; fractional GPUs share a
+   one-GPU pod, e.g. 4 actors of 0.25 GPU -> one pod), ``actors`` = replicas or
+   ``[min, max]`` autoscaling bounds (in pods), ``num_cpus`` per actor + 1 CPU per pod
+   (room for tokenize actors and read/write tasks), ``--worker-memory`` per actor,
+   ``nvidia.com/gpu`` limits when ``num_gpus > 0``, a GPU group for compression only
+   when the spec runs a text-compression stage that asks for GPUs (``rag`` with
+   ``compress_num_gpus > 0``; Finch/AutoCompressor run inside the generate actor),
+   and a head with ``num-cpus: 0`` so no work lands on it.
+   Every Ray pod gets a memory-backed ``/dev/shm`` (``--shm-size``; Ray's object store
+   lives there, and container runtimes default it to 64 MiB), the
+   ``--service-account`` if given, ``--toleration``s, and GPU pods tolerate the
+   ``nvidia.com/gpu`` taint GPU node pools carry. ``backoffLimit`` (``--backoff-limit``)
+   retries a failed RayJob on a fresh cluster; reruns resume, so a retry redoes only
+   the rows that are missing or failed for a retryable reason.
+   Names follow KubeRay v1.6's limits (RayJob <= 47 chars, RayCronJob <= 41, DNS-1035
+   labels): a longer name is cut and gets a hash suffix of the full name, so two long
+   job names never collide.
 3. Credentials never appear here: ``--secret NAME`` adds ``envFrom: secretRef`` to
    every container (e.g. a Secret holding AWS_ACCESS_KEY_ID / AWS_ENDPOINT_URL).
 
 RayCronJob has no time zone field in KubeRay v1.6; its controller parses schedules
 with robfig/cron, which accepts a ``CRON_TZ=<zone>`` prefix (KubeRay logs a warning
 that this is not officially supported). ``--timezone`` therefore prefixes the
-schedule and also sets the zone of the computed run date.
+schedule and also sets the zone of the computed run date. Schedules and zones are
+checked here (pipeline/ops/schedule.py) so a bad one fails before ``kubectl apply``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -37,12 +52,19 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from pipeline.ops.schedule import check_cron, check_timezone
 from schemas.spec import JobSpec
 
 SPEC_MOUNT = "/etc/longdoc"
 DEFAULT_IMAGE = "longdoc:0.1.0"
-_CRON_RE = re.compile(r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|(\S+\s+){4}\S+)$")
-_TZ_RE = re.compile(r"^[A-Za-z_]+(/[A-Za-z0-9_+-]+)*$")
+MAX_RAYJOB_NAME = 47  # KubeRay v1.6: RayCluster names <= 53, a RayJob's cluster adds 6
+MAX_RAYCRONJOB_NAME = 41  # the controller names each run's RayJob <cron name>-<5 chars>
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUALIFIED = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 
 
 @dataclass(frozen=True)
@@ -57,29 +79,93 @@ class RenderOptions:
     max_failed_fraction: float | None = None
     ttl_seconds: int = 600
     deadline_seconds: int = 6 * 3600
-    worker_memory: str = "8Gi"
+    backoff_limit: int = 1
+    worker_memory: str = "8Gi"  # per generate actor
     head_memory: str = "4Gi"
+    shm_size: str = "2Gi"  # "0" = no /dev/shm volume
+    service_account: str | None = None
+    tolerations: tuple[str, ...] = field(default_factory=tuple)  # key[=value][:effect]
+    gpu_toleration: bool = True
     secrets: tuple[str, ...] = field(default_factory=tuple)
     ray_version: str | None = None
 
 
-def k8s_name(name: str, max_len: int = 40) -> str:
-    """A DNS-1123 label from a job name (KubeRay appends suffixes, so keep it short)."""
-    s = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:max_len].rstrip("-")
+def k8s_name(name: str, max_len: int = 63) -> str:
+    """A DNS-1035 label (lowercase, starts with a letter) of at most ``max_len`` chars.
+
+    A name that has to be cut keeps its head and gets ``-<6 hex>`` of the sha256 of the
+    full name, so two long names that share a prefix still differ.
+    """
+    s = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]+", "-", name.lower())).strip("-")
     if not s:
         raise ValueError(f"job name {name!r} has no letters or digits to build a Kubernetes name")
-    return s
+    if not s[0].isalpha():
+        s = "j-" + s  # DNS-1035: a label starts with a letter
+    if len(s) <= max_len:
+        return s
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    return s[: max_len - 7].rstrip("-") + "-" + digest
+
+
+def pack(num_gpus: float, actors: int) -> tuple[int, int]:
+    """(actors per pod, GPUs per pod) for actors asking ``num_gpus`` each.
+
+    CPU actors and actors of >= 1 GPU get a pod each (``ceil(num_gpus)`` GPUs); actors
+    of a GPU fraction share one-GPU pods (0.25 -> 4 per pod), never more than exist.
+    """
+    if num_gpus <= 0:
+        return 1, 0
+    gpus = max(1, math.ceil(num_gpus - 1e-9))
+    per = max(1, math.floor(gpus / num_gpus + 1e-9))
+    return min(per, max(actors, 1)), gpus
+
+
+def scale_quantity(q: str, n: int, option: str) -> str:
+    """A Kubernetes quantity times ``n`` ("8Gi" x 4 -> "32Gi")."""
+    m = _QUANTITY.match(q)
+    if not m:
+        raise ValueError(f"{option} {q!r} is not a quantity like 8Gi, 512Mi or 2G")
+    v = float(m.group(1)) * n
+    return f"{int(v) if v.is_integer() else round(v, 3)}{m.group(2) or ''}"
+
+
+def toleration(text: str) -> dict[str, str]:
+    """``key[=value][:effect]`` -> a Kubernetes toleration (Exists when no value)."""
+    spec, _, effect = text.partition(":")
+    key, eq, value = spec.partition("=")
+    if not _QUALIFIED.match(key) or len(key) > 316:
+        raise ValueError(f"--toleration {text!r}: key {key!r} is not a Kubernetes qualified name")
+    if effect and effect not in _EFFECTS:
+        raise ValueError(f"--toleration {text!r}: effect {effect!r}; allowed: {', '.join(_EFFECTS)}")
+    t = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        t["value"] = value
+    if effect:
+        t["effect"] = effect
+    return t
 
 
 def _check(opts: RenderOptions) -> None:
     if opts.kind not in ("rayjob", "raycronjob"):
-        raise ValueError(f"kind {opts.kind!r} is not supported; allowed: rayjob, raycronjob")
-    if not _CRON_RE.match(opts.schedule.strip()):
-        raise ValueError(f"schedule {opts.schedule!r} is not a 5-field cron expression or @daily-style macro")
-    if not _TZ_RE.match(opts.timezone):
-        raise ValueError(f"timezone {opts.timezone!r} is not an IANA zone name like Europe/Zurich")
+        raise ValueError(f"--kind {opts.kind!r} is not supported; allowed: rayjob, raycronjob")
+    check_cron(opts.schedule, "--schedule")
+    check_timezone(opts.timezone, "--timezone")
+    for name, value in (("--ttl-seconds", opts.ttl_seconds), ("--deadline-seconds", opts.deadline_seconds),
+                        ("--backoff-limit", opts.backoff_limit)):
+        if value < 0:
+            raise ValueError(f"{name} {value}: allowed: a whole number >= 0")
     for s in opts.secrets:
-        k8s_name(s, 253)
+        if len(s) > 253 or not _DNS1123_SUBDOMAIN.match(s):
+            raise ValueError(f"--secret {s!r} is not a Secret name (lowercase DNS-1123 subdomain)")
+    for opt, v in (("--namespace", opts.namespace), ("--service-account", opts.service_account)):
+        if v is not None and (len(v) > (63 if opt == "--namespace" else 253)
+                              or not (_DNS1123_LABEL if opt == "--namespace" else _DNS1123_SUBDOMAIN).match(v)):
+            raise ValueError(f"{opt} {v!r} is not a valid Kubernetes name (lowercase letters, digits, '-')")
+    scale_quantity(opts.worker_memory, 1, "--worker-memory")
+    scale_quantity(opts.head_memory, 1, "--head-memory")
+    scale_quantity(opts.shm_size, 1, "--shm-size")
+    for t in opts.tolerations:
+        toleration(t)
 
 
 def date_expression(opts: RenderOptions) -> str:
@@ -106,19 +192,54 @@ def _container(name: str, opts: RenderOptions, cpu: int, memory: str, gpus: int)
     c: dict[str, Any] = {"name": name, "image": opts.image, "resources": res}
     if opts.secrets:
         c["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
+    if _shm(opts):
+        c["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     return c
 
 
-def _worker_group(group: str, replicas: tuple[int, int], pod: dict[str, Any]) -> dict[str, Any]:
-    lo, hi = replicas
+def _shm(opts: RenderOptions) -> bool:
+    return float(_QUANTITY.match(opts.shm_size).group(1)) > 0  # type: ignore[union-attr]
+
+
+def _pod_spec(opts: RenderOptions, container: dict[str, Any], gpu: bool,
+              volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A Ray pod: the container, /dev/shm, service account and tolerations."""
+    spec: dict[str, Any] = {"containers": [container]}
+    vols = list(volumes or [])
+    if _shm(opts):
+        # Ray's object store lives in /dev/shm; runtimes give containers 64 MiB of it.
+        vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}})
+    if vols:
+        spec["volumes"] = vols
+    if opts.service_account:
+        spec["serviceAccountName"] = opts.service_account
+    tols = ([dict(GPU_TOLERATION)] if gpu and opts.gpu_toleration else []) + [
+        toleration(t) for t in opts.tolerations]
+    if tols:
+        spec["tolerations"] = tols
+    return spec
+
+
+def _worker_group(group: str, pods: tuple[int, int], pod_spec: dict[str, Any]) -> dict[str, Any]:
+    lo, hi = pods
     return {
         "groupName": group,
         "replicas": lo,
         "minReplicas": lo,
         "maxReplicas": hi,
         "rayStartParams": {},
-        "template": {"spec": {"containers": [pod]}},
+        "template": {"spec": pod_spec},
     }
+
+
+def _packed_group(group: str, opts: RenderOptions, actors: tuple[int, int], num_gpus: float,
+                  cpus_per_actor: float) -> dict[str, Any]:
+    """Worker group for an actor pool: ``pack`` decides actors and GPUs per pod."""
+    per, gpus = pack(num_gpus, actors[1])
+    pods = (math.ceil(actors[0] / per), math.ceil(actors[1] / per))
+    c = _container("ray-worker", opts, cpu=math.ceil(per * cpus_per_actor - 1e-9) + 1,
+                   memory=scale_quantity(opts.worker_memory, per, "--worker-memory"), gpus=gpus)
+    return _worker_group(group, pods, _pod_spec(opts, c, gpu=gpus > 0))
 
 
 def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str, Any]:
@@ -129,29 +250,26 @@ def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str,
     head["ports"] = [{"containerPort": 6379, "name": "gcs-server"},
                      {"containerPort": 8265, "name": "dashboard"},
                      {"containerPort": 10001, "name": "client"}]
-    head["volumeMounts"] = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True}]
-    gpus = math.ceil(res.num_gpus)
-    worker = _container("ray-worker", opts, cpu=math.ceil(res.num_cpus) + 1,
-                        memory=opts.worker_memory, gpus=gpus)
-    groups = [_worker_group("gpu-workers" if gpus else "cpu-workers", actors, worker)]
-    if res.compress_num_gpus > 0:
-        # Fractional compression actors pack onto whole-GPU pods.
-        n = math.ceil(res.compress_actors * res.compress_num_gpus / math.ceil(res.compress_num_gpus))
-        pod = _container("ray-worker", opts, cpu=math.ceil(res.compress_actors / n) + 1,
-                         memory=opts.worker_memory, gpus=math.ceil(res.compress_num_gpus))
-        groups.append(_worker_group("compress-gpu-workers", (n, n), pod))
+    head["volumeMounts"] = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+                            *head.get("volumeMounts", [])]
+    spec_volume = {"name": "job-spec", "configMap": {"name": configmap}}
+    groups = [_packed_group("gpu-workers" if res.num_gpus > 0 else "cpu-workers", opts, actors,
+                            res.num_gpus, res.num_cpus)]
+    if job.compression.method == "rag" and res.compress_num_gpus > 0:
+        # Only RAG is a text-compression stage with its own (GPU) actor pool; Finch and
+        # AutoCompressor run inside the generate actor, truncate on CPU. RagStage
+        # actors ask 0.5 CPU each (pipeline/plan.py).
+        n = res.compress_actors
+        groups.append(_packed_group("compress-gpu-workers", opts, (n, n), res.compress_num_gpus, 0.5))
     spec: dict[str, Any] = {
         "rayVersion": opts.ray_version or _ray_version(),
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},  # the head only runs the driver
-            "template": {"spec": {
-                "containers": [head],
-                "volumes": [{"name": "job-spec", "configMap": {"name": configmap}}],
-            }},
+            "template": {"spec": _pod_spec(opts, head, gpu=False, volumes=[spec_volume])},
         },
         "workerGroupSpecs": groups,
     }
-    if actors[0] != actors[1]:
+    if any(g["minReplicas"] != g["maxReplicas"] for g in groups):
         spec["enableInTreeAutoscaling"] = True
     return spec
 
@@ -162,12 +280,19 @@ def _ray_version() -> str:
     return version("ray")
 
 
+def job_name(job: JobSpec, opts: RenderOptions) -> str:
+    """RayJob / RayCronJob name: the job name (cut with a hash suffix) + fixed date."""
+    # A fixed date names the RayJob per date, so applying it twice is a no-op, like
+    # `longdoc submit` refusing a second submission of one job and date.
+    suffix = f"-{opts.run_date}" if opts.run_date else ""
+    budget = MAX_RAYJOB_NAME if opts.kind == "rayjob" else MAX_RAYCRONJOB_NAME
+    return k8s_name(job.name, budget - len(suffix)) + suffix
+
+
 def render_manifests(job: JobSpec, opts: RenderOptions) -> list[dict[str, Any]]:
     """[ConfigMap, RayJob | RayCronJob] as plain dicts (see the module docstring)."""
     _check(opts)
-    # A fixed date names the RayJob per date, so applying it twice is a no-op, like
-    # `longdoc submit` refusing a second submission of one job and date.
-    name = k8s_name(job.name, 30) + (f"-{opts.run_date}" if opts.run_date else "")
+    name = job_name(job, opts)
     cm_name = f"{name}-spec"
     labels = {"app.kubernetes.io/name": "longdoc", "longdoc/job": k8s_name(job.name, 63)}
     meta: dict[str, Any] = {"name": name, "labels": labels}
@@ -182,12 +307,13 @@ def render_manifests(job: JobSpec, opts: RenderOptions) -> list[dict[str, Any]]:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": opts.ttl_seconds,
         "activeDeadlineSeconds": opts.deadline_seconds,
+        "backoffLimit": opts.backoff_limit,
         "rayClusterSpec": cluster_spec(job, opts, cm_name),
     }
     if opts.kind == "rayjob":
         doc = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": rayjob}
     else:
-        sched = opts.schedule.strip()
+        sched = check_cron(opts.schedule, "--schedule")
         if opts.timezone != "UTC":
             sched = f"CRON_TZ={opts.timezone} {sched}"
         doc = {"apiVersion": "ray.io/v1", "kind": "RayCronJob", "metadata": meta,
@@ -225,7 +351,15 @@ def render(
     secret: Annotated[list[str] | None, typer.Option(help="Secret whose keys become env vars (repeatable).")] = None,
     ttl_seconds: Annotated[int, typer.Option(help="Delete the cluster this long after the job ends.")] = 600,
     deadline_seconds: Annotated[int, typer.Option(help="Stop the job after this many seconds.")] = 6 * 3600,
-    worker_memory: Annotated[str, typer.Option(help="Memory per worker pod.")] = "8Gi",
+    worker_memory: Annotated[str, typer.Option(help="Memory per generate actor (a pod packs several).")] = "8Gi",
+    head_memory: Annotated[str, typer.Option(help="Memory of the head pod (runs the driver).")] = "4Gi",
+    shm_size: Annotated[str, typer.Option(help="Memory-backed /dev/shm per Ray pod; 0 = none.")] = "2Gi",
+    service_account: Annotated[str | None, typer.Option(help="serviceAccountName of the Ray pods.")] = None,
+    backoff_limit: Annotated[int, typer.Option(help="Retries of a failed RayJob (a retry resumes).")] = 1,
+    toleration: Annotated[
+        list[str] | None, typer.Option(help="Toleration for every Ray pod: key[=value][:effect] (repeatable).")
+    ] = None,
+    gpu_toleration: Annotated[bool, typer.Option(help="GPU pods tolerate the nvidia.com/gpu taint.")] = True,
 ) -> None:
     """Print KubeRay manifests (ConfigMap + RayJob or RayCronJob) for SPEC."""
     from pipeline.ops.submit import resolve_run_date
@@ -237,7 +371,9 @@ def render(
             kind=kind, image=image, namespace=namespace, schedule=schedule, timezone=timezone,
             run_date=resolve_run_date(date) if date else None, date_offset_days=date_offset_days,
             max_failed_fraction=max_failed_fraction, ttl_seconds=ttl_seconds,
-            deadline_seconds=deadline_seconds, worker_memory=worker_memory,
+            deadline_seconds=deadline_seconds, worker_memory=worker_memory, head_memory=head_memory,
+            shm_size=shm_size, service_account=service_account, backoff_limit=backoff_limit,
+            tolerations=tuple(toleration or ()), gpu_toleration=gpu_toleration,
             secrets=tuple(secret or ()),
         )
         typer.echo(to_yaml(render_manifests(job, opts)), nl=False)

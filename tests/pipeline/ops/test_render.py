@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import json
+import re
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import typer
 import yaml
@@ -48,6 +53,7 @@ def test_rayjob_cpu_from_sample_spec():
     assert spec["entrypoint"] == "longdoc run /etc/longdoc/job.yaml --date 2026-01-31"
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["ttlSecondsAfterFinished"] == 600 and spec["activeDeadlineSeconds"] == 21600
+    assert spec["backoffLimit"] == 1
     head = spec["rayClusterSpec"]["headGroupSpec"]
     assert head["rayStartParams"] == {"num-cpus": "0"}
     assert head["template"]["spec"]["volumes"][0]["configMap"]["name"] == cm["metadata"]["name"]
@@ -59,14 +65,20 @@ def test_rayjob_cpu_from_sample_spec():
     assert c["resources"]["limits"] == {"cpu": "3", "memory": "8Gi"}  # num_cpus 2 + 1, no GPU
     assert c["envFrom"] == [{"secretRef": {"name": "longdoc-s3"}}]
     assert "enableInTreeAutoscaling" not in spec["rayClusterSpec"]
+    pod = group["template"]["spec"]
+    assert "tolerations" not in pod and "serviceAccountName" not in pod  # CPU pod, no options
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
 
 
 def test_raycronjob_gpu_autoscaling_and_timezone():
     code, docs, out = _render(
         str(SAMPLE), "--kind", "raycronjob", "--schedule", "30 1 * * *", "--timezone", "Europe/Zurich",
         "--date-offset-days", "-1", "--set", "resources.actors=[2,6]", "--set", "resources.num_gpus=1",
+        "--set", "compression={method: rag, target_tokens: 512}",
         "--set", "resources.compress_num_gpus=0.5", "--set", "resources.compress_actors=4",
-        "--max-failed-fraction", "0.1",
+        "--max-failed-fraction", "0.1", "--service-account", "longdoc-runner",
+        "--toleration", "dedicated=batch:NoSchedule",
     )
     assert code == 0, out
     cm, cron = docs
@@ -80,11 +92,46 @@ def test_raycronjob_gpu_autoscaling_and_timezone():
     assert (gen["replicas"], gen["minReplicas"], gen["maxReplicas"]) == (2, 2, 6)
     lim = gen["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert lim["nvidia.com/gpu"] == "1" and lim["cpu"] == "3"
-    # 4 compression actors x 0.5 GPU pack onto 2 one-GPU pods.
+    # 4 RAG actors x 0.5 GPU pack onto 2 one-GPU pods.
     assert comp["groupName"] == "compress-gpu-workers" and comp["replicas"] == 2
     assert comp["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert job["rayClusterSpec"]["enableInTreeAutoscaling"] is True
     assert yaml.safe_load(cm["data"]["job.yaml"])["resources"]["actors"] == [2, 6]
+    for pod in [g["template"]["spec"] for g in (gen, comp)]:
+        assert pod["serviceAccountName"] == "longdoc-runner"
+        assert pod["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}]
+    head = job["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "batch",
+                                    "effect": "NoSchedule"}]  # no GPU toleration on the head
+
+
+@pytest.mark.parametrize("method", ["finch", "truncate", "none"])
+def test_no_compression_gpu_group_without_rag(method):
+    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"},
+                          "compression": {"method": method} | ({"target_tokens": 256} if method != "none" else {}),
+                          "resources": {"num_gpus": 1, "compress_num_gpus": 1, "compress_actors": 2}})
+    _, rj = render_manifests(job, RenderOptions(ray_version="2.60.0"))
+    assert [g["groupName"] for g in _workers(rj)] == ["gpu-workers"]
+
+
+@pytest.mark.parametrize(("actors", "gpus", "pods", "per_pod_gpu", "cpu", "mem"), [
+    (4, 0.25, (1, 1), "1", "5", "32Gi"),        # 4 x 0.25 GPU -> one pod, one GPU
+    ([2, 8], 0.25, (1, 2), "1", "5", "32Gi"),   # autoscaling bounds in pods
+    (3, 0.5, (2, 2), "1", "3", "16Gi"),         # 2 per pod, the last pod half used
+    (2, 1.5, (2, 2), "2", "2", "8Gi"),          # > 1 GPU: a pod each, whole GPUs
+    (3, 0.0, (3, 3), None, "2", "8Gi"),         # CPU: a pod per actor
+])
+def test_fractional_gpus_pack_onto_pods(actors, gpus, pods, per_pod_gpu, cpu, mem):
+    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"},
+                          "resources": {"actors": actors, "num_gpus": gpus, "num_cpus": 1}})
+    _, rj = render_manifests(job, RenderOptions(ray_version="2.60.0"))
+    (g,) = _workers(rj)
+    assert (g["minReplicas"], g["maxReplicas"]) == pods
+    lim = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert lim.get("nvidia.com/gpu") == per_pod_gpu and lim["cpu"] == cpu and lim["memory"] == mem
+    assert ("tolerations" in g["template"]["spec"]) == (per_pod_gpu is not None)
 
 
 @pytest.mark.parametrize(("tz", "offset"), [("UTC", 0), ("Pacific/Auckland", -1)])
@@ -99,10 +146,17 @@ def test_computed_run_date_evaluates_in_a_shell(tz, offset):
     ("args", "message"),
     [
         (["--kind", "deployment"], "allowed: rayjob, raycronjob"),
-        (["--kind", "raycronjob", "--schedule", "every night"], "cron expression"),
-        (["--timezone", "Mars Base"], "IANA zone"),
+        (["--kind", "raycronjob", "--schedule", "every night"], "--schedule 'every night' has 2 field(s)"),
+        (["--schedule", "61 2 * * *"], "minute field '61': 61 is out of range"),
+        (["--timezone", "Mars Base"], "--timezone 'Mars Base'"),
+        (["--timezone", "Mars/Olympus_Mons"], "not a known IANA time zone"),
         (["--date", "31.01.2026"], "YYYY-MM-DD"),
         (["--set", "resources.num_gpus=-1"], "resources.num_gpus"),
+        (["--toleration", "nvidia.com/gpu:Never"], "--toleration"),
+        (["--service-account", "Bad_Name"], "--service-account"),
+        (["--shm-size", "lots"], "--shm-size"),
+        (["--backoff-limit", "-1"], "--backoff-limit"),
+        (["--secret", "My Secret"], "--secret"),
     ],
 )
 def test_bad_values_exit_2_naming_the_value(args, message):
@@ -114,6 +168,27 @@ def test_name_sanitised_for_kubernetes():
     job = spec_from_dict({"name": "Nightly_QA.v2", "input": {"uri": "s3://b/x"}})
     cm, rj = render_manifests(job, RenderOptions(run_date="2026-03-01", ray_version="2.60.0"))
     assert rj["metadata"]["name"] == "nightly-qa-v2-2026-03-01" and cm["metadata"]["name"].endswith("-spec")
+    digits = spec_from_dict({"name": "2026-report", "input": {"uri": "s3://b/x"}})
+    assert render_manifests(digits, RenderOptions(ray_version="2.60.0"))[1]["metadata"]["name"] == "j-2026-report"
+
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.mark.parametrize(("kind", "date", "limit"), [("rayjob", "2026-03-01", 47), ("rayjob", None, 47),
+                                                      ("raycronjob", None, 41)])
+def test_long_names_are_cut_without_collisions(kind, date, limit):
+    stem = "contracts-nightly-question-answering-for-the-legal-department-"
+    names = set()
+    for suffix in ("emea", "apac", "us"):
+        job = spec_from_dict({"name": stem + suffix, "input": {"uri": "s3://b/x"}})
+        _, doc = render_manifests(job, RenderOptions(kind=kind, run_date=date, ray_version="2.60.0"))
+        name = doc["metadata"]["name"]
+        assert len(name) <= limit and _DNS1035.match(name), name
+        assert name.startswith("contracts-nightly") and (date is None or name.endswith(date))
+        assert len(doc["metadata"]["labels"]["longdoc/job"]) <= 63
+        names.add(name)
+    assert len(names) == 3
 
 
 @pytest.mark.parametrize(("path", "kind"), [("rayjob-sample.yaml", "RayJob"),
@@ -124,3 +199,68 @@ def test_example_manifests_in_infra_are_valid(path, kind):
     job = spec_from_dict(yaml.safe_load(cm["data"]["job.yaml"]))
     assert job.input.uri.startswith("s3://") and job.output.uri.startswith("s3://")
     assert all(g["template"]["spec"]["containers"][0]["envFrom"] for g in _workers(doc))
+
+
+# ----------------------------------------------------------------------------- schema checks
+# Kubernetes objects against the Kubernetes OpenAPI schemas (kubernetes-validate, strict:
+# unknown fields fail); RayJob / RayCronJob against a JSON Schema derived from the KubeRay
+# v1.6.2 CRDs (infra/kuberay-schema/, pod templates checked as Kubernetes PodTemplates).
+K8S_VERSION = "1.33.0"
+KUBERAY_SCHEMA = json.loads((ROOT / "infra" / "kuberay-schema" / "kuberay-v1.6.2.json").read_text())
+
+
+def schema_errors(docs: list[dict]) -> list[str]:
+    """Every schema violation of rendered manifests, as readable strings (empty = valid)."""
+    errors: list[str] = []
+    for doc in docs:
+        if doc["apiVersion"] == "v1":
+            errors += _k8s_errors(doc)
+            continue
+        v = jsonschema.Draft202012Validator(KUBERAY_SCHEMA[doc["kind"]])
+        errors += [f"{doc['kind']} {'/'.join(map(str, e.path))}: {e.message}" for e in v.iter_errors(doc)]
+        spec = doc["spec"] if doc["kind"] == "RayJob" else doc["spec"]["jobTemplate"]
+        cluster = spec["rayClusterSpec"]
+        templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+        for t in templates:
+            errors += _k8s_errors({"apiVersion": "v1", "kind": "PodTemplate",
+                                   "metadata": {"name": "t"}, "template": t})
+    return errors
+
+
+def _k8s_errors(obj: dict) -> list[str]:
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{obj['kind']}: {e.message} at {'/'.join(map(str, e.path))}"]
+    return []
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--date", "2026-01-31", "--namespace", "batch", "--secret", "longdoc-s3", "--service-account", "runner"],
+    ["--kind", "raycronjob", "--timezone", "Europe/Zurich", "--set", "resources.actors=[1,4]",
+     "--set", "resources.num_gpus=0.25", "--toleration", "dedicated=batch:NoSchedule", "--shm-size", "0"],
+    ["--set", "compression={method: rag, target_tokens: 512}", "--set", "resources.compress_num_gpus=0.5",
+     "--set", "resources.compress_actors=3", "--set", "resources.num_gpus=2", "--no-gpu-toleration"],
+])
+def test_rendered_manifests_pass_kubernetes_and_kuberay_schemas(args):
+    code, docs, out = _render(str(SAMPLE), *args)
+    assert code == 0, out
+    assert schema_errors(docs) == []
+
+
+def test_schema_check_catches_mistakes():
+    """The check is not a rubber stamp: typical slips in either schema are reported."""
+    _, docs, _ = _render(str(SAMPLE), "--set", "resources.num_gpus=1")
+    cm, rj = docs
+    bad = copy.deepcopy(rj)
+    bad["spec"]["shutdownAfterJobFinish"] = True  # misspelt: the API server would drop it
+    bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "two"
+    pod = bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    pod["tolerations"][0]["operator"] = ["Exists"]
+    bad_cm = copy.deepcopy(cm) | {"data": {"job.yaml": 7}}
+    errors = schema_errors([bad_cm, bad])
+    assert any("shutdownAfterJobFinish" in e for e in errors)
+    assert any("replicas" in e for e in errors)
+    assert any(e.startswith("PodTemplate") for e in errors)
+    assert any(e.startswith("ConfigMap") for e in errors)

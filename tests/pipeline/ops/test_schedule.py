@@ -1,0 +1,55 @@
+"""Cron schedules and time zones are checked before a manifest reaches a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.ops.schedule import check_cron, check_timezone
+
+
+@pytest.mark.parametrize(("expr", "want"), [
+    ("0 2 * * *", "0 2 * * *"),
+    ("  30   1 * *  * ", "30 1 * * *"),
+    ("*/15 0-6 ? JAN-MAR MON-FRI", "*/15 0-6 ? JAN-MAR MON-FRI"),
+    ("0 2 1,15 * 0", "0 2 1,15 * 0"),
+    ("59 23 31 12 6", "59 23 31 12 6"),
+    ("0 */2 * * sun", "0 */2 * * sun"),
+    ("@Daily", "@daily"),
+    ("@hourly", "@hourly"),
+])
+def test_valid_schedules(expr, want):
+    assert check_cron(expr) == want
+
+
+@pytest.mark.parametrize(("expr", "message"), [
+    ("61 2 * * *", "minute field '61': 61 is out of range; allowed 0-59"),
+    ("0 24 * * *", "hour field '24': 24 is out of range; allowed 0-23"),
+    ("0 2 0 * *", "day of month field '0': 0 is out of range; allowed 1-31"),
+    ("0 2 * 13 *", "month field '13': 13 is out of range; allowed 1-12 or JAN-DEC"),
+    ("0 2 * * 7", "day of week field '7': 7 is out of range; allowed 0-6 or SUN-SAT"),
+    ("0 2 * *", "has 4 field(s)"),
+    ("0 2 * * * *", "has 6 field(s)"),
+    ("@nightly", "unknown macro"),
+    ("*/0 * * * *", "step '0' must be a whole number >= 1"),
+    ("5-1 * * * *", "runs backwards"),
+    ("? * * * *", "'?' only fits"),
+    ("0 2 * FOO *", "'FOO' is not a number or name"),
+    ("0 2-* * * *", "'*' is not a number or name"),
+    ("0 1-2-3 * * *", "is not N, N-M"),
+    ("CRON_TZ=UTC 0 2 * * *", "give the zone with --timezone"),
+])
+def test_bad_schedules_name_the_option_and_the_field(expr, message):
+    with pytest.raises(ValueError) as e:
+        check_cron(expr, "--schedule")
+    assert str(e.value).startswith(f"--schedule {expr!r}") and message in str(e.value)
+
+
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Zurich", "America/Argentina/Buenos_Aires", "Etc/GMT+5"])
+def test_known_time_zones(tz):
+    assert check_timezone(tz) == tz
+
+
+@pytest.mark.parametrize("tz", ["Mars/Olympus_Mons", "Europe/Zürich", "", " UTC", "../../etc/passwd", "/etc/localtime"])
+def test_unknown_time_zones_name_the_option(tz):
+    with pytest.raises(ValueError, match="--timezone"):
+        check_timezone(tz)
