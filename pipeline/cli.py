@@ -186,8 +186,8 @@ def report(
 
 def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
+    from pipeline.bench.command import bench_decode_command
     from pipeline.bench.compress import bench_compress
-    from pipeline.bench.decode import bench_decode
     from pipeline.eval.runner import eval_command
     from pipeline.ops.render import render
     from pipeline.ops.submit import logs, status, submit
@@ -198,7 +198,12 @@ def _register_operations() -> None:
     app.command(help="Status of a submitted job.")(status)
     app.command(help="Logs of a submitted job.")(logs)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
-    bench_app.command("decode", help="Decoding throughput: HF vs our engine, greedy vs PLD.")(bench_decode)
+    bench_app.command(
+        "decode",
+        help="Decoding throughput: our engine (greedy, prompt lookup) vs transformers "
+        "(dynamic; static + compiled) with the memory roofline (--suite systems), or the "
+        "CPU targets of issue 3 (--suite cpu-targets, the default without systems options).",
+    )(bench_decode_command)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
     app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(
         eval_command

@@ -43,6 +43,9 @@ EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
     "model": (EMBEDDED_MODEL,),
     "embedder": (EMBEDDED_EMBEDDER,),
 }
+#: Shapes a ``random:<shape>`` model name may name (random weights, no download; built
+#: by stages/random_models.py, whose SHAPES must hold exactly these).
+RANDOM_MODEL_SHAPES = ("tiny", "smollm2-135m", "llama-1b", "llama-8b")
 #: URI schemes the readers and writers support (a plain path has none).
 URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
 INPUT_PLACEHOLDERS = ("run_date",)
@@ -190,7 +193,6 @@ class InputSpec(_Strict):
         return self
 
 
-
 # ----------------------------------------------------------------------------- task
 class TaskSpec(_Strict):
     kind: Literal["summarize", "qa"] = Field(
@@ -317,7 +319,9 @@ class SpeculativeSpec(_Strict):
 class GenerationSpec(_Strict):
     model: str = Field(
         default=EMBEDDED_MODEL,
-        description="Hugging Face model id or local path; default is the embedded SmolLM2-135M-Instruct.",
+        description="Hugging Face model id or local path; default is the embedded SmolLM2-135M-Instruct. "
+        "random:<shape> (" + ", ".join(RANDOM_MODEL_SHAPES) + ") builds a model with random "
+        "weights from a known config, for benchmarks.",
     )
     max_new_tokens: int = Field(default=128, ge=1, le=8192, description="Most tokens generated per request.")
     temperature: float = Field(default=0.0, ge=0.0, le=5.0, description="0 = greedy decoding.")
@@ -339,6 +343,11 @@ class GenerationSpec(_Strict):
     def _model_name(cls, v: str) -> str:
         if not v.strip():
             raise ValueError(f"is empty; allowed: {EMBEDDED_MODEL}, a Hugging Face id or a local path")
+        if v.startswith("random:") and v[len("random:") :] not in RANDOM_MODEL_SHAPES:
+            raise ValueError(
+                f"unknown random model {v!r}; allowed: "
+                + ", ".join("random:" + s for s in RANDOM_MODEL_SHAPES)
+            )
         return check_embedded_name(v, "model")
 
 

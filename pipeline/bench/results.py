@@ -1,0 +1,134 @@
+"""Writing `bench decode --suite systems` results: JSON + Markdown under jobs/results/.
+
+JSON layout (``layout_version`` 1; pipeline/bench/suite.py fills it):
+- ``device``: type, name, torch_threads, bandwidth_measured_GBps (copy, read + write),
+  bandwidth_nominal_GBps (data sheet, GPUs only), clock.
+- ``versions``: torch, transformers, python, longdoc_commit. ``model``: name,
+  parameters, dtype, weight_bytes_per_step, kv_bytes_per_token. ``settings``: the
+  options. ``engine``: our step backend. ``notes``: how to read the figures.
+- ``systems``: per system name (longdoc, longdoc-pld, hf-dynamic, hf-static-compiled)
+  ``status`` ok | skipped | error, with ``reason``.
+- ``results``: one record per batch size: ``batch_size``, ``prefill_s``, ``systems``
+  (per system: status, tokens, seconds, tok_s, decode_tok_s, ms_per_step, steps; PLD
+  also drafted, accepted, acceptance), ``step_ms`` (our loop by width: ms,
+  mean_width), ``agreement_with_longdoc`` (per other system: rows, rows_identical,
+  first_divergence, first_divergence_by_row), ``ratio_vs_hf_static_compiled``,
+  ``pld_over_greedy``, ``roofline`` (weights_tok_s, weights_kv_tok_s, bytes_per_step).
+
+Files: ``<out>/decode-<device name>-<model>.json`` and ``.md`` (names slugged), so a
+rerun on the same device and model replaces its table and git keeps the history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pipeline.bench.systems import SYSTEMS
+
+DEFAULT_OUT = "jobs/results/bench-decode"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def result_paths(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    stem = f"decode-{slug(result['device']['name'])}-{slug(result['model']['name'])}"
+    out = Path(out_dir)
+    return out / f"{stem}.json", out / f"{stem}.md"
+
+
+def write_results(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write the JSON and the Markdown table; returns their paths."""
+    js, md = result_paths(result, out_dir)
+    js.parent.mkdir(parents=True, exist_ok=True)
+    js.write_text(json.dumps(result, indent=1) + "\n")
+    md.write_text(markdown(result))
+    return js, md
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(rec: dict, system: str) -> str:
+    r = rec["systems"].get(system, {})
+    if r.get("status") == "ok":
+        return _f(r["tok_s"])
+    return r.get("status", "–")
+
+
+def markdown(result: dict) -> str:
+    """The results as Markdown: throughput, step cost, agreement, notes."""
+    d, m, s = result["device"], result["model"], result["settings"]
+    v = result["versions"]
+    lines = [
+        f"# bench decode: {m['name']} on {d['name']}",
+        "",
+        f"{m['parameters'] / 1e9:.3f}B parameters, {m['dtype']}; {s['prompt_tokens']}-token prompts, "
+        f"{s['new_tokens']} new tokens, greedy. torch {v['torch']}, transformers {v['transformers']}, "
+        f"longdoc {v['longdoc_commit']}, {result['created_utc']}. Engine: {result.get('engine')}.",
+        f"Memory bandwidth: {_f(d['bandwidth_measured_GBps'], 0)} GB/s measured (copy, read + write)"
+        + (f", {_f(d['bandwidth_nominal_GBps'], 0)} GB/s nominal" if d.get("bandwidth_nominal_GBps") else "")
+        + f"; {m['weight_bytes_per_step'] / 1e9:.3f} GB of weights per step. Clock: {d['clock']}.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        "## Output tokens/s (prefill + decode)",
+        "",
+        "| batch | " + " | ".join(SYSTEMS) + " | roofline (weights) | roofline (weights+KV) "
+        "| longdoc / hf-static-compiled | longdoc-pld / longdoc |",
+        "|---" * (len(SYSTEMS) + 5) + "|",
+    ]
+    for rec in result["results"]:
+        ratio = rec.get("ratio_vs_hf_static_compiled") or {}
+        lines.append(
+            f"| {rec['batch_size']} | " + " | ".join(_cell(rec, x) for x in SYSTEMS)
+            + f" | {_f(rec['roofline']['weights_tok_s'])} | {_f(rec['roofline']['weights_kv_tok_s'])}"
+            + f" | {_f(ratio.get('longdoc'), 2)} | {_f(rec.get('pld_over_greedy'), 2)} |"
+        )
+    lines += ["", "## Decode only: tokens/s and ms per step (prefill subtracted)", "",
+              "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
+    for rec in result["results"]:
+        cells = []
+        for x in SYSTEMS:
+            r = rec["systems"].get(x, {})
+            cells.append(f"{_f(r.get('decode_tok_s'))} ({_f(r.get('ms_per_step'), 2)} ms)"
+                         if r.get("status") == "ok" else r.get("status", "–"))
+        lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
+    widths = sorted({int(w) for rec in result["results"] for w in rec.get("step_ms", {})})
+    if widths:
+        lines += ["", "## Our decode loop: ms per step by verify width (mean fed width)", "",
+                  "| batch | " + " | ".join(f"w={w}" for w in widths) + " |", "|---" * (len(widths) + 1) + "|"]
+        for rec in result["results"]:
+            sm = rec.get("step_ms", {})
+            cells = [
+                f"{_f(sm[str(w)]['ms'], 2)} ({_f(sm[str(w)]['mean_width'], 1)})" if "ms" in sm.get(str(w), {})
+                else "–" for w in widths
+            ]
+            lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Agreement with longdoc greedy (rows identical; first divergence, tokens)", "",
+              "| batch | " + " | ".join(SYSTEMS[1:]) + " | PLD acceptance |", "|---" * len(SYSTEMS) + "|---|"]
+    for rec in result["results"]:
+        ag = rec.get("agreement_with_longdoc", {})
+        cells = [f"{ag[x]['rows_identical']:.0%}; {_f(ag[x]['first_divergence'], 0)}" if x in ag else "–"
+                 for x in SYSTEMS[1:]]
+        acc = rec["systems"].get("longdoc-pld", {}).get("acceptance")
+        lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + f" | {_f(acc, 2)} |")
+    not_ok = {x: r for x, r in result["systems"].items() if r["status"] != "ok"}
+    if not_ok:
+        lines += ["", "## Systems not run or failed", ""]
+        lines += [f"- {x}: {r['status']} ({r.get('reason', '')})" for x, r in not_ok.items()]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(rec: dict) -> list[str]:
+    """Short console lines for one batch size's record."""
+    parts = [f"{x} {_cell(rec, x)}" for x in SYSTEMS]
+    line = f"B={rec['batch_size']}: tok/s " + ", ".join(parts) + f" | roofline {_f(rec['roofline']['weights_tok_s'])}"
+    ag = rec.get("agreement_with_longdoc", {}).get("longdoc-pld")
+    extra = f"  PLD=greedy rows {ag['rows_identical']:.0%}" if ag else ""
+    return [line + extra]

@@ -1,0 +1,179 @@
+"""The decoders `longdoc bench decode --suite systems` compares, each run the same way.
+
+Contract: every runner takes the model, a batch of prompts (token lists, all the same
+length in the bench) and the number of new tokens, generates greedily, and returns a
+``Run``: the generated ids per row and the seconds of the whole call (prefill +
+decode, what a caller waits for), measured with ``Clock``.
+
+Systems (names are the JSON keys):
+- ``longdoc``: our engine, plain greedy: stages.decoding.state.prefill_full, then
+  stages.decoding.engine.decode with speculation off.
+- ``longdoc-pld``: the same with prompt lookup at the job spec's defaults
+  (schemas.spec.SpeculativeSpec), drafting from the prompt and the output so far.
+- ``hf-dynamic``: transformers ``generate`` with its default dynamic cache.
+- ``hf-static-compiled``: ``generate`` with ``cache_implementation="static"`` and
+  transformers' automatic torch.compile of the decode step (CompileConfig; on CUDA
+  mode "reduce-overhead" = CUDA graphs; on CPU inductor's default mode, which
+  transformers only does when asked). The caller times the 2nd call: the 1st
+  compiles.
+
+EOS: with ``ignore_eos`` every row generates exactly ``new_tokens`` tokens (ours: no
+EOS ids; HF: ``min_new_tokens``), so every system does the same work.
+
+Clock: on CUDA ``perf_counter`` after ``torch.cuda.synchronize``; on CPU with one
+torch thread this process's CPU time (the convention of pipeline/bench/decode.py:
+on a shared machine it leaves out time other processes hold the core), else wall.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+SYSTEMS = ("longdoc", "longdoc-pld", "hf-dynamic", "hf-static-compiled")
+
+
+class Clock:
+    """Seconds for timing a call on ``device`` (see the module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            self.name = "cuda.synchronize+perf_counter"
+        elif torch.get_num_threads() == 1:
+            self.name = "process_time (one torch thread)"
+        else:
+            self.name = "perf_counter"
+        self._timer = time.process_time if self.name.startswith("process_time") else time.perf_counter
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self._timer()
+
+
+@dataclass
+class Run:
+    tokens: list[list[int]]  # generated ids per row
+    seconds: float  # the whole call: prefill + decode
+    prefill_s: float | None = None  # of that, the prefill (where the system exposes it)
+    steps: int = 0  # decode forward passes after the prefill (longdoc systems)
+    row_steps: int = 0  # the same summed over rows (a row leaves the batch when it finishes)
+    drafted: int = 0  # prompt lookup: draft tokens fed, all rows
+    accepted: int = 0  # prompt lookup: draft tokens accepted, all rows
+
+    @property
+    def generated(self) -> int:
+        return sum(map(len, self.tokens))
+
+
+def greedy_config(new_tokens: int, eos: frozenset[int]):
+    from stages.decoding.config import DecodeConfig
+
+    return DecodeConfig(max_new_tokens=new_tokens, eos_ids=eos)
+
+
+def pld_config(new_tokens: int, eos: frozenset[int], draft_tokens: int | None = None, adaptive: bool = True):
+    """Prompt lookup at the spec's defaults; ``draft_tokens``/``adaptive`` override them."""
+    from schemas.spec import SpeculativeSpec
+    from stages.decoding.config import DecodeConfig
+
+    spec = SpeculativeSpec()
+    return DecodeConfig(
+        max_new_tokens=new_tokens, eos_ids=eos, speculative="prompt_lookup",
+        num_draft_tokens=draft_tokens or spec.num_draft_tokens, max_ngram=spec.max_ngram,
+        min_ngram=spec.min_ngram, adaptive=adaptive if draft_tokens is None else False,
+    )
+
+
+def make_engine(model, device: torch.device):
+    """The engine's per-actor state for ``model`` on ``device`` (warmed up: CPU kernel plan)."""
+    from stages.decoding.engine_state import EngineState
+
+    return EngineState(model, device)
+
+
+def run_longdoc(
+    engine, model, prompts: list[list[int]], config, pad_id: int, clock: Clock,
+    lookups: list[list[int]] | None = None, tuning=None,
+) -> Run:
+    """Prefill the batch, then decode it with our engine. ``lookups``: what prompt lookup
+    drafts from (default: the prompts, as in the product); ``tuning``: adaptive.Tuning."""
+    from stages.decoding.engine import decode
+    from stages.decoding.state import prefill_full
+
+    t0 = clock()
+    state = prefill_full(model, prompts, pad_id)
+    t1 = clock()
+    res = decode(engine, state, [list(x) for x in (lookups or prompts)], config, tuning=tuning)
+    t2 = clock()
+    return Run(
+        tokens=[r.tokens for r in res], seconds=t2 - t0, prefill_s=t1 - t0,
+        steps=max(r.decode_steps for r in res), row_steps=sum(r.decode_steps for r in res),
+        drafted=sum(r.draft_tokens for r in res),
+        accepted=sum(r.accepted_tokens for r in res),
+    )
+
+
+def compile_config(device: torch.device):
+    """transformers' CompileConfig for the static-cache system on ``device``."""
+    from transformers import CompileConfig
+
+    if device.type == "cuda":
+        return CompileConfig(fullgraph=True, mode="reduce-overhead")
+    cfg = CompileConfig(fullgraph=True, mode="default")
+    cfg._compile_all_devices = True  # transformers compiles on CPU only when told to
+    return cfg
+
+
+def run_hf(
+    model, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_id: int, clock: Clock,
+    static_compiled: bool = False, ignore_eos: bool = True,
+) -> Run:
+    """One transformers ``generate`` call, greedy; see the module docstring."""
+    from transformers import GenerationConfig
+
+    from stages.decoding.state import left_pad
+
+    device = next(model.parameters()).device
+    ids, real = left_pad(prompts, pad_id, device)
+    kw = dict(
+        max_new_tokens=new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id, eos_token_id=eos_id,
+        min_new_tokens=new_tokens if ignore_eos else None,
+    )
+    if static_compiled:
+        gen = GenerationConfig(**kw, cache_implementation="static", compile_config=compile_config(device))
+    else:
+        gen = GenerationConfig(**kw, disable_compile=True)
+    t0 = clock()
+    with torch.inference_mode():
+        seq = model.generate(input_ids=ids, attention_mask=real.long(), generation_config=gen)
+    t1 = clock()
+    width = ids.shape[1]
+    outs = []
+    for row in seq[:, width:].tolist():
+        cut = len(row) if ignore_eos else next((i + 1 for i, x in enumerate(row) if x == eos_id), len(row))
+        outs.append(row[:cut])
+    return Run(tokens=outs, seconds=t1 - t0)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (None when identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
+    """Rows of ``other`` identical to ``reference``, and where the others first diverge."""
+    firsts = [first_divergence(a, b) for a, b in zip(reference, other, strict=True)]
+    diverged = [f for f in firsts if f is not None]
+    return {
+        "rows": len(firsts),
+        "rows_identical": (len(firsts) - len(diverged)) / len(firsts) if firsts else None,
+        "first_divergence": min(diverged) if diverged else None,
+        "first_divergence_by_row": firsts,
+    }
