@@ -66,8 +66,8 @@ class EagerBackend:
     """The eager forward on any device (CUDA today): no kernel plan, no graphs.
 
     Clock: ``perf_counter`` after the device's queued work has finished
-    (``torch.accelerator.synchronize``), so a step is charged for its kernels, not
-    for their launch; on CPU no synchronise is needed.
+    (``torch.cuda.synchronize``; ``torch.<device>.synchronize`` elsewhere), so a step
+    is charged for its kernels, not for their launch; on CPU nothing is queued.
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
@@ -78,8 +78,10 @@ class EagerBackend:
         """Nothing to measure for the eager path."""
 
     def clock(self) -> float:
-        if self.device.type != "cpu":
-            torch.accelerator.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize()  # mps, xpu, ...
         return time.perf_counter()
 
     def cost_prior(self) -> tuple[float, float]:
