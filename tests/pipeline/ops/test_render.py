@@ -199,6 +199,9 @@ def test_example_manifests_in_infra_are_valid(path, kind):
     job = spec_from_dict(yaml.safe_load(cm["data"]["job.yaml"]))
     assert job.input.uri.startswith("s3://") and job.output.uri.startswith("s3://")
     assert all(g["template"]["spec"]["containers"][0]["envFrom"] for g in _workers(doc))
+    assert schema_errors([cm, doc]) == []
+    # Re-rendered with today's code: the command in the file's header reproduces it.
+    assert doc["spec"].get("backoffLimit", doc["spec"].get("jobTemplate", {}).get("backoffLimit")) == 1
 
 
 # ----------------------------------------------------------------------------- schema checks
