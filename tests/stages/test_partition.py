@@ -1,0 +1,103 @@
+"""Committing staged blocks: compaction, in-place replacement of retried rows, crash safety."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.output import INPUT, RETRYABLE
+from stages.partition import commit_date, read_file, scan_date
+from stages.rows import rows_to_batch
+from stages.write import WriteStage
+
+DATE = "2026-05-01"
+
+
+def _rows(ids: range, error: str | None = None, kind: str | None = None, run_id: str = "r1") -> list[dict]:
+    return [{"run_id": run_id, "run_date": DATE, "job": "j", "doc_id": f"d{i}", "request_id": f"q{i:03d}",
+             "output_text": None if error else f"answer {i} by {run_id}", "error": error, "error_kind": kind}
+            for i in ids]
+
+
+def _stage(root: Path, run_id: str, *blocks: list[dict]) -> None:
+    stage = WriteStage(str(root), DATE, run_id)
+    for rows in blocks:
+        stage(rows_to_batch(rows))
+
+
+def _visible(root: Path) -> dict[str, dict]:
+    """request_id -> row, over what a reader sees; fails on a duplicate request."""
+    out: dict[str, dict] = {}
+    for f in sorted((root / f"run_date={DATE}").glob("*.parquet")):
+        for r in pq.read_table(f).to_pylist():
+            assert r["request_id"] not in out, f"request {r['request_id']} twice"
+            out[r["request_id"]] = r
+    return out
+
+
+def test_blocks_are_compacted_into_one_file_and_staging_is_emptied(tmp_path):
+    _stage(tmp_path, "r1", _rows(range(0, 4)), _rows(range(4, 8)), _rows(range(8, 10), "read: empty", INPUT))
+    assert _visible(tmp_path) == {}  # nothing visible before the commit
+    assert len(scan_date(str(tmp_path), DATE).rows) == 10  # but a resume already sees them
+    out = commit_date(str(tmp_path), DATE, "r1")
+    assert out == {"staged_files": 3, "replaced": 0, "added": 10, "files_written": 1}
+    files = list((tmp_path / f"run_date={DATE}").glob("*.parquet"))
+    assert [f.name.startswith("part-r1-") for f in files] == [True]
+    assert len(_visible(tmp_path)) == 10
+    assert not list((tmp_path / "_staging").rglob("*.staged"))
+    assert scan_date(str(tmp_path), DATE).counts() == {"rows": 10, "failed": 2, "errors_input": 2,
+                                                       "errors_retryable": 0}
+
+
+def test_compaction_splits_at_the_target_size(tmp_path):
+    _stage(tmp_path, "r1", _rows(range(0, 3)), _rows(range(3, 6)), _rows(range(6, 9)))
+    out = commit_date(str(tmp_path), DATE, "r1", target_bytes=1)  # every block exceeds it
+    assert out["files_written"] == 3 and len(_visible(tmp_path)) == 9
+
+
+def test_a_retried_row_replaces_the_old_error_in_its_file(tmp_path):
+    _stage(tmp_path, "r1", _rows(range(0, 3)), _rows(range(3, 5), "generate: ActorDiedError", RETRYABLE))
+    commit_date(str(tmp_path), DATE, "r1")
+    (before,) = (tmp_path / f"run_date={DATE}").glob("*.parquet")
+    scan = scan_date(str(tmp_path), DATE)
+    assert scan.skip("retryable") == {"q000", "q001", "q002"} and len(scan.skip("none")) == 5
+    _stage(tmp_path, "r2", _rows(range(3, 5), run_id="r2"))  # the rerun redoes q003, q004
+    out = commit_date(str(tmp_path), DATE, "r2")
+    assert out["replaced"] == 2 and out["added"] == 0
+    assert list((tmp_path / f"run_date={DATE}").glob("*.parquet")) == [before]  # same file, rewritten
+    rows = _visible(tmp_path)
+    assert len(rows) == 5 and all(r["error"] is None for r in rows.values())
+    assert rows["q003"]["output_text"] == "answer 3 by r2" and rows["q000"]["run_id"] == "r1"
+
+
+def test_a_commit_interrupted_before_cleanup_is_finished_by_the_next_without_duplicates(tmp_path):
+    _stage(tmp_path, "r1", _rows(range(0, 2)), _rows(range(2, 4), "generate: OSError", RETRYABLE))
+    commit_date(str(tmp_path), DATE, "r1")
+    _stage(tmp_path, "r2", _rows(range(2, 4), run_id="r2"), _rows(range(4, 6), run_id="r2"))
+    # Crash after every file was published but before the staged copies were deleted:
+    saved = tmp_path / "saved"
+    shutil.copytree(tmp_path / "_staging", saved)
+    commit_date(str(tmp_path), DATE, "r2")
+    published = {f.name: f.stat().st_mtime_ns for f in (tmp_path / f"run_date={DATE}").glob("*.parquet")}
+    shutil.rmtree(tmp_path / "_staging")
+    shutil.copytree(saved, tmp_path / "_staging")
+    assert len(scan_date(str(tmp_path), DATE).rows) == 6  # a reader mid-way: each request once
+    out = commit_date(str(tmp_path), DATE, "r3")
+    assert out["files_written"] == 0 and out["staged_files"] == 2  # already published: cleanup only
+    assert {f.name: f.stat().st_mtime_ns for f in (tmp_path / f"run_date={DATE}").glob("*.parquet")} == published
+    rows = _visible(tmp_path)
+    assert sorted(rows) == [f"q{i:03d}" for i in range(6)] and all(r["error"] is None for r in rows.values())
+
+
+def test_files_written_before_schema_2_are_read_conformed(tmp_path):
+    part = tmp_path / f"run_date={DATE}"
+    part.mkdir()
+    pq.write_table(pa.table({"run_id": ["r0"], "run_date": [DATE], "job": ["j"], "doc_id": ["d"],
+                             "request_id": ["q"], "error": ["boom"]}), part / "part-old.parquet")
+    t = read_file(scan_date(str(tmp_path), DATE).fs, str(part / "part-old.parquet"))
+    assert "run_date" not in t.column_names
+    assert t.column("schema_version").to_pylist() == [1] and t.column("error_kind").to_pylist() == [None]
+    assert scan_date(str(tmp_path), DATE).skip("retryable") == frozenset()  # unknown kind: retried
