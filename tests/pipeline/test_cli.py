@@ -84,3 +84,25 @@ def test_validate_checks_the_local_input_for_the_run_date(tmp_path):
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0  # date unknown: not checked
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet"])
     assert res.exit_code == 2 and f"{tmp_path}/2026-02-01" in res.output and "does not exist" in res.output
+
+
+def test_oversized_documents_become_input_error_rows(tmp_path, tiny_model_dir, ray_session):
+    from pipeline.report.load import load_output
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "short.txt").write_text("A short document about lakes.")
+    (corpus / "long.txt").write_text("Rivers run to the sea. " * 40)  # ~200 tokens, < 2000 bytes
+    (corpus / "huge.txt").write_text("x" * 3000)  # over the byte limit: never tokenized
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: bounded\ninput: {{uri: {corpus}, max_doc_tokens: 50, max_doc_bytes: 2000}}\n"
+        f"generation: {{model: {tiny_model_dir}, max_new_tokens: 2}}\noutput: {{uri: {tmp_path}/out}}\n"
+    )
+    res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-02", "--quiet", "--max-failed-fraction", "1"])
+    assert res.exit_code == 0, res.output
+    rows = {r["doc_id"]: r for r in load_output(f"{tmp_path}/out").to_pylist()}
+    assert rows["short.txt"]["error"] is None
+    assert "input.max_doc_tokens=50" in rows["long.txt"]["error"] and "'long.txt'" in rows["long.txt"]["error"]
+    assert "input.max_doc_bytes=2000" in rows["huge.txt"]["error"] and "3000 bytes" in rows["huge.txt"]["error"]
+    assert rows["long.txt"]["error_kind"] == rows["huge.txt"]["error_kind"] == "input"

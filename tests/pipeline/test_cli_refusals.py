@@ -4,8 +4,8 @@ One table: each case is a spec mistake (a YAML patch over a valid spec, or raw Y
 or a command-line mistake, with the strings its message must hold: the field path,
 the bad value and what is allowed. Every spec case goes through `longdoc validate`
 and `longdoc run` in-process (typer's CliRunner), the pure ones also through
-`longdoc submit` (the cluster address is never contacted); each must exit 2 and
-leave Ray uninitialised.
+`longdoc submit`; each must exit 2 without reaching the code that starts or contacts
+Ray (``run_job``, the Jobs API client), and leave Ray uninitialised when it was.
 """
 
 from __future__ import annotations
@@ -113,6 +113,22 @@ ARG_CASES = [
 ]
 
 
+class _Reached(AssertionError):
+    """Raised by the spies below: a refusal came too late."""
+
+
+@pytest.fixture(autouse=True)
+def never_reach_ray(monkeypatch):
+    import pipeline.ops.submit
+    import pipeline.runner
+
+    def reached(*args, **kwargs):
+        raise _Reached("the command went past validation: it would start or contact Ray")
+
+    monkeypatch.setattr(pipeline.runner, "run_job", reached)
+    monkeypatch.setattr(pipeline.ops.submit, "_client", reached)
+
+
 @pytest.fixture
 def no_fs_extras(monkeypatch):
     # None in sys.modules is Python's own "this import fails" marker: it stands for a
@@ -122,12 +138,14 @@ def no_fs_extras(monkeypatch):
 
 
 def _refused(args: list[str], expected: list[str]) -> None:
+    ray_was_up = ray.is_initialized()  # the session's shared Ray may be up from other tests
     res = runner.invoke(app, args)
+    assert not isinstance(res.exception, _Reached), f"{args}: not refused before Ray"
     assert res.exit_code == 2, f"{args}: exit {res.exit_code}\n{res.output}"
     for text in expected:
         assert text in res.output, f"{args}: {text!r} not in:\n{res.output}"
     assert "<root>" not in res.output and "Value error" not in res.output
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == ray_was_up
 
 
 @pytest.mark.parametrize("case", SPEC_CASES, ids=[c[0] for c in SPEC_CASES])
@@ -167,3 +185,6 @@ def test_the_valid_base_spec_passes(tmp_path):
     res = runner.invoke(app, ["validate", str(spec)])
     assert res.exit_code == 0, res.output
     assert "max_doc_tokens: 200000" in res.output
+    # ...and `run` goes on to start Ray (the spy stops it there): the refusals above are real.
+    res = runner.invoke(app, ["run", str(spec), "--date", "2026-01-31", "--quiet"])
+    assert isinstance(res.exception, _Reached)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from schemas.loading import SpecError, apply_overrides, load_spec, spec_from_dict
@@ -92,3 +93,25 @@ def test_json_round_trip():
     spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
     again = JobSpec.model_validate(spec.model_dump(mode="json"))
     assert again == spec
+
+
+def test_yaml_merge_keys_may_be_overridden_but_keys_not_repeated():
+    from schemas.loading import parse_yaml
+
+    merged = parse_yaml("a: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n")
+    assert merged["c"] == {"x": 3, "y": 2}
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'x'"):
+        parse_yaml("c:\n  x: 1\n  x: 2\n")
+
+
+def test_run_values_that_become_paths():
+    from schemas.loading import check_run_date, check_run_id
+
+    assert check_run_date("2024-02-29") == "2024-02-29"
+    assert check_run_id("20260131T000000Z-ab12.retry_1") == "20260131T000000Z-ab12.retry_1"
+    for bad in ("2023-02-29", "2026-1-31", "2026-01-31T00:00", " 2026-01-31"):
+        with pytest.raises(SpecError, match="YYYY-MM-DD"):
+            check_run_date(bad)
+    for bad in ("", "a b", "x/..", "a..b", ".x", "x" * 129, "é"):
+        with pytest.raises(SpecError, match="--run-id"):
+            check_run_id(bad)
