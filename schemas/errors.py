@@ -39,6 +39,8 @@ _ALLOWED = {
     "too_short": "at least {min_length} item(s)",
     "too_long": "at most {max_length} item(s)",
     "finite_number": "a finite number",
+    "string_too_short": "at least {min_length} character(s)",
+    "string_too_long": "at most {max_length} character(s)",
 }
 
 

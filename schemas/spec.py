@@ -60,6 +60,7 @@ OUTPUT_PLACEHOLDERS = ("job", "run_date")
 DEFAULT_MAX_DOC_BYTES = 8 * 2**20
 DEFAULT_MAX_DOC_TOKENS = 200_000
 
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")
 
@@ -144,8 +145,8 @@ class InputSpec(_Strict):
         "jsonl: one JSON object per line; parquet: one row per document. "
         "A single file URI or a folder of files both work for jsonl/parquet.",
     )
-    id_field: str = Field(default="id", description="Document id field (jsonl/parquet).")
-    text_field: str = Field(default="text", description="Document text field (jsonl/parquet).")
+    id_field: str = Field(default="id", min_length=1, description="Document id field (jsonl/parquet).")
+    text_field: str = Field(default="text", min_length=1, description="Document text field (jsonl/parquet).")
     question_field: str | None = Field(
         default=None,
         description="Optional field holding a question or a list of questions per document "
@@ -330,7 +331,9 @@ class GenerationSpec(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: float32 on CPU, bfloat16 on GPU."
     )
-    stop: tuple[str, ...] = Field(default=(), description="Extra stop strings (EOS always stops).")
+    stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
+        default=(), description="Extra stop strings (EOS always stops); an empty one would stop at once."
+    )
     # On by default: greedy output is identical to plain decoding, sampling keeps the
     # model's distribution, and adaptive drafting stops drafting where nothing matches.
     speculative: SpeculativeSpec = Field(
@@ -424,8 +427,11 @@ class JobSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name_is_path_safe(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\ \t\n") or v.startswith("."):
-            raise ValueError(f"name must be a non-empty path-safe word (no '/', spaces), got {v!r}")
+        # The name becomes a folder ({job}), a Ray submission id and a Kubernetes name.
+        if not _NAME_RE.match(v) or v.startswith("."):
+            raise ValueError(
+                f"got {v!r}; allowed: a path-safe word of 1-100 A-Z a-z 0-9 . _ - (no leading '.')"
+            )
         return v
 
     @model_validator(mode="after")
@@ -442,10 +448,22 @@ class JobSpec(_Strict):
     def _output_apart_from_input(self) -> JobSpec:
         # Writing into the corpus would make the next run read its own output.
         out = self.output.uri.replace("{job}", self.name).rstrip("/")
-        if out == self.input.uri.rstrip("/"):
+        inp = self.input.uri.rstrip("/")
+        if out == inp or out.startswith(inp + "/"):
             raise FieldError(
                 "output.uri",
-                f"{self.output.uri!r} is the input.uri; allowed: any other location",
+                f"{self.output.uri!r} is the input.uri {self.input.uri!r} or inside it; "
+                "allowed: a location outside the input",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _answers_need_questions(self) -> JobSpec:
+        if self.input.answer_field and not self.input.question_field:
+            raise FieldError(
+                "input.answer_field",
+                f"{self.input.answer_field!r} pairs answers with the questions of "
+                "input.question_field, which is not set; allowed: set both, or neither",
             )
         return self
 
