@@ -93,6 +93,8 @@ def bench_compress(
     sweep_chunks: Annotated[str, typer.Option(help="Extra chunk sizes run at the first target.")] = "128,256",
     sweep_sizes: Annotated[str, typer.Option(help="Document sizes the chunk sweep runs at.")] = "4000,8000",
     head_mode: Annotated[str, typer.Option(help="Finch head_mode: sum or kv_group.")] = "sum",
+    scoring: Annotated[str, typer.Option(help="Finch scoring: heads or paper.")] = "heads",
+    mode: Annotated[str, typer.Option(help="Finch mode: early_exit or kv (paper and kv_group need kv).")] = "early_exit",
     model: Annotated[str, typer.Option(help="Model name or path.")] = "embedded:smollm2-135m-instruct",
     corpus: Annotated[str, typer.Option(help="Folder of .txt files with long real text.")] = "jobs/corpus",
     num_gpus: Annotated[float, typer.Option(help="> 0 runs on CUDA when available.")] = 0.0,
@@ -141,12 +143,13 @@ def bench_compress(
         if n in sweep_at:
             configs += [(target_list[0], c) for c in sweep if c != chunk]
         for target, c in configs:
-            cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode)
+            cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
+                                   scoring=scoring, mode=mode)
             m = measure(lambda p=parts, cfg=cfg: finch_prefill(lm, [p], cfg, pad), device)
             rows.append(_row(n, f"finch t={target} c={c}", m, full, on_gpu))
     overhead = builder.overhead_tokens(DEFAULT_SUMMARY_INSTRUCTION, None)
     print(f"model={model} device={device} threads={torch.get_num_threads()} window={window} "
-          f"head_mode={head_mode} prompt overhead={overhead} tokens; "
+          f"head_mode={head_mode} scoring={scoring} mode={mode} prompt overhead={overhead} tokens; "
           f"ratios use {'wall' if on_gpu else 'CPU'} seconds")
     print("| doc tokens | method | wall s | CPU s | peak MiB | time vs full | peak vs full |")
     print("|---:|---|---:|---:|---:|---:|---:|")

@@ -18,14 +18,20 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    ``[chunk_i ; P]`` on top of the cache, positions contiguous after the cache.
    The pass is the model's normal forward (SDPA), with one pre-hook per attention
    module projecting P's rows to queries (scoring.py).
-3. Per layer, score the kept entries and the chunk's entries by P's attention
-   (softmax with the pass's causal mask, each row weighted by its number of
-   attended slots, summed over P's rows and over heads (head_mode="sum") or over
-   each KV head's query group (head_mode="kv_group", one selection per KV head)).
+3. Score the kept entries and the chunk's entries by P's attention (selector.py):
+   scoring="heads" (default) sums the calibrated retrieval heads' attention, each
+   head normalised over the document, pooled over ``pool_window`` tokens, into one
+   selection shared by all layers (evidence.py, heads.py); scoring="paper" sums
+   every head of each layer (softmax with the pass's causal mask, each prompt row
+   weighted by its number of attended slots; head_mode="kv_group": per KV head).
 4. Keep the top ``kept_i`` of them (schedule.py: ``floor(T * n_i / N)``, ending at
    exactly T), drop P's entries, restore document order and rotate the kept keys
    to contiguous positions (select.py, rope.py).
-5. After the last chunk, prefill P on the compressed cache for ``last_logits``.
+5. mode="kv": after the last chunk, prefill P on the compressed cache for
+   ``last_logits``. mode="early_exit" (GemFilter, Shi et al. 2024): steps 2-4 run
+   only the layers up to the deepest selecting head, and the kept document tokens
+   are then prefilled with prefix and P through the whole model (a plain cache).
+   When every document fits the budget, early exit is one full prefill.
 
 Batching: rows have their own documents, budgets and schedules; blocks are
 left-padded, a row whose document is exhausted rides along with an all-padding
@@ -39,26 +45,33 @@ model's context window work.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
-from schemas.spec import FinchCompression
 from stages.decoding.state import (
     CompressedPrefill,
     PrefillState,
     forward_step,
     left_pad,
     positions_from_real,
+    prefill_full,
     step_mask,
 )
+from stages.finch.heads import HeadSet, find_heads
 from stages.finch.rope import rotary_module
 from stages.finch.schedule import chunk_spans, kept_after_chunks
-from stages.finch.scoring import QueryCapture, prompt_scores
+from stages.finch.scoring import QueryCapture
 from stages.finch.select import gather_layer, make_plan, select_indices
+from stages.finch.selector import PassView, make_selector
 from stages.finch.support import attention_modules, check_inputs, check_supported
 from stages.prompting import PromptParts
+
+if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
+    from stages.compression.finch import FinchCompression
 
 __all__ = ["FinchStep", "check_supported", "finch_prefill"]
 
@@ -147,6 +160,23 @@ def _follow(kept_doc: torch.Tensor, block_doc: torch.Tensor, idx: torch.Tensor, 
     return torch.where(plan.slot_valid[:, None], picked, -1)
 
 
+_AUTO = object()
+
+
+@contextmanager
+def _first_layers(base, n: int):
+    """Run only the first ``n`` decoder layers of ``base`` inside the block (early exit)."""
+    full = base.layers
+    if n >= len(full):
+        yield
+        return
+    base.layers = torch.nn.ModuleList(list(full)[:n])
+    try:
+        yield
+    finally:
+        base.layers = full
+
+
 @torch.inference_mode()
 def finch_prefill(
     model,
@@ -154,22 +184,33 @@ def finch_prefill(
     config: FinchCompression,
     pad_id: int,
     trace: list[FinchStep] | None = None,
+    heads: HeadSet | None | object = _AUTO,
 ) -> CompressedPrefill:
     """Compress each row's document into ``min(target, len(doc))`` KV entries per layer.
 
     See the module docstring for the algorithm and the cache layout. ``trace``, when
-    given, receives one ``FinchStep`` per chunk pass.
+    given, receives one ``FinchStep`` per chunk pass. ``heads``: the selecting heads
+    for scoring="heads" (default: the model's calibrated set, ``find_heads``; None =
+    uncalibrated, every head).
     """
     check_supported(model)
     check_inputs(model, parts, config)
     t0 = time.perf_counter()
     device = model.device
+    if heads is _AUTO:
+        heads = find_heads(model) if config.scoring == "heads" else None
+    selector = make_selector(model, config, heads)  # type: ignore[arg-type]
+    early = config.mode == "early_exit"
+    if early and all(len(p.context_ids) <= config.target_tokens for p in parts):
+        return _prefill_kept(model, parts, [list(range(len(p.context_ids))) for p in parts], pad_id, t0, 0.0)
     base = getattr(model, model.base_model_prefix)
     attn = attention_modules(model)
     inv_freq = rotary_module(model).inv_freq
     b = len(parts)
+    run_layers = selector.run_layers if early else len(attn)
     cache = DynamicCache()
-    valid, prefix_len = _prefill_prefix(base, cache, [p.prefix_ids for p in parts], pad_id, device)
+    with _first_layers(base, run_layers):
+        valid, prefix_len = _prefill_prefix(base, cache, [p.prefix_ids for p in parts], pad_id, device)
     lp = valid.shape[1]
     bound = lp + config.target_tokens + config.chunk_tokens + max(len(p.query_ids) for p in parts)
     spans = [chunk_spans(len(p.context_ids), config.chunk_tokens) for p in parts]
@@ -181,16 +222,18 @@ def finch_prefill(
     ]
     kept = torch.zeros(b, dtype=torch.long, device=device)  # [B]
     doc_pos = torch.zeros((b, 0), dtype=torch.long, device=device)  # [B, K]
-    capture = QueryCapture(attn)
+    capture = QueryCapture(attn, [i for i in selector.capture_layers if i < run_layers])
     compress_s = 0.0
     h_kv = int(model.config.get_text_config().num_key_value_heads)
-    doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in attn]  # trace
+    # Document index held by each kept slot: every layer for the trace, layer 0 always
+    # (early exit re-reads those tokens).
+    doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in range(run_layers)]
     for i in range(max(len(s) for s in spans)):
         ts = time.perf_counter()
         blk = _block(parts, spans, i, pad_id, device)
         pos = positions_from_real(blk.real, prefix_len + kept)  # [B, T]
         mask = step_mask(valid, blk.real)  # [B, 1, T, S + T]
-        with capture.capturing(blk.p_rows):
+        with capture.capturing(blk.p_rows), _first_layers(base, run_layers):
             base(input_ids=blk.ids, attention_mask=mask, position_ids=pos,
                  past_key_values=cache, use_cache=True)
         slots = cache.layers[0].keys.shape[2]
@@ -202,20 +245,23 @@ def finch_prefill(
         plan = make_plan(new_kept, prefix_len)
         cand_valid = torch.cat([valid[:, lp:], blk.is_chunk], dim=1)  # [B, C]
         cand_pos = torch.cat([doc_pos, pos], dim=1)  # [B, C]
-        row_mask = mask[:, 0, mask.shape[2] - blk.p_rows :, :]  # [B, P, S + T]
         # Rows keeping all their candidates (document shorter than the budget so
         # far) leave nothing to rank: skip the scoring matmuls when all rows do.
-        rank = not bool((new_kept == cand_valid.sum(dim=1)).all())
-        for layer_idx, layer in enumerate(cache.layers):
-            if rank:
-                scores = prompt_scores(
-                    capture.queries[layer_idx], layer.keys, row_mask, blk.p_real,
-                    attn[layer_idx].scaling, config.head_mode,
-                )[:, :, lp:]  # [B, G, C]
-            else:
-                scores = torch.zeros((b, 1, slots - lp), device=device)
-            idx = select_indices(scores, cand_valid, plan)
-            if trace is not None:
+        if bool((new_kept == cand_valid.sum(dim=1)).all()):
+            zeros = torch.zeros((b, 1, slots - lp), device=device)
+            chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
+        else:
+            view = PassView(
+                queries=capture.queries,
+                keys=[layer.keys for layer in cache.layers],
+                row_mask=mask[:, 0, mask.shape[2] - blk.p_rows :, :],  # [B, P, S + T]
+                p_real=blk.p_real,
+                lp=lp,
+                cand_valid=cand_valid,
+            )
+            chosen = selector.select(view, plan)
+        for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
+            if trace is not None or layer_idx == 0:
                 doc_index[layer_idx] = _follow(doc_index[layer_idx], blk.doc_index, idx, plan)
             layer.keys, layer.values = gather_layer(
                 layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq
@@ -226,6 +272,13 @@ def finch_prefill(
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
         compress_s += time.perf_counter() - ts
+    if early:
+        del cache
+        kept_tokens = [
+            doc_index[0][row, 0, doc_index[0].shape[-1] - int(k) :].tolist()
+            for row, k in enumerate(kept.tolist())
+        ]
+        return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
     logits, valid = forward_step(model, cache, valid, ids, pos, real, logits_to_keep=1)
@@ -243,3 +296,20 @@ def finch_prefill(
         context_tokens=kept.tolist(),
         compress_s=[compress_s / b] * b,
     )
+
+
+def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id: int,
+                  t0: float, compress_s: float) -> CompressedPrefill:
+    """Early exit's second step: prefill ``prefix ; kept document tokens ; query`` through
+    the whole model. kept[row]: ascending document indices."""
+    prompts = [
+        p.prefix_ids + [p.context_ids[j] for j in k] + p.query_ids
+        for p, k in zip(parts, kept, strict=True)
+    ]
+    state = prefill_full(model, prompts, pad_id)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    state.prefill_s = time.perf_counter() - t0
+    b = len(parts)
+    return CompressedPrefill(state=state, context_tokens=[len(k) for k in kept],
+                             compress_s=[compress_s / b] * b)

@@ -34,10 +34,12 @@ from stages.finch.rope import rotate_half
 
 
 class QueryCapture:
-    """Holds the prompt rows' post-RoPE queries per layer: ``queries[l]`` is [B, H, P, D]."""
+    """Holds the prompt rows' post-RoPE queries per layer: ``queries[l]`` is [B, H, P, D]
+    for each captured layer l (``layers``, default all)."""
 
-    def __init__(self, attn_modules: list[torch.nn.Module]) -> None:
+    def __init__(self, attn_modules: list[torch.nn.Module], layers: list[int] | None = None) -> None:
         self.modules = attn_modules
+        self.layers = list(range(len(attn_modules))) if layers is None else list(layers)
         self.p_rows = 0
         self.queries: dict[int, torch.Tensor] = {}
 
@@ -59,12 +61,12 @@ class QueryCapture:
 
     @contextmanager
     def capturing(self, p_rows: int):
-        """Capture the last ``p_rows`` rows of every layer during one forward pass."""
+        """Capture the last ``p_rows`` rows of each of ``layers`` during one forward pass."""
         self.p_rows = p_rows
         self.queries = {}
         handles = [
-            m.register_forward_pre_hook(self._hook(i), with_kwargs=True)
-            for i, m in enumerate(self.modules)
+            self.modules[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+            for i in self.layers
         ]
         try:
             yield self

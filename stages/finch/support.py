@@ -10,11 +10,15 @@ transformers satisfy all three; others raise a ValueError naming the architectur
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from schemas.spec import FinchCompression
 from stages.finch.rope import check_rope
 from stages.prompting import PromptParts
+
+if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
+    from stages.compression.finch import FinchCompression
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

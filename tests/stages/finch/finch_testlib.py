@@ -25,3 +25,15 @@ def random_parts(lengths: list[tuple[int, int, int]], seed: int = 0) -> list[Pro
         return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
     return [PromptParts(ids(a), ids(b), ids(c)) for a, b, c in lengths]
+
+
+#: Every Finch configuration family the generic checks run on: name -> spec fields.
+VARIANTS: dict[str, dict] = {
+    "paper-sum": {"scoring": "paper", "mode": "kv"},
+    "paper-kv_group": {"scoring": "paper", "head_mode": "kv_group", "mode": "kv"},
+    "heads-shared-kv": {"mode": "kv"},
+    "heads-kv_group": {"head_mode": "kv_group", "mode": "kv"},
+    "heads-per_layer": {"selection": "per_layer", "mode": "kv"},
+    "heads-early_exit": {"mode": "early_exit"},
+}
+KV_VARIANTS = [v for v in VARIANTS if VARIANTS[v].get("mode") == "kv"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from finch_testlib import random_parts, tiny
+from finch_testlib import VARIANTS, random_parts, tiny
 
-from schemas.spec import FinchCompression
+from stages.compression.finch import FinchCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
@@ -15,12 +15,14 @@ from stages.finch.prefill import FinchStep, check_supported, finch_prefill
 ROWS = [(7, 100, 9), (5, 37, 12), (7, 0, 4), (6, 64, 9)]  # (prefix, doc, query) lengths
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_full_budget_equals_full_context_prefill(family: str) -> None:
+def test_full_budget_equals_full_context_prefill(family: str, variant: str) -> None:
     """target >= every document: same next-token logits as one full prefill (fp32)."""
     model = tiny(family, dtype=torch.float32)
     parts = random_parts(ROWS, seed=1)
-    out = finch_prefill(model, parts, FinchCompression(target_tokens=128, chunk_tokens=16), 0)
+    cfg = FinchCompression(target_tokens=128, chunk_tokens=16, **VARIANTS[variant])
+    out = finch_prefill(model, parts, cfg, 0)
     full = prefill_full(model, [p.full_ids for p in parts], 0)
     torch.testing.assert_close(out.state.last_logits, full.last_logits, atol=1e-4, rtol=1e-4)
     assert torch.equal(out.state.next_pos, full.next_pos)
@@ -28,13 +30,13 @@ def test_full_budget_equals_full_context_prefill(family: str) -> None:
     assert len(out.compress_s) == len(parts) and out.state.prefill_s > 0
 
 
-@pytest.mark.parametrize("head_mode", ["sum", "kv_group"])
-def test_budget_exact_and_memory_bounded_beyond_context_window(head_mode: str) -> None:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_budget_exact_and_memory_bounded_beyond_context_window(variant: str) -> None:
     """Documents 2-3x the model's window: cache never exceeds prefix + target + chunk + |P|."""
     model = tiny("llama", dtype=torch.float32, max_position_embeddings=256)
     rows = [(7, 600, 9), (4, 750, 13), (7, 40, 5)]
     parts = random_parts(rows, seed=2)
-    cfg = FinchCompression(target_tokens=64, chunk_tokens=32, head_mode=head_mode)
+    cfg = FinchCompression(target_tokens=64, chunk_tokens=32, **VARIANTS[variant])
     trace: list[FinchStep] = []
     out = finch_prefill(model, parts, cfg, 0, trace=trace)
     assert len(trace) == -(-750 // 32)
@@ -58,11 +60,11 @@ def test_budget_exact_and_memory_bounded_beyond_context_window(head_mode: str) -
     assert torch.isfinite(state.last_logits).all()
 
 
-@pytest.mark.parametrize("head_mode", ["sum", "kv_group"])
-def test_batch_equals_rows_alone(head_mode: str) -> None:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_batch_equals_rows_alone(variant: str) -> None:
     model = tiny("llama", seed=5)  # float64: no near-tie flips between batch layouts
     parts = random_parts(ROWS, seed=3)
-    cfg = FinchCompression(target_tokens=24, chunk_tokens=16, head_mode=head_mode)
+    cfg = FinchCompression(target_tokens=24, chunk_tokens=16, **VARIANTS[variant])
     batch_trace: list[FinchStep] = []
     batch = finch_prefill(model, parts, cfg, 0, trace=batch_trace)
     for row, p in enumerate(parts):
@@ -75,7 +77,7 @@ def test_batch_equals_rows_alone(head_mode: str) -> None:
             continue
         for lb, la in zip(batch_trace[-1].kept_index, trace[-1].kept_index, strict=True):
             assert torch.equal(lb[row][:, lb.shape[-1] - kept :], la[0][:, la.shape[-1] - kept :])
-    if head_mode == "kv_group":  # heads really keep different entries
+    if "kv_group" in variant:  # heads really keep different entries
         layer = batch_trace[-1].kept_index[1][0]
         assert not torch.equal(layer[0], layer[1])
 

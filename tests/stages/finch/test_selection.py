@@ -12,9 +12,9 @@ import copy
 
 import pytest
 import torch
-from finch_testlib import random_parts, tiny
+from finch_testlib import KV_VARIANTS, VARIANTS, random_parts, tiny
 
-from schemas.spec import FinchCompression
+from stages.compression.finch import FinchCompression
 from stages.finch.prefill import finch_prefill
 from stages.finch.rope import rerotate, rotary_module
 
@@ -43,7 +43,7 @@ def test_single_pass_keeps_reference_topk(head_mode: str) -> None:
     model = tiny("llama", seed=3)
     parts = random_parts([(5, 40, 7)], seed=4)[0]
     k = 12
-    cfg = FinchCompression(target_tokens=k, chunk_tokens=64, head_mode=head_mode)
+    cfg = FinchCompression(target_tokens=k, chunk_tokens=64, head_mode=head_mode, scoring="paper", mode="kv")
     out = finch_prefill(model, [parts], cfg, pad_id=0)
     ref_scores, ref_cache = reference_scores(model, parts, head_mode)
     lp = len(parts.prefix_ids)
@@ -69,14 +69,14 @@ def test_single_pass_keeps_reference_topk(head_mode: str) -> None:
         assert not torch.equal(s[0], s[1])
 
 
-@pytest.mark.parametrize("head_mode", ["sum", "kv_group"])
-def test_multi_pass_layer0_entries_match_tokens_at_new_positions(head_mode: str) -> None:
+@pytest.mark.parametrize("variant", KV_VARIANTS)
+def test_multi_pass_layer0_entries_match_tokens_at_new_positions(variant: str) -> None:
     """Layer 0 keys/values depend only on the token and its position, so after many
     passes each kept entry must equal its document token's projection rotated to
     its new contiguous position (checks gather, order and re-rotation end to end)."""
     model = tiny("llama", seed=7)
     parts = random_parts([(6, 150, 8), (3, 90, 5)], seed=8)
-    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, head_mode=head_mode)
+    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, **VARIANTS[variant])
     trace = []
     out = finch_prefill(model, parts, cfg, 0, trace=trace)
     layer = out.state.cache.layers[0]
