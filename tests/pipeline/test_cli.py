@@ -106,3 +106,12 @@ def test_oversized_documents_become_input_error_rows(tmp_path, tiny_model_dir, r
     assert "input.max_doc_tokens=50" in rows["long.txt"]["error"] and "'long.txt'" in rows["long.txt"]["error"]
     assert "input.max_doc_bytes=2000" in rows["huge.txt"]["error"] and "3000 bytes" in rows["huge.txt"]["error"]
     assert rows["long.txt"]["error_kind"] == rows["huge.txt"]["error_kind"] == "input"
+
+
+def test_the_cli_imports_no_heavy_module():
+    """Refusals come in about a second only if the CLI itself loads no torch/Ray/transformers:
+    every command module imports them inside its function (a fresh interpreter checks)."""
+    code = "import sys, pipeline.cli; print(sorted({'torch', 'ray', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
