@@ -115,3 +115,19 @@ def test_the_cli_imports_no_heavy_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_printed_schema_checks_specs_like_an_editor_would():
+    import json
+
+    import jsonschema  # comes with the test extra (moto[server])
+    import yaml
+
+    schema = json.loads(runner.invoke(app, ["validate", "--schema"]).output)
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in ("jobs/sample-qa.yaml", "jobs/sample-summarize.yaml"):
+        with open(path) as f:
+            assert list(validator.iter_errors(yaml.safe_load(f))) == [], path
+    bad = {"name": "x", "input": {"uri": "/d"}, "compression": {"method": "truncate", "keep": "middle"}}
+    assert list(validator.iter_errors(bad))
+    assert list(validator.iter_errors({"name": "x", "input": {"uri": "/d", "formt": "text"}}))
