@@ -130,7 +130,10 @@ def run(
     if retry_errors not in ("all", "retryable", "none"):
         typer.echo(f"error: --retry-errors: got {retry_errors!r}; allowed: all, retryable, none", err=True)
         raise typer.Exit(2)
-    job = _load(spec, set_, run_date=date)
+    from datetime import datetime, timezone
+
+    # The runner's default date (today, UTC): a local input's {run_date} folder is checked too.
+    job = _load(spec, set_, run_date=date or datetime.now(timezone.utc).date().isoformat())
     from pipeline.report.summary import format_summary
     from pipeline.runner import run_job
 
