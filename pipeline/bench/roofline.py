@@ -108,7 +108,7 @@ def weight_bytes_per_step(model) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
-    tied = out is not None and out.weight.data_ptr() == emb.data_ptr()
+    tied = out is not None and out.weight is emb  # tied weights share one Parameter
     return total if tied else total - emb.numel() * emb.element_size()
 
 

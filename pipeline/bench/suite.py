@@ -195,6 +195,7 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
     rec["prefill_s"] = prefill
     for system, run in runs.items():
         rec["systems"][system] = _system_record(run, prefill, n)
+    rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
 
 

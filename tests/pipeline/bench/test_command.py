@@ -1,0 +1,78 @@
+"""`longdoc bench decode --suite systems` end to end on random:tiny, and its option checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+ROOT = Path(__file__).resolve().parents[3]
+SYSTEMS = ["longdoc", "longdoc-pld", "hf-dynamic", "hf-static-compiled"]
+
+# The bench must run on a GPU machine that has torch + transformers but no Ray: block
+# `import ray` in the child, so any import of it on the bench path fails this test.
+_CHILD = """
+import runpy, sys
+sys.modules["ray"] = None
+sys.argv = ["pipeline/bench/command.py"] + sys.argv[1:]
+runpy.run_module("pipeline.bench.command", run_name="__main__")
+"""
+
+
+def test_tiny_cpu_run_writes_the_json_layout_without_ray(tmp_path):
+    args = ["--device", "cpu", "--model", "random:tiny", "--batch-sizes", "1,4", "--prompt-tokens", "256",
+            "--new-tokens", "8", "--systems", "longdoc,longdoc-pld,hf-dynamic", "--verify-widths", "2,4",
+            "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hf-static-compiled: skipped (not in --systems)" in proc.stdout
+    [js] = tmp_path.glob("decode-*-random-tiny.json")
+    [md] = tmp_path.glob("decode-*-random-tiny.md")
+    r = json.loads(js.read_text())
+
+    assert r["bench"] == "decode-systems" and r["layout_version"] == 1
+    assert r["command"].startswith("python -m pipeline.bench.command --device cpu")
+    assert r["device"]["type"] == "cpu" and r["device"]["name"] and r["device"]["bandwidth_measured_GBps"] > 0
+    assert r["device"]["clock"].startswith("process_time")
+    assert set(r["versions"]) >= {"torch", "transformers", "python"}
+    assert r["model"]["name"] == "random:tiny" and r["model"]["weight_bytes_per_step"] > 0
+    assert list(r["systems"]) == SYSTEMS
+    assert r["systems"]["hf-static-compiled"] == {"status": "skipped", "reason": "not in --systems"}
+    assert [rec["batch_size"] for rec in r["results"]] == [1, 4]
+    for rec in r["results"]:
+        b = rec["batch_size"]
+        assert list(rec["systems"]) == SYSTEMS
+        for name in SYSTEMS[:3]:
+            s = rec["systems"][name]
+            assert s["status"] == "ok" and s["tokens"] == 8 * b, (name, s)
+            assert s["tok_s"] > 0 and s["ms_per_step"] > 0
+        assert rec["systems"]["hf-static-compiled"]["status"] == "skipped"
+        # fp32: prompt lookup and transformers' greedy equal our greedy token for token.
+        ag = rec["agreement_with_longdoc"]
+        assert ag["longdoc-pld"]["rows_identical"] == 1.0 and ag["longdoc-pld"]["first_divergence"] is None
+        assert ag["hf-dynamic"]["rows_identical"] == 1.0
+        assert set(rec["step_ms"]) == {"1", "2", "4"} and all(v["ms"] > 0 for v in rec["step_ms"].values())
+        assert rec["step_ms"]["1"]["mean_width"] == 1.0 and rec["step_ms"]["2"]["mean_width"] > 1.0
+        assert rec["ratio_vs_hf_static_compiled"] is None  # its baseline was skipped
+        assert rec["roofline"]["weights_tok_s"] >= rec["roofline"]["weights_kv_tok_s"] > 0
+    text = md.read_text()
+    assert "| batch | longdoc | longdoc-pld | hf-dynamic | hf-static-compiled |" in text
+    assert "NOT representative" in text
+
+
+def test_option_errors_name_the_option():
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "decode", "--suite", "systems", "--docs", "3"])
+    assert res.exit_code != 0 and "--docs do not apply to --suite systems" in res.output
+    res = runner.invoke(app, ["bench", "decode", "--device", "tpu"])
+    assert res.exit_code == 2 and "allowed: cpu, cuda" in res.output
+    res = runner.invoke(app, ["bench", "decode", "--device", "cpu", "--systems", "longdoc,vllm"])
+    assert res.exit_code == 2 and "allowed: a comma list of longdoc" in res.output
