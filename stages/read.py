@@ -192,7 +192,9 @@ def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Doc
     with fsspec.open(path, "rb") as f:
         try:
             pf = pq.ParquetFile(f)
-        except Exception as e:  # not Parquet at all: the file itself is bad input
+        except OSError:
+            raise  # storage: iter_shard turns it into a retryable error
+        except Exception as e:  # ArrowInvalid: not Parquet at all, the file itself is bad input
             yield _bad(path, path, f"read: {path} is not a readable Parquet file: {e}")
             return
         names = set(pf.schema_arrow.names)
