@@ -118,8 +118,7 @@ class RunProgress:
         self.total, self.enabled, self.clock = total, enabled, clock
         self.stream = stream if stream is not None else console_stream()
         self.tty = _isatty(self.stream) if tty is None else tty
-        env = os.environ.get("LONGDOC_PROGRESS_INTERVAL_S")
-        self.interval_s = interval_s if interval_s is not None else float(env or DEFAULT_INTERVAL_S)
+        self.interval_s = interval_s if interval_s is not None else _interval_from_env()
         self.t0 = clock()
         self._last_print: float | None = None
         self._width = 0
@@ -188,6 +187,19 @@ class RunProgress:
             self.stream.write("  " + text + "\n")
             self.stream.flush()
         self._printed_rows = self.rows
+
+
+def _interval_from_env() -> float:
+    raw = os.environ.get("LONGDOC_PROGRESS_INTERVAL_S", "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"LONGDOC_PROGRESS_INTERVAL_S={raw!r}; allowed: a number of seconds > 0")
+    return value
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -99,6 +99,15 @@ def test_more_rows_than_the_estimate_drop_the_total():
     assert out.getvalue().strip().startswith("rows 5 | failed 0")
 
 
+def test_interval_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LONGDOC_PROGRESS_INTERVAL_S", "5")
+    assert RunProgress(None, stream=io.StringIO(), tty=False).interval_s == 5.0
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("LONGDOC_PROGRESS_INTERVAL_S", bad)
+        with pytest.raises(ValueError, match="LONGDOC_PROGRESS_INTERVAL_S"):
+            RunProgress(None, stream=io.StringIO(), tty=False)
+
+
 def test_disabled_prints_nothing():
     out = io.StringIO()
     p = RunProgress(3, enabled=False, stream=out, tty=False)
