@@ -28,7 +28,7 @@ import re
 import shlex
 import shutil
 import tempfile
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 #: Paths never uploaded with ``--working-dir`` (virtualenvs and outputs can be GBs).
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache"]
 _PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 AddressOpt = Annotated[
@@ -58,13 +57,9 @@ def resolve_run_date(value: str | None) -> str:
     """``value`` checked as YYYY-MM-DD, or today's date in UTC when None."""
     if value is None:
         return datetime.now(timezone.utc).date().isoformat()
-    try:
-        if not _DATE_RE.match(value):
-            raise ValueError
-        date.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"--date: {value!r} is not a calendar date; allowed: YYYY-MM-DD") from None
-    return value
+    from schemas.loading import check_run_date
+
+    return check_run_date(value)  # SpecError, a ValueError, naming --date and YYYY-MM-DD
 
 
 def submission_id_for(job_name: str, run_date: str, suffix: str | None = None) -> str:
