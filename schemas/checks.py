@@ -1,0 +1,66 @@
+"""Value checks the job spec's validators share: URIs, placeholders, path-safe words.
+
+Contract: each ``check_*`` returns its value or raises ValueError whose message says
+the bad value and what is allowed (pydantic prefixes the field path). ``FieldError``
+lets a model validator name the field it is about (schemas/errors.py reads it).
+Imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: URI schemes the readers and writers support (a plain path has none).
+URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
+INPUT_PLACEHOLDERS = ("run_date",)
+OUTPUT_PLACEHOLDERS = ("job", "run_date")
+
+#: A job name: it becomes a folder ({job}), a Ray submission id and a Kubernetes name.
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")
+
+
+class FieldError(ValueError):
+    """A model validator's error about one field: ``field`` is its path relative to the
+    model raising it (``"min_ngram"``, ``"task.questions"``), so the error report names
+    ``generation.speculative.min_ngram`` instead of the model as a whole."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
+    """``uri`` if its scheme is supported and its ``{placeholders}`` are known, else ValueError.
+
+    Pure syntax: whether the scheme's filesystem package is installed is checked where
+    the spec runs (schemas/loading.check_environment), not here.
+    """
+    if not uri.strip():
+        raise ValueError("is empty; allowed: a path or a URI with scheme " + ", ".join(URI_SCHEMES))
+    m = _SCHEME_RE.match(uri)
+    if m and (len(m.group(1)) > 1 or m.group(2)):  # one letter and no '//' is a Windows drive
+        scheme = m.group(1)
+        if scheme not in URI_SCHEMES:
+            raise ValueError(
+                f"{uri!r} has unsupported scheme {scheme + '://'!r}; allowed: "
+                + ", ".join(s + "://" for s in URI_SCHEMES) + " or a plain path"
+            )
+        if not m.group(2):
+            raise ValueError(f"{uri!r} is malformed: write {scheme}://... (two slashes)")
+    names = _PLACEHOLDER_RE.findall(uri)
+    unknown = [n for n in names if n not in placeholders]
+    if unknown:
+        raise ValueError(
+            f"{uri!r} has unknown placeholder {{{unknown[0]}}}; allowed: "
+            + ", ".join("{" + p + "}" for p in placeholders)
+        )
+    if "{" in _PLACEHOLDER_RE.sub("", uri) or "}" in _PLACEHOLDER_RE.sub("", uri):
+        raise ValueError(
+            f"{uri!r} has an unbalanced brace; placeholders look like "
+            + ", ".join("{" + p + "}" for p in placeholders)
+        )
+    return uri
+
+
