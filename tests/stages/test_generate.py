@@ -1,11 +1,14 @@
-"""Generate stage on a tiny random Llama: batched generation, error rows, limits."""
+"""Generate stage on a tiny random Llama: batched generation, error rows, limits, and
+every compression method x prompt lookup on/off x greedy/sampling."""
 
 from __future__ import annotations
 
 import pytest
+from method_cases import request, text_stages
 
 from schemas.loading import spec_from_dict
 from schemas.output import OUTPUT_COLUMNS
+from stages.compression import method_names
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
@@ -83,3 +86,79 @@ def test_a_failing_row_does_not_fail_its_batch(stage, tokenizer):
     out = batch_to_rows(stage(rows_to_batch([good, broken])))
     assert out[0]["error"] is None
     assert out[1]["error"].startswith("generate: ")
+
+
+# ----------------------------------------------------------------------------- every method
+# GenerateStage across every registered compression method x prompt lookup on/off x
+# greedy/sampling, on the tiny windowed model of tests/method_cases.py.
+LOOKUP = {"lookup": "prompt_lookup", "plain": "none"}
+SAMPLING = {"greedy": 0.0, "sampling": 0.9}
+RIVER = "The Elbe rises in the Giant Mountains and flows north to Hamburg and the sea. "
+
+
+@pytest.fixture(scope="module")
+def method_inputs(method_env) -> dict[str, dict]:
+    """Per method: a batch of three requests after the stages before generate."""
+    texts = ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe."]
+    out = {}
+    for m in method_names():
+        batch = rows_to_batch([request(i, t) for i, t in enumerate(texts)])
+        for stage in text_stages(method_env.spec(m)):
+            batch = stage(batch)
+        out[m] = batch
+    return out
+
+
+@pytest.fixture(scope="module")
+def stage_for(method_env):
+    """(method, lookup, sampling) -> GenerateStage, built once per module."""
+    built: dict[tuple[str, str, str], GenerateStage] = {}
+
+    def get(method: str, lookup: str, sampling: str) -> GenerateStage:
+        key = (method, lookup, sampling)
+        if key not in built:
+            gen = {"speculative": {"method": LOOKUP[lookup]}, "temperature": SAMPLING[sampling], "seed": 7}
+            built[key] = GenerateStage(method_env.spec(method, max_new_tokens=8, **gen))
+        return built[key]
+
+    return get
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+@pytest.mark.parametrize("lookup", list(LOOKUP))
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_with_and_without_lookup_greedy_and_sampling(
+    method, lookup, sampling, stage_for, method_inputs
+):
+    stage = stage_for(method, lookup, sampling)
+    batch = method_inputs[method]
+    out = batch_to_rows(stage(batch))
+    assert [o["request_id"] for o in out] == ["r0", "r1", "r2"]
+    for o in out:
+        assert o["error"] is None, o["error"]
+        assert o["compression"] == method and o["speculative"] == LOOKUP[lookup]
+        assert 1 <= o["output_tokens"] <= 8
+        overhead = stage.prompts.overhead_tokens("Answer briefly.", "Which river is it?")
+        assert o["prompt_tokens"] == o["context_tokens"] + overhead
+        assert o["e2e_s"] >= o["ttft_s"] > 0 and o["compress_s"] >= 0
+        if lookup == "plain":
+            assert o["draft_tokens"] == 0 and o["acceptance_rate"] is None
+        else:
+            assert 0 <= o["accepted_tokens"] <= o["draft_tokens"]
+    # Per-request seeds: the same request generates the same text in a rerun and alone.
+    again = batch_to_rows(stage(batch))
+    assert [o["output_text"] for o in again] == [o["output_text"] for o in out]
+    alone = batch_to_rows(stage(rows_to_batch(batch_to_rows(batch)[1:2])))
+    assert alone[0]["output_text"] == out[1]["output_text"]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", method_names())
+def test_greedy_output_is_the_same_with_and_without_lookup(method, stage_for, method_inputs):
+    batch = method_inputs[method]
+    plain = batch_to_rows(stage_for(method, "plain", "greedy")(batch))
+    lookup = batch_to_rows(stage_for(method, "lookup", "greedy")(batch))
+    assert sum(o["draft_tokens"] for o in lookup) > 0  # speculation really ran
+    assert [o["output_text"] for o in lookup] == [o["output_text"] for o in plain]
+    assert [o["output_tokens"] for o in lookup] == [o["output_tokens"] for o in plain]

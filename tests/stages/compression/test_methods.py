@@ -1,0 +1,108 @@
+"""The shared method matrix: every registered compression method (stages/compression/)
+through the same checks, tokenize -> [text stage] -> generate on a tiny model.
+
+- one output row per request, in order; a row that failed upstream stays an error row;
+- the budget holds: context_tokens <= target_tokens (exactly min(target, doc) for the
+  methods with an exact budget), compression_ratio = doc_tokens / context_tokens;
+- a document longer than the model's context window is compressed by every method
+  that has a budget or reads any length, and is an error row naming the window for
+  the others;
+- the chain declared by the method (needs/adds) is what the stages really produce.
+A new method module is picked up here with no edit.
+"""
+
+from __future__ import annotations
+
+import pytest
+from method_cases import TARGET, WINDOW, request, text_stages
+
+from schemas.rows import CompressedRow, TokenizedRow, columns
+from stages.compression import method_names, registry
+from stages.generate import GenerateStage
+from stages.rows import batch_to_rows, rows_to_batch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SENTENCE = "The river Elbe rises in the Giant Mountains and flows north to the sea at Hamburg. "
+SHORT = "The river is the Elbe."
+MEDIUM = SENTENCE * 8  # ~150 tokens: over TARGET, inside the window
+LONG = SENTENCE * 90  # ~1700 tokens: longer than the 1024-token window
+
+
+def run(spec: dict, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows as generate receives them, output rows)."""
+    batch = rows_to_batch(rows)
+    for stage in text_stages(spec):
+        batch = stage(batch)
+    before = batch_to_rows(batch)
+    return before, batch_to_rows(GenerateStage(spec)(batch))
+
+
+@pytest.fixture(scope="module")
+def results(method_env) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Per method: one batch of [short, medium, failed upstream, long]."""
+    reqs = [
+        request(0, SHORT),
+        request(1, MEDIUM),
+        request(2, None, error="read: d2.txt is not valid UTF-8 (byte 3)"),
+        request(3, LONG),
+    ]
+    return {m: run(method_env.spec(m), [dict(r) for r in reqs]) for m in method_names()}
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_one_row_per_request_and_errors_stay_rows(method, results) -> None:
+    _, out = results[method]
+    assert [o["request_id"] for o in out] == ["r0", "r1", "r2", "r3"]
+    assert out[0]["error"] is None and out[1]["error"] is None, (out[0]["error"], out[1]["error"])
+    assert out[2]["error"] == "read: d2.txt is not valid UTF-8 (byte 3)"
+    assert out[2]["error_kind"] == "input" and out[2]["output_text"] is None
+    assert all(o["compression"] == method for o in out)
+    for o in (out[0], out[1]):
+        assert o["output_text"] is not None and 1 <= o["output_tokens"] <= 5
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_budget_holds(method, results, method_env) -> None:
+    config = registry()[method].spec_model.model_validate(method_env.spec(method)["compression"])
+    target = getattr(config, "target_tokens", None)
+    _, out = results[method]
+    for o in out:
+        if o["error"]:
+            continue
+        assert 0 < o["context_tokens"]
+        assert o["compression_ratio"] == pytest.approx(o["doc_tokens"] / o["context_tokens"])
+        if target is not None:
+            assert o["context_tokens"] <= target
+        if registry()[method].eval_budgeted:  # an exact budget
+            assert o["context_tokens"] == min(target, o["doc_tokens"])
+        if method == "none":
+            assert o["context_tokens"] == o["doc_tokens"]
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_documents_longer_than_the_window(method, results) -> None:
+    m = registry()[method]
+    _, out = results[method]
+    long = out[3]
+    assert long["doc_tokens"] > WINDOW
+    if m.reads_any_length or m.runs_at != "prefill":
+        assert long["error"] is None, long["error"]
+        assert long["context_tokens"] < WINDOW
+    else:
+        assert f"more than the model's context of {WINDOW}" in long["error"]
+        assert long["error_kind"] == "input"
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_declared_columns_are_what_the_stages_produce(method, results) -> None:
+    m = registry()[method]
+    before, _ = results[method]
+    expected = columns(CompressedRow) if m.runs_at in ("tokenize", "text_stage") else columns(TokenizedRow)
+    for row in before:
+        assert set(row) == set(expected), set(row) ^ set(expected)
+        assert set(m.needs) <= set(row)
+    if m.adds:
+        ok = [r for r in before if not r["error"]]
+        assert all(r[c] is not None for r in ok for c in m.adds)
+        assert all(len(r["context_ids"]) == r["context_tokens"] <= TARGET for r in ok)
