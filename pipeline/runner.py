@@ -114,7 +114,7 @@ def run_job(
     import ray.data
 
     from pipeline.plan import build_plan
-    from pipeline.progress import RunProgress
+    from pipeline.progress import RunProgress, ray_logs_wanted
 
     if retry_errors not in RETRY_POLICIES:
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
@@ -131,7 +131,8 @@ def run_job(
     init_ray(address, spec)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
-    ctx.enable_progress_bars = progress and sys.stderr.isatty()
+    # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
+    ctx.enable_progress_bars = progress and sys.stderr.isatty() and ray_logs_wanted()
     if "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" not in os.environ:
         # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
         # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
@@ -159,7 +160,8 @@ def run_job(
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
-        parts.append(write_missing_as_errors(spec, root, run_date, run_id, abort).drop_columns(list(TEXT_COLUMNS)))
+        missing = write_missing_as_errors(spec, root, run_date, run_id, abort)
+        parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
     commit = commit_date(root, run_date, run_id)
     wall = time.perf_counter() - t0
     figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
@@ -169,8 +171,8 @@ def run_job(
     summary = run_summary(figures, wall_s=wall, date_counts=after, aborted=abort)
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
                    retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
-                   started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"], files_written=commit["files_written"],
-                   versions=package_versions())
+                   started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
+                   files_written=commit["files_written"], versions=package_versions())
     write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                        f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json")
     return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
+from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
@@ -11,7 +14,7 @@ import pytest
 from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
 from schemas.loading import load_spec, spec_from_dict
-from schemas.output import OUTPUT_COLUMNS
+from schemas.output import INPUT, OUTPUT_COLUMNS
 
 DATE = "2026-01-31"
 
@@ -40,7 +43,8 @@ def _spec(tmp_path, model_dir, **extra):
 
 
 def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_dir, ray_session):
-    spec = _spec(tmp_path, tiny_model_dir)
+    out = tmp_path / "out" / "sample-summarize"  # the README's path, relative to tmp_path
+    spec = _spec(tmp_path, tiny_model_dir, output={"uri": str(out)})
     result = run_job(spec, run_date=DATE, run_id="run-a", progress=False)
     table = load_output(result.output_uri)
     assert table.num_rows == 5  # every document has a row
@@ -50,33 +54,88 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_di
     assert "empty.txt is empty" in rows["empty.txt"]["error"]
     assert "not valid UTF-8" in rows["latin1.txt"]["error"]
     assert "context of 4096" in rows["huge.txt"]["error"]
+    assert {rows[d]["error_kind"] for d in ("empty.txt", "latin1.txt", "huge.txt")} == {INPUT}
     assert result.summary["rows"] == 5 and result.summary["failed"] == 3
     assert set(table.column_names) == set(OUTPUT_COLUMNS)
     # The run summary JSON sits beside the table.
-    runs = list((tmp_path / "out" / "_runs" / DATE).glob("*.json"))
-    assert json.loads(runs[0].read_text())["summary"]["rows"] == 5
+    (run_json,) = (out / "_runs" / DATE).glob("*.json")
+    recorded = json.loads(run_json.read_text())["summary"]
+    assert recorded["rows"] == 5 and recorded["status"] == "partial"
+    assert recorded["errors_by_kind"] == {"input": 3, "retryable": 0}
+    assert recorded["versions"]["ray"] and recorded["versions"]["pyarrow"] and recorded["finished_at"]
 
-    # DuckDB reads the hive-partitioned output with every column.
-    con = duckdb.connect()
-    n, avg_e2e, date = con.execute(
-        f"select count(*), avg(e2e_s), any_value(run_date) from '{tmp_path}/out/**/*.parquet'"
-    ).fetchone()
-    assert n == 5 and avg_e2e > 0 and str(date) == DATE
-
-    # A rerun of the same date skips everything already written: no duplicates.
+    # Input errors are final: the default rerun skips everything already written.
     again = run_job(spec, run_date=DATE, run_id="run-b", progress=False)
     assert again.skipped == 5 and again.summary["rows"] == 0
+    # --retry-errors all redoes the 3 error rows and REPLACES them: still 5 rows.
+    healed = run_job(spec, run_date=DATE, run_id="run-c", progress=False, retry_errors="all")
+    assert healed.skipped == 2 and healed.summary["retried"] == 3 and healed.summary["rows"] == 3
+    assert healed.summary["date_rows"] == 5 and healed.summary["date_failed"] == 3
     table2 = load_output(result.output_uri)
     assert table2.num_rows == 5 and len(set(table2.column("request_id").to_pylist())) == 5
-    assert [s["run_id"] for s in run_summaries(result.output_uri, table2)] == ["run-a"]
+    assert [(s["run_id"], s["rows"]) for s in run_summaries(result.output_uri, table2)] == [
+        ("run-a", 2), ("run-c", 3)]
 
-    # The next night's run lands in its own partition; one query spans both dates.
-    run_job(spec, run_date="2026-02-01", run_id="run-c", progress=False)
-    per_date = con.execute(
-        f"select cast(run_date as varchar), count(*), count(error) from "
-        f"read_parquet('{tmp_path}/out/**/*.parquet', hive_partitioning = true) group by 1 order by 1"
-    ).fetchall()
-    assert per_date == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
+    # The next night's run lands in its own partition; every reader sees both dates.
+    run_job(spec, run_date="2026-02-01", run_id="run-d", progress=False)
+    expected = _rows_by_reader(out)
+    pandas_rows = expected["pandas"]
+    assert {r[0] for r in pandas_rows} == {DATE, "2026-02-01"} and pandas_rows.total() == 10
+    for reader, got in expected.items():
+        want = pandas_rows if len(next(iter(got))) == 3 else Counter(r[1:] for r in pandas_rows.elements())
+        assert got == want, reader
+    _run_readme_snippets(tmp_path)
+
+
+def _rows_by_reader(out) -> dict[str, Counter]:
+    """(run_date, request_id, error) per row, or (request_id, error) from readers that
+    do not turn the hive folder into a column."""
+    import pandas as pd
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    glob = f"{out}/**/*.parquet"
+    con = duckdb.connect()
+    got: dict[str, Counter] = {}  # a multiset: the same request_id exists on both dates
+    df = pd.read_parquet(out)
+    got["pandas"] = Counter((str(d), q, None if pd.isna(e) else e) for d, q, e in
+                            zip(df["run_date"], df["request_id"], df["error"]))
+    t = ds.dataset(out, partitioning="hive").to_table()
+    got["pyarrow.dataset"] = Counter(zip(*(t.column(c).to_pylist() for c in ("run_date", "request_id", "error"))))
+    for name, opt in (("duckdb", ""), ("duckdb hive", ", hive_partitioning = true")):
+        sql = f"select cast(run_date as varchar), request_id, error from read_parquet('{glob}'{opt})"
+        got[name] = Counter(con.execute(sql).fetchall())
+    got["duckdb no hive"] = Counter(con.execute(
+        f"select request_id, error from read_parquet('{glob}', hive_partitioning = false)").fetchall())
+    assert "run_date" not in con.sql(f"select * from read_parquet('{glob}', hive_partitioning = false)").columns
+    got["polars glob"] = Counter(pl.read_parquet(glob).select("request_id", "error").iter_rows())
+    lazy = pl.scan_parquet(glob, hive_partitioning=True).select(pl.col("run_date").cast(pl.String), "request_id", "error")
+    got["polars hive"] = Counter(lazy.collect().iter_rows())
+    return got
+
+
+def _readme_blocks(lang: str) -> list[str]:
+    """The code blocks of README.md's output-table section, in one language."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("## The output table"):]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
+
+
+def _run_readme_snippets(cwd: Path) -> None:
+    """The README's pandas, pyarrow, DuckDB and Polars snippets, run as written."""
+    py, sql = _readme_blocks("python"), _readme_blocks("sql")
+    assert len(py) == 3 and len(sql) == 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        ns: dict = {}
+        for block in py:
+            exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 - the README's own code
+        per_date = duckdb.sql(sql[0]).fetchall()
+    assert len(ns["df"]) == 10 and ns["failed_per_date"].tolist() == [3, 3]
+    assert ns["table"].num_rows == 10 and "run_date" in ns["table"].column_names
+    assert [(str(d), n, f) for d, n, f, *_ in per_date] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
+    assert [(str(d), n, f) for d, n, f in ns["per_date"].iter_rows()] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
 
 
 def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
