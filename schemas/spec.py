@@ -413,6 +413,23 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _questions_only_for_qa(self) -> JobSpec:
+        # A summarize job reads no questions or answers: setting them is a mistake to report.
+        if self.task.kind == "summarize":
+            for field, value in (
+                ("task.questions", self.task.questions),
+                ("input.question_field", self.input.question_field),
+                ("input.answer_field", self.input.answer_field),
+            ):
+                if value:
+                    raise FieldError(
+                        field,
+                        f"got {value!r}, but task.kind summarize reads no questions or answers; "
+                        "allowed: set task.kind: qa, or remove it",
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _answers_need_questions(self) -> JobSpec:
         if self.input.answer_field and not self.input.question_field:
             raise FieldError(
