@@ -54,6 +54,7 @@ import yaml
 
 from pipeline.ops.schedule import check_cron, check_timezone
 from schemas.spec import JobSpec
+from stages.compression import method_for
 
 SPEC_MOUNT = "/etc/longdoc"
 DEFAULT_IMAGE = "longdoc:0.1.0"
@@ -255,10 +256,11 @@ def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str,
     spec_volume = {"name": "job-spec", "configMap": {"name": configmap}}
     groups = [_packed_group("gpu-workers" if res.num_gpus > 0 else "cpu-workers", opts, actors,
                             res.num_gpus, res.num_cpus)]
-    if job.compression.method == "rag" and res.compress_num_gpus > 0:
-        # Only RAG is a text-compression stage with its own (GPU) actor pool; Finch and
-        # AutoCompressor run inside the generate actor, truncate on CPU. RagStage
-        # actors ask 0.5 CPU each (pipeline/plan.py).
+    method = method_for(job.compression)
+    if method.runs_at == "text_stage" and method.uses_compress_gpus and res.compress_num_gpus > 0:
+        # Only a text stage with its own (GPU) actor pool (rag) needs it; Finch and
+        # AutoCompressor run inside the generate actor, truncate in the tokenize actor.
+        # Text-stage actors ask 0.5 CPU each (pipeline/plan.py).
         n = res.compress_actors
         groups.append(_packed_group("compress-gpu-workers", opts, (n, n), res.compress_num_gpus, 0.5))
     spec: dict[str, Any] = {

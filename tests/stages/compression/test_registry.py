@@ -1,0 +1,112 @@
+"""The compression-method registry: discovery, declarations that agree with the settings
+models, the spec and its JSON Schema following the registry, the README table, and no
+method-type branching outside stages/compression/."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import re
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+import stages.compression as package
+from schemas.loading import SpecError, spec_from_dict
+from schemas.spec import CompressionSpec, JobSpec, compression_models
+from stages.compression import method_for, method_names, registry
+from stages.compression.base import WHERE, CompressionMethod
+from stages.compression.truncate import TruncateCompression
+
+ROOT = Path(__file__).resolve().parents[3]
+MINIMAL = {"name": "j", "input": {"uri": "/in"}}
+
+
+def minimal_config(method: str) -> dict:
+    fields = registry()[method].spec_model.model_fields
+    return {"method": method} | {k: "x" for k, f in fields.items() if f.is_required() and k != "method"}
+
+
+def test_every_module_is_one_registered_method() -> None:
+    modules = {m.name for m in pkgutil.iter_modules(package.__path__)} - {"base"}
+    by_module = {type(m).__module__.rsplit(".", 1)[-1] for m in registry().values()}
+    assert by_module == modules
+    assert set(compression_models()) == set(registry())  # settings registered with the spec
+    for name, m in registry().items():
+        assert compression_models()[name] is m.spec_model
+        assert m.runs_at in WHERE and m.summary and m.name == name
+    assert method_names()[0] == "none"  # display order: cheapest first
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_spec_round_trips_every_method(method: str) -> None:
+    spec = spec_from_dict({**MINIMAL, "compression": minimal_config(method)})
+    assert type(spec.compression) is registry()[method].spec_model
+    assert method_for(spec.compression) is registry()[method]
+    again = JobSpec.model_validate(spec.model_dump(mode="json"))  # as GenerateStage does
+    assert again == spec and type(again.compression) is type(spec.compression)
+
+
+def test_json_schema_offers_every_method_with_its_fields() -> None:
+    schema = JobSpec.model_json_schema()
+    prop = schema["properties"]["compression"]
+    assert set(prop["discriminator"]["mapping"]) == set(registry())
+    defs = schema["$defs"]
+    for name, m in registry().items():
+        ref = prop["discriminator"]["mapping"][name].rsplit("/", 1)[-1]
+        assert set(defs[ref]["properties"]) == set(m.spec_model.model_fields)
+
+
+def test_unknown_method_and_bad_setting_name_the_path() -> None:
+    with pytest.raises(SpecError) as e:
+        spec_from_dict({**MINIMAL, "compression": {"method": "zip"}})
+    assert "compression.method" in str(e.value) and "'zip'" in str(e.value)
+    assert all(name in str(e.value) for name in registry())
+    with pytest.raises(SpecError, match=r"compression\.target_tokens"):
+        spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 0}})
+
+
+def test_a_declaration_that_disagrees_is_refused() -> None:
+    class Wrong(CompressionMethod):
+        name = "wrong"
+        spec_model = TruncateCompression  # its method is "truncate"
+        summary = "nothing"
+        runs_at = "tokenize"
+
+    with pytest.raises(TypeError, match="must default to 'wrong'"):
+        package._check(Wrong(), "test")
+    with pytest.raises(TypeError, match="defined twice"):
+
+        class Again(CompressionSpec):  # a second settings model for "truncate"
+            method: Literal["truncate"] = "truncate"
+
+
+def test_readme_table_lists_exactly_the_registered_methods() -> None:
+    text = (ROOT / "README.md").read_text()
+    table = text.split("| method | what it keeps | where it runs |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    expected = [f"| `{m.name}` | {m.summary} | {WHERE[m.runs_at]} |" for m in registry().values()]
+    assert table.splitlines() == expected
+
+
+def _isinstance_targets(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            out += [(node.lineno, n.id) for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)]
+            out += [(node.lineno, n.attr) for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)]
+    return out
+
+
+def test_no_branching_on_method_types_outside_the_registry() -> None:
+    settings = {m.spec_model.__name__ for m in registry().values()} | {"CompressionSpec"}
+    found = []
+    for top in ("stages", "pipeline"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path.is_relative_to(ROOT / "stages" / "compression"):
+                continue
+            source = path.read_text()
+            hits = [(line, name) for line, name in _isinstance_targets(ast.parse(source)) if name in settings]
+            hits += [(0, m) for m in re.findall(r"\.method\s*==\s*['\"](\w+)['\"]", source) if m in registry()]
+            found += [f"{path.relative_to(ROOT)}:{line} {name}" for line, name in hits]
+    assert found == []
