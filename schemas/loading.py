@@ -52,9 +52,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that raises on duplicate mapping keys."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+def parse_yaml(text: str, name: str = "<string>") -> Any:
+    """``yaml.safe_load`` that raises on duplicate mapping keys; errors cite ``name``."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name  # marks ("in FILE, line N") name the file, not "<unicode string>"
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -95,7 +100,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     if not p.is_file():
         raise SpecError(f"job spec {str(path)!r} not found")
     try:
-        data = parse_yaml(p.read_text(encoding="utf-8"))
+        data = parse_yaml(p.read_text(encoding="utf-8"), name=str(path))
     except yaml.YAMLError as e:
         raise SpecError(f"job spec {str(path)!r} is not valid YAML: {e}") from None
     except UnicodeDecodeError as e:
