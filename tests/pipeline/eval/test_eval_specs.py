@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeline.eval.specs import (
+    BUDGETED,
     EvalRun,
     build_eval_spec,
     load_question_meta,
@@ -14,17 +15,27 @@ from pipeline.eval.specs import (
     split_overrides,
 )
 from schemas.loading import SpecError
+from stages.compression import registry
 from stages.compression.rag import RagCompression
 from stages.compression.truncate import TruncateCompression
 
 
 def test_plan_runs_defaults_and_budgets() -> None:
-    runs = plan_runs(None, [512, 1024], None)
-    assert [r.tag for r in runs] == [
+    runs = [r.tag for r in plan_runs(None, [512, 1024], None)]
+    assert runs[:7] == [
         "none-full", "truncate-512", "truncate-1024", "rag-512", "rag-1024", "finch-512", "finch-1024",
     ]  # fmt: skip
+    # Every method of the registry (stages/compression/) runs by default, budgeted ones per budget.
+    budgeted = [m.name for m in registry().values() if m.eval_budgeted]
+    assert budgeted == list(BUDGETED) and "autocompressor" not in BUDGETED
+    assert sorted(runs) == sorted(
+        [f"{m}-{b}" for m in budgeted for b in (512, 1024)]
+        + [f"{m}-full" for m, d in registry().items() if m not in budgeted and not d.needs_checkpoint]
+    )
     with_ac = plan_runs(None, [512], "ckpt")
-    assert with_ac[-1] == EvalRun("autocompressor", None)
+    assert EvalRun("autocompressor", None) in with_ac and EvalRun("autocompressor", None) not in plan_runs(
+        None, [512], None
+    )
     assert [r.tag for r in plan_runs(["rag,none", "rag"], [64], None)] == ["rag-64", "none-full"]
 
 
