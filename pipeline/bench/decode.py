@@ -156,9 +156,9 @@ def bench_decode(
     """Print tok/s and ratios of HF generate and our engine, greedy and prompt lookup."""
     import torch
 
-    from schemas.spec import EMBEDDED_MODEL, SpeculativeSpec
+    from schemas.spec import EMBEDDED_MODEL, GenerationSpec, SpeculativeSpec
     from stages.decoding.adaptive import Tuning
-    from stages.decoding.config import DecodeConfig
+    from stages.decoding.config import decode_config_for
     from stages.decoding.engine_state import EngineState
     from stages.model_loading import load_causal_lm
     from stages.prompting import PromptBuilder
@@ -172,14 +172,13 @@ def bench_decode(
     # its cache) here so the first timed decode does not pay for it.
     t_plan = time.perf_counter()
     engine = EngineState(model, torch.device("cpu"))
-    eos = [tok.eos_token_id]
+    # The same DecodeConfig the generate stage builds (EOS of tokenizer + generation_config).
     spec = SpeculativeSpec()
-    greedy_cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=frozenset(eos))
-    pld_cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens, eos_ids=frozenset(eos), speculative="prompt_lookup",
-        num_draft_tokens=spec.num_draft_tokens, max_ngram=spec.max_ngram, min_ngram=spec.min_ngram,
-        adaptive=spec.adaptive,
-    )
+    gen = GenerationSpec(max_new_tokens=max_new_tokens, speculative=spec)
+    pld_cfg = decode_config_for(gen, tok, model.generation_config)
+    plain = gen.model_copy(update={"speculative": SpeculativeSpec(method="none")})
+    greedy_cfg = decode_config_for(plain, tok, model.generation_config)
+    eos = sorted(pld_cfg.eos_ids)
     tuning = Tuning(prefer=prefer)
     rows = load_rows(corpus, docs, doc_tokens, PromptBuilder(tok), tok)
     print(f"# bench decode: {docs} rows/task ({b1_rows} at B=1,4), docs cut to {doc_tokens} tokens, "
