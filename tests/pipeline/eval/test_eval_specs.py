@@ -22,7 +22,8 @@ from stages.compression.truncate import TruncateCompression
 
 def test_plan_runs_defaults_and_budgets() -> None:
     runs = [r.tag for r in plan_runs(None, [512, 1024], None)]
-    assert runs[:7] == [
+    core = ("none", "truncate", "rag", "finch")
+    assert [r for r in runs if r.split("-")[0] in core] == [
         "none-full", "truncate-512", "truncate-1024", "rag-512", "rag-1024", "finch-512", "finch-1024",
     ]  # fmt: skip
     # Every method of the registry (stages/compression/) runs by default, budgeted ones per budget.
