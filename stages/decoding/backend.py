@@ -90,7 +90,16 @@ class EagerBackend:
     def cost_shape(self, m: int) -> float:
         return step_indicator(m)
 
-    def forward(self, cache, valid, input_ids, positions, new_valid, pick):
+    def forward(
+        self,
+        cache: DynamicCache,
+        valid: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        new_valid: torch.Tensor,
+        pick: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of [B, T] tokens on the view; (logits [N, V] float32, valid [B, S + T])."""
         return forward_pick(self.view, cache, valid, input_ids, positions, new_valid, pick)
 
     def describe(self) -> str:

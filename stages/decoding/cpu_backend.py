@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import DynamicCache
 
 from stages.decoding.adaptive import default_cost_prior, step_indicator
 from stages.decoding.forward import decode_view, forward_pick
@@ -55,7 +56,16 @@ class CpuBackend:
     def cost_shape(self, m: int) -> float:
         return self.plan.shape(m) if self.plan is not None else step_indicator(m)
 
-    def forward(self, cache, valid, input_ids, positions, new_valid, pick):
+    def forward(
+        self,
+        cache: DynamicCache,
+        valid: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        new_valid: torch.Tensor,
+        pick: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of [B, T] tokens on the view; (logits [N, V] float32, valid [B, S + T])."""
         return forward_pick(self.view, cache, valid, input_ids, positions, new_valid, pick)
 
     def describe(self) -> str:
