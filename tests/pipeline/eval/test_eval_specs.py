@@ -43,7 +43,7 @@ def test_plan_runs_defaults_and_budgets() -> None:
 @pytest.mark.parametrize(
     ("methods", "budgets", "ac", "match"),
     [
-        (["bm25"], [512], None, "unknown method"),
+        (["zip"], [512], None, "unknown method"),
         (["autocompressor"], [512], None, "--autocompressor"),
         (["rag"], [0], None, "target-tokens"),
         (["rag"], [], None, "target-tokens"),
