@@ -85,7 +85,7 @@ def test_eval_command_rejects_bad_values(tmp_path) -> None:
     app.command("eval")(eval_command)
     app.command("noop")(lambda: None)
     p = eval_set(tmp_path)
-    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--methods", "bm25"])
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--methods", "zip"])
     assert res.exit_code == 2 and "unknown method" in res.output
     res = CliRunner().invoke(app, ["eval", "--eval-set", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "not found" in res.output
