@@ -183,7 +183,7 @@ def eval_command(
     methods: Annotated[
         list[str] | None,
         typer.Option(
-            help="Methods to compare, repeatable or comma-separated (default: none, truncate, rag, finch, + autocompressor with --autocompressor)."
+            help="Methods to compare, repeatable or comma-separated (default: every method of stages/compression/; autocompressor only with --autocompressor)."
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N documents.")] = None,
