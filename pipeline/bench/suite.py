@@ -147,7 +147,7 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
     return notes
 
 
-def _system_record(run: Run, prefill_s: float | None, new_tokens: int) -> dict:
+def _system_record(run: Run, prefill_s: float | None, new_tokens: int, pld: bool) -> dict:
     pre = run.prefill_s if run.prefill_s is not None else prefill_s
     decode_s = run.seconds - pre if pre is not None else None
     steps = run.steps or (new_tokens - 1)
@@ -158,7 +158,7 @@ def _system_record(run: Run, prefill_s: float | None, new_tokens: int) -> dict:
         "ms_per_step": 1e3 * decode_s / steps if decode_s is not None and steps else None,
         "steps": steps,
     }
-    if run.drafted or run.row_steps:
+    if pld:
         rec.update(drafted=run.drafted, accepted=run.accepted,
                    acceptance=run.accepted / run.drafted if run.drafted else 0.0)
     return rec
@@ -191,10 +191,10 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)
         _free(device)
-    prefill = runs["longdoc"].prefill_s if "longdoc" in runs else None
+    prefill = next((runs[x].prefill_s for x in ("longdoc", "longdoc-pld") if x in runs), None)
     rec["prefill_s"] = prefill
     for system, run in runs.items():
-        rec["systems"][system] = _system_record(run, prefill, n)
+        rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld")
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
 

@@ -119,8 +119,15 @@ def run_longdoc(
 
 def compile_config(device: torch.device):
     """transformers' CompileConfig for the static-cache system on ``device``."""
+    import torch._dynamo
     from transformers import CompileConfig
 
+    # One compiled step per batch size (and cache length): more than dynamo's default
+    # 8 graphs per function on a long --batch-sizes list would fall back to eager.
+    dyn = torch._dynamo.config
+    for limit in ("cache_size_limit", "recompile_limit"):
+        if hasattr(dyn, limit):
+            setattr(dyn, limit, max(getattr(dyn, limit), 64))
     if device.type == "cuda":
         return CompileConfig()  # transformers' defaults: mode "reduce-overhead" (CUDA graphs)
     cfg = CompileConfig(mode="default")
