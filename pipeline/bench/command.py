@@ -47,6 +47,7 @@ def bench_decode_command(
     systems: Annotated[Opt[str], typer.Option(help=f"systems: comma list of {', '.join(SYSTEMS)} (default all).")] = None,  # noqa: E501
     verify_widths: Annotated[Opt[str], typer.Option(help="systems: widths to measure our step cost at (default 2,4,8,16; '' = none).")] = None,  # noqa: E501
     out: Annotated[Opt[str], typer.Option(help="systems: results folder (default jobs/results/bench-decode).")] = None,
+    merge: Annotated[bool, typer.Option(help="systems: keep an earlier file's batch sizes that this run does not measure (same device, model, settings).")] = False,  # noqa: E501
     stop_at_eos: Annotated[bool, typer.Option(help="systems: stop rows at EOS (default: ignore EOS, fixed work).")] = False,  # noqa: E501
     corpus: Annotated[Opt[str], typer.Option(help="Documents: a folder of .txt or a JSONL (systems: jobs/corpus; cpu-targets: jobs/sample-qa.jsonl).")] = None,  # noqa: E501
     threads: Annotated[int, typer.Option(help="CPU torch threads (0 = torch default; 1 is steadier on a shared machine).")] = 1,  # noqa: E501
@@ -61,7 +62,7 @@ def bench_decode_command(
     """Decoding throughput: our engine vs transformers (see `--suite`)."""
     sys_opts = {"--device": device, "--model": model, "--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens,
                 "--systems": systems, "--verify-widths": verify_widths, "--out": out,
-                "--stop-at-eos": stop_at_eos or None, "--dtype": None if dtype == "auto" else dtype}
+                "--stop-at-eos": stop_at_eos or None, "--merge": merge or None, "--dtype": None if dtype == "auto" else dtype}
     cpu_opts = {"--docs": docs, "--b1-rows": b1_rows, "--doc-tokens": doc_tokens, "--max-new-tokens": max_new_tokens,
                 "--tasks": tasks, "--hf-pld-tokens": hf_pld_tokens, "--prefer": prefer}
     given_sys = [k for k, v in sys_opts.items() if v is not None]
@@ -85,14 +86,14 @@ def bench_decode_command(
         return
     try:
         _systems(device or "cpu", model, dtype, batch_sizes, prompt_tokens, new_tokens, systems, verify_widths,
-                 out, not stop_at_eos, corpus, threads)
+                 out, not stop_at_eos, corpus, threads, merge)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
 
 def _systems(device, model, dtype, batch_sizes, prompt_tokens, new_tokens, systems, verify_widths, out,
-             ignore_eos, corpus, threads) -> None:
+             ignore_eos, corpus, threads, merge) -> None:
     from pipeline.bench.results import DEFAULT_OUT, summary_lines, write_results
     from pipeline.bench.suite import Settings, command_line, run_systems
     from schemas.spec import EMBEDDED_MODEL
@@ -110,10 +111,10 @@ def _systems(device, model, dtype, batch_sizes, prompt_tokens, new_tokens, syste
     def on_batch(result: dict) -> None:
         for line in summary_lines(result["results"][-1]):
             typer.echo(line)
-        write_results(result, out_dir)
+        write_results(result, out_dir, merge)
 
     result = run_systems(s, on_batch)
-    js, md = write_results(result, out_dir)
+    js, md = write_results(result, out_dir, merge)
     skipped = {x: r for x, r in result["systems"].items() if r["status"] != "ok"}
     for x, r in skipped.items():
         typer.echo(f"# {x}: {r['status']} ({r.get('reason', '')})")

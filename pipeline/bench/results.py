@@ -40,9 +40,33 @@ def result_paths(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     return out / f"{stem}.json", out / f"{stem}.md"
 
 
-def write_results(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write the JSON and the Markdown table; returns their paths."""
+# What must match for records of an earlier run to join this run's table.
+_SAME = (("device", "name"), ("model", "name"), ("model", "dtype"), ("settings", "prompt_tokens"),
+         ("settings", "new_tokens"), ("settings", "ignore_eos"), ("settings", "corpus"))
+
+
+def merge_previous(result: dict, path: Path) -> dict:
+    """``result`` plus the records of the file at ``path`` for batch sizes this run lacks,
+    when that file was written for the same device, model and settings (``--merge``:
+    a table whose batch sizes were run in separate commands, e.g. under a time limit).
+    Each record keeps its own ``created_utc`` and ``longdoc_commit``."""
+    if not path.is_file():
+        return result
+    old = json.loads(path.read_text())
+    if old.get("layout_version") != result["layout_version"] or any(
+        old.get(a, {}).get(b) != result[a].get(b) for a, b in _SAME
+    ):
+        return result
+    have = {r["batch_size"] for r in result["results"]}
+    kept = [r for r in old.get("results", []) if r["batch_size"] not in have]
+    return dict(result, results=sorted(kept + result["results"], key=lambda r: r["batch_size"]))
+
+
+def write_results(result: dict, out_dir: str | Path, merge: bool = False) -> tuple[Path, Path]:
+    """Write the JSON and the Markdown table (``merge``: see merge_previous); returns their paths."""
     js, md = result_paths(result, out_dir)
+    if merge:
+        result = merge_previous(result, js)
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(result, indent=1) + "\n")
     md.write_text(markdown(result))
@@ -117,6 +141,10 @@ def markdown(result: dict) -> str:
                  for x in SYSTEMS[1:]]
         acc = rec["systems"].get("longdoc-pld", {}).get("acceptance")
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + f" | {_f(acc, 2)} |")
+    earlier = [r for r in result["results"] if r.get("created_utc", result["created_utc"]) != result["created_utc"]]
+    if earlier:
+        lines += ["", "Merged from earlier runs (--merge): " + "; ".join(
+            f"B={r['batch_size']} ({r['created_utc']}, longdoc {r.get('longdoc_commit')})" for r in earlier) + "."]
     not_ok = {x: r for x, r in result["systems"].items() if r["status"] != "ok"}
     if not_ok:
         lines += ["", "## Systems not run or failed", ""]

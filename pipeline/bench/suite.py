@@ -270,6 +270,8 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     result["engine"] = engine.describe() if hasattr(engine, "describe") else type(engine).__name__
     for b in s.batch_sizes:
         rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
+        rec["created_utc"] = result["created_utc"]
+        rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
         rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock)
         _derived(rec, runs, s, model, bandwidth)
         result["results"].append(rec)
