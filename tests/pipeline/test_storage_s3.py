@@ -73,7 +73,12 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     assert len(set(table.column("request_id").to_pylist())) == 3
     assert all(u.startswith("s3://corpus/docs/2026-03-01/") for u in table.column("source_uri").to_pylist())
     summary = json.loads(fs.cat(f"results/longdoc/s3job/_runs/{DATE}/s3run.json"))
-    assert summary["summary"]["rows"] == 3
+    assert summary["summary"]["rows"] == 3 and summary["summary"]["status"] == "succeeded"
+    assert summary["summary"]["versions"]["longdoc"] and summary["summary"]["started_at"]
+    # Blocks were staged, then published as one compacted object; nothing staged is left,
+    # and the partition column lives in the key (run_date=...) only.
+    assert len(files) == 1 and not [f for f in fs.find("results") if "/_staging/" in f]
+    assert "run_date" not in pq.read_schema(files[0], filesystem=fs).names
 
     # Resume on S3: a rerun of the date would skip exactly these requests.
     from pipeline.runner import completed_request_ids
