@@ -139,6 +139,9 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
         f"clock: {Clock(device).name}; one warm-up call per system and batch size "
         "(hf-static-compiled: the timed call is the 2nd, after compilation).",
     ]
+    if device.type == "cpu":
+        notes.append("CPU roofline: DRAM copy bandwidth at the bench's thread count; a model whose weights "
+                     "fit in the CPU caches (random:tiny: 13 MB) can run above it.")
     if s.ignore_eos:
         notes.append("EOS ignored: every row generates exactly new_tokens tokens in every system.")
     if s.model.startswith("random:"):
