@@ -194,7 +194,7 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
     )
 
     have = set(scan_date(root, run_date).rows)
-    reason = f"run aborted before this request was written ({type(err).__name__}: {_first_line(err)})"
+    reason = f"run aborted before this request was written ({type(err).__name__}: {_reason(err)})"
     fingerprint = generation_fingerprint(spec)
     root_uri = resolve_uri(spec.input.uri, run_date)
     rows, n_docs = [], 0
@@ -216,7 +216,8 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
     return table
 
 
-def _first_line(err: BaseException, limit: int = 500) -> str:
+def _reason(err: BaseException, limit: int = 500) -> str:
+    """The last non-empty line of a (possibly wrapped, multi-line) Ray error: its cause."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     return (lines[-1] if lines else "no message")[:limit]
 

@@ -1,14 +1,17 @@
-"""Crashes and reruns on a real Ray cluster: no request lost, none written twice.
+"""Crashes and reruns on a real Ray cluster: no request lost, none written twice, errors healed.
 
 One local Ray head (with the dashboard, for the state API) and the real `longdoc run`
 CLI as the driver, on the tiny model and a few dozen short documents:
 
-1. The driver is killed (SIGKILL) once some Parquet files are written: a crash.
-2. The same run id and date is run again. It skips the requests already written and,
-   while it runs, its generate actor process is killed (SIGKILL). Ray restarts the
-   actor and retries its batch; the run completes.
-Afterwards every request is present exactly once. The figures of the resume-after-kill
-run are printed (`pytest -s`).
+1. The driver is killed (SIGKILL) once some blocks are staged: a crash.
+2. The same run id and date is run again with ``resources.max_retries=0`` (no actor
+   restart, no task retry) and its generate actor process is killed (SIGKILL) mid-batch.
+   Ray gives up; the run publishes what was done and writes every unfinished request
+   as an error row with ``error_kind`` retryable and the reason; it exits 1.
+3. The date is run again with the defaults (``--retry-errors retryable``); its generate
+   actor is killed once more, Ray restarts it and retries the batch.
+Afterwards every request is present exactly once with no error left, and the run
+summary's counts match the files. The figures are printed (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -55,11 +58,11 @@ def _spec(tmp_path: Path, model_dir: Path) -> Path:
     return spec
 
 
-def _start_run(spec: Path, head) -> subprocess.Popen:
+def _start_run(spec: Path, head, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["RAY_AUTH_MODE"] = "disabled"
     cmd = [str(VENV_BIN / "longdoc"), "run", str(spec), "--address", head.gcs_address,
-           "--date", DATE, "--run-id", RUN_ID]
+           "--date", DATE, "--run-id", RUN_ID, *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
@@ -71,9 +74,11 @@ def _failed_to_join(proc: subprocess.Popen) -> bool:
     return "Failed to register worker" in out
 
 
-def _parquet_rows(part: Path) -> list[str]:
-    files = sorted(part.glob("*.parquet")) if part.exists() else []
-    return [rid for f in files for rid in pq.read_table(f, columns=["request_id"]).column(0).to_pylist()]
+def _written_rows(out: Path) -> list[dict]:
+    """request_id/error/error_kind of every row written for DATE: published or staged."""
+    files = sorted((out / f"run_date={DATE}").glob("*.parquet")) + sorted((out / "_staging").rglob("*.staged"))
+    cols = ["request_id", "error", "error_kind"]
+    return [r for f in files for r in pq.read_table(f, columns=cols).to_pylist()]
 
 
 def _generate_actors(head) -> list:
@@ -83,28 +88,48 @@ def _generate_actors(head) -> list:
             if a.class_name == GENERATE]
 
 
-def _kill_generate_actor_when_busy(head, proc: subprocess.Popen, part: Path, killed: dict) -> None:
-    """Thread: SIGKILL the first generate actor ~1 s after it comes alive."""
+def _kill_generate_actor_when_busy(head, proc: subprocess.Popen, out: Path, killed: dict) -> None:
+    """Thread: SIGKILL the first new generate actor ~1 s after it comes alive; record
+    how many successful rows were written (published or staged) at that moment."""
+    seen = {a.actor_id for a in _generate_actors(head)}  # earlier runs' actors
     while proc.poll() is None:
-        alive = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.pid]
+        alive = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.pid and a.actor_id not in seen]
         if alive:
             time.sleep(1.0)  # let it take batches, so the kill lands mid-generation
             if proc.poll() is None:
                 os.kill(alive[0].pid, signal.SIGKILL)
-                killed.update(pid=alive[0].pid, at=time.monotonic(), rows=len(_parquet_rows(part)))
+                ok = sum(r["error"] is None for r in _written_rows(out))
+                killed.update(pid=alive[0].pid, at=time.monotonic(), rows=ok)
             return
         time.sleep(0.2)
 
 
-def test_driver_crash_then_rerun_with_actor_kill(head, tmp_path, tiny_model_dir):
-    spec = _spec(tmp_path, tiny_model_dir)
-    part = tmp_path / "out" / f"run_date={DATE}"
+def _run_with_actor_kill(spec: Path, head, out: Path, *extra: str) -> tuple[subprocess.Popen, str, dict, float]:
+    killed: dict = {}
+    t = time.monotonic()
+    proc = _start_run(spec, head, *extra)
+    killer = threading.Thread(target=_kill_generate_actor_when_busy, args=(head, proc, out, killed))
+    killer.start()
+    output, _ = proc.communicate(timeout=600)
+    killer.join(timeout=30)
+    assert killed, "the generate actor was never seen alive:\n" + output[-3000:]
+    assert killed["rows"] < N_DOCS, "the actor was killed after every request had succeeded"
+    return proc, output, killed, time.monotonic() - t
 
-    # 1. Crash: kill the driver as soon as the first Parquet file is visible.
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "_runs" / DATE / f"{RUN_ID}.json").read_text())["summary"]
+
+
+def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_model_dir):
+    spec = _spec(tmp_path, tiny_model_dir)
+    out = tmp_path / "out"
+
+    # 1. Crash: kill the driver as soon as the first block is staged.
     t0 = time.monotonic()
     for _attempt in range(3):
         proc = _start_run(spec, head)
-        while proc.poll() is None and not (part.exists() and any(part.glob("*.parquet"))):
+        while proc.poll() is None and not any((out / "_staging").rglob("*.staged")):
             time.sleep(0.2)
         if proc.poll() is None or not _failed_to_join(proc):
             break
@@ -115,36 +140,40 @@ def test_driver_crash_then_rerun_with_actor_kill(head, tmp_path, tiny_model_dir)
         pytest.fail("the run finished before it could be killed:\n" + proc.join_output)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    time.sleep(2.0)  # Ray stops the dead driver's tasks; a write is a whole file or nothing
-    before = _parquet_rows(part)
+    time.sleep(2.0)  # Ray stops the dead driver's tasks; a staged block is a whole file or nothing
+    before = [r["request_id"] for r in _written_rows(out)]
     assert 0 < len(before) < N_DOCS and len(set(before)) == len(before)
 
-    # 2. Rerun the same run id and date; kill its generate actor while it works.
-    killed: dict = {}
-    t1 = time.monotonic()
-    proc = _start_run(spec, head)
-    killer = threading.Thread(target=_kill_generate_actor_when_busy, args=(head, proc, part, killed))
-    killer.start()
-    out, _ = proc.communicate(timeout=600)
-    rerun_s = time.monotonic() - t1
-    killer.join(timeout=30)
-    assert proc.returncode == 0, out[-4000:]
-    assert f"{len(before)} request(s) already done" in out
-    assert killed, "the generate actor was never seen alive"
-    assert killed["rows"] < N_DOCS, "the actor was killed after all rows were written"
+    # 2. No restarts allowed: the killed actor is not replaced, Ray aborts the run. The
+    #    crashed run's blocks are published first; unfinished requests become error rows.
+    proc, output, killed2, abort_s = _run_with_actor_kill(spec, head, out, "--set", "resources.max_retries=0")
+    assert proc.returncode == 1 and "run aborted" in output, output[-4000:]
+    assert f"{len(before)} request(s) already done" in output
+    rows = _written_rows(out)
+    ids = [r["request_id"] for r in rows]
+    assert len(ids) == N_DOCS and len(set(ids)) == N_DOCS  # never a missing row
+    errors = [r for r in rows if r["error"] is not None]
+    assert errors and {r["error_kind"] for r in errors} == {"retryable"}
+    assert all("run aborted" in r["error"] and "Error" in r["error"] for r in errors), errors[0]
+    aborted = _summary(out)
+    print(f"\nabort reason: {aborted['abort_reason'][:300]}\nerror row: {errors[0]['error'][:300]}")
+    assert aborted["status"] == "failed" and aborted["date_errors_by_kind"]["retryable"] == len(errors)
 
-    after = _parquet_rows(part)
-    assert len(after) == N_DOCS and len(set(after)) == N_DOCS  # every request exactly once
-    assert set(before) <= set(after)
-    table = pq.read_table(part)
-    assert table.column("error").null_count == N_DOCS
+    # 3. Heal: the default rerun retries the retryable rows; an actor kill is absorbed.
+    proc, output, killed3, heal_s = _run_with_actor_kill(spec, head, out)
+    assert proc.returncode == 0, output[-4000:]
+    after = _written_rows(out)
+    assert len(after) == N_DOCS and len({r["request_id"] for r in after}) == N_DOCS  # exactly once
+    assert all(r["error"] is None for r in after) and set(before) <= {r["request_id"] for r in after}
+    assert not list((out / "_staging").rglob("*.staged"))  # all published
     restarts = max((a.num_restarts for a in _generate_actors(head)), default=0)
     assert restarts >= 1, "Ray did not restart the killed generate actor"
-    summary = json.loads((tmp_path / "out" / "_runs" / DATE / f"{RUN_ID}.json").read_text())["summary"]
-    assert summary["skipped"] == len(before) and summary["rows"] == N_DOCS - len(before)
-    print(f"\nresume-after-kill: {N_DOCS} requests; driver killed after {crash_s:.1f}s with "
-          f"{len(before)} rows written; rerun skipped {summary['skipped']}, wrote {summary['rows']} "
-          f"in {rerun_s:.1f}s (generate actor pid {killed['pid']} SIGKILLed "
-          f"{killed['at'] - t1:.1f}s into the rerun with {killed['rows']} rows on disk, "
-          f"restarts={restarts}); "
-          f"final rows {len(after)}, duplicates {len(after) - len(set(after))}")
+    healed = _summary(out)
+    assert healed["status"] == "succeeded" and healed["retried"] == len(errors)
+    assert healed["rows"] == len(errors) and healed["date_rows"] == N_DOCS and healed["date_failed"] == 0
+    assert pq.read_table(out / f"run_date={DATE}").num_rows == N_DOCS  # the summary matches the files
+    print(f"\nfaults: {N_DOCS} requests; driver killed after {crash_s:.1f}s with {len(before)} rows staged; "
+          f"no-restart rerun aborted in {abort_s:.1f}s (actor killed with {killed2['rows']} rows written) "
+          f"leaving {len(errors)} retryable error rows; healing rerun retried {healed['retried']} in "
+          f"{heal_s:.1f}s (actor killed with {killed3['rows']} rows written, restarts={restarts}); "
+          f"final rows {len(after)}, errors 0, duplicates 0")
