@@ -9,8 +9,9 @@ JSON layout (``layout_version`` 1; pipeline/bench/suite.py fills it):
 - ``systems``: per system name (longdoc, longdoc-pld, hf-dynamic, hf-static-compiled)
   ``status`` ok | skipped | error, with ``reason``.
 - ``results``: one record per batch size: ``batch_size``, ``prefill_s``, ``systems``
-  (per system: status, tokens, seconds, tok_s, decode_tok_s, ms_per_step, steps; PLD
-  also drafted, accepted, acceptance), ``step_ms`` (our loop by width: ms,
+  (per system: status, tokens, seconds, tok_s, decode_tok_s, ms_per_step, steps,
+  first_call_s (wall seconds of the warm-up call: for hf-static-compiled, compilation),
+  peak_memory_GB (CUDA only); PLD also drafted, accepted, acceptance), ``step_ms`` (our loop by width: ms,
   mean_width), ``agreement_with_longdoc`` (per other system: rows, rows_identical,
   first_divergence, first_divergence_by_row), ``ratio_vs_hf_static_compiled``,
   ``pld_over_greedy``, ``roofline`` (weights_tok_s, weights_kv_tok_s, bytes_per_step).
@@ -121,6 +122,15 @@ def markdown(result: dict) -> str:
             r = rec["systems"].get(x, {})
             cells.append(f"{_f(r.get('decode_tok_s'))} ({_f(r.get('ms_per_step'), 2)} ms)"
                          if r.get("status") == "ok" else r.get("status", "–"))
+        lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
+    lines += ["", "## First (warm-up) call seconds, hf-static-compiled's includes compilation; peak GPU memory GB",
+              "", "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
+    for rec in result["results"]:
+        cells = []
+        for x in SYSTEMS:
+            r = rec["systems"].get(x, {})
+            mem = f"; {r['peak_memory_GB']:.1f} GB" if r.get("peak_memory_GB") is not None else ""
+            cells.append(f"{_f(r.get('first_call_s'))} s{mem}" if r.get("status") == "ok" else r.get("status", "–"))
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
     widths = sorted({int(w) for rec in result["results"] for w in rec.get("step_ms", {})})
     if widths:

@@ -182,14 +182,21 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
                       ignore_eos=s.ignore_eos)
 
     runs: dict[str, Run] = {}
+    extra: dict[str, dict] = {}  # per system: wall seconds of the warm-up call, peak GPU memory
     rec: dict = {"batch_size": len(prompts), "systems": {}}
     for system in SYSTEMS:
         if system not in s.systems:
             rec["systems"][system] = {"status": "skipped", "reason": "not in --systems"}
             continue
         try:
+            t = time.perf_counter()
             call(system, n if system == "hf-static-compiled" else warm_n)
+            extra[system] = {"first_call_s": time.perf_counter() - t}  # hf-static-compiled: compiles
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             runs[system] = call(system, n)
+            if device.type == "cuda":
+                extra[system]["peak_memory_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
         except Exception as e:  # noqa: BLE001 - one failing system (OOM, compile error) must not stop the others
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)
@@ -197,7 +204,7 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
     prefill = next((runs[x].prefill_s for x in ("longdoc", "longdoc-pld") if x in runs), None)
     rec["prefill_s"] = prefill
     for system, run in runs.items():
-        rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld")
+        rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld") | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
 

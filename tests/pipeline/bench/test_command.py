@@ -53,7 +53,7 @@ def test_tiny_cpu_run_writes_the_json_layout_without_ray(tmp_path):
         for name in SYSTEMS[:3]:
             s = rec["systems"][name]
             assert s["status"] == "ok" and s["tokens"] == 8 * b, (name, s)
-            assert s["tok_s"] > 0 and s["ms_per_step"] > 0
+            assert s["tok_s"] > 0 and s["ms_per_step"] > 0 and s["first_call_s"] > 0
         assert rec["systems"]["hf-static-compiled"]["status"] == "skipped"
         # fp32: prompt lookup and transformers' greedy equal our greedy token for token.
         ag = rec["agreement_with_longdoc"]
