@@ -13,7 +13,7 @@ Contract:
   when the upload completed. Never an open remote stream: fsspec's ``__exit__``
   calls ``close()``, which completes the upload even when the ``with`` body raised,
   leaving a truncated object (tests/stages/test_write.py shows it on a real S3 server).
-- ``write_block`` returns the block's figures without the text columns (what the
+- ``WriteStage`` returns the block's figures without the text columns (what the
   driver needs for progress and the run summary), so text never travels twice.
 """
 
