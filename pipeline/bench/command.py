@@ -24,7 +24,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pipeline.bench.systems import SYSTEMS
+from pipeline.bench.results import SYSTEMS
 
 Opt = Optional  # noqa: UP045 - typer needs Optional
 

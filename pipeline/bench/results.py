@@ -26,7 +26,8 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.bench.systems import SYSTEMS
+#: The compared systems, in table order (names are part of the JSON layout).
+SYSTEMS = ("longdoc", "longdoc-pld", "hf-dynamic", "hf-static-compiled")
 
 DEFAULT_OUT = "jobs/results/bench-decode"
 
