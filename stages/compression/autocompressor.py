@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from schemas.spec import CompressionSpec, JobSpec
+from schemas.compression import CompressionSpec
+from schemas.spec import JobSpec
 from stages.compression.base import CompressionMethod, Loaded
 
 if TYPE_CHECKING:

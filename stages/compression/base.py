@@ -1,7 +1,7 @@
 """What a compression method declares about itself: ``CompressionMethod``.
 
 Contract: one module of stages/compression/ per method, holding the method's settings
-model (a ``schemas.spec.CompressionSpec`` subclass) and one ``CompressionMethod``
+model (a ``schemas.compression.CompressionSpec`` subclass) and one ``CompressionMethod``
 subclass. The registry (stages/compression/__init__.py) finds the subclasses; the
 spec, the plan, tokenize, generate, the eval, the bench and the docs read them, and
 nobody else branches on method types.
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from schemas.spec import CompressionSpec, JobSpec
+from schemas.compression import CompressionSpec
+from schemas.spec import JobSpec
 
 if TYPE_CHECKING:
     import torch

@@ -26,8 +26,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from schemas.compression import CompressionSpec
 from schemas.rows import CompressedRow
-from schemas.spec import CompressionSpec, JobSpec
+from schemas.spec import JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
 from stages.compression.rag import assemble, rag_query, select_chunks, split_chunks
 from stages.rows import batch_to_rows, fail, rows_to_batch

@@ -7,7 +7,7 @@ pass (stages/generate.py's precheck).
 
 from __future__ import annotations
 
-from schemas.spec import NoCompression
+from schemas.compression import NoCompression
 from stages.compression.base import CompressionMethod
 
 

@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 from pydantic import Field
 
+from schemas.compression import CompressionSpec
 from schemas.rows import CompressedRow, TokenizedRow
-from schemas.spec import EMBEDDED_EMBEDDER, CompressionSpec, JobSpec
+from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
 from stages.rows import batch_to_rows, fail, rows_to_batch
 

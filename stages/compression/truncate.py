@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.spec import CompressionSpec
+from schemas.compression import CompressionSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
 
 

@@ -13,8 +13,9 @@ from typing import Literal
 import pytest
 
 import stages.compression as package
+from schemas.compression import CompressionSpec, compression_models
 from schemas.loading import SpecError, spec_from_dict
-from schemas.spec import CompressionSpec, JobSpec, compression_models
+from schemas.spec import JobSpec
 from stages.compression import method_for, method_names, registry
 from stages.compression.base import WHERE, CompressionMethod
 from stages.compression.truncate import TruncateCompression
