@@ -17,7 +17,7 @@ before any model loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from schemas.rows import OutputRow, RequestRow, columns
@@ -87,20 +87,32 @@ class _ExpandRequests:
         self.fingerprint = generation_fingerprint(spec)
 
     def __call__(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
-        d = Document(**{k: doc[k] for k in ("doc_id", "source_uri", "text", "questions", "answers", "error")})
+        # Every Document field, error_kind included (a storage failure stays retryable).
+        d = Document(**{f.name: doc[f.name] for f in fields(Document) if f.name in doc})
         reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
         return [r for r in reqs if r["request_id"] not in self.skip]
 
 
-def build_plan(spec: JobSpec, run_id: str, run_date: str, output_root: str, skip: frozenset[str]):
-    """Return (dataset of per-row figures, number of shards)."""
+def build_plan(
+    spec: JobSpec,
+    run_id: str,
+    run_date: str,
+    output_root: str,
+    skip: frozenset[str],
+    shards: list[str] | None = None,
+):
+    """Return (dataset of per-row figures, number of shards).
+
+    ``shards``: the input files, when the caller listed them already (the runner lists
+    them before starting Ray, so a missing prefix fails without a cluster).
+    """
     import ray.data
 
     from stages.read import resolve_uri
     from stages.write import WriteStage
 
     check_chain(stage_chain(spec))
-    shards = list_shards(spec.input, run_date)
+    shards = list_shards(spec.input, run_date) if shards is None else shards
     spec_json = spec.model_dump(mode="json")
     res = spec.resources
     root_uri = resolve_uri(spec.input.uri, run_date)

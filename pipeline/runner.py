@@ -115,6 +115,7 @@ def run_job(
 
     from pipeline.plan import build_plan
     from pipeline.progress import RunProgress, ray_logs_wanted
+    from stages.read import list_shards
 
     if retry_errors not in RETRY_POLICIES:
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
@@ -128,6 +129,8 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
+    # Listing the input first: a missing prefix or bad credentials fail before Ray starts.
+    shards = list_shards(spec.input, run_date)
     init_ray(address, spec)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
@@ -140,7 +143,7 @@ def run_job(
         # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
         ctx.execution_no_progress_timeout_s = -1
     t0 = time.perf_counter()
-    ds, n_shards = build_plan(spec, run_id, run_date, root, skip)
+    ds, n_shards = build_plan(spec, run_id, run_date, root, skip, shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}")
