@@ -165,7 +165,14 @@ def run_job(
         # Never a missing row: every request without one becomes a retryable error row.
         missing = write_missing_as_errors(spec, root, run_date, run_id, abort)
         parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
-    commit = commit_date(root, run_date, run_id)
+    stale: frozenset[str] = frozenset()
+    if abort is None:
+        # A complete run yields every request of its input: an error row it was asked to
+        # retry and did not produce again is no longer a request (e.g. a file that failed
+        # to read as a whole now reads, and its documents have rows of their own).
+        produced = {rid for t in parts for rid in t.column("request_id").to_pylist()}
+        stale = frozenset(set(before.rows) - skip - produced)
+    commit = commit_date(root, run_date, run_id, stale=stale)
     wall = time.perf_counter() - t0
     figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
     # The date as a whole (this run plus earlier runs it resumed or healed): a rerun

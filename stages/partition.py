@@ -158,35 +158,52 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by("request_id")
 
 
-def commit_date(root: str, run_date: str, run_id: str, target_bytes: int = TARGET_FILE_BYTES) -> dict[str, int]:
+def commit_date(
+    root: str,
+    run_date: str,
+    run_id: str,
+    target_bytes: int = TARGET_FILE_BYTES,
+    stale: frozenset[str] = frozenset(),
+) -> dict[str, int]:
     """Publish every staged row of ``run_date`` (see the module docstring for the steps).
 
+    ``stale``: committed error rows to drop because a complete rerun retried them and
+    its input no longer yields their request (e.g. a file that failed to read as a
+    whole reads now, so its documents got rows of their own). Dropped in step 1's
+    single-file rewrite, so a reader never sees a request twice or a healed error.
     Returns counts: ``staged_files``, ``replaced`` (rows swapped into committed files),
-    ``added`` (new rows), ``files_written``.
+    ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``.
     """
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
     stage = fsspec.core.url_to_fs(staging_dir(root, run_date))[1]
     staged = list_files(fs, stage, STAGED_SUFFIX)
-    out = {"staged_files": len(staged), "replaced": 0, "added": 0, "files_written": 0}
-    if not staged:
+    out = {"staged_files": len(staged), "replaced": 0, "added": 0, "dropped": 0, "files_written": 0}
+    if not staged and not stale:
         return out
     winners = _staged_winners(fs, staged)
     committed: dict[str, str] = {}
     for path in list_files(fs, part, ".parquet"):
         committed.update((rid, path) for rid, _ in _states(fs, path))
-    # 1. Retried requests: swap the new row into the committed file that holds the old one.
+    # 1. Retried requests: swap the new row into the committed file that holds the old
+    #    one (or drop it when stale).
     by_file: dict[str, set[str]] = {}
-    for rid in winners.keys() & committed.keys():
+    for rid in (winners.keys() | (stale - winners.keys())) & committed.keys():
         by_file.setdefault(committed[rid], set()).add(rid)
     for path, ids in sorted(by_file.items()):
         old = read_file(fs, path)
         mask = pc.is_in(old.column("request_id"), pa.array(sorted(ids), pa.string()))
-        new_rows = _staged_rows(fs, winners, ids)
+        swapped = ids & winners.keys()
+        new_rows = _staged_rows(fs, winners, swapped) if swapped else old.schema.empty_table()
         if _sorted(old.filter(mask)).equals(_sorted(new_rows)):
             continue  # committed by an earlier, interrupted commit
         table = pa.concat_tables([old.filter(pc.invert(mask)), new_rows])
+        out["dropped"] += len(ids - swapped)
+        if table.num_rows == 0:
+            fs.rm_file(path)  # every row of the file was stale
+            out["files_written"] += 1
+            continue
         write_table_atomic(table, _uri(fs, path))
-        out["replaced"] += len(ids)
+        out["replaced"] += len(swapped)
         out["files_written"] += 1
     # 2. New requests: compacted into few large files.
     new_ids = winners.keys() - committed.keys()

@@ -43,7 +43,7 @@ def test_blocks_are_compacted_into_one_file_and_staging_is_emptied(tmp_path):
     assert _visible(tmp_path) == {}  # nothing visible before the commit
     assert len(scan_date(str(tmp_path), DATE).rows) == 10  # but a resume already sees them
     out = commit_date(str(tmp_path), DATE, "r1")
-    assert out == {"staged_files": 3, "replaced": 0, "added": 10, "files_written": 1}
+    assert out == {"staged_files": 3, "replaced": 0, "added": 10, "dropped": 0, "files_written": 1}
     files = list((tmp_path / f"run_date={DATE}").glob("*.parquet"))
     assert [f.name.startswith("part-r1-") for f in files] == [True]
     assert len(_visible(tmp_path)) == 10
@@ -101,3 +101,23 @@ def test_files_written_before_schema_2_are_read_conformed(tmp_path):
     assert "run_date" not in t.column_names
     assert t.column("schema_version").to_pylist() == [1] and t.column("error_kind").to_pylist() == [None]
     assert scan_date(str(tmp_path), DATE).skip("retryable") == frozenset()  # unknown kind: retried
+
+
+def test_stale_error_rows_are_dropped_and_a_file_of_only_stale_rows_removed(tmp_path):
+    # Run 1: file A holds an unreadable-file error row plus two answers; file B only errors.
+    _stage(tmp_path, "r1", _rows(range(0, 2)) + _rows(range(2, 3), "read: cannot read f", RETRYABLE))
+    commit_date(str(tmp_path), DATE, "r1")
+    _stage(tmp_path, "r2", _rows(range(5, 7), "read: cannot read g", RETRYABLE, run_id="r2"))
+    commit_date(str(tmp_path), DATE, "r2")
+    assert len(list((tmp_path / f"run_date={DATE}").glob("*.parquet"))) == 2
+    # Run 3 reads both files now: new requests, and the file-level error rows are stale.
+    _stage(tmp_path, "r3", _rows(range(10, 12), run_id="r3"))
+    out = commit_date(str(tmp_path), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
+    assert out["dropped"] == 3 and out["added"] == 2
+    seen = _visible(tmp_path)
+    assert sorted(seen) == ["q000", "q001", "q010", "q011"]
+    assert all(r["error"] is None for r in seen.values())
+    assert len(list((tmp_path / f"run_date={DATE}").glob("*.parquet"))) == 2  # B removed, r3's added
+    # Dropping is idempotent: a second commit with the same stale ids changes nothing.
+    again = commit_date(str(tmp_path), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
+    assert again["dropped"] == 0 and sorted(_visible(tmp_path)) == sorted(seen)
