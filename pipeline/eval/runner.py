@@ -118,6 +118,9 @@ def run_eval(
             failed[r.tag] = f"{type(e).__name__}: {e}"
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
             continue
+        if res.summary.get("status") == "failed":  # Ray gave up: rows are retryable errors
+            failed[r.tag] = f"run aborted: {res.summary.get('abort_reason')}; rerun with --eval-id {eval_id}"
+            typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
         if not res.skipped:  # a resumed run's wall time covers only the rows it added
             wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
         scored += score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta)
