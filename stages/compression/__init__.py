@@ -25,7 +25,7 @@ from types import MappingProxyType
 from schemas.compression import CompressionSpec
 from stages.compression.base import CompressionMethod
 
-__all__ = ["CompressionMethod", "method_for", "method_names", "registry"]
+__all__ = ["CompressionMethod", "budgeted_names", "method_for", "method_names", "registry"]
 
 
 @functools.lru_cache(maxsize=1)
