@@ -95,6 +95,14 @@ def validate(
 
 
 @app.command()
+def methods() -> None:
+    """List the compression methods found in stages/compression/ (a Markdown table)."""
+    from stages.compression import methods_table
+
+    typer.echo(methods_table())
+
+
+@app.command()
 def run(
     spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
     set_: SetOpt = None,

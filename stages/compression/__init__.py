@@ -25,7 +25,7 @@ from types import MappingProxyType
 from schemas.compression import CompressionSpec
 from stages.compression.base import CompressionMethod
 
-__all__ = ["CompressionMethod", "budgeted_names", "method_for", "method_names", "registry"]
+__all__ = ["CompressionMethod", "budgeted_names", "method_for", "method_names", "methods_table", "registry"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,6 +82,15 @@ def method_for(config: CompressionSpec) -> CompressionMethod:
             f"unknown compression method {config.method!r}; allowed: {', '.join(registry())}"
         )
     return method
+
+
+def methods_table() -> str:
+    """The Markdown table of every registered method (``longdoc methods``; README rows)."""
+    from stages.compression.base import WHERE
+
+    rows = ["| method | what it keeps | where it runs |", "|---|---|---|"]
+    rows += [f"| `{m.name}` | {m.summary} | {WHERE[m.runs_at]} |" for m in registry().values()]
+    return "\n".join(rows)
 
 
 def budgeted_names() -> tuple[str, ...]:

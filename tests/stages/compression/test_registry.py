@@ -16,7 +16,7 @@ import stages.compression as package
 from schemas.compression import CompressionSpec, compression_models
 from schemas.loading import SpecError, spec_from_dict
 from schemas.spec import JobSpec
-from stages.compression import method_for, method_names, registry
+from stages.compression import method_for, method_names, methods_table, registry
 from stages.compression.base import WHERE, CompressionMethod
 from stages.compression.truncate import TruncateCompression
 
@@ -83,11 +83,29 @@ def test_a_declaration_that_disagrees_is_refused() -> None:
             method: Literal["truncate"] = "truncate"
 
 
-def test_readme_table_lists_exactly_the_registered_methods() -> None:
+def test_readme_table_rows_are_rows_of_the_registry_table() -> None:
+    # README shows the methods of this repository; `longdoc methods` prints the table
+    # from the registry, so a new method module needs no README edit to be documented,
+    # and a README row can never describe a method differently from its module.
     text = (ROOT / "README.md").read_text()
     table = text.split("| method | what it keeps | where it runs |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
-    expected = [f"| `{m.name}` | {m.summary} | {WHERE[m.runs_at]} |" for m in registry().values()]
-    assert table.splitlines() == expected
+    generated = methods_table().splitlines()
+    assert generated[2:] == [f"| `{m.name}` | {m.summary} | {WHERE[m.runs_at]} |" for m in registry().values()]
+    assert table.splitlines(), "README lost its methods table"
+    assert [row for row in table.splitlines() if row not in generated] == []
+    readme_names = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
+    assert readme_names == [n for n in method_names() if n in readme_names]  # registry order
+
+
+def test_methods_command_prints_every_registered_method() -> None:
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    out = CliRunner().invoke(app, ["methods"])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == methods_table()
+    assert all(f"| `{name}` |" in out.output for name in method_names())
 
 
 def _isinstance_targets(tree: ast.AST) -> list[tuple[int, str]]:
