@@ -52,7 +52,7 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("reference", pa.string(), "Reference answer from input.answer_field, if any (evaluation only)."),
     ("output_text", pa.string(), "Generated text (stop strings and EOS removed). Null on error."),
     ("model", pa.string(), "Generating model as named in the spec."),
-    ("compression", pa.string(), "Compression method: none | truncate | rag | finch | autocompressor."),
+    ("compression", pa.string(), "Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...)."),
     ("speculative", pa.string(), "Decoding method: none | prompt_lookup."),
     ("doc_tokens", pa.int64(), "Document length in the generating model's tokens."),
     ("context_tokens", pa.int64(), "Document tokens (or KV entries / summary vectors) the model conditioned on after compression."),
