@@ -21,19 +21,17 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
 
 from stages.decoding.adaptive import default_cost_prior, step_indicator
-from stages.decoding.forward import decode_view, forward_pick
+from stages.decoding.backend import EagerBackend
 from stages.decoding.linear_plan import LinearPlan, plan_for, route_linears
 
 
-class CpuBackend:
-    """The CPU step (see module docstring)."""
+class CpuBackend(EagerBackend):
+    """The CPU step (see module docstring); the forward is the eager one, on the routed view."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.device = torch.device("cpu")
-        self.view = decode_view(model)
+        super().__init__(model, torch.device("cpu"))
         self.plan: LinearPlan | None = None
         self._timer = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
         self._ready = False
@@ -55,18 +53,6 @@ class CpuBackend:
 
     def cost_shape(self, m: int) -> float:
         return self.plan.shape(m) if self.plan is not None else step_indicator(m)
-
-    def forward(
-        self,
-        cache: DynamicCache,
-        valid: torch.Tensor,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        new_valid: torch.Tensor,
-        pick: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step of [B, T] tokens on the view; (logits [N, V] float32, valid [B, S + T])."""
-        return forward_pick(self.view, cache, valid, input_ids, positions, new_valid, pick)
 
     def describe(self) -> str:
         if self.plan is None:
