@@ -1,0 +1,115 @@
+"""Needle QA at one budget: Finch scorings and modes vs RAG vs truncation (focused, one process).
+
+The inserted-fact questions of jobs/eval/qa-eval.jsonl (kind == inserted), ordered by
+question index then document (so the first 8 cover all 8 documents), the first
+``--limit`` of them. Each method compresses the document to ``--target`` tokens, the
+embedded model answers greedily (``--max-new-tokens``), and a row is correct when the
+normalised reference occurs in the answer (pipeline.eval.metrics ``contains``, as in
+``longdoc eval``). Prompts are the pipeline's (PromptBuilder, the default QA
+instruction). Time per row: compression + prefill seconds (CPU seconds of this
+process, one thread), decoding excluded.
+
+    OMP_NUM_THREADS=1 .venv/bin/python jobs/results/finch_needle_eval.py \
+        --methods finch-heads-ee,finch-heads-kv --limit 12 --out /tmp/needle.json
+
+Methods: finch-paper (scoring paper, mode kv), finch-heads-kv, finch-heads-ee
+(scoring heads, mode kv / early_exit), rag (chunk 256, the embedded MiniLM),
+truncate (head_tail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from pipeline.eval.metrics import score
+from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+from stages.compression.finch import FinchCompression
+from stages.compression.rag import load_embedder, rag_contexts
+from stages.compression.truncate import truncate_ids
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.decoding.state import prefill_full
+from stages.finch import finch_prefill
+from stages.model_loading import load_causal_lm
+from stages.prompting import PromptBuilder
+
+FINCH = {
+    "finch-paper": {"scoring": "paper", "mode": "kv"},
+    "finch-heads-kv": {"scoring": "heads", "mode": "kv"},
+    "finch-heads-ee": {"scoring": "heads", "mode": "early_exit"},
+}
+
+
+def questions(path: str, limit: int) -> list[dict]:
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    out = []
+    for qi in range(max(len(r["questions"]) for r in rows)):
+        for r in rows:
+            if qi < len(r["questions"]) and r["kind"][qi] == "inserted":
+                out.append({"doc": r["id"], "text": r["text"], "q": r["questions"][qi],
+                            "a": r["answers"][qi], "depth": r["depths"][qi]})
+    return out[:limit]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="finch-paper,finch-heads-kv,finch-heads-ee,rag,truncate")
+    ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--target", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model, tok = load_causal_lm(EMBEDDED_MODEL)
+    builder = PromptBuilder(tok)
+    pad = tok.pad_token_id
+    eos = {tok.eos_token_id}
+    gen_eos = model.generation_config.eos_token_id
+    eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+    dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=frozenset(e for e in eos if e is not None))
+    embedder = None
+    results = []
+    for method in args.methods.split(","):
+        for q in questions(args.eval_set, args.limit):
+            doc = builder.encode_text(q["text"])
+            c0 = time.process_time()
+            if method in FINCH:
+                cfg = FinchCompression(target_tokens=args.target, chunk_tokens=args.chunk, **FINCH[method])
+                state = finch_prefill(model, [builder.build(doc, DEFAULT_QA_INSTRUCTION, q["q"])], cfg, pad).state
+            else:
+                if method == "rag":
+                    embedder = embedder or load_embedder(EMBEDDED_EMBEDDER)
+                    res = rag_contexts([doc], [q["q"]], tokenizer=tok, embedder=embedder,
+                                       target_tokens=args.target, chunk_tokens=256)[0]
+                    assert not isinstance(res, BaseException), res
+                    ctx = res.context_ids
+                elif method == "truncate":
+                    ctx = truncate_ids(doc, args.target, "head_tail")
+                else:
+                    raise SystemExit(f"unknown method {method!r}")
+                state = prefill_full(model, [builder.build(ctx, DEFAULT_QA_INSTRUCTION, q["q"]).full_ids], pad)
+            cpu_s = time.process_time() - c0
+            answer = tok.decode(decode_plain(model, state, dcfg)[0].tokens, skip_special_tokens=True)
+            ok = score(answer, q["a"])["contains"]
+            results.append({"method": method, "doc": q["doc"], "depth": q["depth"], "question": q["q"],
+                            "reference": q["a"], "answer": answer, "contains": ok, "cpu_s": round(cpu_s, 2)})
+            print(f"{method:15s} {q['doc']:22s} d={q['depth']:.2f} ok={ok:.0f} {cpu_s:6.1f}s  {answer[:60]!r}", flush=True)
+    print(f"| method | contains@{args.target} | rows | CPU s per row (compress + prefill) |")
+    print("|---|---:|---:|---:|")
+    for method in args.methods.split(","):
+        rows = [r for r in results if r["method"] == method]
+        print(f"| {method} | {sum(r['contains'] for r in rows) / len(rows):.2f} | {len(rows)} | "
+              f"{sum(r['cpu_s'] for r in rows) / len(rows):.1f} |")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
