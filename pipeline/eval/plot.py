@@ -5,8 +5,10 @@ Contract: ``plot_eval(summary, by_depth, path)`` takes ``table.aggregate`` and
 exact match, contains, token F1, compression ratio, time per request (mean e2e_s)
 as bars grouped by budget (one bar per method), and contains by answer depth (one
 line per method and budget). Methods without a budget (none, autocompressor) are
-drawn as dashed horizontal lines across the budget groups. Uses the Agg backend,
-so it works without a display.
+drawn as dashed horizontal lines across the budget groups. When the summary holds
+task "nll" rows (pipeline/eval/nll.py) a third row of panels shows continuation NLL,
+gap recovered and time per row at the NLL budgets (no-context, none = full context and
+autocompressor as dashed lines). Uses the Agg backend, so it works without a display.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ PANELS = (
     ("f1", "token F1"),
     ("compression_ratio", "compression ratio (doc / context tokens)"),
     ("e2e_s", "time per request (mean e2e s)"),
+)
+NLL_PANELS = (
+    ("nll", "continuation NLL (nats/token, lower is better)"),
+    ("gap_recovered", "NLL gap recovered (no-context -> full)"),
+    ("e2e_s", "NLL time per row (s, condition + score)"),
 )
 
 
@@ -61,9 +68,11 @@ def plot_eval(
     methods = list(dict.fromkeys(s["method"] for s in summary))
     cmap = plt.get_cmap("tab10")
     colors = {m: cmap(i % 10) for i, m in enumerate(methods)}
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    nll = [s for s in summary if s.get("task") == "nll"]
+    qa = [s for s in summary if s.get("task", "qa") == "qa"]
+    fig, axes = plt.subplots(3 if nll else 2, 3, figsize=(16, 13.5 if nll else 9))
     for ax, (key, label) in zip(axes.flat, PANELS, strict=False):
-        _bars(ax, summary, key, colors)
+        _bars(ax, qa, key, colors)
         ax.set_title(label)
         if key in ("exact_match", "contains", "f1"):
             ax.set_ylim(0, 1)
@@ -88,6 +97,9 @@ def plot_eval(
     ax.set_ylim(0, 1)
     ax.set_xlabel("answer depth in document")
     ax.set_title("contains answer, by depth")
+    for ax, (key, label) in zip(axes.flat[6:], NLL_PANELS, strict=False):
+        _bars(ax, nll, key, colors)
+        ax.set_title(label)
     for a in axes.flat:
         handles, _ = a.get_legend_handles_labels()
         if handles:

@@ -11,6 +11,10 @@ Contract:
   A run that raises is reported and skipped; the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
   a resumed run reports no wall time per request (``-``; its e2e_s still counts).
+- ``metrics`` picks what is measured: "qa" (the above) and/or "nll" (pipeline/eval/nll.py:
+  continuation NLL of every method at each of ``nll_budgets``, in-process, one model at
+  a time, no Ray). NLL rows join the same summary table and plot (``task`` "nll"), their
+  per-document rows go to scored_nll.csv. NLL is recomputed on resume.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from typing import Annotated, Any
 
 import typer
 
+from pipeline.eval.nll import (
+    DEFAULT_CONTINUATION,
+    DEFAULT_NLL_BUDGETS,
+    DEFAULT_QUERY_TOKENS,
+    aggregate_nll,
+    read_documents,
+    run_nll,
+)
 from pipeline.eval.specs import (
     EvalRun,
     build_eval_spec,
@@ -40,6 +52,7 @@ from pipeline.eval.table import (
 )
 
 DEFAULT_BUDGETS = (512, 1024)
+METRIC_NAMES = ("qa", "nll")
 DEFAULT_EVAL_SET = "jobs/eval/qa-eval.jsonl"
 
 
@@ -51,6 +64,7 @@ class EvalResult:
     by_kind: list[dict[str, Any]]
     by_depth: list[dict[str, Any]]
     scored: list[dict[str, Any]]
+    scored_nll: list[dict[str, Any]] = field(default_factory=list)
     failed_runs: dict[str, str] = field(default_factory=dict)  # run tag -> error
 
 
@@ -76,6 +90,10 @@ def run_eval(
     eval_id: str | None = None,
     address: str | None = None,
     progress: bool = True,
+    metrics: list[str] | None = None,
+    nll_budgets: list[int] | None = None,
+    continuation_tokens: int = DEFAULT_CONTINUATION,
+    query_tokens: int = DEFAULT_QUERY_TOKENS,
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
     from pipeline.runner import new_run_id, run_job, today_utc
@@ -84,8 +102,12 @@ def run_eval(
     if "://" not in eval_set and not local.is_file():
         raise ValueError(f"eval set {eval_set!r} not found (build it: see jobs/README.md)")
     eval_uri = str(local.resolve()) if "://" not in eval_set else eval_set
-    runs = plan_runs(methods, list(target_tokens or DEFAULT_BUDGETS), autocompressor)
-    common, scoped = split_overrides(list(overrides or []), {r.method for r in runs})
+    wanted = [m.strip() for item in metrics or ["qa"] for m in item.split(",") if m.strip()]
+    if not wanted or any(m not in METRIC_NAMES for m in wanted):
+        raise ValueError(f"--metrics {wanted}: allowed {', '.join(METRIC_NAMES)} (comma-separated)")
+    runs = plan_runs(methods, list(target_tokens or DEFAULT_BUDGETS), autocompressor) if "qa" in wanted else []
+    nll_runs = plan_runs(methods, list(nll_budgets or DEFAULT_NLL_BUDGETS), autocompressor) if "nll" in wanted else []
+    common, scoped = split_overrides(list(overrides or []), {r.method for r in runs + nll_runs})
     eval_id = eval_id or new_run_id()
     out_dir = Path(out) / eval_id
     specs = {
@@ -98,12 +120,16 @@ def run_eval(
             overrides=common + scoped.get(r.method, []),
             autocompressor=autocompressor,
         )
-        for r in runs
+        for r in dict.fromkeys(runs + nll_runs)
     }  # every spec is validated before the first run starts
-    meta = load_question_meta(eval_uri)
     scored: list[dict[str, Any]] = []
     wall: dict[tuple[str, int | None], float] = {}
     failed: dict[str, str] = {}
+    scored_nll = run_nll(
+        nll_runs, specs, read_documents(eval_uri, limit), continuation_tokens=continuation_tokens,
+        query_tokens=query_tokens, failed=failed,
+    ) if nll_runs else []  # fmt: skip
+    meta = load_question_meta(eval_uri) if runs else {}
     for r in runs:
         t0 = time.perf_counter()
         try:
@@ -127,10 +153,11 @@ def run_eval(
     result = EvalResult(
         eval_id,
         out_dir,
-        aggregate(scored, wall),
+        aggregate(scored, wall) + aggregate_nll(scored_nll),
         breakdown(scored, "kind"),
         breakdown(scored, "depth_bin"),
         scored,
+        scored_nll,
         failed,
     )
     _write(result, eval_uri, runs)
@@ -144,7 +171,10 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
     d.mkdir(parents=True, exist_ok=True)
     (d / "summary.md").write_text(render_markdown(result) + "\n", encoding="utf-8")
     write_csv(result.summary, d / "summary.csv", SUMMARY_COLUMNS)
-    write_csv(result.scored, d / "scored.csv")
+    if result.scored:
+        write_csv(result.scored, d / "scored.csv")
+    if result.scored_nll:
+        write_csv(result.scored_nll, d / "scored_nll.csv")
     payload = {
         "eval_id": result.eval_id,
         "eval_set": eval_set,
@@ -165,7 +195,8 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
 
 
 def render_markdown(result: EvalResult) -> str:
-    parts = [f"## QA eval {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
+    title = "QA and continuation-NLL eval" if result.scored_nll else "QA eval"
+    parts = [f"## {title} {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
     if result.by_kind:
         parts += ["", "### by question kind", "", to_markdown(result.by_kind)]
     if result.failed_runs:
@@ -215,11 +246,29 @@ def eval_command(
         str | None, typer.Option(help="Ray cluster address (default: embedded Ray).")
     ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option(help="qa and/or nll (continuation NLL given the compressed earlier text), comma-separated (default: qa)."),
+    ] = None,
+    nll: Annotated[bool, typer.Option("--nll", help="Shorthand for --metrics qa,nll.")] = False,
+    nll_budgets: Annotated[
+        str, typer.Option(help="NLL context budgets, comma-separated.")
+    ] = ",".join(map(str, DEFAULT_NLL_BUDGETS)),
+    continuation_tokens: Annotated[
+        int, typer.Option(help="NLL: the document's last N tokens are the scored continuation.")
+    ] = DEFAULT_CONTINUATION,
+    query_tokens: Annotated[
+        int, typer.Option(help="NLL: query for rag/bm25/finch = the earlier text's last N tokens.")
+    ] = DEFAULT_QUERY_TOKENS,
 ) -> None:
     """Compare every compression method on a QA eval set at the same context budget."""
     from schemas.loading import SpecError
 
     try:
+        try:
+            budgets = [int(b) for b in nll_budgets.split(",") if b.strip()]
+        except ValueError:
+            raise ValueError(f"--nll-budgets {nll_budgets!r}: comma-separated integers, e.g. 128,256,512") from None
         result = run_eval(
             eval_set,
             target_tokens,
@@ -232,13 +281,17 @@ def eval_command(
             eval_id=eval_id,
             address=address,
             progress=not quiet,
+            metrics=["qa,nll"] if nll and not metrics else metrics,
+            nll_budgets=budgets,
+            continuation_tokens=continuation_tokens,
+            query_tokens=query_tokens,
         )
     except (ValueError, SpecError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(render_markdown(result))
     typer.echo(
-        f"\nwritten: {result.out_dir}/summary.md, summary.csv, summary.json, scored.csv, eval.png"
+        f"\nwritten: {result.out_dir}/summary.md, summary.csv, summary.json, scored*.csv, eval.png"
     )
     if result.failed_runs:
         raise typer.Exit(1)

@@ -6,13 +6,15 @@ Contract:
   budget, the question's ``kind`` and ``depth`` from the eval set, and every metric
   of pipeline.eval.metrics. Error rows score 0 (a failure is a wrong answer) and
   keep their ``error``.
-- ``aggregate(scored)`` -> one summary dict per (method, target_tokens), in
+- ``aggregate(scored)`` -> one summary dict per (method, target_tokens), task "qa", in
   ``METHOD_ORDER`` then budget order. Accuracy figures average over all rows;
   cost figures (compression_ratio, context_tokens, compress_s, e2e_s) over the
   successful rows only, since failed rows have none.
 - ``breakdown(scored, key)`` -> accuracy per (method, budget, key value), for
   ``kind`` or ``depth_bin``.
 ``target_tokens`` is None for methods that take no budget (none, autocompressor).
+The summary table (``SUMMARY_COLUMNS``) also holds the ``task`` "nll" rows of
+pipeline.eval.nll.aggregate_nll (its ``nll``/``gap_recovered`` columns; QA metrics blank).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from stages.compression import registry
 
 METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
 COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "e2e_s")
+NLL_COLUMNS = ("nll", "gap_recovered")  # pipeline/eval/nll.py (task "nll" rows)
 SUMMARY_COLUMNS = (
+    "task",
     "method",
     "target_tokens",
     "n",
     "failed",
     *METRICS,
+    *NLL_COLUMNS,
     *COST_COLUMNS,
     "wall_s_per_request",
 )
@@ -108,7 +113,8 @@ def aggregate(
     for (method, budget), rows in _groups(scored).items():
         ok = [r for r in rows if r["error"] is None]
         wall = (wall_s or {}).get((method, budget))
-        summary: dict[str, Any] = {"method": method, "target_tokens": budget, "n": len(rows)}
+        summary: dict[str, Any] = {"task": "qa", "method": method, "target_tokens": budget}
+        summary["n"] = len(rows)
         summary["failed"] = len(rows) - len(ok)
         summary.update({m: _mean(r[m] for r in rows) for m in METRICS})
         summary.update({c: _mean(r[c] for r in ok) for c in COST_COLUMNS})

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from schemas.compression import CompressionSpec
 from schemas.spec import JobSpec
-from stages.compression.base import CompressionMethod, Loaded
+from stages.compression.base import CompressionMethod, Condition, Loaded
 
 if TYPE_CHECKING:
     import torch
@@ -94,3 +94,32 @@ class FinchMethod(CompressionMethod):
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
         pad = tok.pad_token_id
         return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad))
+
+    def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:
+        """LM scoring: Finch's question sits in its cache, so the query (the last
+        ``query_tokens`` of the earlier text) is Finch's question, kept whole and counted
+        in the budget, and the rest of the earlier text is compressed to
+        ``target_tokens - query_tokens``: the cache is [start ; kept ; query], the
+        continuation follows the query as it follows the text. A budget that holds the
+        whole earlier text gives the full-context state."""
+        from stages.decoding.state import CompressedPrefill
+        from stages.finch import finch_prefill
+        from stages.prompting import PromptParts
+
+        loaded = self.load(job, device)
+        config = self.config(job)
+        keep = config.target_tokens
+        pad = loaded.tokenizer.pad_token_id
+
+        def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
+            if not 1 <= query_tokens < min(keep, len(earlier_ids)):
+                raise ValueError(
+                    f"finch scoring: query_tokens {query_tokens} must be >= 1 and below target_tokens "
+                    f"{keep} and the earlier text's {len(earlier_ids)} tokens"
+                )
+            doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
+            cfg = config.model_copy(update={"target_tokens": keep - query_tokens})
+            res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad)
+            return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
+
+        return loaded, condition

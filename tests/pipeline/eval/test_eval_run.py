@@ -56,7 +56,7 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
     ]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "| truncate | 64 | 3 | 0 |" in res.output and "| rag | 64 | 3 | 0 |" in res.output
+    assert "| qa | truncate | 64 | 3 | 0 |" in res.output and "| qa | rag | 64 | 3 | 0 |" in res.output
 
     d = out / "e1"
     summary = json.loads((d / "summary.json").read_text())

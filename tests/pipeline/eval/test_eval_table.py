@@ -93,8 +93,8 @@ def test_breakdowns_by_kind_and_depth() -> None:
 def test_markdown_and_csv(tmp_path) -> None:
     summary = aggregate(scored_rows())
     md = to_markdown(summary, SUMMARY_COLUMNS).splitlines()
-    assert md[0].startswith("| method | target_tokens | n |") and len(md) == 2 + len(summary)
-    assert md[2].startswith("| none | - | 3 | 0 |")
+    assert md[0].startswith("| task | method | target_tokens | n |") and len(md) == 2 + len(summary)
+    assert md[2].startswith("| qa | none | - | 3 | 0 |")
     write_csv(summary, tmp_path / "s.csv", SUMMARY_COLUMNS)
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert [r["method"] for r in rows] == ["none", "truncate", "truncate", "rag"]
