@@ -76,6 +76,19 @@ def train_autocompressor(
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Random seed (data order, segment lengths).")] = 0,
     log_every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10,
+    save_every: Annotated[
+        int,
+        typer.Option(help="Write a resumable checkpoint to OUT/last every N steps (0: at the end)."),
+    ] = 0,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from OUT/last exactly (same settings required).")
+    ] = False,
+    stop_after: Annotated[
+        int, typer.Option(help="Run at most N steps now (0: up to --steps); --resume later.")
+    ] = 0,
+    plot_only: Annotated[
+        bool, typer.Option(help="Only redraw OUT/train_curve.png from OUT/train_log.csv.")
+    ] = False,
     threads: Annotated[
         int,
         typer.Option(
@@ -83,7 +96,23 @@ def train_autocompressor(
         ),
     ] = 0,
 ) -> None:
-    """Train an AutoCompressor (summary embeddings + LoRA) and save it as a directory."""
+    """Train an AutoCompressor (summary embeddings + LoRA) and save it as a directory.
+
+    Writes OUT/train_log.csv (loss per step) as it goes and OUT/train_curve.png at the end.
+    """
+    from pathlib import Path
+
+    from stages.autocompressor.curve import plot_curve
+    from stages.autocompressor.resume import LOG_FILE
+
+    log_csv, png = Path(out) / LOG_FILE, Path(out) / "train_curve.png"
+    if plot_only:
+        if not log_csv.is_file():
+            typer.echo(f"error: --plot-only: no {log_csv} to plot", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"wrote {plot_curve(log_csv, png, f'AutoCompressor on {base_model}')}")
+        return
+
     import torch
 
     from stages.autocompressor.train import TrainConfig, train
@@ -117,11 +146,20 @@ def train_autocompressor(
         dtype=dtype,
         seed=seed,
         log_every=log_every,
+        save_every=save_every,
+        resume=resume,
+        stop_after=stop_after,
     )
     try:
         result = train(cfg, on_log=lambda rec: typer.echo(_format(rec)))
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    size = sum(p.stat().st_size for p in result.out_dir.rglob("*") if p.is_file())
+    if result.history:
+        typer.echo(f"wrote {plot_curve(log_csv, png, f'AutoCompressor on {base_model}')}")
+    if result.out_dir is None:
+        typer.echo(f"stopped before --steps; resume from {Path(out) / 'last'} with --resume")
+        return
+    files = [p for p in result.out_dir.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files if not p.relative_to(out).parts[0].startswith("last"))
     typer.echo(f"saved {result.out_dir} ({size / 1e6:.1f} MB) in {result.seconds:.0f} s")

@@ -19,6 +19,10 @@ was trained with LoRA (r=16 on q/k/v/o, ``embed_summary`` as a module to save; r
 but is published merged: 13.5 GB of bf16 full weights in pytorch_model-0000x-of-00002.bin.
 The OPT models are full fine-tunes (train.sh: lr 2e-5, no LoRA; float32 pytorch_model.bin).
 Current transformers loads the stock weights (ignoring ``embed_summary.weight``); we read that tensor ourselves.
+
+Shipped checkpoints (package data, our format without training state): ``SHIPPED`` maps a
+base model name to its directory under ``checkpoints/``; ``resolve_checkpoint`` picks it
+when a job names no checkpoint (jobs/results/autocompressor/ says how it was trained).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 
+from schemas.spec import EMBEDDED_MODEL
 from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
 from stages.model_loading import load_causal_lm, load_tokenizer, resolve_dtype
 
@@ -40,6 +45,31 @@ CONFIG_FILE = "autocompressor.json"
 SUMMARY_FILE = "summary_embeddings.safetensors"
 ADAPTER_DIR = "adapter"
 SUMMARY_KEY = "embed_summary.weight"  # the published checkpoints' parameter name
+SHIPPED_DIR = Path(__file__).parent / "checkpoints"
+SHIPPED: dict[str, str] = {EMBEDDED_MODEL: "smollm2-135m-instruct"}
+
+
+def shipped_checkpoint(model: str) -> Path | None:
+    """The checkpoint shipped with the package for base model ``model``, or None."""
+    name = SHIPPED.get(model)
+    return SHIPPED_DIR / name if name and is_own_checkpoint(SHIPPED_DIR / name) else None
+
+
+def resolve_checkpoint(checkpoint: str | None, model: str) -> str:
+    """``checkpoint`` when given, else the shipped one for ``model`` (the generating model);
+    ValueError naming ``compression.checkpoint`` when neither exists."""
+    if checkpoint:
+        return checkpoint
+    shipped = shipped_checkpoint(model)
+    if shipped is None:
+        have = ", ".join(m for m in SHIPPED if shipped_checkpoint(m)) or "none"
+        raise ValueError(
+            f"compression.checkpoint is not set and no AutoCompressor checkpoint ships for "
+            f"generation.model {model!r} (shipped for: {have}); allowed: set "
+            "compression.checkpoint to a directory saved by `longdoc train-autocompressor` "
+            "or a published princeton-nlp AutoCompressor"
+        )
+    return str(shipped)
 
 
 def is_own_checkpoint(path: str | Path) -> bool:

@@ -61,6 +61,9 @@ class TrainConfig:
     dtype: str = "auto"
     seed: int = 0
     log_every: int = 10
+    save_every: int = 0  # write out_dir/last every N steps (0: only at the end of the run)
+    resume: bool = False  # continue from out_dir/last (same settings) instead of starting over
+    stop_after: int = 0  # run at most N steps now (0: to cfg.steps); resume later
 
     def validate(self) -> None:
         for name in (
@@ -79,6 +82,9 @@ class TrainConfig:
                 f"block_tokens={self.block_tokens} is too short for {self.substeps} substeps x "
                 f"{self.segments_per_substep} segments of >= {self.min_segment_tokens} tokens (need {need})"
             )
+        for name in ("save_every", "stop_after", "log_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lora_r < 0:
             raise ValueError(
                 f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
@@ -175,39 +181,73 @@ def fit(
     cfg: TrainConfig,
     on_log: Callable[[dict], None] | None = None,
     segmenter: Segmenter | None = None,
+    state: dict | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    on_save: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Run cfg.steps optimizer steps on batches from ``data`` (moved to ac's device)."""
+    """Run optimizer steps on batches from ``data`` (moved to ac's device).
+
+    Steps run from ``state["step"]`` (0 without ``state``, a resume.capture dict) to
+    ``cfg.steps``, or ``cfg.stop_after`` of them; the batches the earlier steps used are
+    skipped, so a resumed run continues exactly. ``on_step`` gets one record per step
+    (step, loss, lr, elapsed_s, tokens); ``on_save`` gets a resume.capture state every
+    ``cfg.save_every`` steps and after the last step run. Returns the on_log records.
+    """
+    from stages.autocompressor import resume
+
     params = [p for p in ac.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: _lr_factor(s, cfg.warmup_steps, cfg.steps)
     )
     rng = random.Random(cfg.seed)
+    start, elapsed0, tokens = 0, 0.0, 0
+    if state is not None:
+        resume.restore(state, ac, opt, sched, rng)
+        start, elapsed0, tokens = state["step"], state["elapsed_s"], state["tokens"]
+        for _ in range(start * cfg.grad_accum):  # replay the data order (indexing only)
+            next(data)
+    stop = cfg.steps if not cfg.stop_after else min(cfg.steps, start + cfg.stop_after)
     ac.train()
     history: list[dict] = []
-    t0, tokens, window = time.perf_counter(), 0, []
-    for step in range(cfg.steps):
+    t0, run_tokens, window = time.perf_counter(), 0, []
+    for step in range(start, stop):
+        losses = []
         for _ in range(cfg.grad_accum):
             batch = next(data).to(ac.device)
-            window.append(sum(train_step(ac, batch, cfg, rng, segmenter)) / cfg.substeps)
-            tokens += batch.numel()
+            losses.append(sum(train_step(ac, batch, cfg, rng, segmenter)) / cfg.substeps)
+            run_tokens += batch.numel()
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        lr = sched.get_last_lr()[0]  # the lr this step used
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            dt = time.perf_counter() - t0
+        window += losses
+        dt = time.perf_counter() - t0
+        if on_step:
+            on_step(
+                {
+                    "step": step + 1,
+                    "loss": sum(losses) / len(losses),
+                    "lr": lr,
+                    "elapsed_s": round(elapsed0 + dt, 2),
+                    "tokens": tokens + run_tokens,
+                }
+            )
+        if (step + 1) % max(1, cfg.log_every) == 0 or step + 1 == stop:
             rec = {
                 "step": step + 1,
                 "loss": sum(window) / len(window),
                 "lr": sched.get_last_lr()[0],
-                "tokens_per_s": tokens / dt,
-                "s_per_step": dt / (step + 1),
+                "tokens_per_s": run_tokens / dt,
+                "s_per_step": dt / (step + 1 - start),
             }
             history.append(rec)
             window = []
             if on_log:
                 on_log(rec)
+        if on_save and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == stop):
+            on_save(resume.capture(step + 1, ac, opt, sched, rng, elapsed0 + dt, tokens + run_tokens))
     ac.eval()
     return history
 
@@ -222,6 +262,7 @@ def pick_train_device(device: str) -> torch.device:
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
     """The whole job: base model + corpus -> trained AutoCompressor saved to cfg.out_dir."""
+    from stages.autocompressor import resume
     from stages.autocompressor.checkpoint import save_autocompressor
     from stages.autocompressor.data import batches, find_text_files, read_documents, token_blocks
     from stages.model_loading import load_causal_lm
@@ -257,8 +298,24 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
                 "device": str(device),
             }
         )
-    history = fit(ac, batches(blocks, cfg.batch_size, cfg.seed), cfg, on_log)
     info = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    if not cfg.resume and resume.find_checkpoint(cfg.out_dir):
+        raise ValueError(
+            f"out_dir {cfg.out_dir!r} already holds a training checkpoint; pass resume "
+            "(--resume) to continue it or choose another out_dir"
+        )
+    state = resume.load_state(cfg.out_dir, info) if cfg.resume else None
+    step_log = resume.StepLog(cfg.out_dir, state["step"] if state else 0)
+
+    def save(st: dict) -> None:
+        resume.write_checkpoint(ac, cfg.out_dir, cfg.base_model, info, st)
+
+    history = fit(
+        ac, batches(blocks, cfg.batch_size, cfg.seed), cfg, on_log, state=state,
+        on_step=step_log, on_save=save,
+    )  # fmt: skip
     info["final_loss"] = history[-1]["loss"] if history else None
-    out = save_autocompressor(ac, cfg.out_dir, cfg.base_model, info)
+    done = (history[-1]["step"] if history else (state or {}).get("step", 0)) >= cfg.steps
+    # The finished model goes to out_dir itself; an interrupted run leaves only out_dir/last.
+    out = save_autocompressor(ac, cfg.out_dir, cfg.base_model, info) if done else None
     return TrainResult(out_dir=out, history=history, seconds=time.perf_counter() - t0, model=ac)

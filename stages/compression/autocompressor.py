@@ -26,9 +26,11 @@ class AutoCompressorCompression(CompressionSpec):
     """Compress the document into learned summary vectors, used as a soft prompt."""
 
     method: Literal["autocompressor"] = "autocompressor"
-    checkpoint: str = Field(
+    checkpoint: str | None = Field(
+        default=None,
         description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
-        "or a published princeton-nlp AutoCompressor id/path."
+        "or a published princeton-nlp AutoCompressor id/path. Unset: the checkpoint shipped for "
+        "generation.model (the embedded SmolLM2-135M has one; other models must set this).",
     )
     segment_tokens: int = Field(
         default=1024, ge=16, description="Document tokens per compressed segment."
@@ -57,15 +59,21 @@ class AutoCompressorMethod(CompressionMethod):
     reads_any_length = True
     needs_checkpoint = True
 
+    def checkpoint(self, job: JobSpec) -> str:
+        """compression.checkpoint, or the one shipped for generation.model (ValueError if none)."""
+        from stages.autocompressor.checkpoint import resolve_checkpoint
+
+        return resolve_checkpoint(self.config(job).checkpoint, job.generation.model)
+
     def tokenizer_source(self, job: JobSpec) -> str:
         from stages.autocompressor.checkpoint import tokenizer_source
 
-        return tokenizer_source(self.config(job).checkpoint)
+        return tokenizer_source(self.checkpoint(job))
 
     def load(self, job: JobSpec, device: torch.device) -> Loaded:
         from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
 
         config = self.config(job)
-        lm, tok, ac = load_autocompressor(config.checkpoint, job.generation.dtype, device)
+        lm, tok, ac = load_autocompressor(self.checkpoint(job), job.generation.dtype, device)
         pad = tok.pad_token_id
         return Loaded(lm, tok, lambda parts: autocompressor_prefill(ac, parts, config, pad))

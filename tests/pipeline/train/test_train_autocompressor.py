@@ -57,3 +57,33 @@ def test_cli_reports_bad_values(tmp_path, tiny_model_dir):
     ]
     res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_cli_stops_resumes_logs_and_plots(tmp_path, tiny_model_dir):
+    (tmp_path / "doc.txt").write_text(" ".join(f"word{(i * 5) % 37}" for i in range(800)))
+    out = tmp_path / "ac"
+    base = ["train-autocompressor", "--data", str(tmp_path / "doc.txt"), "--out", str(out)]
+    base += ["--base-model", str(tiny_model_dir), "--summary-length", "4", "--block-tokens", "64"]
+    base += ["--min-segment-tokens", "8", "--steps", "3", "--lora-r", "4", "--device", "cpu"]
+    first = CliRunner().invoke(_app(), [*base, "--stop-after", "2", "--save-every", "1"])
+    assert first.exit_code == 0, first.output
+    assert "stopped before --steps" in first.output and (out / "last" / "train_state.pt").is_file()
+    assert not (out / "autocompressor.json").exists()
+    again = CliRunner().invoke(_app(), base)  # without --resume the checkpoint is protected
+    assert again.exit_code == 2 and "already holds a training checkpoint" in again.output
+    second = CliRunner().invoke(_app(), [*base, "--resume"])
+    assert second.exit_code == 0, second.output
+    assert "step      3  loss" in second.output and "saved" in second.output
+    lines = (out / "train_log.csv").read_text().splitlines()
+    assert lines[0] == "step,loss,lr,elapsed_s,tokens" and [x.split(",")[0] for x in lines[1:]] == [
+        "1",
+        "2",
+        "3",
+    ]
+    (out / "train_curve.png").unlink()
+    plot = CliRunner().invoke(_app(), ["train-autocompressor", "--out", str(out), "--plot-only"])
+    assert plot.exit_code == 0 and (out / "train_curve.png").read_bytes()[:4] == b"\x89PNG"
+    none = CliRunner().invoke(
+        _app(), ["train-autocompressor", "--out", str(tmp_path / "x"), "--plot-only"]
+    )
+    assert none.exit_code == 2 and "no " in none.output

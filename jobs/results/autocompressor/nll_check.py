@@ -1,0 +1,97 @@
+"""Continuation NLL with and without the AutoCompressor's summaries, on held-out pages.
+
+For each held-out document (build_corpus.py's ``heldout.jsonl``, in no eval set and not
+trained on): ``earlier`` = its first E tokens, ``cont`` = the next C tokens; every condition
+scores cont[1:] (mean nats per token) so all share the same targets:
+- none:  cont alone (the base model; no context)
+- full:  earlier + cont (the base model; full context)
+- trunc: the last K*E/S tokens of earlier + cont (the base model; same budget as the summaries)
+- ac:    earlier compressed segment by segment (S tokens each) into K summary vectors per
+         segment, then cont conditioned on them (the trained checkpoint, LoRA merged)
+Recovered gap = (none - ac) / (none - full). Compression = E / (K * E/S) = S / K.
+
+    .venv/bin/python jobs/results/autocompressor/nll_check.py --checkpoint DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from stages.autocompressor.checkpoint import load_own
+from stages.autocompressor.model import ACConfig, AutoCompressor
+from stages.model_loading import load_causal_lm
+
+
+def nll(
+    ac: AutoCompressor, ids: list[int], lengths: list[int], from_: int, summaries: bool
+) -> float:
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        return ac(x, lengths, use_summaries=summaries, loss_from=from_).loss.item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--docs", type=Path, default=Path("out/ac-corpus/heldout.jsonl"))
+    ap.add_argument("--earlier", type=int, default=1024)
+    ap.add_argument("--cont", type=int, default=256)
+    ap.add_argument("--segment", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ac, tok = load_own(args.checkpoint, "float32")
+    base_lm, _ = load_causal_lm(
+        json.loads((Path(args.checkpoint) / "autocompressor.json").read_text())["base_model"],
+        "float32",
+        torch.device("cpu"),
+    )
+    base = AutoCompressor(base_lm.eval(), ACConfig(summary_length=ac.config.summary_length))
+    k, e, c, s = ac.config.summary_length, args.earlier, args.cont, args.segment
+    if e % s:
+        raise ValueError(f"--earlier {e} must be a multiple of --segment {s}")
+    budget = k * e // s
+    rows = []
+    for line in args.docs.read_text(encoding="utf-8").splitlines():
+        doc = json.loads(line)
+        ids = tok(doc["text"], add_special_tokens=False).input_ids
+        if len(ids) < e + c:
+            continue
+        earlier, cont = ids[:e], ids[e : e + c]
+        row = {
+            "id": doc["id"],
+            "none": nll(base, cont, [c], 1, False),
+            "full": nll(base, earlier + cont, [e + c], e + 1, False),
+            "trunc": nll(base, earlier[-budget:] + cont, [budget + c], budget + 1, False),
+            "ac": nll(ac, earlier + cont, [s] * (e // s) + [c], e + 1, True),
+        }
+        row["recovered"] = (row["none"] - row["ac"]) / (row["none"] - row["full"])
+        rows.append(row)
+        print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
+    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac")}
+    mean["recovered"] = (mean["none"] - mean["ac"]) / (mean["none"] - mean["full"])
+    summary = {
+        "docs": len(rows),
+        "earlier": e,
+        "cont": c,
+        "segment": s,
+        "summary_vectors": budget,
+        "compression": e / budget,
+        "mean": mean,
+        "rows": rows,
+        "checkpoint": str(args.checkpoint),
+    }
+    print(
+        json.dumps({"mean": {m: round(v, 4) for m, v in mean.items()}, "compression": e / budget})
+    )
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Resumable AutoCompressor training: the state file, its atomic directory, the loss log.
+
+Layout inside the training ``out_dir``:
+```
+last/                  the latest resumable checkpoint, always complete:
+  autocompressor.json, summary_embeddings.safetensors, adapter/   our checkpoint format
+  train_state.pt       step, trainable weights, optimizer, scheduler, RNG states, elapsed time
+train_log.csv          one row per optimizer step: step, loss, lr, elapsed_s, tokens
+train_curve.png        the loss curve (curve.plot_curve)
+```
+``write_checkpoint`` builds the new checkpoint in ``last.tmp/`` and swaps it in with two
+renames (``last`` -> ``last.old``, ``last.tmp`` -> ``last``), so a kill at any moment leaves
+either ``last/`` or ``last.old/`` complete; ``find_checkpoint`` takes whichever exists.
+Exact resumption needs every source of randomness restored: the segmenter's
+``random.Random`` state, torch's CPU (and CUDA) generator (LoRA dropout), the optimizer
+and scheduler states; the data order is replayed (``fit`` skips the batches already used).
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stages.autocompressor.checkpoint import save_autocompressor
+from stages.autocompressor.model import AutoCompressor
+
+LAST, TMP, OLD = "last", "last.tmp", "last.old"
+STATE_FILE = "train_state.pt"
+LOG_FILE = "train_log.csv"
+LOG_FIELDS = ("step", "loss", "lr", "elapsed_s", "tokens")
+# Settings that must not change between a run and its resumption (the rest may, e.g. threads).
+FIXED = (
+    "base_model", "summary_length", "accumulate_summary", "block_tokens", "substeps",
+    "segments_per_substep", "min_segment_tokens", "batch_size", "grad_accum", "steps", "lr",
+    "warmup_steps", "max_grad_norm", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "seed",
+)  # fmt: skip
+
+
+def trainable_state(ac: AutoCompressor) -> dict[str, torch.Tensor]:
+    """The trainable parameters by name (summary embeddings + LoRA), detached CPU copies."""
+    return {n: p.detach().cpu().clone() for n, p in ac.named_parameters() if p.requires_grad}
+
+
+def capture(
+    step: int,
+    ac: AutoCompressor,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    rng: random.Random,
+    elapsed_s: float,
+    tokens: int,
+) -> dict[str, Any]:
+    """Everything needed to continue after optimizer step ``step`` exactly."""
+    state = {
+        "step": step,
+        "trainable": trainable_state(ac),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "py_rng": rng.getstate(),
+        "torch_rng": torch.get_rng_state(),
+        "elapsed_s": elapsed_s,
+        "tokens": tokens,
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(
+    state: dict[str, Any],
+    ac: AutoCompressor,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    rng: random.Random,
+) -> None:
+    """Inverse of ``capture``: weights, optimizer, scheduler and RNGs as they were."""
+    params = dict(ac.named_parameters())
+    names = {n for n, p in params.items() if p.requires_grad}
+    if names != set(state["trainable"]):
+        missing, extra = names - set(state["trainable"]), set(state["trainable"]) - names
+        raise ValueError(
+            f"the checkpoint's trainable parameters do not match the model "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}); "
+            "resume with the settings of the original run"
+        )
+    with torch.no_grad():
+        for n, t in state["trainable"].items():
+            params[n].copy_(t)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    rng.setstate(state["py_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def write_checkpoint(
+    ac: AutoCompressor, out_dir: str | Path, base_model: str, info: dict, state: dict
+) -> Path:
+    """Atomically replace ``out_dir/last`` with the model (our format) + ``state``."""
+    out = Path(out_dir)
+    tmp, last, old = out / TMP, out / LAST, out / OLD
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_autocompressor(ac, tmp, base_model, {**info, "step": state["step"]})
+    torch.save(state, tmp / STATE_FILE)
+    if last.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        last.rename(old)
+    tmp.rename(last)
+    shutil.rmtree(old, ignore_errors=True)
+    return last
+
+
+def find_checkpoint(out_dir: str | Path) -> Path | None:
+    """The complete resumable checkpoint in ``out_dir`` (``last``, else ``last.old``), or None."""
+    for name in (LAST, OLD):
+        d = Path(out_dir) / name
+        if (d / STATE_FILE).is_file():
+            return d
+    return None
+
+
+def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
+    """The saved training state; ValueError if there is none or a FIXED setting changed."""
+    d = find_checkpoint(out_dir)
+    if d is None:
+        raise ValueError(f"resume: no {LAST}/{STATE_FILE} under {str(out_dir)!r} to resume from")
+    import json
+
+    saved = json.loads((d / "autocompressor.json").read_text())["training"]
+    changed = {k: (saved.get(k), info.get(k)) for k in FIXED if saved.get(k) != info.get(k)}
+    if changed:
+        k, (was, now) = next(iter(changed.items()))
+        raise ValueError(
+            f"resume: {k} was {was!r} in the saved run, now {now!r}; "
+            f"resume with the same settings (changed: {sorted(changed)})"
+        )
+    return torch.load(d / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+class StepLog:
+    """Appends one CSV row per optimizer step to ``out_dir/train_log.csv``.
+
+    On resumption from step ``start`` rows after ``start`` (written after the last save by
+    the interrupted run) are dropped first, so the log matches the weights.
+    """
+
+    def __init__(self, out_dir: str | Path, start: int = 0):
+        self.path = Path(out_dir) / LOG_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = read_log(self.path) if start > 0 and self.path.is_file() else []
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+            w.writeheader()
+            w.writerows(r for r in rows if int(r["step"]) <= start)
+
+    def __call__(self, rec: dict) -> None:
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=LOG_FIELDS, extrasaction="ignore").writerow(rec)
+
+
+def read_log(path: str | Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,135 @@
+"""Resumable AutoCompressor training: 4 steps in one run == 2 steps + resume 2 (fp32, dropout
+on), the per-step log and curve, the atomic ``last`` directory and the settings check."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from stages.autocompressor import resume
+from stages.autocompressor.curve import plot_curve, running_mean
+from stages.autocompressor.train import TrainConfig, train
+
+
+def _corpus(tmp_path):
+    data = tmp_path / "corpus"
+    data.mkdir()
+    words = "river stone lantern orchard copper meadow harbor violet ledger summit".split()
+    (data / "a.txt").write_text(" ".join(words[(i * 7) % 10] for i in range(900)))
+    return data
+
+
+def _cfg(tmp_path, tiny_model_dir, out: str, **kw) -> TrainConfig:
+    base = dict(
+        base_model=str(tiny_model_dir),
+        data=(str(tmp_path / "corpus" if (tmp_path / "corpus").exists() else _corpus(tmp_path)),),
+        out_dir=str(tmp_path / out),
+        summary_length=4,
+        block_tokens=64,
+        substeps=2,
+        segments_per_substep=2,
+        min_segment_tokens=8,
+        batch_size=2,
+        steps=4,
+        lr=1e-2,
+        warmup_steps=2,
+        lora_r=4,
+        lora_dropout=0.1,  # dropout draws from torch's RNG: resumption must restore it
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _log(out_dir) -> list[dict]:
+    with open(out_dir / resume.LOG_FILE, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_steps_then_resume_two_equals_four_steps(tmp_path, tiny_model_dir):
+    whole = train(_cfg(tmp_path, tiny_model_dir, "whole"))
+    first = train(_cfg(tmp_path, tiny_model_dir, "split", stop_after=2))
+    assert first.out_dir is None  # interrupted: only the resumable checkpoint exists
+    last = tmp_path / "split" / resume.LAST
+    assert json.loads((last / "autocompressor.json").read_text())["training"]["step"] == 2
+    second = train(_cfg(tmp_path, tiny_model_dir, "split", resume=True))
+    assert second.out_dir == tmp_path / "split"
+    a, b = resume.trainable_state(whole.model), resume.trainable_state(second.model)
+    assert a.keys() == b.keys() and len(a) > 1
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    log_a, log_b = _log(tmp_path / "whole"), _log(tmp_path / "split")
+    assert [r["step"] for r in log_b] == ["1", "2", "3", "4"]
+    assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+    assert [r["lr"] for r in log_a] == [r["lr"] for r in log_b]
+    # Without restoring the state, steps 3-4 would differ: the checkpoint carried the run.
+    fresh = train(_cfg(tmp_path, tiny_model_dir, "fresh", steps=4, stop_after=2))
+    assert not torch.equal(
+        resume.trainable_state(fresh.model)["summary_embeddings"], a["summary_embeddings"]
+    )
+
+
+def test_resume_refuses_changed_settings_and_missing_checkpoint(tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match="no last/train_state.pt"):
+        train(_cfg(tmp_path, tiny_model_dir, "none", resume=True))
+    train(_cfg(tmp_path, tiny_model_dir, "run", stop_after=1))
+    with pytest.raises(ValueError, match="lr was 0.01 in the saved run, now 0.02"):
+        train(_cfg(tmp_path, tiny_model_dir, "run", resume=True, lr=2e-2))
+    with pytest.raises(ValueError, match="already holds a training checkpoint"):
+        train(_cfg(tmp_path, tiny_model_dir, "run"))
+
+
+def test_save_every_writes_last_atomically_and_a_crash_between_renames_recovers(
+    tmp_path, tiny_model_dir
+):
+    saved: list[int] = []
+    real = resume.write_checkpoint
+
+    def spy(ac, out_dir, base_model, info, state):
+        saved.append(state["step"])
+        return real(ac, out_dir, base_model, info, state)
+
+    resume.write_checkpoint = spy
+    try:
+        train(_cfg(tmp_path, tiny_model_dir, "run", steps=5, save_every=2))
+    finally:
+        resume.write_checkpoint = real
+    assert saved == [2, 4, 5]
+    out = tmp_path / "run"
+    assert {p.name for p in out.iterdir()} >= {"last", "train_log.csv", "autocompressor.json"}
+    assert not (out / resume.TMP).exists() and not (out / resume.OLD).exists()
+    # A kill after `last -> last.old` and before `last.tmp -> last` leaves last.old complete.
+    (out / resume.LAST).rename(out / resume.OLD)
+    assert resume.find_checkpoint(out) == out / resume.OLD
+    state = resume.load_state(
+        out, json.loads((out / "autocompressor.json").read_text())["training"]
+    )
+    assert state["step"] == 5
+
+
+def test_step_log_drops_rows_after_the_resumed_step(tmp_path):
+    log = resume.StepLog(tmp_path)
+    for s in (1, 2, 3):
+        log({"step": s, "loss": 3.0 - s / 10, "lr": 1e-3, "elapsed_s": s, "tokens": 64 * s})
+    resume.StepLog(tmp_path, start=2)(
+        {"step": 3, "loss": 9.0, "lr": 1e-3, "elapsed_s": 3, "tokens": 192}
+    )
+    rows = _log(tmp_path)
+    assert [(r["step"], r["loss"]) for r in rows] == [("1", "2.9"), ("2", "2.8"), ("3", "9.0")]
+
+
+def test_plot_curve_writes_a_png_and_refuses_an_empty_log(tmp_path):
+    log = resume.StepLog(tmp_path)
+    for s in range(1, 31):
+        log({"step": s, "loss": 4.0 - s / 20, "lr": 1e-3, "elapsed_s": s, "tokens": s})
+    png = plot_curve(tmp_path / resume.LOG_FILE, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+    assert running_mean([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    resume.StepLog(tmp_path / "empty")
+    with pytest.raises(ValueError, match="no rows"):
+        plot_curve(tmp_path / "empty" / resume.LOG_FILE, tmp_path / "e.png")
