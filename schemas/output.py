@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -76,6 +76,12 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     # --- version 2 (columns are only appended; see the module docstring) ---
     ("error_kind", pa.string(), "Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it)."),
     ("schema_version", pa.int32(), "Version of this schema the row was written with (schemas.output.SCHEMA_VERSION)."),
+    # --- version 3: retrieval figures (rag, bm25; null for the other methods) ---
+    ("retrieval_chunks", pa.int64(), "Chunks the document was cut into and ranked (rag, bm25); 0 when it fit the budget and was kept whole."),
+    ("retrieved_chunks", pa.int64(), "Ranked chunks kept in the context, in document order (the last one taken may be cut to fill the budget)."),
+    ("retrieval_top_score", pa.float64(), "Best chunk score: cosine similarity to the query (rag) or BM25 (bm25); null when nothing was ranked."),
+    ("retrieval_mean_score", pa.float64(), "Mean score of the kept chunks (as retrieval_top_score); null when nothing was ranked."),
+    ("embedder_truncated_chunks", pa.int64(), "rag: ranked chunks longer than the embedder's window (max_seq_length word pieces), scored on their head only; 0 with the default chunk_tokens (auto)."),
 ]
 
 # Never null, error rows included: a row without them cannot be found, resumed or joined.

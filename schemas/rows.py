@@ -6,7 +6,7 @@ grows column by column on the way to the output table::
     read ------> RequestRow      (stages/read.py: expand_requests)
     tokenize --> TokenizedRow    (stages/tokenize.py: TokenizeStage)
     text compression -> CompressedRow  (a method with runs_at tokenize or text_stage,
-                                        stages/compression/)
+                                        stages/compression/; RetrievedRow for rag, bm25)
     generate --> OutputRow       (stages/generate.py: GenerateStage; = schemas/output.py)
     write -----> Parquet         (stages/write.py)
 
@@ -60,6 +60,17 @@ class CompressedRow(TokenizedRow):
     compress_s: float | None  # seconds this row's compression took (its share of a batch)
 
 
+class RetrievedRow(CompressedRow):
+    """After a chunk-retrieval compression (rag, bm25): the retrieval figures too
+    (definitions in schemas/output.py; a method declares the ones it fills in ``adds``)."""
+
+    retrieval_chunks: int | None  # chunks ranked; 0 when the document fit the budget
+    retrieved_chunks: int | None  # chunks kept (the last may be cut)
+    retrieval_top_score: float | None
+    retrieval_mean_score: float | None
+    embedder_truncated_chunks: int | None  # rag only: chunks over the embedder's window
+
+
 class OutputRow(TypedDict):
     """One row of the output table: exactly the columns of schemas.output.OUTPUT_SCHEMA
     (their definitions are ``COLUMN_DOCS`` there); null where a failed row has none."""
@@ -98,10 +109,15 @@ class OutputRow(TypedDict):
     error: str | None
     error_kind: str | None
     schema_version: int
+    retrieval_chunks: int | None
+    retrieved_chunks: int | None
+    retrieval_top_score: float | None
+    retrieval_mean_score: float | None
+    embedder_truncated_chunks: int | None
 
 
 #: What generate reads: a tokenized row, text-compressed or not.
-GenerateInput = TokenizedRow | CompressedRow
+GenerateInput = TokenizedRow | CompressedRow | RetrievedRow
 
 
 def columns(row_type: type) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from schemas import output as out_schema
 from schemas.rows import GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
-from stages.compression.base import Prefill
+from stages.compression.base import CONTEXT_COLUMNS, Prefill
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import decode
 from stages.decoding.engine_state import EngineState
@@ -57,6 +57,11 @@ class GenerateStage:
         loaded = self.method.load(self.spec, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self._prefill: Prefill = loaded.prefill
+        # Output columns a text method adds beyond its context (e.g. rag's retrieval
+        # figures) are copied as they are; context_tokens/compress_s are combined below.
+        self._carried = tuple(
+            c for c in self.method.adds if c in out_schema.OUTPUT_COLUMNS and c not in CONTEXT_COLUMNS
+        )
         # The engine's per-actor state: made (and its backend warmed up: the CPU kernel
         # plan measured or read) now, so the first batch's latency figures do not
         # include it; it learns step cost and acceptance across batches.
@@ -216,6 +221,8 @@ class GenerateStage:
         o["ttft_s"] = res.ttft_s
         o["decode_s"] = res.decode_s
         o["e2e_s"] = text_compress_s + res.ttft_s + res.decode_s
+        for c in self._carried:
+            o[c] = row.get(c)  # type: ignore[literal-required]
         return o
 
 

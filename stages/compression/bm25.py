@@ -9,10 +9,14 @@ in document order (``stages.compression.rag.select_chunks``/``assemble``). No
 embedder, no GPU: it runs as its own CPU actor pool before generate.
 
 Contract: ``bm25_scores(chunks, query_ids, k1, b)`` -> one score per chunk (>= 0);
-``bm25_context(doc_ids, query_ids, ...)`` -> exactly ``min(target_tokens, len(doc))``
-ids, a subsequence of ``doc_ids``. The stage ranks against the question (qa), else
-the instruction (``rag_query``), tokenized without special tokens; rows are never
-dropped, a row with ``error`` passes through, a row that fails gets ``error = "bm25: ..."``.
+``bm25_result(doc_ids, query_ids, ...)`` -> a ``RagResult`` whose ``context_ids`` are
+exactly ``min(target_tokens, len(doc))`` ids, a subsequence of ``doc_ids``, with the
+retrieval figures (``bm25_context``: the ids alone). The stage ranks against the
+question (qa), else the instruction (``rag_query``), tokenized without special tokens,
+and adds the context columns and the retrieval figures rag adds, BM25 scores in place
+of cosine similarities (no embedder: ``embedder_truncated_chunks`` is not among them,
+it stays null). Rows are never dropped, a row with ``error`` passes through, a row
+that fails gets ``error = "bm25: ..."``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,16 @@ import numpy as np
 from pydantic import Field
 
 from schemas.compression import CompressionSpec
-from schemas.rows import CompressedRow
+from schemas.rows import RetrievedRow
 from schemas.spec import JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
-from stages.compression.rag import assemble, rag_query, select_chunks, split_chunks
+from stages.compression.rag import (
+    RETRIEVAL_COLUMNS,
+    RagResult,
+    rag_query,
+    scored_result,
+    split_chunks,
+)
 from stages.rows import batch_to_rows, fail, rows_to_batch
 
 
@@ -61,16 +71,20 @@ def bm25_scores(chunks: Sequence[Sequence[int]], query_ids: Sequence[int], k1: f
     return scores
 
 
-def bm25_context(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> list[int]:
-    chunks = split_chunks(doc_ids, config.chunk_tokens)
+def bm25_result(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> RagResult:
+    """The kept context and its retrieval figures; a document that fits is kept whole, unranked."""
     if len(doc_ids) <= config.target_tokens:
-        return list(doc_ids)
-    scores = bm25_scores(chunks, query_ids, config.k1, config.b)
-    return assemble(chunks, select_chunks(scores, [len(c) for c in chunks], config.target_tokens))
+        return RagResult(list(doc_ids), [(0, len(doc_ids))])
+    chunks = split_chunks(doc_ids, config.chunk_tokens)
+    return scored_result(chunks, bm25_scores(chunks, query_ids, config.k1, config.b), config.target_tokens)
+
+
+def bm25_context(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> list[int]:
+    return bm25_result(doc_ids, query_ids, config).context_ids
 
 
 class Bm25Stage:
-    """Callable class for ``map_batches`` (TokenizedRow -> CompressedRow): one tokenizer per actor."""
+    """Callable class for ``map_batches`` (TokenizedRow -> RetrievedRow): one tokenizer per actor."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from stages.model_loading import load_tokenizer
@@ -80,9 +94,9 @@ class Bm25Stage:
         self.tokenizer = load_tokenizer(job.generation.model)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows: list[CompressedRow] = batch_to_rows(batch)
+        rows: list[RetrievedRow] = batch_to_rows(batch)
         for row in rows:
-            for col in CONTEXT_COLUMNS:
+            for col in Bm25Method.adds:
                 row.setdefault(col, None)
             if row.get("error"):
                 continue
@@ -91,9 +105,11 @@ class Bm25Stage:
                 if row.get("doc_ids") is None:
                     raise ValueError("doc_ids is missing (the tokenize stage must run first)")
                 query = self.tokenizer(rag_query(row) or "", add_special_tokens=False)["input_ids"]
-                ctx = bm25_context(row["doc_ids"], query, self.config)
-                row["context_ids"], row["context_tokens"] = ctx, len(ctx)
+                res = bm25_result(row["doc_ids"], query, self.config)
+                row["context_ids"], row["context_tokens"] = res.context_ids, len(res.context_ids)
                 row["compress_s"] = time.perf_counter() - t0
+                figures = res.figures()
+                row.update({c: figures[c] for c in Bm25Method.adds if c in figures})
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
                 fail(row, "bm25", e)
         return rows_to_batch(rows)
@@ -107,7 +123,7 @@ class Bm25Method(CompressionMethod):
     order = 3  # after rag, before finch: a cheaper retrieval baseline
     runs_at = "text_stage"
     needs = ("doc_ids", "question", "instruction")
-    adds = CONTEXT_COLUMNS
+    adds = CONTEXT_COLUMNS + tuple(c for c in RETRIEVAL_COLUMNS if c != "embedder_truncated_chunks")
     eval_budgeted = True
 
     def stage_class(self) -> type:

@@ -2,11 +2,10 @@
 
 This is the retrieval baseline of the Finch paper (Corallo & Papotti, 2024,
 https://arxiv.org/abs/2408.00167): the document is cut into consecutive chunks of
-``chunk_tokens`` generator tokens, chunks and query are embedded with a
-sentence-transformers model, and the most similar chunks (cosine similarity) fill
-the budget. It runs as its own actor pool before generate (``RagStage``), so the
-embedder scales on its own resources (``resources.compress_actors``,
-``compress_num_gpus``).
+generator tokens, chunks and query are embedded with a sentence-transformers model,
+and the most similar chunks (cosine similarity) fill the budget. It runs as its own
+actor pool before generate (``RagStage``), so the embedder scales on its own
+resources (``resources.compress_actors``, ``compress_num_gpus``).
 
 Contract (Ray-agnostic core, ``rag_contexts``):
 - Input per request: ``doc_ids`` (list[int], the whole document in generator
@@ -16,26 +15,31 @@ Contract (Ray-agnostic core, ``rag_contexts``):
   taken is cut (its head kept) so the budget is filled exactly. Kept pieces are
   emitted in document order, so the result is a subsequence of ``doc_ids``.
 - A document that fits the budget is kept whole without embedding anything.
-- The embedder reads at most its own ``max_seq_length`` word pieces per chunk (256
-  for all-MiniLM-L6-v2); the rest of a longer chunk does not count towards its
-  score, though it is still kept. On jobs/eval the median is 0.98 MiniLM word pieces
-  per SmolLM2 token, so about 40% of default 256-token chunks are scored on their
-  first ~255 word pieces only; use chunk_tokens <= ~200 to score whole chunks.
+- Chunks fit the embedder's window (``chunk_document``): the embedder reads at most
+  ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2, special tokens included)
+  and silently cuts the rest. With ``chunk_tokens`` null (the default) the chunk size
+  is derived per document from its measured word-piece/generator-token ratio so a
+  chunk holds ``AUTO_WINDOW_FRACTION`` of the window, and any chunk that still
+  overflows (code, tables) is halved until it fits: no chunk is ever cut. An explicit
+  ``chunk_tokens`` is obeyed; its overflowing chunks are counted per row
+  (``embedder_truncated_chunks``) and logged once per actor.
 - All chunks of all requests of a batch are embedded in one ``encode`` call, all
   queries in another. A request that fails yields its exception in place of a
   result; the others go on.
 
-Stage (``RagStage``, rows of schemas/rows.TokenizedRow -> CompressedRow): adds
-``context_ids``, ``context_tokens`` and ``compress_s`` (this row's own time plus its
-share of the batch's embedding time). Rows whose ``error`` is set pass through
-untouched (the three columns null); a row that fails here gets ``error = "rag: ..."``.
-Rows are never dropped or reordered.
+Stage (``RagStage``, rows of schemas/rows.TokenizedRow -> RetrievedRow): adds
+``context_ids``, ``context_tokens``, ``compress_s`` (this row's own time plus its
+share of the batch's embedding time) and the retrieval figures ``RETRIEVAL_COLUMNS``
+(defined in schemas/output.py). Rows whose ``error`` is set pass through untouched
+(the added columns null); a row that fails here gets ``error = "rag: ..."``. Rows are
+never dropped or reordered.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -43,7 +47,7 @@ import numpy as np
 from pydantic import Field
 
 from schemas.compression import CompressionSpec
-from schemas.rows import CompressedRow, TokenizedRow
+from schemas.rows import RetrievedRow, TokenizedRow
 from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
 from stages.rows import batch_to_rows, fail, rows_to_batch
@@ -51,14 +55,34 @@ from stages.rows import batch_to_rows, fail, rows_to_batch
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger(__name__)
+
+#: Share of the embedder's window an auto-sized chunk aims at. Chosen by measurement
+#: (README "rag chunk size": answer kept in the context on jobs/eval, 40 questions).
+AUTO_WINDOW_FRACTION = 0.5
+#: Smallest chunk, in generator tokens, the auto size or a halving goes down to.
+MIN_CHUNK_TOKENS = 8
+#: Retrieval figures a retrieval method adds (schemas/rows.RetrievedRow, schemas/output.py).
+RETRIEVAL_COLUMNS = (
+    "retrieval_chunks", "retrieved_chunks", "retrieval_top_score", "retrieval_mean_score",
+    "embedder_truncated_chunks",
+)  # fmt: skip
+
 
 class RagCompression(CompressionSpec):
     """Keep the chunks most similar to the question (or instruction), in document order."""
 
     method: Literal["rag"] = "rag"
     target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
-    chunk_tokens: int = Field(
-        default=256, ge=8, description="Chunk size in generator tokens (the Finch paper used 256)."
+    chunk_tokens: int | None = Field(
+        default=None,
+        ge=8,
+        description=(
+            "Chunk size in generator tokens; null (default) = auto: as large as fits "
+            f"{AUTO_WINDOW_FRACTION:g} of the embedder's window (max_seq_length word pieces), "
+            "measured per document, so no chunk is cut by the embedder. A larger explicit "
+            "size is scored on its head only (counted in embedder_truncated_chunks)."
+        ),
     )
     embedder: str = Field(
         default=EMBEDDED_EMBEDDER,
@@ -68,7 +92,15 @@ class RagCompression(CompressionSpec):
 
 
 class TextEmbedder(Protocol):
-    """Embeds texts as L2-normalised vectors (so a dot product is cosine similarity)."""
+    """Embeds texts as L2-normalised vectors (so a dot product is cosine similarity).
+
+    ``max_tokens``: word pieces of a text the embedder reads (its window less its
+    special tokens); ``count_tokens``: each text's word pieces, uncut, no specials.
+    """
+
+    max_tokens: int
+
+    def count_tokens(self, texts: list[str]) -> list[int]: ...
 
     def embed_queries(self, texts: list[str]) -> torch.Tensor: ...  # [N, E]
 
@@ -88,6 +120,14 @@ class SentenceEmbedder:
             raise ValueError(f"embed batch_size must be >= 1, got {batch_size}")
         self.model = model
         self.batch_size = batch_size
+        tok = model.tokenizer
+        window = int(getattr(model, "max_seq_length", None) or tok.model_max_length)
+        # The window counts the special tokens ([CLS] ... [SEP]) the embedder adds.
+        self.max_tokens = window - len(tok("")["input_ids"])
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        enc = self.model.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)
+        return [len(ids) for ids in enc["input_ids"]]
 
     def _encode(self, method: str, texts: list[str]) -> torch.Tensor:
         fn = getattr(self.model, method, None) or self.model.encode
@@ -120,10 +160,34 @@ def load_embedder(name: str, device: torch.device | str = "cpu", batch_size: int
 
 @dataclass
 class RagResult:
+    """One request's context and retrieval figures (schemas/output.py RETRIEVAL columns)."""
+
     context_ids: list[int]
     kept: list[tuple[int, int]]  # (chunk index, tokens kept from its head), document order
     compress_s: float = 0.0
-    n_chunks: int = 0
+    n_chunks: int = 0  # chunks ranked; 0 when the document fit the budget
+    top_score: float | None = None  # best chunk score; None when nothing was ranked
+    mean_score: float | None = None  # mean score of the kept chunks
+    truncated_chunks: int = 0  # ranked chunks longer than the embedder's window
+
+    def figures(self) -> dict[str, Any]:
+        """The row's RETRIEVAL_COLUMNS."""
+        vals = (self.n_chunks, len(self.kept) if self.n_chunks else 0, self.top_score,
+                self.mean_score, self.truncated_chunks)  # fmt: skip
+        return dict(zip(RETRIEVAL_COLUMNS, vals, strict=True))
+
+
+def scored_result(
+    chunks: Sequence[Sequence[int]], scores: Sequence[float], target_tokens: int
+) -> RagResult:
+    """Select chunks by ``scores`` to fill ``target_tokens`` and report the figures."""
+    kept = select_chunks(scores, [len(c) for c in chunks], target_tokens)
+    kept_scores = [float(scores[i]) for i, _ in kept]
+    return RagResult(
+        assemble(chunks, kept), kept, n_chunks=len(chunks),
+        top_score=max(map(float, scores)) if len(scores) else None,
+        mean_score=sum(kept_scores) / len(kept_scores) if kept_scores else None,
+    )  # fmt: skip
 
 
 def split_chunks(doc_ids: Sequence[int], chunk_tokens: int) -> list[list[int]]:
@@ -166,6 +230,53 @@ def assemble(chunks: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -
     return out
 
 
+def chunk_document(
+    ids: Sequence[int],
+    chunk_tokens: int | None,
+    *,
+    decode: Callable[[list[list[int]]], list[str]],
+    count: Callable[[list[str]], list[int]],
+    max_tokens: int,
+    window_fraction: float = AUTO_WINDOW_FRACTION,
+) -> tuple[list[list[int]], list[str], int]:
+    """Cut a document into chunks for an embedder reading ``max_tokens`` word pieces.
+
+    ``decode``: generator ids -> text per chunk; ``count``: word pieces per text.
+    Returns (chunks, their texts, how many exceed ``max_tokens``). ``chunk_tokens``
+    None: size = ``window_fraction * max_tokens`` over the document's word-piece per
+    generator-token ratio, and an overflowing chunk is halved until it fits (so the
+    count returned is 0 unless a single token overflows). An explicit size is obeyed.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"the embedder's window must hold >= 1 word piece, got {max_tokens}")
+    ids = list(ids)
+    if chunk_tokens is not None:
+        chunks = split_chunks(ids, chunk_tokens)
+        texts = decode(chunks)
+        return chunks, texts, sum(n > max_tokens for n in count(texts))
+    ratio = max(1, count(decode([ids]))[0]) / max(1, len(ids))  # word pieces per token
+    size = max(MIN_CHUNK_TOKENS, int(window_fraction * max_tokens / ratio))
+    chunks = split_chunks(ids, size)
+    texts = decode(chunks)
+    counts = count(texts)
+    while True:  # the ratio varies along a document (code, tables): halve what overflows
+        over = {i for i, (c, n) in enumerate(zip(chunks, counts)) if n > max_tokens and len(c) > MIN_CHUNK_TOKENS}
+        if not over:
+            return chunks, texts, sum(n > max_tokens for n in counts)
+        halves = [h for i in sorted(over) for h in (chunks[i][: len(chunks[i]) // 2], chunks[i][len(chunks[i]) // 2 :])]
+        h_texts = decode(halves)
+        h_counts = count(h_texts)
+        parts: list[tuple[list[int], str, int]] = []
+        j = 0
+        for i, triple in enumerate(zip(chunks, texts, counts)):
+            if i in over:  # in place: chunks stay in document order
+                parts += zip(halves[j : j + 2], h_texts[j : j + 2], h_counts[j : j + 2])
+                j += 2
+            else:
+                parts.append(triple)
+        chunks, texts, counts = (list(x) for x in zip(*parts))
+
+
 @dataclass
 class _Pending:
     """A request that needs embedding: its chunks, their texts and its own timings."""
@@ -175,6 +286,7 @@ class _Pending:
     chunks: list[list[int]]
     texts: list[str]
     local_s: float
+    truncated: int = 0  # chunks longer than the embedder's window
     scores: list[float] = field(default_factory=list)  # [n chunks] cosine similarity
     error: BaseException | None = None
 
@@ -197,30 +309,37 @@ def rag_contexts(
     tokenizer: Any,
     embedder: TextEmbedder,
     target_tokens: int,
-    chunk_tokens: int,
+    chunk_tokens: int | None = None,
+    window_fraction: float = AUTO_WINDOW_FRACTION,
 ) -> list[RagResult | BaseException]:
     """RAG-compress a batch of documents; see the module contract.
 
-    ``compress_s`` of a result is its own split/decode/select time plus a share of
+    ``chunk_tokens`` None: auto-sized chunks that fit the embedder (``chunk_document``).
+    ``compress_s`` of a result is its own chunk/decode/select time plus a share of
     the batch's embedding time proportional to the texts (chunks + query) it embedded.
     """
-    if target_tokens < 1 or chunk_tokens < 1:
+    if target_tokens < 1 or (chunk_tokens is not None and chunk_tokens < 1):
         raise ValueError(
             f"target_tokens and chunk_tokens must be >= 1, got {target_tokens}, {chunk_tokens}"
         )
+
+    def decode(chunks: list[list[int]]) -> list[str]:
+        return tokenizer.batch_decode(chunks, skip_special_tokens=True)
+
     results: list[RagResult | BaseException | None] = [None] * len(docs)
     pending: list[_Pending] = []
     for i, (doc, query) in enumerate(zip(docs, queries, strict=True)):
         t0 = time.perf_counter()
         try:
             ids = _check_request(doc, query)
-            chunks = split_chunks(ids, chunk_tokens)
-            if len(ids) <= target_tokens:  # fits: nothing to choose
-                kept = [(c, len(ch)) for c, ch in enumerate(chunks)]
-                results[i] = RagResult(ids, kept, time.perf_counter() - t0, len(chunks))
+            if len(ids) <= target_tokens:  # fits: nothing to choose, nothing ranked
+                results[i] = RagResult(ids, [(0, len(ids))], time.perf_counter() - t0)
                 continue
-            texts = tokenizer.batch_decode(chunks, skip_special_tokens=True)
-            pending.append(_Pending(i, query, chunks, texts, time.perf_counter() - t0))
+            chunks, texts, truncated = chunk_document(
+                ids, chunk_tokens, decode=decode, count=embedder.count_tokens,
+                max_tokens=embedder.max_tokens, window_fraction=window_fraction,
+            )  # fmt: skip
+            pending.append(_Pending(i, query, chunks, texts, time.perf_counter() - t0, truncated))
         except Exception as e:  # noqa: BLE001 - a bad request fails alone
             results[i] = e
     if pending:
@@ -231,13 +350,13 @@ def rag_contexts(
                 results[p.index] = p.error
                 continue
             t0 = time.perf_counter()
-            kept = select_chunks(p.scores, [len(c) for c in p.chunks], target_tokens)
-            context = assemble(p.chunks, kept)
+            res = scored_result(p.chunks, p.scores, target_tokens)
             share = embed_s * (len(p.texts) + 1) / n_texts
-            local = p.local_s + time.perf_counter() - t0
-            results[p.index] = RagResult(context, kept, local + share, len(p.chunks))
+            res.compress_s = p.local_s + time.perf_counter() - t0 + share
+            res.truncated_chunks = p.truncated
+            results[p.index] = res
     assert all(r is not None for r in results)
-    return results
+    return results  # type: ignore[return-value]
 
 
 def _score(pending: list[_Pending], embedder: TextEmbedder) -> float:
@@ -283,11 +402,12 @@ class RagStage:
         self.device = pick_device(job.resources.compress_num_gpus)
         self.tokenizer = load_tokenizer(job.generation.model)
         self.embedder = load_embedder(self.config.embedder, self.device, batch_size=self.config.embed_batch_size)
+        self._warned = False
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows: list[CompressedRow] = batch_to_rows(batch)
+        rows: list[RetrievedRow] = batch_to_rows(batch)
         for r in rows:
-            for col in CONTEXT_COLUMNS:
+            for col in RagMethod.adds:
                 r.setdefault(col, None)
         live = [r for r in rows if not r.get("error")]
         if live:
@@ -304,9 +424,22 @@ class RagStage:
                     row["context_ids"] = res.context_ids
                     row["context_tokens"] = len(res.context_ids)
                     row["compress_s"] = float(res.compress_s)
+                    row.update(res.figures())  # type: ignore[typeddict-item]
+                    self._warn_truncated(res)
                 else:
                     fail(row, "rag", res)
         return rows_to_batch(rows)
+
+    def _warn_truncated(self, res: RagResult) -> None:
+        """Say once per actor that an explicit chunk_tokens overflows the embedder."""
+        if res.truncated_chunks and not self._warned:
+            self._warned = True
+            log.warning(
+                "rag: chunk_tokens %s overflows the embedder's window of %d word pieces: "
+                "%d of %d chunks are scored on their head only (embedder_truncated_chunks); "
+                "leave chunk_tokens unset to size chunks to the embedder",
+                self.config.chunk_tokens, self.embedder.max_tokens, res.truncated_chunks, res.n_chunks,
+            )  # fmt: skip
 
 
 class RagMethod(CompressionMethod):
@@ -317,7 +450,7 @@ class RagMethod(CompressionMethod):
     order = 2
     runs_at = "text_stage"
     needs = ("doc_ids", "question", "instruction")
-    adds = CONTEXT_COLUMNS
+    adds = CONTEXT_COLUMNS + RETRIEVAL_COLUMNS
     uses_compress_gpus = True
     eval_budgeted = True
 

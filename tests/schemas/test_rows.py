@@ -13,7 +13,7 @@ import pytest
 from pipeline.plan import GENERATE, READ, TOKENIZE, WRITE, StageColumns, check_chain, stage_chain
 from schemas.loading import spec_from_dict
 from schemas.output import OUTPUT_COLUMNS, OUTPUT_SCHEMA
-from schemas.rows import CompressedRow, OutputRow, RequestRow, TokenizedRow, columns
+from schemas.rows import CompressedRow, OutputRow, RequestRow, RetrievedRow, TokenizedRow, columns
 from stages.compression import registry
 from stages.compression.base import CONTEXT_COLUMNS
 from stages.generate import GenerateStage
@@ -43,10 +43,12 @@ def test_output_row_is_the_output_schema() -> None:
 
 
 def test_row_types_grow_hop_by_hop() -> None:
-    request, tokenized, compressed = map(set, map(columns, (RequestRow, TokenizedRow, CompressedRow)))
-    assert request < tokenized < compressed
+    hops = (RequestRow, TokenizedRow, CompressedRow, RetrievedRow)
+    request, tokenized, compressed, retrieved = map(set, map(columns, hops))
+    assert request < tokenized < compressed < retrieved
     assert tokenized - request == set(TokenizeStage.adds)
     assert compressed - tokenized == set(CONTEXT_COLUMNS)
+    assert retrieved - compressed <= set(OUTPUT_COLUMNS)  # figures reach the output as they are
 
 
 def test_read_makes_request_rows() -> None:
@@ -69,8 +71,8 @@ def test_method_declarations_match_the_row_types(method: str) -> None:
     assert set(m.needs) <= set(columns(TokenizedRow)), m.needs
     if m.runs_at == "prefill":  # reports context_tokens/compress_s through CompressedPrefill
         assert m.adds == ()
-    else:  # text compression: exactly the CompressedRow columns
-        assert set(m.adds) == set(CONTEXT_COLUMNS)
+    else:  # text compression: the CompressedRow columns, retrieval figures for rag/bm25
+        assert set(CONTEXT_COLUMNS) <= set(m.adds) <= set(columns(RetrievedRow))
 
 
 @pytest.mark.parametrize("method", list(registry()))

@@ -18,6 +18,7 @@ from method_cases import TARGET, WINDOW, request, text_stages
 
 from schemas.rows import CompressedRow, TokenizedRow, columns
 from stages.compression import method_names, registry
+from stages.compression.base import CONTEXT_COLUMNS
 from stages.generate import GenerateStage
 from stages.rows import batch_to_rows, rows_to_batch
 
@@ -98,11 +99,32 @@ def test_documents_longer_than_the_window(method, results) -> None:
 def test_declared_columns_are_what_the_stages_produce(method, results) -> None:
     m = registry()[method]
     before, _ = results[method]
-    expected = columns(CompressedRow) if m.runs_at in ("tokenize", "text_stage") else columns(TokenizedRow)
+    expected = set(columns(TokenizedRow)) | set(m.adds)
+    if m.runs_at in ("tokenize", "text_stage"):
+        assert set(columns(CompressedRow)) <= expected
     for row in before:
-        assert set(row) == set(expected), set(row) ^ set(expected)
+        assert set(row) == expected, set(row) ^ expected
         assert set(m.needs) <= set(row)
     if m.adds:
         ok = [r for r in before if not r["error"]]
-        assert all(r[c] is not None for r in ok for c in m.adds)
+        assert all(r[c] is not None for r in ok for c in CONTEXT_COLUMNS)
         assert all(len(r["context_ids"]) == r["context_tokens"] <= TARGET for r in ok)
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_retrieval_figures_reach_the_output(method, results) -> None:
+    """rag and bm25 fill the retrieval columns (a document that fits: 0 chunks ranked, no
+    score); every other method leaves them null. Only rag has an embedder to overflow."""
+    _, out = results[method]
+    figures = ("retrieval_chunks", "retrieved_chunks", "retrieval_top_score", "retrieval_mean_score")
+    for o in out:
+        if method not in ("rag", "bm25") or o["error"]:
+            assert all(o[c] is None for c in (*figures, "embedder_truncated_chunks")), o
+            continue
+        ranked = o["context_tokens"] < o["doc_tokens"]
+        assert (o["retrieval_chunks"] > 0) == ranked
+        assert 0 < o["retrieved_chunks"] <= o["retrieval_chunks"] if ranked else o["retrieved_chunks"] == 0
+        assert (o["retrieval_top_score"] is not None) == ranked
+        if ranked:
+            assert o["retrieval_top_score"] >= o["retrieval_mean_score"]
+        assert o["embedder_truncated_chunks"] == (0 if method == "rag" else None)

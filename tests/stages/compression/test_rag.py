@@ -53,6 +53,10 @@ class CountingEmbedder:
         self.inner = inner
         self.poison = poison
         self.calls: list[tuple[str, int]] = []
+        self.max_tokens = inner.max_tokens
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return self.inner.count_tokens(texts)
 
     def _check(self, texts: list[str]) -> None:
         if self.poison is not None and any(self.poison in t for t in texts):
@@ -139,6 +143,10 @@ def test_answer_chunk_is_retrieved(tokenizer, embedder) -> None:
     assert "4417" in tokenizer.decode(res.context_ids)
     assert is_subsequence(res.context_ids, doc)
     assert res.compress_s > 0 and res.n_chunks == len(PARAGRAPHS)
+    figures = res.figures()
+    assert figures["retrieval_chunks"] == len(PARAGRAPHS) and figures["retrieved_chunks"] == len(res.kept) == 2
+    assert figures["retrieval_top_score"] >= figures["retrieval_mean_score"] > 0
+    assert figures["embedder_truncated_chunks"] == 0  # 32-token chunks fit MiniLM's window
 
 
 def test_short_document_kept_whole_without_embedding(tokenizer, embedder) -> None:
@@ -154,6 +162,10 @@ def test_short_document_kept_whole_without_embedding(tokenizer, embedder) -> Non
     )
     assert isinstance(res, RagResult) and res.context_ids == doc
     assert counting.calls == []
+    assert res.figures() == {
+        "retrieval_chunks": 0, "retrieved_chunks": 0, "retrieval_top_score": None,
+        "retrieval_mean_score": None, "embedder_truncated_chunks": 0,
+    }  # fmt: skip
 
 
 def test_batch_equals_per_row_with_one_encode_call(tokenizer, embedder) -> None:
