@@ -77,7 +77,7 @@ class FinchCompression(CompressionSpec):
 class FinchMethod(CompressionMethod):
     name = "finch"
     spec_model = FinchCompression
-    summary = "the KV entries the question attends to most, per layer, read chunk by chunk"
+    summary = "the document tokens the question's retrieval heads attend to most, read chunk by chunk"
     paper = "https://arxiv.org/abs/2408.00167"
     order = 3
     runs_at = "prefill"
