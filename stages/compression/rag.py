@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -50,10 +50,10 @@ from schemas.compression import CompressionSpec
 from schemas.rows import RetrievedRow, TokenizedRow
 from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
+from stages.embedding import SentenceEmbedder, TextEmbedder, load_embedder
 from stages.rows import batch_to_rows, fail, rows_to_batch
 
-if TYPE_CHECKING:
-    import torch
+__all__ = ["SentenceEmbedder", "TextEmbedder", "load_embedder"]  # re-exported: rag's embedder
 
 log = logging.getLogger(__name__)
 
@@ -89,73 +89,6 @@ class RagCompression(CompressionSpec):
         description="sentence-transformers model id or path; default is the embedded all-MiniLM-L6-v2.",
     )
     embed_batch_size: int = Field(default=64, ge=1, description="Chunks per embedding batch.")
-
-
-class TextEmbedder(Protocol):
-    """Embeds texts as L2-normalised vectors (so a dot product is cosine similarity).
-
-    ``max_tokens``: word pieces of a text the embedder reads (its window less its
-    special tokens); ``count_tokens``: each text's word pieces, uncut, no specials.
-    """
-
-    max_tokens: int
-
-    def count_tokens(self, texts: list[str]) -> list[int]: ...
-
-    def embed_queries(self, texts: list[str]) -> torch.Tensor: ...  # [N, E]
-
-    def embed_chunks(self, texts: list[str]) -> torch.Tensor: ...  # [N, E]
-
-
-class SentenceEmbedder:
-    """``TextEmbedder`` over a sentence-transformers model.
-
-    Uses the model's query/document encoders where the installed
-    sentence-transformers has them (models with retrieval prompts, e.g. e5, need
-    them); for symmetric models such as all-MiniLM-L6-v2 both equal ``encode``.
-    """
-
-    def __init__(self, model: Any, batch_size: int = 64) -> None:
-        if batch_size < 1:
-            raise ValueError(f"embed batch_size must be >= 1, got {batch_size}")
-        self.model = model
-        self.batch_size = batch_size
-        tok = model.tokenizer
-        window = int(getattr(model, "max_seq_length", None) or tok.model_max_length)
-        # The window counts the special tokens ([CLS] ... [SEP]) the embedder adds.
-        self.max_tokens = window - len(tok("")["input_ids"])
-
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        enc = self.model.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)
-        return [len(ids) for ids in enc["input_ids"]]
-
-    def _encode(self, method: str, texts: list[str]) -> torch.Tensor:
-        fn = getattr(self.model, method, None) or self.model.encode
-        emb = fn(
-            texts,
-            batch_size=self.batch_size,
-            convert_to_tensor=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return emb.detach().float().cpu()  # [N, E]
-
-    def embed_queries(self, texts: list[str]) -> torch.Tensor:
-        return self._encode("encode_query", texts)
-
-    def embed_chunks(self, texts: list[str]) -> torch.Tensor:
-        return self._encode("encode_document", texts)
-
-
-def load_embedder(name: str, device: torch.device | str = "cpu", batch_size: int = 64) -> SentenceEmbedder:
-    """Load a sentence-transformers model by id, path or the embedded sentinel name."""
-    from sentence_transformers import SentenceTransformer
-
-    from stages.model_loading import resolve_embedder
-
-    return SentenceEmbedder(
-        SentenceTransformer(resolve_embedder(name), device=str(device)), batch_size
-    )
 
 
 @dataclass
@@ -445,7 +378,7 @@ class RagStage:
 class RagMethod(CompressionMethod):
     name = "rag"
     spec_model = RagCompression
-    summary = "the chunks most similar to the question, in document order"
+    summary = "the chunks (sized to fit the embedder) most similar to the question or instruction, in document order"
     paper = "https://arxiv.org/abs/2408.00167"
     order = 2
     runs_at = "text_stage"

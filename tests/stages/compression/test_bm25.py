@@ -9,7 +9,13 @@ import math
 import pytest
 
 from schemas.loading import spec_from_dict
-from stages.compression.bm25 import Bm25Compression, Bm25Stage, bm25_context, bm25_scores
+from stages.compression.bm25 import (
+    Bm25Compression,
+    Bm25Stage,
+    bm25_context,
+    bm25_result,
+    bm25_scores,
+)
 from stages.rows import batch_to_rows, rows_to_batch
 
 FILLER = "The committee met on Tuesday and discussed the budget for the coming year at length. "
@@ -50,5 +56,20 @@ def test_stage_keeps_the_chunk_with_the_answer_and_every_row(tokenizer, tiny_mod
     assert len(out) == 3 and out[0]["error"] is None
     assert out[0]["context_tokens"] == len(out[0]["context_ids"]) == 48
     assert "Skerryvore paints the lamp room blue" in tokenizer.decode(out[0]["context_ids"])
+    # Retrieval figures: 16-token chunks ranked, 3 kept, BM25 scores; no embedder to overflow.
+    assert out[0]["retrieval_chunks"] == math.ceil(len(doc) / 16) and out[0]["retrieved_chunks"] == 3
+    assert out[0]["retrieval_top_score"] >= out[0]["retrieval_mean_score"] > 0
+    assert "embedder_truncated_chunks" not in out[0]
+    assert out[1]["retrieval_chunks"] is None and out[2]["retrieval_top_score"] is None
     assert out[1]["error"] == "read: gone" and out[1]["context_ids"] is None
     assert out[2]["error"].startswith("bm25: ValueError") and out[2]["context_ids"] is None
+
+
+def test_result_figures_for_a_document_that_fits_and_one_that_does_not() -> None:
+    config = Bm25Compression(target_tokens=20, chunk_tokens=8)
+    fits = bm25_result(list(range(20)), [3], config)
+    assert fits.context_ids == list(range(20)) and fits.figures()["retrieval_chunks"] == 0
+    assert fits.figures()["retrieval_top_score"] is None
+    ranked = bm25_result(list(range(40)), [3, 35], config).figures()
+    assert ranked["retrieval_chunks"] == 5 and ranked["retrieved_chunks"] == 3
+    assert ranked["retrieval_top_score"] > 0

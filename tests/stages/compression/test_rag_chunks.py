@@ -46,11 +46,10 @@ def cut(tokenizer, embedder: SentenceEmbedder, ids: list[int], chunk_tokens: int
     )
 
 
-def test_window_is_the_embedders_own(embedder: SentenceEmbedder) -> None:
-    assert embedder.model.max_seq_length == 256
-    assert embedder.max_tokens == 254  # [CLS] and [SEP] take two places
-    assert embedder.count_tokens(["", "ferry Aurora"]) == [0, len(embedder.model.tokenizer.tokenize("ferry Aurora"))]
-    assert RagCompression().chunk_tokens is None  # auto is the default
+def test_auto_is_the_default() -> None:
+    assert RagCompression().chunk_tokens is None
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        RagCompression(chunk_tokens=4)
 
 
 @pytest.mark.parametrize("text", [PROSE * 80, BLANK + PROSE * 60], ids=["prose", "uneven"])
