@@ -287,6 +287,14 @@ def test_stage_retrieves_the_answer(stage: RagStage, tokenizer) -> None:
     assert "312" in tokenizer.decode(out[3]["context_ids"])
 
 
+def test_stage_ranks_a_summary_request_against_its_instruction(stage: RagStage, tokenizer) -> None:
+    rows = make_rows(tokenizer, 4)[3:]
+    rows[0] |= {"question": None, "instruction": "Summarize what the lighthouse keeper does every evening."}
+    (out,) = batch_to_rows(stage(rows_to_batch(rows)))
+    kept = tokenizer.decode(out["context_ids"])
+    assert "lit the lamp" in kept and "312" not in kept  # the instruction, not a question, ranked
+
+
 def test_stage_rejects_other_methods() -> None:
     spec = job_spec()
     spec["compression"] = {"method": "none"}
