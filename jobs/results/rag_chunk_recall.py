@@ -53,7 +53,7 @@ def main(path: str = "jobs/eval/qa-eval.jsonl") -> None:
     emb = CachedEmbedder(load_embedder(EMBEDDED_EMBEDDER, "cpu"))
     docs = [json.loads(line) for line in open(path)]
     configs = [(f"auto {f:g} of window", None, f) for f in AUTO] + [(f"fixed {c}", c, 1.0) for c in FIXED]
-    print(f"| chunk_tokens | mean chunk | cut by embedder | " + " | ".join(f"recall@{b}" for b in BUDGETS) + " |")
+    print("| chunk_tokens | mean chunk | cut by embedder | " + " | ".join(f"recall@{b}" for b in BUDGETS) + " |")
     print("|---|---|---|" + "---|" * len(BUDGETS))
     for name, chunk, frac in configs:
         hits = {b: 0 for b in BUDGETS}
