@@ -78,7 +78,9 @@ def train_autocompressor(
     log_every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10,
     save_every: Annotated[
         int,
-        typer.Option(help="Write a resumable checkpoint to OUT/last every N steps (0: at the end)."),
+        typer.Option(
+            help="Write a resumable checkpoint to OUT/last every N steps (0: at the end)."
+        ),
     ] = 0,
     resume: Annotated[
         bool, typer.Option(help="Continue from OUT/last exactly (same settings required).")
@@ -89,6 +91,12 @@ def train_autocompressor(
     plot_only: Annotated[
         bool, typer.Option(help="Only redraw OUT/train_curve.png from OUT/train_log.csv.")
     ] = False,
+    export: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="Only copy OUT's latest checkpoint, without training state, to this directory."
+        ),
+    ] = None,
     threads: Annotated[
         int,
         typer.Option(
@@ -106,6 +114,15 @@ def train_autocompressor(
     from stages.autocompressor.resume import LOG_FILE
 
     log_csv, png = Path(out) / LOG_FILE, Path(out) / "train_curve.png"
+    if export:
+        from stages.autocompressor.resume import export_checkpoint
+
+        try:
+            typer.echo(f"exported {export_checkpoint(out, export)}")
+        except ValueError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        return
     if plot_only:
         if not log_csv.is_file():
             typer.echo(f"error: --plot-only: no {log_csv} to plot", err=True)
@@ -161,5 +178,7 @@ def train_autocompressor(
         typer.echo(f"stopped before --steps; resume from {Path(out) / 'last'} with --resume")
         return
     files = [p for p in result.out_dir.rglob("*") if p.is_file()]
-    size = sum(p.stat().st_size for p in files if not p.relative_to(out).parts[0].startswith("last"))
+    size = sum(
+        p.stat().st_size for p in files if not p.relative_to(out).parts[0].startswith("last")
+    )
     typer.echo(f"saved {result.out_dir} ({size / 1e6:.1f} MB) in {result.seconds:.0f} s")

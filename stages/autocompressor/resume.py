@@ -167,3 +167,27 @@ class StepLog:
 def read_log(path: str | Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def export_checkpoint(out_dir: str | Path, dest: str | Path) -> Path:
+    """Copy the latest checkpoint of ``out_dir`` to ``dest`` for shipping: our format only
+    (no train_state.pt, no peft README); ``dest`` is replaced. Returns ``dest``."""
+    src = find_checkpoint(out_dir)
+    if src is None:
+        raise ValueError(f"export: no {LAST}/{STATE_FILE} under {str(out_dir)!r}")
+    dest = Path(dest)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(STATE_FILE, "README.md"))
+    adapter = tmp / "adapter" / "adapter_config.json"
+    if adapter.is_file():  # name the base model portably, not by this machine's cache path
+        import json
+
+        conf = json.loads(adapter.read_text())
+        conf["base_model_name_or_path"] = json.loads((tmp / "autocompressor.json").read_text())[
+            "base_model"
+        ]
+        adapter.write_text(json.dumps(conf, indent=2))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest

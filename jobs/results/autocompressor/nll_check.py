@@ -6,6 +6,7 @@ scores cont[1:] (mean nats per token) so all share the same targets:
 - none:  cont alone (the base model; no context)
 - full:  earlier + cont (the base model; full context)
 - trunc: the last K*E/S tokens of earlier + cont (the base model; same budget as the summaries)
+- ac_none: cont alone, scored by the trained checkpoint (LoRA merged; does LoRA alone help?)
 - ac:    earlier compressed segment by segment (S tokens each) into K summary vectors per
          segment, then cont conditioned on them (the trained checkpoint, LoRA merged)
 Recovered gap = (none - ac) / (none - full). Compression = E / (K * E/S) = S / K.
@@ -68,12 +69,13 @@ def main() -> None:
             "none": nll(base, cont, [c], 1, False),
             "full": nll(base, earlier + cont, [e + c], e + 1, False),
             "trunc": nll(base, earlier[-budget:] + cont, [budget + c], budget + 1, False),
+            "ac_none": nll(ac, cont, [c], 1, False),  # the trained model, no context
             "ac": nll(ac, earlier + cont, [s] * (e // s) + [c], e + 1, True),
         }
         row["recovered"] = (row["none"] - row["ac"]) / (row["none"] - row["full"])
         rows.append(row)
         print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
-    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac")}
+    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac_none", "ac")}
     mean["recovered"] = (mean["none"] - mean["ac"]) / (mean["none"] - mean["full"])
     summary = {
         "docs": len(rows),

@@ -80,6 +80,18 @@ def test_cli_stops_resumes_logs_and_plots(tmp_path, tiny_model_dir):
         "2",
         "3",
     ]
+    ship = tmp_path / "ship"
+    exported = CliRunner().invoke(
+        _app(), ["train-autocompressor", "--out", str(out), "--export", str(ship)]
+    )
+    assert exported.exit_code == 0, exported.output
+    names = {p.relative_to(ship).as_posix() for p in ship.rglob("*") if p.is_file()}
+    assert names == {
+        "autocompressor.json",
+        "summary_embeddings.safetensors",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+    }
     (out / "train_curve.png").unlink()
     plot = CliRunner().invoke(_app(), ["train-autocompressor", "--out", str(out), "--plot-only"])
     assert plot.exit_code == 0 and (out / "train_curve.png").read_bytes()[:4] == b"\x89PNG"
