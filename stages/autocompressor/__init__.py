@@ -4,5 +4,6 @@ model.py: the wrapper (LM + summary-token embeddings; compress, training forward
 checkpoint.py: our small LoRA directory format and the published princeton-nlp checkpoints.
 prefill.py: the generate actor's prefill strategy.
 data.py / train.py: the training job's data blocks and loop (pipeline/train/autocompressor.py
-is its CLI).
+is its CLI); resume.py: resumable checkpoints and the per-step loss log; curve.py: its PNG.
+checkpoints/: the checkpoint shipped for the embedded SmolLM2-135M (jobs/results/autocompressor/).
 """
