@@ -35,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -146,10 +147,12 @@ def run_nll(
     runs: Sequence[EvalRun], specs: dict[str, Any], docs: list[tuple[str, str]], *,
     continuation_tokens: int = DEFAULT_CONTINUATION, query_tokens: int = DEFAULT_QUERY_TOKENS,
     device: torch.device | None = None, failed: dict[str, str] | None = None,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Score every run (``specs[run.tag]`` is its JobSpec) and the no-context reference on
     ``docs``; see the module contract. A run that cannot load is recorded in ``failed``
-    (tag -> error) and gives one error row per document."""
+    (tag -> error) and gives one error row per document. ``progress``: one line per
+    run on stderr."""
     from stages.model_loading import load_causal_lm, pick_device
 
     if continuation_tokens < 1 or query_tokens < 1:
@@ -171,6 +174,9 @@ def run_nll(
             rows += [_row(run, d, error=f"nll: {failed[f'nll:{run.tag}']}") for d, _ in docs]
             continue
         rows += _score_docs(run, loaded.model, loaded.tokenizer, condition, docs, continuation_tokens, query_tokens)
+        if progress:
+            done = [r["nll"] for r in rows[-len(docs) :] if r["error"] is None]
+            print(f"nll: {run.tag}: {len(done)}/{len(docs)} documents scored", file=sys.stderr)
     return rows
 
 

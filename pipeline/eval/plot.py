@@ -8,7 +8,8 @@ line per method and budget). Methods without a budget (none, autocompressor) are
 drawn as dashed horizontal lines across the budget groups. When the summary holds
 task "nll" rows (pipeline/eval/nll.py) a third row of panels shows continuation NLL,
 gap recovered and time per row at the NLL budgets (no-context, none = full context and
-autocompressor as dashed lines). Uses the Agg backend, so it works without a display.
+autocompressor as dashed lines); an NLL-only summary draws that row alone. Uses the
+Agg backend, so it works without a display.
 """
 
 from __future__ import annotations
@@ -54,29 +55,15 @@ def _bars(ax: Any, summary: Sequence[dict[str, Any]], key: str, colors: dict[str
     ax.set_xlabel("target_tokens")
 
 
-def plot_eval(
-    summary: Sequence[dict[str, Any]],
-    by_depth: Sequence[dict[str, Any]],
-    path: str | Path,
-    title: str = "longdoc QA eval",
-) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(dict.fromkeys(s["method"] for s in summary))
-    cmap = plt.get_cmap("tab10")
-    colors = {m: cmap(i % 10) for i, m in enumerate(methods)}
-    nll = [s for s in summary if s.get("task") == "nll"]
-    qa = [s for s in summary if s.get("task", "qa") == "qa"]
-    fig, axes = plt.subplots(3 if nll else 2, 3, figsize=(16, 13.5 if nll else 9))
-    for ax, (key, label) in zip(axes.flat, PANELS, strict=False):
+def _qa_panels(axes: list[Any], qa: Sequence[dict[str, Any]], by_depth: Sequence[dict[str, Any]],
+               colors: dict[str, Any]) -> None:  # fmt: skip
+    """The six QA panels: PANELS as bars, then contains by answer depth."""
+    for ax, (key, label) in zip(axes, PANELS, strict=False):
         _bars(ax, qa, key, colors)
         ax.set_title(label)
         if key in ("exact_match", "contains", "f1"):
             ax.set_ylim(0, 1)
-    ax = axes.flat[5]
+    ax = axes[5]
     series: dict[tuple[str, int | None], dict[str, float]] = {}
     for r in by_depth:
         series.setdefault((r["method"], r["target_tokens"]), {})[r["depth_bin"]] = r["contains"]
@@ -97,7 +84,30 @@ def plot_eval(
     ax.set_ylim(0, 1)
     ax.set_xlabel("answer depth in document")
     ax.set_title("contains answer, by depth")
-    for ax, (key, label) in zip(axes.flat[6:], NLL_PANELS, strict=False):
+
+
+def plot_eval(
+    summary: Sequence[dict[str, Any]],
+    by_depth: Sequence[dict[str, Any]],
+    path: str | Path,
+    title: str = "longdoc eval",
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(s["method"] for s in summary))
+    cmap = plt.get_cmap("tab10")
+    colors = {m: cmap(i % 10) for i, m in enumerate(methods)}
+    nll = [s for s in summary if s.get("task") == "nll"]
+    qa = [s for s in summary if s.get("task", "qa") == "qa"]
+    with_qa = bool(qa) or not nll  # an NLL-only eval draws only the NLL panels
+    rows = (2 if with_qa else 0) + (1 if nll else 0)
+    fig, axes = plt.subplots(rows, 3, figsize=(16, 4.5 * rows), squeeze=False)
+    if with_qa:
+        _qa_panels(list(axes.flat[:6]), qa, by_depth, colors)
+    for ax, (key, label) in zip(axes.flat[6 if with_qa else 0 :], NLL_PANELS, strict=False):
         _bars(ax, nll, key, colors)
         ax.set_title(label)
     for a in axes.flat:

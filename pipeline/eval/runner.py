@@ -127,7 +127,7 @@ def run_eval(
     failed: dict[str, str] = {}
     scored_nll = run_nll(
         nll_runs, specs, read_documents(eval_uri, limit), continuation_tokens=continuation_tokens,
-        query_tokens=query_tokens, failed=failed,
+        query_tokens=query_tokens, failed=failed, progress=progress,
     ) if nll_runs else []  # fmt: skip
     meta = load_question_meta(eval_uri) if runs else {}
     for r in runs:
@@ -190,7 +190,7 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
             result.summary,
             result.by_depth,
             d / "eval.png",
-            title=f"longdoc QA eval {result.eval_id}",
+            title=f"longdoc eval {result.eval_id}",
         )
 
 

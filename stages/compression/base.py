@@ -17,6 +17,9 @@ Where a method runs (``runs_at``):
 Text compression (tokenize, text_stage) adds ``context_ids``/``context_tokens``/
 ``compress_s`` to the row (schemas/rows.CompressedRow); a prefill strategy reports
 its ``context_tokens``/``compress_s`` through ``CompressedPrefill``.
+LM scoring (`longdoc eval --metrics nll`) conditions through ``scoring_condition``: by
+default the method's own text compression and prefill; a method whose state differs
+from "compressed earlier text" (finch keeps its query in the cache) overrides it.
 """
 
 from __future__ import annotations

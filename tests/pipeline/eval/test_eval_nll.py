@@ -22,6 +22,7 @@ from pipeline.eval.nll import (
     split_document,
     start_ids,
 )
+from pipeline.eval.plot import plot_eval
 from pipeline.eval.specs import EvalRun, build_eval_spec, plan_runs, split_overrides
 from stages.compression import method_for, registry
 
@@ -155,7 +156,7 @@ def test_every_method_finite_and_within_budget(eval_path, tmp_path, tiny_model_d
     assert all(s["n"] == 2 and s["failed"] == 0 for s in summary)
 
 
-def test_aggregate_gap_and_error_rows() -> None:
+def test_aggregate_gap_error_rows_and_plot(tmp_path) -> None:
     def row(method, budget, nll, error=None):
         return {"task": "nll", "method": method, "target_tokens": budget, "doc_id": "d", "nll": nll,
                 "doc_tokens": 1000, "context_tokens": 100, "compression_ratio": 10.0,
@@ -168,6 +169,10 @@ def test_aggregate_gap_and_error_rows() -> None:
     assert s[("finch", 512)]["gap_recovered"] == pytest.approx(0.5)
     assert s[("finch", 512)]["failed"] == 1 and s[("finch", 512)]["nll"] == pytest.approx(3.0)
     assert s[("truncate", 128)]["gap_recovered"] == pytest.approx(0.25)
+    qa = [{"task": "qa", "method": m, "target_tokens": b, "exact_match": 0.0, "contains": 0.5, "f1": 0.2,
+           "compression_ratio": 10.0, "e2e_s": 2.0} for m, b in (("none", None), ("truncate", 512))]  # fmt: skip
+    path = plot_eval(qa + aggregate_nll(rows), [], tmp_path / "both.png")
+    assert struct.unpack(">II", path.read_bytes()[16:24])[1] > 1200  # QA rows + the NLL row
     no_full = aggregate_nll([r for r in rows if r["method"] != "none"])
     assert all(x["gap_recovered"] is None for x in no_full)  # no full-context reference
 
@@ -186,6 +191,6 @@ def test_run_eval_nll_writes_table_and_plot(eval_path, tmp_path, tiny_model_dir)
     d = tmp_path / "ev" / "n1"
     assert (d / "scored_nll.csv").is_file() and not (d / "scored.csv").exists()
     data = (d / "eval.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24])[1] > 1200  # 3 panel rows
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24])[1] < 600  # NLL row only
     with pytest.raises(ValueError, match="--metrics"):
         run_eval(str(eval_path), metrics=["perplexity"], out=str(tmp_path / "ev"))
