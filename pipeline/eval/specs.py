@@ -4,8 +4,11 @@ Contract:
 - ``plan_runs`` lists the runs, methods from the registry (stages/compression/) in
   display order: every ``eval_budgeted`` method (truncate, rag, finch, ...) once per
   ``target_tokens``; the others (none: the whole document; autocompressor: summary
-  vectors of the whole document) once. A method that ``needs_checkpoint`` runs only
-  when ``--autocompressor PATH`` gives one (it becomes compression.checkpoint).
+  vectors of the whole document) once. A method that ``needs_checkpoint`` is in the
+  default list only when ``--autocompressor PATH`` gives one (it becomes
+  compression.checkpoint); named in ``--methods`` without it, it runs with the
+  checkpoint its settings default to (the one shipped for generation.model, if any:
+  otherwise that run fails with the method's error).
 - ``split_overrides`` sorts ``--set`` items: ``key=value`` applies to every run,
   ``METHOD:key=value`` to that method's runs only. Compression, input and output are
   set per run by the eval, so unscoped overrides of them are refused.
@@ -49,9 +52,6 @@ def plan_runs(
     bad = [m for m in names if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method(s) {bad}; allowed: {', '.join(METHODS)}")
-    for m in names:
-        if m in NEEDS_CHECKPOINT and not autocompressor:
-            raise ValueError(f"method {m} needs a checkpoint: --autocompressor PATH")
     if not budgets or any(b < 1 for b in budgets):
         raise ValueError(f"--target-tokens must be one or more integers >= 1, got {budgets}")
     runs: list[EvalRun] = []
@@ -101,7 +101,7 @@ def build_eval_spec(
     compression: dict[str, Any] = {"method": run.method}
     if run.target_tokens is not None:
         compression["target_tokens"] = run.target_tokens
-    if run.method in NEEDS_CHECKPOINT:
+    if run.method in NEEDS_CHECKPOINT and autocompressor:
         compression["checkpoint"] = autocompressor
     data = {
         "name": f"eval-{run.tag}",

@@ -38,13 +38,14 @@ def test_plan_runs_defaults_and_budgets() -> None:
         None, [512], None
     )
     assert [r.tag for r in plan_runs(["rag,none", "rag"], [64], None)] == ["rag-64", "none-full"]
+    # named without --autocompressor: its settings' default checkpoint (shipped per model)
+    assert plan_runs(["autocompressor"], [64], None) == [EvalRun("autocompressor", None)]
 
 
 @pytest.mark.parametrize(
     ("methods", "budgets", "ac", "match"),
     [
         (["zip"], [512], None, "unknown method"),
-        (["autocompressor"], [512], None, "--autocompressor"),
         (["rag"], [0], None, "target-tokens"),
         (["rag"], [], None, "target-tokens"),
     ],
@@ -82,6 +83,8 @@ def test_build_eval_spec_per_method(tmp_path) -> None:
         EvalRun("autocompressor", None), "/e.jsonl", "o", autocompressor="/ck", **kw
     )
     assert ac.compression.checkpoint == "/ck"
+    shipped = build_eval_spec(EvalRun("autocompressor", None), "/e.jsonl", "o", **kw)
+    assert shipped.compression.checkpoint is None  # the method resolves its shipped default
     with pytest.raises(SpecError, match="max_new_tokens"):
         build_eval_spec(
             EvalRun("rag", 8), "/e.jsonl", "o", max_new_tokens=0, limit=None, overrides=[]
