@@ -38,13 +38,15 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeline.eval.specs import EvalRun
 from stages.compression import method_for, registry
-from stages.decoding.state import PrefillState, forward_step, prefill_full
+
+if TYPE_CHECKING:  # torch loads only when NLL is computed: the CLI stays light
+    import torch
+
+    from stages.decoding.state import PrefillState
 
 DEFAULT_NLL_BUDGETS = (128, 256, 512)
 DEFAULT_CONTINUATION = 128
@@ -85,11 +87,21 @@ def split_document(ids: Sequence[int], continuation_tokens: int, max_earlier: in
     return list(ids[max(0, cut - max_earlier) : cut]), list(ids[cut:])
 
 
-@torch.inference_mode()
 def continuation_nll(model, state: PrefillState, continuation: Sequence[int]) -> torch.Tensor:
     """Per-token NLL [C] (float32, nats) of ``continuation`` on top of a batch-1 ``state``."""
+    import torch
+
     if state.batch_size != 1 or not continuation:
         raise ValueError("continuation_nll scores one row with a non-empty continuation")
+    with torch.inference_mode():
+        return _continuation_nll(model, state, continuation)
+
+
+def _continuation_nll(model, state: PrefillState, continuation: Sequence[int]) -> torch.Tensor:
+    import torch
+
+    from stages.decoding.state import forward_step
+
     dev = state.last_logits.device
     target = torch.tensor(list(continuation), dtype=torch.long, device=dev)  # [C]
     logits = state.last_logits.float()  # [1, V]: predicts continuation[0]
@@ -135,7 +147,7 @@ def _score_docs(
 
 def _no_context(model, tokenizer):
     """The reference conditioner: the start token only (context_tokens 0)."""
-    from stages.decoding.state import CompressedPrefill
+    from stages.decoding.state import CompressedPrefill, prefill_full
 
     def condition(start: list[int], earlier: list[int], query_tokens: int) -> CompressedPrefill:
         return CompressedPrefill(prefill_full(model, [start], tokenizer.pad_token_id), [0], [0.0])
