@@ -25,7 +25,7 @@ TARGET = 48  # every budgeted method's target_tokens in these tests
 @dataclass(frozen=True)
 class MethodEnv:
     model_dir: Path
-    required: dict[str, str]  # a required settings field (no default) -> value to use
+    required: dict[str, str]  # settings the tiny model needs (every required field, and e.g. checkpoint) -> value
 
     def spec(self, method: str, **generation: Any) -> dict[str, Any]:
         """A JobSpec (as JSON) running ``method`` on the tiny model, budget TARGET.
@@ -41,6 +41,7 @@ class MethodEnv:
         for name, info in fields.items():
             if info.is_required() and name != "method":
                 assert name in self.required, f"method_env has no value for required field {name!r}"
+            if name in self.required:  # also optional ones the tiny model needs (checkpoint)
                 compression[name] = self.required[name]
         return spec_from_dict(
             {
