@@ -1,0 +1,69 @@
+"""The AutoCompressor checkpoint shipped for the embedded SmolLM2-135M: present as package
+data, the default for ``compression.method: autocompressor`` on the embedded model, and a
+ValueError naming ``compression.checkpoint`` for any other model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.spec import EMBEDDED_MODEL, JobSpec
+from stages.autocompressor.checkpoint import (
+    SHIPPED_DIR,
+    load_autocompressor,
+    read_own_config,
+    resolve_checkpoint,
+    shipped_checkpoint,
+)
+from stages.compression import method_for
+
+SPEC = {"name": "ac", "input": {"uri": "docs/"}, "compression": {"method": "autocompressor"}}
+
+
+def test_the_embedded_model_has_a_small_shipped_checkpoint():
+    d = shipped_checkpoint(EMBEDDED_MODEL)
+    assert d is not None and d.parent == SHIPPED_DIR
+    meta = read_own_config(d)
+    assert meta["base_model"] == EMBEDDED_MODEL and meta["lora"] and meta["summary_length"] == 50
+    assert meta["training"]["step"] >= 1 and meta["training"]["device"] == "cpu"
+    files = {p.relative_to(d).as_posix(): p.stat().st_size for p in d.rglob("*") if p.is_file()}
+    assert {
+        "autocompressor.json",
+        "summary_embeddings.safetensors",
+        "adapter/adapter_model.safetensors",
+    } <= set(files)
+    assert (
+        "train_state.pt" not in files and sum(files.values()) < 10_000_000
+    )  # no optimizer, no base weights
+
+
+def test_resolve_checkpoint_defaults_only_for_the_embedded_model():
+    assert resolve_checkpoint(None, EMBEDDED_MODEL) == str(shipped_checkpoint(EMBEDDED_MODEL))
+    assert resolve_checkpoint("/my/ckpt", "org/other-model") == "/my/ckpt"
+    with pytest.raises(
+        ValueError, match=r"compression\.checkpoint is not set .* 'org/other-model'"
+    ):
+        resolve_checkpoint(None, "org/other-model")
+
+
+def test_method_uses_the_shipped_checkpoint_when_the_spec_names_none():
+    job = JobSpec.model_validate(SPEC)
+    assert job.compression.checkpoint is None
+    method = method_for(job.compression)
+    assert method.checkpoint(job) == str(shipped_checkpoint(EMBEDDED_MODEL))
+    assert method.tokenizer_source(job) == EMBEDDED_MODEL
+    other = JobSpec.model_validate({**SPEC, "generation": {"model": "org/other-model"}})
+    with pytest.raises(ValueError, match=r"compression\.checkpoint"):
+        method.tokenizer_source(other)
+
+
+def test_shipped_checkpoint_loads_and_its_training_changed_the_model():
+    lm, tok, ac = load_autocompressor(str(shipped_checkpoint(EMBEDDED_MODEL)), "float32")
+    eos = lm.get_input_embeddings().weight[tok.eos_token_id].float()
+    # summary embeddings start as copies of EOS's embedding; training moved them apart
+    assert not torch.allclose(ac.summary_embeddings[0], eos, atol=1e-3)
+    assert not torch.allclose(ac.summary_embeddings[0], ac.summary_embeddings[1], atol=1e-4)
+    ids = tok("The interpreter reads a line, runs it and prints the result.").input_ids
+    with torch.no_grad():
+        (soft,) = ac.compress([[ids[:8], ids[8:]]])
+    assert soft.shape == (2 * 50, lm.config.hidden_size) and torch.isfinite(soft).all()
