@@ -20,6 +20,7 @@ cache with the block appended) to the candidate indices each layer keeps,
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,7 @@ class PassView:
     cand_valid: torch.Tensor
 
 
-class Selector:
+class Selector(ABC):
     """Base: subclasses set the layer sets and implement ``select``."""
 
     capture_layers: list[int]
@@ -59,8 +60,9 @@ class Selector:
         self.config = config
         self.scaling = [float(a.scaling) for a in _attn(model)]
 
+    @abstractmethod
     def select(self, view: PassView, plan: Plan) -> list[torch.Tensor]:
-        raise NotImplementedError
+        """The kept candidate indices per KV group for this pass (see the subclasses)."""
 
 
 def _attn(model) -> list[torch.nn.Module]:
