@@ -204,22 +204,24 @@ def test_streamed_reads_from_s3(monkeypatch):
             monkeypatch.setenv(k, v)
         s3fs.S3FileSystem.clear_instance_cache()
         fs = server.filesystem()
-        fs.mkdir("corpus")
+        # moto keeps buckets per process: a bucket name of its own, so another test's
+        # "corpus" bucket (tests/pipeline/test_storage_s3.py) does not collide.
+        fs.mkdir("read-corpus")
         lines = [json.dumps({"id": "a", "text": "ok"}), json.dumps({"id": "b", "text": "y" * 5000}),
                  json.dumps({"id": "c", "text": "fine"})]
-        fs.pipe("corpus/j/d.jsonl", ("\n".join(lines)).encode())
-        fs.pipe("corpus/t/big.txt", b"x" * 5000)
-        fs.pipe("corpus/t/small.txt", b"small")
-        with fs.open("corpus/p/d.parquet", "wb") as f:
+        fs.pipe("read-corpus/j/d.jsonl", ("\n".join(lines)).encode())
+        fs.pipe("read-corpus/t/big.txt", b"x" * 5000)
+        fs.pipe("read-corpus/t/small.txt", b"small")
+        with fs.open("read-corpus/p/d.parquet", "wb") as f:
             pq.write_table(pa.table({"id": ["p0", "p1", "p2"], "text": ["one", "z" * 5000, "three"]}), f,
                            row_group_size=1)
         got = {}
         for fmt, sub in (("jsonl", "j"), ("text", "t"), ("parquet", "p")):
-            inp = InputSpec(uri=f"s3://corpus/{sub}/", format=fmt, max_doc_bytes=1000)
+            inp = InputSpec(uri=f"s3://read-corpus/{sub}/", format=fmt, max_doc_bytes=1000)
             got[fmt] = {d.doc_id: d for d in _read_all(inp)}
         s3fs.S3FileSystem.clear_instance_cache()
     assert got["jsonl"]["a"].text == "ok" and got["jsonl"]["c"].text == "fine"
-    assert "input.max_doc_bytes=1000" in got["jsonl"]["s3://corpus/j/d.jsonl:2"].error
+    assert "input.max_doc_bytes=1000" in got["jsonl"]["s3://read-corpus/j/d.jsonl:2"].error
     assert got["text"]["small.txt"].text == "small"
     assert "5000 bytes" in got["text"]["big.txt"].error
     assert got["parquet"]["p2"].text == "three" and "row1" in got["parquet"]["p1"].error
