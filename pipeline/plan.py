@@ -17,6 +17,7 @@ before any model loads.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -106,6 +107,22 @@ def build_plan(
     ``shards``: the input files, when the caller listed them already (the runner lists
     them before starting Ray, so a missing prefix fails without a cluster).
     """
+    with warnings.catch_warnings():
+        # Ray 2.60 deprecates **ray_remote_args but names no parameter for actor
+        # restarts / task retries, which we must bound (max_restarts, max_task_retries):
+        # the warning would greet every run with nothing the user can change.
+        warnings.filterwarnings("ignore", message=".*`ray_remote_args` is deprecated.*")
+        return _build_plan(spec, run_id, run_date, output_root, skip, shards)
+
+
+def _build_plan(
+    spec: JobSpec,
+    run_id: str,
+    run_date: str,
+    output_root: str,
+    skip: frozenset[str],
+    shards: list[str] | None,
+):
     import ray.data
 
     from stages.read import resolve_uri
