@@ -1,0 +1,279 @@
+"""Continuous batching over static KV slots: ``SlotEngine`` (issue 12's GPU path).
+
+Contract: ``SlotEngine(model, slots, ...)`` is made once per actor (it owns the
+slots, ``[B_slots, H_kv, S, D]`` per layer, and the step, compiled on CUDA).
+``run(lookups, seeds, prefill, config, decode_text)`` generates for N requests
+(N may exceed B_slots) and returns ``(results, errors)``, both of length N: a
+``RowResult`` per request, or ``None`` with the exception that stopped its
+prefill in ``errors`` (the other requests go on). ``prefill(indices)`` is the
+caller's prefill strategy for those request indices (full, Finch, AutoCompressor,
+...): it returns a ``PrefillState`` with one row per index, in order.
+
+Loop (one decode batch, refilled as rows finish):
+1. refill: while slots are free and requests wait, prefill the next group (as many
+   as there are free slots) and copy each row into a free slot (SlotCache.load);
+   its first token comes from the prefill's logits.
+2. draft on the host (drafting.NgramIndex over the ORIGINAL prompt ids + output),
+   each row capped by its recent acceptance (adaptive.DraftLengths) when
+   ``config.adaptive``; the width is the bucket holding the longest draft, and rows
+   fill the padding with more of their own draft (padding is computed anyway).
+3. one step over the first b slots (b: the batch bucket of the active rows);
+   greedy acceptance is decided on the device and read back in ONE transfer
+   (accepted counts + argmax); sampling applies verify.accept_sampled per row (the
+   same rule and random stream as engine.decode).
+4. finished rows leave: the last active row moves into the freed slot, so active
+   rows stay packed at the front and the batch bucket shrinks with them.
+
+Greedy output equals engine.decode's (and reference.decode_plain's) token for
+token in fp32; with the same drafts (``adaptive=False``) sampling with the same
+seeds does too. In bf16 the step's reduction order differs from the dynamic path,
+so agreement is measured (``longdoc bench decode``), not assumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from stages.decoding.adaptive import DraftLengths, Tuning
+from stages.decoding.config import DecodeConfig, RowResult
+from stages.decoding.drafting import NgramIndex
+from stages.decoding.sampling import make_generators, target_probs
+from stages.decoding.slot_step import SlotStep, batch_buckets, bucket, width_buckets
+from stages.decoding.slots import SlotCache
+from stages.decoding.state import PrefillState
+from stages.decoding.stops import StopChecker
+from stages.decoding.verify import accept_sampled
+
+Prefiller = Callable[[list[int]], PrefillState]
+
+
+@dataclass
+class _Active:
+    """One request occupying a slot (host-side mirror of its slot's state)."""
+
+    request: int
+    length: int  # slots filled (== SlotCache.length[slot] once the step is applied)
+    generator: torch.Generator | None
+    index: NgramIndex | None
+    result: RowResult = field(default_factory=RowResult)
+    first_at: float = 0.0
+
+
+@dataclass
+class SlotStats:
+    """What the engine did (for logs and benchmarks): steps, refills, cache growths."""
+
+    steps: int = 0
+    refills: int = 0
+    grows: int = 0
+    max_active: int = 0
+
+
+class SlotEngine:
+    """Continuous batching over a SlotCache (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        slots: int,
+        max_drafts: int = 16,
+        capacity: int = 512,
+        compile: bool | None = None,
+        compile_mode: str | None = None,
+        compile_backend: str | Callable = "inductor",
+        tuning: Tuning | None = None,
+    ) -> None:
+        self.device = next(model.parameters()).device
+        if compile is None:
+            compile = self.device.type == "cuda"
+        if compile and compile_mode is None and self.device.type == "cuda":
+            compile_mode = "reduce-overhead"  # CUDA graphs
+        self.cache = SlotCache.for_model(model, slots, _pow2(capacity))
+        self.step = SlotStep(model, self.cache, compile, compile_mode, compile_backend)
+        self.batches = batch_buckets(slots)
+        self.widths = width_buckets(max_drafts)
+        self.tuning = tuning or Tuning()
+        self.stats = SlotStats()
+
+    @property
+    def slots(self) -> int:
+        return self.cache.slots
+
+    def describe(self) -> str:
+        how = "compiled" if self.step.compiled else "eager"
+        return f"static slots ({self.slots} x {self.cache.capacity}, {how}) on {self.device}"
+
+    def warm_up(self, greedy: bool = True, max_drafts: int | None = None) -> None:
+        """Compile every (batch bucket, width bucket) now, so no request pays for it."""
+        widths = self.widths if max_drafts is None else tuple(w for w in self.widths if w <= 1 + max_drafts)
+        repeats = 3 if self.step.compiled and self.device.type == "cuda" else 1
+        self.step.warm_up(self.batches, widths or (1,), greedy, repeats)
+
+    # ------------------------------------------------------------------ run
+    @torch.inference_mode()
+    def run(
+        self,
+        lookups: list[list[int]],
+        seeds: list[int],
+        prefill: Prefiller,
+        config: DecodeConfig,
+        decode_text: Callable[[list[int]], str] | None = None,
+    ) -> tuple[list[RowResult | None], list[Exception | None]]:
+        """Generate for every request (see the module contract)."""
+        n = len(lookups)
+        if len(seeds) != n:
+            raise ValueError(f"seeds has {len(seeds)} entries, lookups {n}")
+        spec = config.speculative == "prompt_lookup"
+        k_max = min(config.num_draft_tokens, self.widths[-1] - 1) if spec else 0
+        stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
+        lengths = DraftLengths(n, k_max, self.tuning)
+        results: list[RowResult | None] = [None] * n
+        errors: list[Exception | None] = [None] * n
+        pending = deque(range(n))
+        active: list[_Active] = []  # active[s] occupies slot s
+        t0 = time.perf_counter()
+
+        def emit(row: _Active, toks: list[int]) -> bool:
+            """Append tokens to the row (cut at a stop); True when it finished."""
+            res = row.result
+            start = len(res.tokens)
+            res.tokens.extend(toks)
+            keep, reason = stopper.scan(res.tokens, start)
+            del res.tokens[keep:]
+            now = time.perf_counter() - t0
+            if start == 0:  # time to first token: from the run's start (waiting + prefill)
+                row.first_at = now
+                res.ttft_s = now
+            if row.index is not None:
+                row.index.extend(res.tokens[start:])
+            if reason is None:
+                return False
+            res.finish_reason = reason
+            res.decode_s = now - row.first_at
+            results[row.request] = res
+            return True
+
+        while pending or active:
+            if pending and len(active) < self.slots:
+                self._refill(active, pending, prefill, lookups, seeds, config, spec, emit, errors)
+                self.stats.max_active = max(self.stats.max_active, len(active))
+                if not active:
+                    continue
+            drafts = self._drafts(active, lengths, config, k_max) if spec else [[] for _ in active]
+            done = self._verify_step(active, drafts, config, lengths, spec, emit)
+            for s in sorted(done, reverse=True):
+                self._leave(active, s)
+        return results, errors
+
+    # ------------------------------------------------------------------ pieces
+    def _refill(self, active, pending, prefill, lookups, seeds, config, spec, emit, errors) -> None:
+        """Prefill the next group of waiting requests into the free slots."""
+        group = [pending.popleft() for _ in range(min(self.slots - len(active), len(pending)))]
+        for idx, state in self._prefill_groups(group, prefill, errors):
+            self.stats.refills += 1
+            gens = make_generators([seeds[i] for i in idx], self.device) if not config.greedy else [None] * len(idx)
+            if config.greedy:
+                firsts = [[t] for t in state.last_logits.argmax(dim=-1).tolist()]
+            else:
+                probs0 = target_probs(state.last_logits, config.temperature, config.top_p)
+                firsts = [accept_sampled([], probs0[j : j + 1], [], gens[j])[1] for j in range(len(idx))]
+            for j, req in enumerate(idx):
+                index = NgramIndex(list(lookups[req]), config.max_ngram, config.min_ngram, self.tuning.prefer) if spec else None  # noqa: E501
+                row = _Active(request=req, length=0, generator=gens[j], index=index)
+                if emit(row, firsts[j]):
+                    continue  # finished on its first token: it never takes a slot
+                slot = len(active)
+                need = int(state.valid[j].sum()) + config.max_new_tokens + self.widths[-1] + 1
+                if need > self.cache.capacity:
+                    self.cache.grow(_pow2(need))
+                    self.stats.grows += 1
+                row.length = self.cache.load(slot, state, j)
+                active.append(row)
+
+    def _prefill_groups(self, group: list[int], prefill: Prefiller, errors: list[Exception | None]):
+        """Yield (indices, state) for ``group``; a failing group is retried row by row."""
+        try:
+            yield group, prefill(group)
+            return
+        except Exception as e:  # noqa: BLE001 - one bad request must not sink its group
+            if len(group) == 1:
+                errors[group[0]] = e
+                return
+        for i in group:
+            try:
+                state = prefill([i])
+            except Exception as e:  # noqa: BLE001, PERF203 - recorded per request
+                errors[i] = e
+                continue
+            yield [i], state
+
+    def _drafts(self, active: list[_Active], lengths: DraftLengths, config: DecodeConfig, k_max: int) -> list[list[int]]:
+        """Per active row, the drafts to feed (see the module docstring, step 2)."""
+        props = []
+        for row in active:
+            room = config.max_new_tokens - len(row.result.tokens) - 1  # the bonus token needs a slot
+            props.append(row.index.match(min(k_max, room))[0] if row.index is not None else [])
+        if not config.adaptive:
+            return props
+        capped = [p[: lengths.allowed(row.request)] for row, p in zip(active, props, strict=True)]
+        width = bucket(1 + max(map(len, capped)), self.widths)
+        return [p[: width - 1] for p in props]
+
+    def _verify_step(self, active, drafts, config, lengths, spec, emit) -> list[int]:
+        """One step over the active rows; returns the slots whose rows finished."""
+        b = len(active)
+        size = bucket(b, self.batches)
+        width = bucket(1 + max(map(len, drafts)), self.widths)
+        rows = [[row.result.tokens[-1], *d] + [0] * (width - 1 - len(d)) for row, d in zip(active, drafts, strict=True)]
+        rows += [[0] * width] * (size - b)  # free slots of the bucket: computed, ignored
+        n_fed = [1 + len(d) for d in drafts] + [1] * (size - b)
+        feed = torch.tensor(rows, dtype=torch.long, device=self.device)  # [size, width]
+        if config.greedy:
+            best, acc = self.step.greedy(feed, torch.tensor(n_fed, device=self.device))
+            packed = torch.cat([acc[:b, None], best[:b]], dim=1).tolist()  # the step's one host sync
+            verdicts = [(r[0], d[: r[0]] + [r[1 + r[0]]]) for r, d in zip(packed, drafts, strict=True)]
+            self.cache.advance(acc[:b])
+        else:
+            logits = self.step.step(feed)[:b]  # [b, width, V]
+            verdicts = [self._sample(logits[i], d, row.generator, config) for i, (row, d) in enumerate(zip(active, drafts, strict=True))]  # noqa: E501
+            self.cache.advance(torch.tensor([a for a, _ in verdicts], device=self.device))
+        self.stats.steps += 1
+        done = []
+        for s, (row, d, (a, out)) in enumerate(zip(active, drafts, verdicts, strict=True)):
+            res = row.result
+            res.decode_steps += 1
+            res.draft_tokens += len(d)
+            res.accepted_tokens += a
+            row.length += a + 1
+            if spec:
+                lengths.update(row.request, len(d), a)
+            if emit(row, out):
+                done.append(s)
+        return done
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, drafts: list[int], gen, config: DecodeConfig) -> tuple[int, list[int]]:
+        """Leviathan et al.'s rule for one row: logits [width, V] (its first 1 + len(drafts) count)."""
+        m = len(drafts)
+        probs = target_probs(logits[: m + 1], config.temperature, config.top_p)  # [m + 1, V]
+        p_draft = probs[torch.arange(m), drafts].tolist() if m else []
+        return accept_sampled(drafts, probs, p_draft, gen)
+
+    def _leave(self, active: list[_Active], slot: int) -> None:
+        """The row in ``slot`` finished: move the last active row into its slot."""
+        last = len(active) - 1
+        if slot != last:
+            self.cache.move(last, slot, active[last].length)
+            active[slot] = active[last]
+        active.pop()
+        self.cache.free(last)
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (cache capacities grow in these steps)."""
+    return 1 << max(0, int(n) - 1).bit_length()

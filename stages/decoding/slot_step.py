@@ -1,0 +1,155 @@
+"""One static-shape decode step over ``SlotCache`` rows, optionally compiled: ``SlotStep``.
+
+Contract: ``SlotStep(model, cache, compile=...)``; ``step(feed)`` feeds
+``feed`` ``[b, T]`` (row i: its last emitted token, then its drafts, then padding;
+``n_fed[i]`` = 1 + drafts) to the first ``b`` slots and returns logits
+``[b, T, V]`` float32. ``greedy(feed, n_fed)`` also decides acceptance ON THE
+DEVICE: ``best`` ``[b, T]`` (target argmax per slot) and ``accepted`` ``[b]``
+(drafts matching the argmax, stopping at the first mismatch), with no host sync.
+Neither advances the cache: the caller does (``SlotCache.advance``) once it knows
+the accepted counts (the greedy caller uses ``accepted`` as it is).
+``n_fed`` is needed by ``greedy`` only (which slots hold drafts).
+
+Shapes are static: ``b`` and ``T`` come from small bucket lists (``bucket``), the
+cache has a fixed capacity ``S``, and everything that changes per step (row
+lengths, positions) is a device tensor read inside the step. A compiled step is
+therefore specialised once per (batch bucket, width bucket, S) and replayed after
+(on CUDA with ``mode="reduce-overhead"``: a CUDA graph). ``compile_counter`` in the
+tests counts compilations to check that this holds.
+
+Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
++ t`` ([b, 1, T, S] bool): its own context, the real tokens fed before it, and
+never padding (padding only follows the real tokens) or stale slots past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from stages.decoding.forward import decode_view
+from stages.decoding.slots import SlotCache
+
+# Graphs per compiled function we allow before dynamo falls back to eager: one per
+# (batch bucket, width bucket) and cache size; the defaults (8) are too few.
+RECOMPILE_LIMIT = 256
+
+
+def bucket(n: int, sizes: Sequence[int]) -> int:
+    """The smallest size in ``sizes`` (ascending) that is >= n; ValueError past the last."""
+    for s in sizes:
+        if s >= n:
+            return s
+    raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
+
+
+def batch_buckets(slots: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``slots`` (always included)."""
+    sizes = [1]
+    while sizes[-1] * 2 < slots:
+        sizes.append(sizes[-1] * 2)
+    if sizes[-1] != slots:
+        sizes.append(slots)
+    return tuple(sizes)
+
+
+def width_buckets(max_drafts: int) -> tuple[int, ...]:
+    """Step widths 1, 2, 4, 8, ... and ``1 + max_drafts`` (the widest step)."""
+    top = 1 + max_drafts
+    sizes = [w for w in (1, 2, 4, 8, 16, 32, 64) if w < top]
+    return (*sizes, top)
+
+
+def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
+    """Let dynamo keep ``limit`` specialisations per function (names differ across torch versions)."""
+    import torch._dynamo
+
+    dyn = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(dyn, name):
+            setattr(dyn, name, max(getattr(dyn, name), limit))
+
+
+class SlotStep:
+    """The step function over a SlotCache (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: SlotCache,
+        compile: bool = False,
+        compile_mode: str | None = None,
+        backend: str | Callable = "inductor",
+    ) -> None:
+        self.view = decode_view(model)
+        self.cache = cache
+        self.head = self.view.get_output_embeddings()
+        if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
+            raise ValueError("the static decode path needs a plain output projection (no logit soft-capping)")
+        self.compiled = compile
+        if compile:
+            raise_recompile_limit()
+            # dynamic=False: one specialised graph per (bucket, width, S); CUDA graphs
+            # need concrete shapes anyway, and specialised kernels are faster.
+            opts = {"mode": compile_mode} if compile_mode else {}
+            self._logits = torch.compile(self._logits_eager, backend=backend, dynamic=False, **opts)
+            self._greedy = torch.compile(self._greedy_eager, backend=backend, dynamic=False, **opts)
+        else:
+            self._logits, self._greedy = self._logits_eager, self._greedy_eager
+
+    def _logits_eager(self, feed: torch.Tensor) -> torch.Tensor:
+        """feed [b, T] long -> logits [b, T, V] float32; writes K/V at length + 0..T-1."""
+        b, t = feed.shape
+        cache = self.cache
+        cols = torch.arange(t, device=feed.device)
+        positions = cache.pos[:b, None] + cols  # [b, T]
+        at = cache.length[:b, None] + cols  # [b, T] the slot each query writes
+        slots = torch.arange(cache.capacity, device=feed.device)
+        mask = (slots[None, None, :] <= at[:, :, None])[:, None]  # [b, 1, T, S]
+        out = self.view.base_model(
+            input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+        )
+        return self.head(out.last_hidden_state).float()
+
+    def _greedy_eager(self, feed: torch.Tensor, n_fed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """feed [b, T], n_fed [b] -> (best [b, T] long, accepted [b] long)."""
+        best = self._logits_eager(feed).argmax(dim=-1)
+        t = feed.shape[1]
+        is_draft = torch.arange(1, t, device=feed.device)[None] < n_fed[:, None]  # [b, T-1]
+        match = (feed[:, 1:] == best[:, :-1]) & is_draft
+        accepted = match.long().cumprod(dim=1).sum(dim=1)  # [b] leading run of matches
+        return best, accepted
+
+    @torch.inference_mode()
+    def step(self, feed: torch.Tensor) -> torch.Tensor:
+        """Logits [b, T, V] float32 for feed [b, T] (see the module docstring)."""
+        return self._logits(feed)
+
+    @torch.inference_mode()
+    def greedy(self, feed: torch.Tensor, n_fed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(best [b, T], accepted [b]) decided on the device."""
+        return self._greedy(feed, n_fed)
+
+    @torch.inference_mode()
+    def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool, repeats: int = 1) -> None:
+        """Run (and so compile) every (batch bucket, width bucket) ``repeats`` times on free slots.
+
+        CUDA graph trees record a graph on a later call than the one that compiles,
+        so on CUDA the engine warms up with ``repeats=3``.
+
+        Writes only slots ``0..T-1`` of rows whose length is 0 (free) and advances
+        nothing, so it must run while every slot is free.
+        """
+        if bool(self.cache.length.any()):
+            raise RuntimeError("warm_up needs every slot free")
+        dev = self.cache.length.device
+        for b in batch_sizes:
+            for t in widths:
+                feed = torch.zeros((b, t), dtype=torch.long, device=dev)
+                n_fed = torch.full((b,), t, dtype=torch.long, device=dev)
+                for _ in range(repeats):
+                    if greedy:
+                        self._greedy(feed, n_fed)
+                    else:
+                        self._logits(feed)
