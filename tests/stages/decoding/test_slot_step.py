@@ -1,0 +1,75 @@
+"""The static step: buckets, compilation that holds (no recompiles after warm-up), and a
+compiled (inductor) step that decodes exactly like the eager one in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.decoding.slot_engine import SlotEngine
+from stages.decoding.slot_step import batch_buckets, bucket, width_buckets
+from stages.decoding.state import prefill_full
+
+
+def test_buckets():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert width_buckets(0) == (1,)
+    assert width_buckets(16) == (1, 2, 4, 8, 16, 17)
+    assert width_buckets(7) == (1, 2, 4, 8)
+    assert bucket(3, (1, 2, 4, 8)) == 4 and bucket(8, (1, 2, 4, 8)) == 8
+    with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
+        bucket(9, (1, 2, 4, 8))
+
+
+class CompileCounter:
+    """A torch.compile backend that counts graphs dynamo hands it (and runs them eagerly)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_no_recompilation_after_warm_up(tiny_model, greedy):
+    """100+ steps with varying row lengths, drafts, finishing rows and refills: the warm-up's
+    graphs are all the step ever needs (the property CUDA graph replay relies on)."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    eng = SlotEngine(tiny_model, slots=4, max_drafts=3, capacity=256, compile=True, compile_backend=counter)
+    eng.warm_up(greedy=greedy)
+    warm = counter.graphs
+    assert warm == len(eng.batches) * len(eng.widths)  # one graph per (batch, width) bucket
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (16,), generator=g)]
+    # Lookups repeat each prompt so drafts of many lengths get proposed and rejected.
+    lookups = [p * 3 for p in prompts]
+    cfg = DecodeConfig(
+        max_new_tokens=60, eos_ids=frozenset({-1}), temperature=0.0 if greedy else 0.8,
+        speculative="prompt_lookup", num_draft_tokens=3, adaptive=False, min_ngram=1, max_ngram=2,
+    )
+    out, errors = eng.run(lookups, list(range(16)), lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
+    assert errors == [None] * 16 and all(len(r.tokens) == 60 for r in out)
+    assert eng.stats.steps >= 100 and eng.stats.refills > 1 and eng.stats.grows == 0
+    assert counter.graphs == warm, f"{counter.graphs - warm} recompilations after warm-up"
+    torch._dynamo.reset()
+
+
+def test_inductor_compiled_step_decodes_like_eager(tiny_model):
+    """One real inductor graph (batch 1, width 1; ~15 s of compilation on this CPU)."""
+    torch._dynamo.reset()
+    prompts = [list(range(5, 30)), list(range(100, 109))]
+    cfg = DecodeConfig(max_new_tokens=10, eos_ids=frozenset({-1}))
+    ref = decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)
+    eng = SlotEngine(tiny_model, slots=1, max_drafts=0, capacity=64, compile=True)
+    assert eng.step.compiled and "compiled" in eng.describe()
+    eng.warm_up(greedy=True)
+    out, _ = eng.run(prompts, [0, 0], lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
+    assert [r.tokens for r in out] == [r.tokens for r in ref]
+    torch._dynamo.reset()

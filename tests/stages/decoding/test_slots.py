@@ -1,0 +1,60 @@
+"""SlotCache: rows loaded compacted from any prefill state, moved, freed, grown."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.decoding.slots import SlotCache
+from stages.decoding.state import prefill_full
+
+
+@pytest.fixture
+def state(tiny_model):
+    # Left-padded batch: row 0 has 4 pad slots in front, row 1 none.
+    return prefill_full(tiny_model, [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]], 0)
+
+
+def test_load_keeps_valid_slots_in_order(tiny_model, state):
+    cache = SlotCache.for_model(tiny_model, slots=3, capacity=16)
+    with torch.inference_mode():
+        state.valid[1, 2] = False  # a hole (Finch drops tokens)
+        assert cache.load(2, state, 0) == 3
+        assert cache.load(0, state, 1) == 6
+    assert cache.length.tolist() == [6, 0, 3] and cache.pos.tolist() == [7, 0, 3]
+    for mine, theirs in zip(cache.layers, state.cache.layers, strict=True):
+        assert torch.equal(mine.keys[2, :, :3], theirs.keys[0, :, 4:])
+        kept = [0, 1, 3, 4, 5, 6]
+        assert torch.equal(mine.values[0, :, :6], theirs.values[1][:, kept])
+
+
+def test_move_free_and_grow_keep_rows(tiny_model, state):
+    cache = SlotCache.for_model(tiny_model, slots=2, capacity=8)
+    with torch.inference_mode():
+        cache.load(1, state, 1)
+        before = cache.layers[0].keys[1, :, :7].clone()
+        cache.move(1, 0, used=7)
+        cache.free(1)
+        cache.grow(32)
+    assert cache.capacity == 32 and cache.layers[0].keys.shape[2] == 32
+    assert cache.length.tolist() == [7, 0]
+    assert torch.equal(cache.layers[0].keys[0, :, :7], before)
+
+
+def test_a_row_longer_than_the_capacity_is_refused(tiny_model, state):
+    cache = SlotCache.for_model(tiny_model, slots=1, capacity=4)
+    with pytest.raises(ValueError, match="capacity of 4"):
+        cache.load(0, state, 1)
+
+
+def test_step_writes_at_each_rows_length(tiny_model):
+    """update() writes new keys at length + t per row and returns the slot views."""
+    cache = SlotCache.for_model(tiny_model, slots=2, capacity=8)
+    cache.length[:] = torch.tensor([1, 3])
+    layer = cache.layers[0]
+    h, d = layer.keys.shape[1], layer.keys.shape[3]
+    new = torch.ones((2, h, 2, d))
+    keys, _ = cache.update(new, new, 0)
+    assert keys.shape == (2, h, 8, d)
+    written = (keys != 0).any(dim=(1, 3))  # [2, 8]
+    assert written.tolist() == [[False, True, True] + [False] * 5, [False] * 3 + [True, True] + [False] * 3]
