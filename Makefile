@@ -46,7 +46,7 @@ bench: setup
 GPU_PY ?= python3
 BENCH_DIR := .bench
 BENCH_OUT ?= jobs/results/bench-decode
-BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128
+BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50
 PACK_PY_VERSION ?= 3.12
 PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection
 

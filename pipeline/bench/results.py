@@ -5,16 +5,22 @@ JSON layout (``layout_version`` 1; pipeline/bench/suite.py fills it):
   bandwidth_nominal_GBps (data sheet, GPUs only), clock.
 - ``versions``: torch, transformers, python, longdoc_commit. ``model``: name,
   parameters, dtype, weight_bytes_per_step, kv_bytes_per_token. ``settings``: the
-  options. ``engine``: our step backend. ``notes``: how to read the figures.
+  options (incl. ``engine`` auto | static | dynamic and ``usd_per_device_hour``).
+  ``engine_kind``: static | dynamic, the engine our systems ran on; ``engine``: its
+  description (static: every SlotEngine's ``describe()``). ``notes``: how to read the figures.
 - ``systems``: per system name (longdoc, longdoc-pld, hf-dynamic, hf-static-compiled)
   ``status`` ok | skipped | error, with ``reason``.
 - ``results``: one record per batch size: ``batch_size``, ``prefill_s``, ``systems``
   (per system: status, tokens, seconds, tok_s, decode_tok_s, ms_per_step, steps,
   first_call_s (wall seconds of the warm-up call: for hf-static-compiled, compilation),
-  peak_memory_GB (CUDA only); PLD also drafted, accepted, acceptance), ``step_ms`` (our loop by width: ms,
-  mean_width), ``agreement_with_longdoc`` (per other system: rows, rows_identical,
-  first_divergence, first_divergence_by_row), ``ratio_vs_hf_static_compiled``,
-  ``pld_over_greedy``, ``roofline`` (weights_tok_s, weights_kv_tok_s, bytes_per_step).
+  peak_memory_GB (CUDA only); static engine: warm_up_s (making the SlotEngine and
+  compiling its steps, before the warm-up call) and engine; PLD also drafted, accepted,
+  acceptance), ``step_ms`` (our loop by width: ms, mean_width; static: warm_up_s when the
+  probe needed an engine of its own), ``agreement_with_longdoc`` (per other system: rows,
+  rows_identical, first_divergence, first_divergence_by_row) with ``agreement_dtype``,
+  ``ratio_vs_hf_static_compiled``, ``pld_over_greedy``, ``roofline`` (weights_tok_s,
+  weights_kv_tok_s, bytes_per_step), ``nightly`` (per ok system: batch_s, docs_per_hour,
+  device_hours_per_1k, usd_per_1k_docs; pipeline/bench/nightly.py).
 
 Files: ``<out>/decode-<device name>-<model>.json`` and ``.md`` (names slugged), so a
 rerun on the same device and model replaces its table and git keeps the history.
@@ -124,14 +130,17 @@ def markdown(result: dict) -> str:
             cells.append(f"{_f(r.get('decode_tok_s'))} ({_f(r.get('ms_per_step'), 2)} ms)"
                          if r.get("status") == "ok" else r.get("status", "–"))
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
-    lines += ["", "## First (warm-up) call seconds, hf-static-compiled's includes compilation; peak GPU memory GB",
+    lines += ["", "## First (warm-up) call seconds, hf-static-compiled's includes compilation "
+              "(+ the static engine's warm-up: compiling its steps); peak GPU memory GB",
               "", "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
     for rec in result["results"]:
         cells = []
         for x in SYSTEMS:
             r = rec["systems"].get(x, {})
             mem = f"; {r['peak_memory_GB']:.1f} GB" if r.get("peak_memory_GB") is not None else ""
-            cells.append(f"{_f(r.get('first_call_s'))} s{mem}" if r.get("status") == "ok" else r.get("status", "–"))
+            warm = f" + {_f(r['warm_up_s'])} s warm-up" if r.get("warm_up_s") is not None else ""
+            cells.append(f"{_f(r.get('first_call_s'))} s{warm}{mem}" if r.get("status") == "ok"
+                         else r.get("status", "–"))
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
     widths = sorted({int(w) for rec in result["results"] for w in rec.get("step_ms", {})})
     if widths:
@@ -144,7 +153,9 @@ def markdown(result: dict) -> str:
                 else "–" for w in widths
             ]
             lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Agreement with longdoc greedy (rows identical; first divergence, tokens)", "",
+    dtypes = sorted({r["agreement_dtype"] for r in result["results"] if r.get("agreement_dtype")}) or [m["dtype"]]
+    lines += ["", f"## Agreement with longdoc greedy in {', '.join(dtypes)} (rows identical; first divergence, tokens)",
+              "",
               "| batch | " + " | ".join(SYSTEMS[1:]) + " | PLD acceptance |", "|---" * len(SYSTEMS) + "|---|"]
     for rec in result["results"]:
         ag = rec.get("agreement_with_longdoc", {})
@@ -152,6 +163,7 @@ def markdown(result: dict) -> str:
                  for x in SYSTEMS[1:]]
         acc = rec["systems"].get("longdoc-pld", {}).get("acceptance")
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + f" | {_f(acc, 2)} |")
+    lines += _nightly_lines(result)
     earlier = [r for r in result["results"] if r.get("created_utc", result["created_utc"]) != result["created_utc"]]
     if earlier:
         lines += ["", "Merged from earlier runs (--merge): " + "; ".join(
@@ -162,6 +174,22 @@ def markdown(result: dict) -> str:
         lines += [f"- {x}: {r['status']} ({r.get('reason', '')})" for x, r in not_ok.items()]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in result.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _nightly_lines(result: dict) -> list[str]:
+    """The derived nightly-job table (pipeline/bench/nightly.py; its formula is in the notes)."""
+    s = result["settings"]
+    if not any(r.get("nightly") for r in result["results"]):
+        return []
+    lines = ["", f"## Nightly job (derived): documents/hour; $ per 1,000 documents at "
+             f"${s.get('usd_per_device_hour', 0):g}/device-hour ({s['prompt_tokens']}-token documents, "
+             f"{s['new_tokens']} new tokens each)", "",
+             "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
+    for rec in result["results"]:
+        ni = rec.get("nightly", {})
+        cells = [f"{ni[x]['docs_per_hour']:,.0f}; ${ni[x]['usd_per_1k_docs']:.3f}" if x in ni else "–" for x in SYSTEMS]
+        lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def summary_lines(rec: dict) -> list[str]:

@@ -19,6 +19,18 @@ tokens every step (adaptive off) from the prompt + the greedy output (oracle dra
 so most are accepted and most steps run at width w), on an engine state of its own
 so it teaches the timed systems nothing; ms/step = decode seconds / steps, and the
 measured mean fed width is reported beside it.
+
+Engine (``--engine``, pipeline/bench/slot_systems.py): ``static`` runs longdoc and
+longdoc-pld on stages.decoding.slot_engine.SlotEngine (continuous batching over
+static KV slots, steps compiled as CUDA graphs on CUDA), one engine per (batch
+size, system) with slots = the batch size, made and warmed up (every step shape
+compiled) before that system's warm-up call; its seconds are ``warm_up_s``, never
+part of a timed figure. Its verify-width probe reuses the longdoc-pld engine (its
+compiled widths) with oracle drafts as above. ``dynamic`` runs them on
+stages.decoding.engine.decode. ``auto``: static on CUDA, dynamic on CPU.
+
+Nightly-job figures (docs/hour, $/1k documents) per system and batch size are
+derived from the timed calls (pipeline/bench/nightly.py).
 """
 
 from __future__ import annotations
@@ -34,6 +46,17 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pipeline.bench import roofline
+from pipeline.bench.nightly import FORMULA, nightly_figures
+from pipeline.bench.slot_systems import (
+    ENGINE_NOTES,
+    GREEDY,
+    PLD,
+    drafts_for,
+    make_slot_engine,
+    resolve_engine,
+    run_slot,
+    widest_step,
+)
 from pipeline.bench.systems import (
     SYSTEMS,
     Clock,
@@ -45,6 +68,7 @@ from pipeline.bench.systems import (
     run_hf,
     run_longdoc,
 )
+from schemas.spec import CostSpec
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,8 @@ class Settings:
     corpus: str = "jobs/corpus"
     ignore_eos: bool = True
     threads: int = 1
+    engine: str = "auto"  # auto | dynamic | static (slot_systems.resolve_engine)
+    usd_per_device_hour: float = CostSpec().usd_per_device_hour  # the spec's default price
     command: str = field(default="", compare=False)
 
 
@@ -78,6 +104,9 @@ def check_settings(s: Settings) -> None:
         raise ValueError(f"--new-tokens {s.new_tokens}: allowed: >= 2 (the first token comes from the prefill)")
     if any(w < 2 for w in s.verify_widths):
         raise ValueError(f"--verify-widths {s.verify_widths}: allowed: widths >= 2")
+    resolve_engine(s.engine, torch.device(s.device))
+    if s.usd_per_device_hour < 0:
+        raise ValueError(f"--usd-per-device-hour {s.usd_per_device_hour}: allowed: >= 0")
 
 
 def _free(device: torch.device) -> None:
@@ -138,6 +167,12 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
         "Prompts: long-document summary requests from the corpus, cut to exactly prompt_tokens tokens.",
         f"clock: {Clock(device).name}; one warm-up call per system and batch size "
         "(hf-static-compiled: the timed call is the 2nd, after compilation).",
+        ENGINE_NOTES[resolve_engine(s.engine, device)],
+        "Agreement: rows of a system identical to longdoc greedy token for token, and the earliest token "
+        "where a row diverges, in the model's dtype (exact in fp32; bf16 reductions depend on the verify "
+        "width and the kernels, so there it is a measured figure).",
+        FORMULA + f" Price: usd_per_device_hour = {s.usd_per_device_hour:g} (--usd-per-device-hour; "
+        f"the spec's default cost.usd_per_device_hour is {CostSpec().usd_per_device_hour:g}).",
     ]
     if device.type == "cpu":
         notes.append("CPU roofline: DRAM copy bandwidth at the bench's thread count; a model whose weights "
@@ -167,13 +202,19 @@ def _system_record(run: Run, prefill_s: float | None, new_tokens: int, pld: bool
     return rec
 
 
-def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run]]:
-    """Every chosen system on one batch: (record, runs by system)."""
+def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run], dict]:
+    """Every chosen system on one batch: (record, runs by system, the static longdoc-pld
+    engine when there is one: the verify-width probe reuses it). ``engine``: the dynamic
+    engine's state, or None for the static engine (see the module docstring)."""
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     warm_n = max(2, n // 4)
     pad, eos_id = tok.pad_token_id, tok.eos_token_id
+    slot: dict = {}  # static engine per system, made just before that system runs
 
     def call(system: str, tokens: int) -> Run:
+        if system in slot:
+            cfg = greedy_config(tokens, eos) if system == GREEDY else pld_config(tokens, eos)
+            return run_slot(slot[system], model, prompts, cfg, pad, clock)
         if system == "longdoc":
             return run_longdoc(engine, model, prompts, greedy_config(tokens, eos), pad, clock)
         if system == "longdoc-pld":
@@ -189,9 +230,13 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
             rec["systems"][system] = {"status": "skipped", "reason": "not in --systems"}
             continue
         try:
+            extra[system] = {}
+            if engine is None and system in (GREEDY, PLD):
+                slot[system], warm_s = make_slot_engine(model, len(prompts), drafts_for(system), s.prompt_tokens, n)
+                extra[system] |= {"warm_up_s": warm_s, "engine": slot[system].describe()}
             t = time.perf_counter()
             call(system, n if system == "hf-static-compiled" else warm_n)
-            extra[system] = {"first_call_s": time.perf_counter() - t}  # hf-static-compiled: compiles
+            extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runs[system] = call(system, n)
@@ -200,17 +245,21 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
         except Exception as e:  # noqa: BLE001 - one failing system (OOM, compile error) must not stop the others
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)
+        if system != PLD:
+            slot.pop(system, None)  # its slots' memory back before the next system
         _free(device)
     prefill = next((runs[x].prefill_s for x in ("longdoc", "longdoc-pld") if x in runs), None)
     rec["prefill_s"] = prefill
     for system, run in runs.items():
         rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld") | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
-    return rec, runs
+    return rec, runs, slot.get(PLD)
 
 
-def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, clock) -> dict:
-    """ms per step of our loop at width 1 and at the verify widths (see the module docstring)."""
+def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, clock, kind: str,
+                static_pld=None) -> dict:
+    """ms per step of our loop at width 1 and at the verify widths (see the module docstring).
+    ``kind``: static | dynamic; ``static_pld``: the static longdoc-pld engine, when made."""
     out: dict = {}
     if greedy is None or greedy.prefill_s is None:
         return out
@@ -219,18 +268,30 @@ def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, cl
         return out
     from stages.decoding.adaptive import Tuning
 
-    probe = make_engine(model, device)
+    if kind == "dynamic":
+        probe = make_engine(model, device)
+        runner = run_longdoc
+    else:
+        probe = static_pld
+        if probe is None:
+            probe, warm_s = make_slot_engine(model, len(prompts), max(s.verify_widths) - 1, s.prompt_tokens,
+                                             s.new_tokens)
+            out["warm_up_s"] = warm_s
+        runner = run_slot
     # Earliest match + k pad tokens after the greedy output: every emitted token's suffix
     # matches inside the copied output with >= k tokens after it, so drafts are full length.
     earliest = Tuning(prefer="earliest")
     eos = frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     for w in s.verify_widths:
         lookups = [p + t + [tok.pad_token_id] * w for p, t in zip(prompts, greedy.tokens, strict=True)]
+        if kind == "static" and w > widest_step(probe):
+            out[str(w)] = {"error": f"wider than the static engine's widest step ({widest_step(probe)})"}
+            continue
         try:
             cfg = pld_config(s.new_tokens, eos, draft_tokens=w - 1)
-            run_longdoc(probe, model, prompts, pld_config(max(2, s.new_tokens // 4), eos, draft_tokens=w - 1),
-                        tok.pad_token_id, clock, lookups, earliest)
-            run = run_longdoc(probe, model, prompts, cfg, tok.pad_token_id, clock, lookups, earliest)
+            runner(probe, model, prompts, pld_config(max(2, s.new_tokens // 4), eos, draft_tokens=w - 1),
+                   tok.pad_token_id, clock, lookups, earliest)
+            run = runner(probe, model, prompts, cfg, tok.pad_token_id, clock, lookups, earliest)
             out[str(w)] = {
                 "ms": 1e3 * (run.seconds - run.prefill_s) / run.steps,
                 "mean_width": 1 + run.drafted / max(run.row_steps, 1),
@@ -247,6 +308,7 @@ def _derived(rec: dict, runs: dict[str, Run], s: Settings, model, bandwidth: flo
     if "longdoc" in runs:
         ref = runs["longdoc"].tokens
         rec["agreement_with_longdoc"] = {x: agreement(ref, r.tokens) for x, r in runs.items() if x != "longdoc"}
+        rec["agreement_dtype"] = str(next(model.parameters()).dtype)  # exact in fp32; measured in bf16
     tok_s = {x: r["tok_s"] for x, r in rec["systems"].items() if r.get("status") == "ok"}
     base = tok_s.get("hf-static-compiled")
     rec["ratio_vs_hf_static_compiled"] = {x: v / base for x, v in tok_s.items()} if base else None
@@ -258,6 +320,7 @@ def _derived(rec: dict, runs: dict[str, Run], s: Settings, model, bandwidth: flo
         "weights_kv_tok_s": roofline.roofline_tok_s(b, w, kv, bandwidth),
         "bytes_per_step": w + kv,
     }
+    rec["nightly"] = nightly_figures(rec, s.usd_per_device_hour)
 
 
 def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> dict:
@@ -276,13 +339,21 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     result = _header(s, device, model, clock)
     bandwidth = result["device"]["bandwidth_measured_GBps"] * 1e9
     prompts = summary_prompts(tok, s.corpus, max(s.batch_sizes), s.prompt_tokens)
-    engine = make_engine(model, device)
-    result["engine"] = engine.describe() if hasattr(engine, "describe") else type(engine).__name__
+    kind = resolve_engine(s.engine, device)
+    result["engine_kind"] = kind
+    engine = make_engine(model, device) if kind == "dynamic" else None  # static: one per batch size and system
+    if engine is not None:
+        result["engine"] = "dynamic: " + (engine.describe() if hasattr(engine, "describe") else type(engine).__name__)
+    described: dict[str, None] = {}
     for b in s.batch_sizes:
-        rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
+        rec, runs, static_pld = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
         rec["created_utc"] = result["created_utc"]
         rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
-        rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock)
+        rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock, kind, static_pld)
+        del static_pld
+        if engine is None:
+            described |= {r["engine"]: None for r in rec["systems"].values() if "engine" in r}
+            result["engine"] = "static (SlotEngine per batch size and system): " + "; ".join(described)
         _derived(rec, runs, s, model, bandwidth)
         result["results"].append(rec)
         for x, r in rec["systems"].items():

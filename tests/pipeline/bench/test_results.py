@@ -15,12 +15,14 @@ def _record(b: int, created: str, static_ok: bool) -> dict:
     static = dict(ok, tok_s=16.0 * b) if static_ok else {"status": "error", "error": "OutOfMemoryError: CUDA"}
     return {
         "batch_size": b, "created_utc": created, "longdoc_commit": "abc1234", "prefill_s": 0.1,
-        "systems": {"longdoc": ok, "longdoc-pld": dict(ok, tok_s=16.0 * b, acceptance=0.5),
+        "systems": {"longdoc": dict(ok, first_call_s=1.0, warm_up_s=42.0), "longdoc-pld": dict(ok, tok_s=16.0 * b, acceptance=0.5),
                     "hf-dynamic": ok, "hf-static-compiled": static},
         "step_ms": {"1": {"ms": 12.5, "mean_width": 1.0}, "4": {"ms": 20.0, "mean_width": 3.9}},
         "agreement_with_longdoc": {"longdoc-pld": {"rows": b, "rows_identical": 1.0, "first_divergence": None},
                                    "hf-dynamic": {"rows": b, "rows_identical": 0.5, "first_divergence": 3}},
         "ratio_vs_hf_static_compiled": {"longdoc": 0.5} if static_ok else None,
+        "agreement_dtype": "torch.bfloat16",
+        "nightly": {"longdoc": {"docs_per_hour": 3600.0 * b, "usd_per_1k_docs": 0.6944}},
         "pld_over_greedy": 2.0, "roofline": {"weights_tok_s": 100.0 * b, "weights_kv_tok_s": 90.0 * b,
                                              "bytes_per_step": 1},
     }
@@ -34,7 +36,7 @@ def _result(created: str, sizes: list[int]) -> dict:
         "versions": {"torch": "2.11", "transformers": "5.17", "python": "3.12", "longdoc_commit": "abc1234"},
         "model": {"name": "random:llama-8b", "parameters": 8_030_261_248, "dtype": "torch.bfloat16",
                   "weight_bytes_per_step": 15_009_849_344, "kv_bytes_per_token": 131072},
-        "settings": {"prompt_tokens": 1024, "new_tokens": 128, "ignore_eos": True, "corpus": "jobs/corpus"},
+        "settings": {"usd_per_device_hour": 2.5, "prompt_tokens": 1024, "new_tokens": 128, "ignore_eos": True, "corpus": "jobs/corpus"},
         "systems": {x: {"status": "ok"} for x in SYSTEMS[:3]} | {"hf-static-compiled": {"status": "error",
                                                                                        "reason": "B=32: OOM"}},
         "engine": "eager on cuda",
@@ -51,6 +53,10 @@ def test_markdown_shows_every_system_errors_and_ratios():
     assert "hf-static-compiled: error (B=32: OOM)" in text
     assert "50%; 3" in text  # hf-dynamic agreement: half the rows, first divergence at token 3
     assert "3350 GB/s nominal" in text
+    assert "| 1 | 1.0 s + 42.0 s warm-up |" in text  # the static engine's compile time, apart
+    assert "## Agreement with longdoc greedy in torch.bfloat16" in text
+    assert "at $2.5/device-hour (1024-token documents, 128 new tokens each)" in text
+    assert "| 32 | 115,200; $0.694 | – | – | – |" in text
 
 
 def test_merge_keeps_earlier_batch_sizes_of_the_same_setup(tmp_path):
