@@ -213,6 +213,12 @@ class GenerationSpec(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: float32 on CPU, bfloat16 on GPU."
     )
+    engine: Literal["auto", "dynamic", "static"] = Field(
+        default="auto",
+        description="Decode engine. static: KV slots preallocated per actor, steps compiled (CUDA graphs on a "
+        "GPU), finished rows' slots refilled from the batch (continuous batching). dynamic: a growable cache "
+        "with the measured CPU kernel plan. auto: static on a GPU, dynamic on CPU.",
+    )
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
         default=(), description="Extra stop strings (EOS always stops); an empty one would stop at once."
     )
@@ -243,6 +249,11 @@ class ResourcesSpec(_Strict):
         description="Generate actor pool size, or [min, max] for an autoscaling pool.",
     )
     batch_size: int = Field(default=4, ge=1, description="Requests per generate batch.")
+    decode_slots: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Rows the static engine decodes together (its KV slots; default: batch_size). A larger "
+        "batch_size keeps the slots full: a finished row's slot takes the batch's next request.",
+    )
     num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs per generate actor (0 on CPU).")
     num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs per generate actor.")
     compress_actors: int = Field(default=1, ge=1, description="Actor pool size of text compression stages.")

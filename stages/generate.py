@@ -3,7 +3,14 @@
 Ray: ``GenerateStage`` is the callable class of the generate actor pool. ``__init__``
 loads the model once per actor; ``__call__`` turns a batch of request rows (see
 stages/rows.py) into a batch of output rows (schemas/output.py), generating for the
-whole batch at once: one padded prefill, one batched decode.
+whole batch at once. Two engines (``generation.engine``; auto picks by device):
+- dynamic (CPU default): one padded prefill of the batch, one batched decode
+  (stages/decoding/engine.py, growable cache, measured CPU kernel plan);
+- static (GPU default): continuous batching over preallocated KV slots with
+  compiled steps (stages/decoding/slot_engine.py): ``resources.decode_slots`` rows
+  decode together and each finished row's slot is refilled with the batch's next
+  request (prefilled by the compression method), so the batch may be larger than
+  the decode batch and the GPU keeps decoding full batches.
 
 Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
 here) come from the compression method (stages/compression/, ``CompressionMethod.load``):
@@ -21,6 +28,7 @@ more times, so one bad request never takes its batch mates down with it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 
 import numpy as np
@@ -34,10 +42,13 @@ from stages.compression.base import CONTEXT_COLUMNS, Prefill
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import decode
 from stages.decoding.engine_state import EngineState
+from stages.decoding.slot_engine import SlotEngine
 from stages.decoding.stops import cut_text
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
 from stages.rows import batch_to_rows, rows_to_batch
+
+log = logging.getLogger(__name__)
 
 
 class GenerateStage:
@@ -65,7 +76,8 @@ class GenerateStage:
         # The engine's per-actor state: made (and its backend warmed up: the CPU kernel
         # plan measured or read) now, so the first batch's latency figures do not
         # include it; it learns step cost and acceptance across batches.
-        self.engine = EngineState(self.model, self.device)
+        self.slot_engine = make_slot_engine(self.spec, self.model, self.device)
+        self.engine = EngineState(self.model, self.device) if self.slot_engine is None else None
         self.prompts = PromptBuilder(self.tokenizer)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.device_name = (
@@ -143,6 +155,8 @@ class GenerateStage:
         return results
 
     def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
+        if self.slot_engine is not None:
+            return self._generate_slots(rows)
         parts = [
             self.prompts.build(
                 r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
@@ -174,6 +188,48 @@ class GenerateStage:
                     prompt_tokens=prompt_tokens,
                     extra_compress_s=strategy_s,
                     prefill_s=compressed.state.prefill_s,
+                )
+            )
+        return outs
+
+    def _generate_slots(self, rows: list[GenerateInput]) -> list[OutputRow]:
+        """Continuous batching on the static engine: the batch's requests stream through its slots.
+
+        Each group of newcomers is prefilled by the compression method when slots free
+        up; a request whose prefill fails becomes an error row, the others go on.
+        """
+        parts = [
+            self.prompts.build(
+                r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
+                r["instruction"],
+                r.get("question"),
+            )
+            for r in rows
+        ]
+        done: dict[int, tuple[int, float, float]] = {}  # request -> (context tokens, compress s, prefill s)
+
+        def prefill(idx: list[int]):
+            compressed = self._prefill([parts[i] for i in idx])
+            for j, i in enumerate(idx):
+                done[i] = (compressed.context_tokens[j], compressed.compress_s[j], compressed.state.prefill_s)
+            return compressed.state
+
+        lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
+        seeds = [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
+        results, errors = self.slot_engine.run(lookup, seeds, prefill, self.decode_config, self._decode_text)
+        outs: list[OutputRow] = []
+        for i, (row, res, err) in enumerate(zip(rows, results, errors)):
+            if res is None:
+                err = err or RuntimeError("the engine returned no result")
+                msg = f"generate: {type(err).__name__}: {err}"
+                outs.append(self._output_row(row, None, error=msg, error_kind=out_schema.classify_error(err)))
+                continue
+            ctx, compress_s, prefill_s = done[i]
+            prompt_tokens = len(parts[i].prefix_ids) + ctx + len(parts[i].query_ids)
+            outs.append(
+                self._output_row(
+                    row, res, context_tokens=ctx, prompt_tokens=prompt_tokens,
+                    extra_compress_s=compress_s, prefill_s=prefill_s,
                 )
             )
         return outs
@@ -224,6 +280,30 @@ class GenerateStage:
         for c in self._carried:
             o[c] = row.get(c)  # type: ignore[literal-required]
         return o
+
+
+def make_slot_engine(spec: JobSpec, model: torch.nn.Module, device: torch.device) -> SlotEngine | None:
+    """The static engine the spec asks for (``generation.engine``), or None for the dynamic one.
+
+    auto: static on CUDA when the model allows it (full attention everywhere, a plain
+    output projection), else dynamic; static: always (a model that cannot use it is a
+    clear error at actor start). Compiled steps are warmed up here, once per actor.
+    """
+    gen, res = spec.generation, spec.resources
+    if gen.engine == "dynamic" or (gen.engine == "auto" and device.type != "cuda"):
+        return None
+    spec_drafts = gen.speculative.num_draft_tokens if gen.speculative.method == "prompt_lookup" else 0
+    try:
+        engine = SlotEngine(model, slots=res.decode_slots or res.batch_size, max_drafts=spec_drafts)
+    except ValueError as e:
+        if gen.engine == "static":
+            raise ValueError(f"generation.engine static: {e}; allowed for this model: dynamic or auto") from e
+        log.warning("static decode engine unavailable for %s (%s); using the dynamic engine", gen.model, e)
+        return None
+    if engine.step.compiled:
+        engine.warm_up(greedy=gen.temperature <= 0.0, max_drafts=spec_drafts)
+    log.info("decode engine: %s", engine.describe())
+    return engine
 
 
 def _one_of(names: tuple[str, ...]) -> str:
