@@ -294,7 +294,9 @@ def make_slot_engine(spec: JobSpec, model: torch.nn.Module, device: torch.device
         return None
     spec_drafts = gen.speculative.num_draft_tokens if gen.speculative.method == "prompt_lookup" else 0
     try:
-        engine = SlotEngine(model, slots=res.decode_slots or res.batch_size, max_drafts=spec_drafts)
+        engine = SlotEngine(
+            model, slots=res.decode_slots or res.batch_size, max_drafts=spec_drafts, compile=gen.compile
+        )
     except ValueError as e:
         if gen.engine == "static":
             raise ValueError(f"generation.engine static: {e}; allowed for this model: dynamic or auto") from e

@@ -101,9 +101,39 @@ def resolve_embedder(name: str) -> str:
     return name
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+# Below this many parameters "auto" keeps float32 on a GPU. Measured on an H100
+# (issue 12, 2026-11-22), embedded SmolLM2-135M: fp32 was FASTER than bf16 (plain
+# greedy 146 vs 57 tok/s, prompt lookup 258 vs 96; a small model is bound by kernel
+# launches, not by weight reads) and exact (16/16 summaries identical with and
+# without prompt lookup, bf16 13/16). Large models are bound by weight reads, where
+# bf16 halves the bytes: bf16 there.
+SMALL_MODEL_PARAMS = 1_000_000_000
+
+
+def estimate_parameters(config) -> int:
+    """Approximate parameter count of a decoder-only transformer from its config."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
+    inter = getattr(cfg, "intermediate_size", None) or 4 * h
+    per_layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter
+    embeddings = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    return int(layers * per_layer + embeddings)
+
+
+def resolve_dtype(dtype: str, device: torch.device, config=None) -> torch.dtype:
+    """The torch dtype for a spec's ``generation.dtype`` on ``device``.
+
+    auto: float32 on CPU; on a GPU bfloat16, except float32 for models under
+    SMALL_MODEL_PARAMS when ``config`` tells their size (see the measurement above).
+    """
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        small = config is not None and estimate_parameters(config) < SMALL_MODEL_PARAMS
+        return torch.float32 if small else torch.bfloat16
     allowed = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in allowed:
         raise ValueError(f"dtype {dtype!r} not supported; allowed: auto, {', '.join(allowed)}")
@@ -130,17 +160,18 @@ def load_tokenizer(name: str):
 
 def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None = None):
     """Load ``(model, tokenizer)``; see the module docstring for name resolution."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     device = device or torch.device("cpu")
     if name.startswith("random:"):  # random weights from a known config: stages/random_models.py
-        from stages.random_models import build_random_causal_lm
+        from stages.random_models import build_random_causal_lm, random_config
 
-        return build_random_causal_lm(name, resolve_dtype(dtype, device), device)
+        return build_random_causal_lm(name, resolve_dtype(dtype, device, random_config(name)), device)
     path = resolve_model_path(name)
     tok = load_tokenizer(name)
+    config = AutoConfig.from_pretrained(path) if dtype == "auto" and device.type == "cuda" else None
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device), attn_implementation="sdpa"
+        path, dtype=resolve_dtype(dtype, device, config), attn_implementation="sdpa"
     )
     model.to(device).eval()
     return model, tok

@@ -83,18 +83,21 @@ class SlotEngine:
         slots: int,
         max_drafts: int = 16,
         capacity: int = 512,
-        compile: bool | None = None,
-        compile_mode: str | None = None,
-        compile_backend: str | Callable = "inductor",
+        compile: str | bool | None = "auto",
+        compile_backend: Callable | None = None,
         tuning: Tuning | None = None,
     ) -> None:
+        """compile: auto (inductor on CUDA, off on CPU) | inductor | cudagraphs | off (True/False/None:
+        inductor/off/auto). On CUDA, inductor runs with mode "reduce-overhead" (its CUDA graphs);
+        cudagraphs captures the eager kernels in CUDA graphs without inductor's code generation
+        (much faster to compile). ``compile_backend``: a torch.compile backend overriding
+        these (tests count compilations with one)."""
         self.device = next(model.parameters()).device
-        if compile is None:
-            compile = self.device.type == "cuda"
-        if compile and compile_mode is None and self.device.type == "cuda":
-            compile_mode = "reduce-overhead"  # CUDA graphs
+        mode, backend = compile_plan(compile, self.device)
+        if compile_backend is not None:
+            backend = compile_backend
         self.cache = SlotCache.for_model(model, slots, _pow2(capacity))
-        self.step = SlotStep(model, self.cache, compile, compile_mode, compile_backend)
+        self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor")
         self.batches = batch_buckets(slots)
         self.widths = width_buckets(max_drafts)
         self.tuning = tuning or Tuning()
@@ -272,6 +275,25 @@ class SlotEngine:
             active[slot] = active[last]
         active.pop()
         self.cache.free(last)
+
+
+COMPILE_CHOICES = ("auto", "inductor", "cudagraphs", "off")
+
+
+def compile_plan(compile: str | bool | None, device: torch.device) -> tuple[str | None, str | None]:
+    """(torch.compile mode, backend) for a ``compile`` choice on ``device``; backend None = eager."""
+    choice = {True: "inductor", False: "off", None: "auto"}.get(compile, compile)  # type: ignore[arg-type]
+    if choice not in COMPILE_CHOICES:
+        raise ValueError(f"compile {compile!r}: allowed: {', '.join(COMPILE_CHOICES)}")
+    if choice == "auto":
+        choice = "inductor" if device.type == "cuda" else "off"
+    if choice == "off":
+        return None, None
+    if choice == "cudagraphs":
+        if device.type != "cuda":
+            raise ValueError(f"compile cudagraphs needs a CUDA device, not {device}; allowed here: inductor, off")
+        return None, "cudagraphs"
+    return ("reduce-overhead" if device.type == "cuda" else None), "inductor"
 
 
 def _pow2(n: int) -> int:

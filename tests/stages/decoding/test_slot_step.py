@@ -8,7 +8,7 @@ import torch
 
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
-from stages.decoding.slot_engine import SlotEngine
+from stages.decoding.slot_engine import SlotEngine, compile_plan
 from stages.decoding.slot_step import batch_buckets, bucket, width_buckets
 from stages.decoding.state import prefill_full
 
@@ -73,3 +73,16 @@ def test_inductor_compiled_step_decodes_like_eager(tiny_model):
     out, _ = eng.run(prompts, [0, 0], lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
     assert [r.tokens for r in out] == [r.tokens for r in ref]
     torch._dynamo.reset()
+
+
+def test_compile_choices_by_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
+    assert compile_plan("auto", cuda) == ("reduce-overhead", "inductor")
+    assert compile_plan(True, cpu) == (None, "inductor")
+    assert compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
+    assert compile_plan("off", cuda) == (None, None)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        compile_plan("cudagraphs", cpu)
+    with pytest.raises(ValueError, match="allowed: auto, inductor, cudagraphs, off"):
+        compile_plan("fast", cpu)

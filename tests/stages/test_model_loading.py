@@ -1,0 +1,33 @@
+"""dtype "auto" by device and model size (issue 12's measured rule), and the size estimate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.model_loading import SMALL_MODEL_PARAMS, estimate_parameters, resolve_dtype
+from stages.random_models import random_config
+
+CUDA = torch.device("cuda")  # a device object needs no GPU
+
+
+@pytest.mark.parametrize(
+    ("shape", "billions"), [("smollm2-135m", 0.1345), ("llama-1b", 1.236), ("llama-8b", 8.03)]
+)
+def test_parameter_estimate_matches_the_published_sizes(shape, billions):
+    assert estimate_parameters(random_config(f"random:{shape}")) / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_auto_dtype_by_device_and_size():
+    small, large = random_config("random:smollm2-135m"), random_config("random:llama-8b")
+    assert estimate_parameters(small) < SMALL_MODEL_PARAMS < estimate_parameters(large)
+    assert resolve_dtype("auto", torch.device("cpu"), large) == torch.float32
+    assert resolve_dtype("auto", CUDA, small) == torch.float32
+    assert resolve_dtype("auto", CUDA, large) == torch.bfloat16
+    assert resolve_dtype("auto", CUDA) == torch.bfloat16  # size unknown: the large-model choice
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+
+
+def test_unknown_dtype_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed: auto, float32, bfloat16, float16"):
+        resolve_dtype("fp8", torch.device("cpu"))
