@@ -49,6 +49,7 @@ def bench_decode_command(
     verify_widths: Annotated[Opt[str], typer.Option(help="systems: widths to measure our step cost at (default 2,4,8,16; '' = none).")] = None,  # noqa: E501
     out: Annotated[Opt[str], typer.Option(help="systems: results folder (default jobs/results/bench-decode).")] = None,
     merge: Annotated[bool, typer.Option(help="systems: keep an earlier file's batch sizes that this run does not measure (same device, model, settings).")] = False,  # noqa: E501
+    compile: Annotated[str, typer.Option(help="systems, static engine: how steps are compiled: auto (inductor + CUDA graphs on CUDA, eager on CPU), inductor, cudagraphs (CUDA graphs of the eager kernels; compiles in seconds), off.")] = "auto",  # noqa: E501
     engine: Annotated[str, typer.Option(help="systems: our engine: auto (static on CUDA, dynamic on CPU), static (SlotEngine: static KV slots, CUDA graphs), dynamic (engine.decode).")] = "auto",  # noqa: E501
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="systems: price of a device hour for the nightly-job $/1k documents (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
     stop_at_eos: Annotated[bool, typer.Option(help="systems: stop rows at EOS (default: ignore EOS, fixed work).")] = False,  # noqa: E501
@@ -66,7 +67,7 @@ def bench_decode_command(
     sys_opts = {"--device": device, "--model": model, "--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens,
                 "--systems": systems, "--verify-widths": verify_widths, "--out": out,
                 "--stop-at-eos": stop_at_eos or None, "--merge": merge or None, "--dtype": None if dtype == "auto" else dtype,
-                "--engine": None if engine == "auto" else engine, "--usd-per-device-hour": usd_per_device_hour}
+                "--engine": None if engine == "auto" else engine, "--compile": None if compile == "auto" else compile, "--usd-per-device-hour": usd_per_device_hour}
     cpu_opts = {"--docs": docs, "--b1-rows": b1_rows, "--doc-tokens": doc_tokens, "--max-new-tokens": max_new_tokens,
                 "--tasks": tasks, "--hf-pld-tokens": hf_pld_tokens, "--prefer": prefer}
     given_sys = [k for k, v in sys_opts.items() if v is not None]
@@ -90,14 +91,14 @@ def bench_decode_command(
         return
     try:
         _systems(device or "cpu", model, dtype, batch_sizes, prompt_tokens, new_tokens, systems, verify_widths,
-                 out, not stop_at_eos, corpus, threads, merge, engine, usd_per_device_hour)
+                 out, not stop_at_eos, corpus, threads, merge, engine, usd_per_device_hour, compile)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
 
 def _systems(device, model, dtype, batch_sizes, prompt_tokens, new_tokens, systems, verify_widths, out,
-             ignore_eos, corpus, threads, merge, engine="auto", usd_per_device_hour=None) -> None:
+             ignore_eos, corpus, threads, merge, engine="auto", usd_per_device_hour=None, compile="auto") -> None:
     from pipeline.bench.results import DEFAULT_OUT, summary_lines, write_results
     from pipeline.bench.suite import Settings, command_line, run_systems
     from schemas.spec import EMBEDDED_MODEL, CostSpec
@@ -109,6 +110,7 @@ def _systems(device, model, dtype, batch_sizes, prompt_tokens, new_tokens, syste
         systems=tuple(x.strip() for x in (systems or ",".join(SYSTEMS)).split(",") if x.strip()),
         verify_widths=_ints("2,4,8,16" if verify_widths is None else verify_widths, "--verify-widths"),
         corpus=corpus or "jobs/corpus", ignore_eos=ignore_eos, threads=threads, command=command_line(), engine=engine,
+        compile=compile,
         usd_per_device_hour=CostSpec().usd_per_device_hour if usd_per_device_hour is None else usd_per_device_hour,
     )
     out_dir = out or DEFAULT_OUT

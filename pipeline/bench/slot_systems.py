@@ -61,14 +61,16 @@ def drafts_for(system: str) -> int:
     return SpeculativeSpec().num_draft_tokens
 
 
-def make_slot_engine(model, batch: int, max_drafts: int, prompt_tokens: int, new_tokens: int):
-    """(SlotEngine with ``batch`` slots, warmed up; wall seconds the construction + warm-up took)."""
+def make_slot_engine(model, batch: int, max_drafts: int, prompt_tokens: int, new_tokens: int, compile: str = "auto"):
+    """(SlotEngine with ``batch`` slots, warmed up; wall seconds the construction + warm-up took).
+
+    ``compile``: slot_engine.compile_plan's choice (auto: inductor + CUDA graphs on CUDA)."""
     from stages.decoding.slot_engine import SlotEngine
 
     device = next(model.parameters()).device
     t0 = time.perf_counter()
     engine = SlotEngine(model, slots=batch, max_drafts=max_drafts,
-                        capacity=prompt_tokens + new_tokens + max_drafts + 2)
+                        capacity=prompt_tokens + new_tokens + max_drafts + 2, compile=compile)
     engine.warm_up(greedy=True, max_drafts=max_drafts)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -97,15 +99,11 @@ def run_slot(
         prefill_s[0] += clock() - t
         return state
 
-    saved = engine.tuning
-    if tuning is not None:
-        engine.tuning = tuning  # SlotEngine reads it at the start of each run
-    try:
-        t0 = clock()
-        results, errors = engine.run([list(x) for x in (lookups or prompts)], [0] * len(prompts), prefill, config)
-        t1 = clock()
-    finally:
-        engine.tuning = saved
+    t0 = clock()
+    results, errors = engine.run(
+        [list(x) for x in (lookups or prompts)], [0] * len(prompts), prefill, config, tuning=tuning
+    )
+    t1 = clock()
     failed = next((e for e in errors if e is not None), None)
     if failed is not None:
         raise failed

@@ -85,6 +85,7 @@ class Settings:
     ignore_eos: bool = True
     threads: int = 1
     engine: str = "auto"  # auto | dynamic | static (slot_systems.resolve_engine)
+    compile: str = "auto"  # static engine: auto | inductor | cudagraphs | off (slot_engine.compile_plan)
     usd_per_device_hour: float = CostSpec().usd_per_device_hour  # the spec's default price
     command: str = field(default="", compare=False)
 
@@ -105,6 +106,12 @@ def check_settings(s: Settings) -> None:
     if any(w < 2 for w in s.verify_widths):
         raise ValueError(f"--verify-widths {s.verify_widths}: allowed: widths >= 2")
     resolve_engine(s.engine, torch.device(s.device))
+    from stages.decoding.slot_engine import compile_plan
+
+    try:
+        compile_plan(s.compile, torch.device(s.device))
+    except ValueError as e:
+        raise ValueError(f"--{e}") from None
     if s.usd_per_device_hour < 0:
         raise ValueError(f"--usd-per-device-hour {s.usd_per_device_hour}: allowed: >= 0")
 
@@ -232,7 +239,8 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
         try:
             extra[system] = {}
             if engine is None and system in (GREEDY, PLD):
-                slot[system], warm_s = make_slot_engine(model, len(prompts), drafts_for(system), s.prompt_tokens, n)
+                slot[system], warm_s = make_slot_engine(model, len(prompts), drafts_for(system), s.prompt_tokens, n,
+                                                       s.compile)
                 extra[system] |= {"warm_up_s": warm_s, "engine": slot[system].describe()}
             t = time.perf_counter()
             call(system, n if system == "hf-static-compiled" else warm_n)
@@ -275,7 +283,7 @@ def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, cl
         probe = static_pld
         if probe is None:
             probe, warm_s = make_slot_engine(model, len(prompts), max(s.verify_widths) - 1, s.prompt_tokens,
-                                             s.new_tokens)
+                                             s.new_tokens, s.compile)
             out["warm_up_s"] = warm_s
         runner = run_slot
     # Earliest match + k pad tokens after the greedy output: every emitted token's suffix

@@ -96,7 +96,7 @@ class SlotEngine:
         mode, backend = compile_plan(compile, self.device)
         if compile_backend is not None:
             backend = compile_backend
-        self.cache = SlotCache.for_model(model, slots, _pow2(capacity))
+        self.cache = SlotCache.for_model(model, slots, capacity)
         self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor")
         self.batches = batch_buckets(slots)
         self.widths = width_buckets(max_drafts)
@@ -108,7 +108,7 @@ class SlotEngine:
         return self.cache.slots
 
     def describe(self) -> str:
-        how = "compiled" if self.step.compiled else "eager"
+        how = self.step.how
         return f"static slots ({self.slots} x {self.cache.capacity}, {how}) on {self.device}"
 
     def warm_up(self, greedy: bool = True, max_drafts: int | None = None) -> None:
@@ -126,15 +126,19 @@ class SlotEngine:
         prefill: Prefiller,
         config: DecodeConfig,
         decode_text: Callable[[list[int]], str] | None = None,
+        tuning: Tuning | None = None,
     ) -> tuple[list[RowResult | None], list[Exception | None]]:
-        """Generate for every request (see the module contract)."""
+        """Generate for every request (see the module contract); ``tuning`` overrides the
+        engine's for this run. ``stats`` afterwards describe this run."""
         n = len(lookups)
+        self.stats = SlotStats()
+        tuning = tuning or self.tuning
         if len(seeds) != n:
             raise ValueError(f"seeds has {len(seeds)} entries, lookups {n}")
         spec = config.speculative == "prompt_lookup"
         k_max = min(config.num_draft_tokens, self.widths[-1] - 1) if spec else 0
         stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
-        lengths = DraftLengths(n, k_max, self.tuning)
+        lengths = DraftLengths(n, k_max, tuning)
         results: list[RowResult | None] = [None] * n
         errors: list[Exception | None] = [None] * n
         pending = deque(range(n))
@@ -163,7 +167,7 @@ class SlotEngine:
 
         while pending or active:
             if pending and len(active) < self.slots:
-                self._refill(active, pending, prefill, lookups, seeds, config, spec, emit, errors)
+                self._refill(active, pending, prefill, lookups, seeds, config, spec, emit, errors, tuning)
                 self.stats.max_active = max(self.stats.max_active, len(active))
                 if not active:
                     continue
@@ -174,7 +178,7 @@ class SlotEngine:
         return results, errors
 
     # ------------------------------------------------------------------ pieces
-    def _refill(self, active, pending, prefill, lookups, seeds, config, spec, emit, errors) -> None:
+    def _refill(self, active, pending, prefill, lookups, seeds, config, spec, emit, errors, tuning) -> None:
         """Prefill the next group of waiting requests into the free slots."""
         group = [pending.popleft() for _ in range(min(self.slots - len(active), len(pending)))]
         for idx, state in self._prefill_groups(group, prefill, errors):
@@ -186,14 +190,16 @@ class SlotEngine:
                 probs0 = target_probs(state.last_logits, config.temperature, config.top_p)
                 firsts = [accept_sampled([], probs0[j : j + 1], [], gens[j])[1] for j in range(len(idx))]
             for j, req in enumerate(idx):
-                index = NgramIndex(list(lookups[req]), config.max_ngram, config.min_ngram, self.tuning.prefer) if spec else None  # noqa: E501
+                index = NgramIndex(list(lookups[req]), config.max_ngram, config.min_ngram, tuning.prefer) if spec else None  # noqa: E501
                 row = _Active(request=req, length=0, generator=gens[j], index=index)
                 if emit(row, firsts[j]):
                     continue  # finished on its first token: it never takes a slot
                 slot = len(active)
                 need = int(state.valid[j].sum()) + config.max_new_tokens + self.widths[-1] + 1
                 if need > self.cache.capacity:
-                    self.cache.grow(_pow2(need))
+                    # Every step attends over the whole capacity, so grow to what is needed
+                    # (rounded), yet by at least half, so growing (a recompilation) stays rare.
+                    self.cache.grow(max(_round_up(need), _round_up(self.cache.capacity * 3 // 2)))
                     self.stats.grows += 1
                 row.length = self.cache.load(slot, state, j)
                 active.append(row)
@@ -296,6 +302,8 @@ def compile_plan(compile: str | bool | None, device: torch.device) -> tuple[str 
     return ("reduce-overhead" if device.type == "cuda" else None), "inductor"
 
 
-def _pow2(n: int) -> int:
-    """The smallest power of two >= n (cache capacities grow in these steps)."""
-    return 1 << max(0, int(n) - 1).bit_length()
+CAPACITY_STEP = 256  # cache capacities grow in multiples of this many slots
+
+
+def _round_up(n: int) -> int:
+    return -(-int(n) // CAPACITY_STEP) * CAPACITY_STEP

@@ -12,9 +12,11 @@ the accepted counts (the greedy caller uses ``accepted`` as it is).
 
 Shapes are static: ``b`` and ``T`` come from small bucket lists (``bucket``), the
 cache has a fixed capacity ``S``, and everything that changes per step (row
-lengths, positions) is a device tensor read inside the step. A compiled step is
-therefore specialised once per (batch bucket, width bucket, S) and replayed after
-(on CUDA with ``mode="reduce-overhead"``: a CUDA graph). ``compile_counter`` in the
+lengths, positions) is a device tensor read inside the step. Batch and width are
+symbolic sizes to the compiler (``_mark``), so it compiles at most six graphs per
+cache capacity S (size 1 and 2 are specialised) whatever the bucket lists, and on
+CUDA (``mode="reduce-overhead"``) a CUDA graph is recorded once per concrete
+(batch bucket, width bucket) and replayed after. ``compile_counter`` in the
 tests counts compilations to check that this holds.
 
 Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
@@ -55,9 +57,13 @@ def batch_buckets(slots: int) -> tuple[int, ...]:
 
 
 def width_buckets(max_drafts: int) -> tuple[int, ...]:
-    """Step widths 1, 2, 4, 8, ... and ``1 + max_drafts`` (the widest step)."""
+    """Step widths 1, 2, 4, ... (each at most half the widest) and ``1 + max_drafts``.
+
+    A power of two close to the widest step would save little over it: 16 drafts
+    give (1, 2, 4, 8, 17), not (..., 16, 17).
+    """
     top = 1 + max_drafts
-    sizes = [w for w in (1, 2, 4, 8, 16, 32, 64) if w < top]
+    sizes = [w for w in (1, 2, 4, 8, 16, 32) if w < top and (w == 1 or 2 * w <= top)]
     return (*sizes, top)
 
 
@@ -88,10 +94,12 @@ class SlotStep:
         if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
             raise ValueError("the static decode path needs a plain output projection (no logit soft-capping)")
         self.compiled = compile
+        name = backend if isinstance(backend, str) else type(backend).__name__
+        self.how = f"compiled: {name}" + (f", {compile_mode}" if compile_mode else "") if compile else "eager"
         if compile:
             raise_recompile_limit()
-            # dynamic=False: one specialised graph per (bucket, width, S); CUDA graphs
-            # need concrete shapes anyway, and specialised kernels are faster.
+            # dynamic=False: nothing becomes symbolic by itself (a new cache capacity S
+            # is a new graph); batch and width are marked symbolic on purpose (_mark).
             opts = {"mode": compile_mode} if compile_mode else {}
             self._logits = torch.compile(self._logits_eager, backend=backend, dynamic=False, **opts)
             self._greedy = torch.compile(self._greedy_eager, backend=backend, dynamic=False, **opts)
@@ -121,14 +129,27 @@ class SlotStep:
         accepted = match.long().cumprod(dim=1).sum(dim=1)  # [b] leading run of matches
         return best, accepted
 
+    def _mark(self, feed: torch.Tensor, n_fed: torch.Tensor | None = None) -> None:
+        """Batch and width as symbolic sizes, so inductor compiles a handful of graphs
+        (size 1 and 2 get their own: dynamo specialises them) instead of one per
+        (batch bucket, width bucket); CUDA graph trees still record one graph per
+        concrete shape, which takes a replay, not a compilation."""
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(feed, 0)
+            torch._dynamo.maybe_mark_dynamic(feed, 1)
+            if n_fed is not None:
+                torch._dynamo.maybe_mark_dynamic(n_fed, 0)
+
     @torch.inference_mode()
     def step(self, feed: torch.Tensor) -> torch.Tensor:
         """Logits [b, T, V] float32 for feed [b, T] (see the module docstring)."""
+        self._mark(feed)
         return self._logits(feed)
 
     @torch.inference_mode()
     def greedy(self, feed: torch.Tensor, n_fed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(best [b, T], accepted [b]) decided on the device."""
+        self._mark(feed, n_fed)
         return self._greedy(feed, n_fed)
 
     @torch.inference_mode()
@@ -150,6 +171,6 @@ class SlotStep:
                 n_fed = torch.full((b,), t, dtype=torch.long, device=dev)
                 for _ in range(repeats):
                     if greedy:
-                        self._greedy(feed, n_fed)
+                        self.greedy(feed, n_fed)
                     else:
-                        self._logits(feed)
+                        self.step(feed)
