@@ -285,6 +285,16 @@ class ResourcesSpec(_Strict):
                 raise ValueError(f"actors [min, max] needs 1 <= min <= max, got {list(v)}")
         return v
 
+    @model_validator(mode="after")
+    def _slots_fit_the_batch(self) -> ResourcesSpec:
+        if self.decode_slots is not None and self.decode_slots > self.batch_size:
+            raise FieldError(
+                "decode_slots",
+                f"got {self.decode_slots}, more than batch_size {self.batch_size} (slots past the batch are "
+                f"never filled); allowed: <= batch_size",
+            )
+        return self
+
 
 class OutputSpec(_Strict):
     uri: str = Field(

@@ -81,3 +81,5 @@ def test_engine_and_slots_are_checked_in_the_spec(method_env):
         spec_from_dict({**spec, "generation": {**spec["generation"], "engine": "fast"}})
     with pytest.raises(ValueError, match="decode_slots"):
         spec_from_dict({**spec, "resources": {**spec["resources"], "decode_slots": 0}})
+    with pytest.raises(ValueError, match=r"resources.decode_slots.*more than batch_size 4.*allowed: <= batch_size"):
+        spec_from_dict({**spec, "resources": {**spec["resources"], "batch_size": 4, "decode_slots": 8}})
