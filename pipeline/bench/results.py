@@ -6,6 +6,7 @@ JSON layout (``layout_version`` 1; pipeline/bench/suite.py fills it):
 - ``versions``: torch, transformers, python, longdoc_commit. ``model``: name,
   parameters, dtype, weight_bytes_per_step, kv_bytes_per_token. ``settings``: the
   options (incl. ``engine`` auto | static | dynamic and ``usd_per_device_hour``).
+  ``warm_up_s`` (static: making the one SlotEngine and compiling its steps).
   ``engine_kind``: static | dynamic, the engine our systems ran on; ``engine``: its
   description (static: every SlotEngine's ``describe()``). ``notes``: how to read the figures.
 - ``systems``: per system name (longdoc, longdoc-pld, hf-dynamic, hf-static-compiled)
@@ -13,10 +14,8 @@ JSON layout (``layout_version`` 1; pipeline/bench/suite.py fills it):
 - ``results``: one record per batch size: ``batch_size``, ``prefill_s``, ``systems``
   (per system: status, tokens, seconds, tok_s, decode_tok_s, ms_per_step, steps,
   first_call_s (wall seconds of the warm-up call: for hf-static-compiled, compilation),
-  peak_memory_GB (CUDA only); static engine: warm_up_s (making the SlotEngine and
-  compiling its steps, before the warm-up call) and engine; PLD also drafted, accepted,
-  acceptance), ``step_ms`` (our loop by width: ms, mean_width; static: warm_up_s when the
-  probe needed an engine of its own), ``agreement_with_longdoc`` (per other system: rows,
+  peak_memory_GB (CUDA only); static engine: engine (its describe()); PLD also
+  drafted, accepted, acceptance), ``step_ms`` (our loop by width: ms, mean_width), ``agreement_with_longdoc`` (per other system: rows,
   rows_identical, first_divergence, first_divergence_by_row) with ``agreement_dtype``,
   ``ratio_vs_hf_static_compiled``, ``pld_over_greedy``, ``roofline`` (weights_tok_s,
   weights_kv_tok_s, bytes_per_step), ``nightly`` (per ok system: batch_s, docs_per_hour,
@@ -101,7 +100,8 @@ def markdown(result: dict) -> str:
         "",
         f"{m['parameters'] / 1e9:.3f}B parameters, {m['dtype']}; {s['prompt_tokens']}-token prompts, "
         f"{s['new_tokens']} new tokens, greedy. torch {v['torch']}, transformers {v['transformers']}, "
-        f"longdoc {v['longdoc_commit']}, {result['created_utc']}. Engine: {result.get('engine')}.",
+        f"longdoc {v['longdoc_commit']}, {result['created_utc']}. Engine: {result.get('engine')}"
+        + (f", warmed up (steps compiled) in {result['warm_up_s']:.1f} s." if result.get("warm_up_s") is not None else "."),
         f"Memory bandwidth: {_f(d['bandwidth_measured_GBps'], 0)} GB/s measured (copy, read + write)"
         + (f", {_f(d['bandwidth_nominal_GBps'], 0)} GB/s nominal" if d.get("bandwidth_nominal_GBps") else "")
         + f"; {m['weight_bytes_per_step'] / 1e9:.3f} GB of weights per step. Clock: {d['clock']}.",
@@ -131,7 +131,7 @@ def markdown(result: dict) -> str:
                          if r.get("status") == "ok" else r.get("status", "–"))
         lines.append(f"| {rec['batch_size']} | " + " | ".join(cells) + " |")
     lines += ["", "## First (warm-up) call seconds, hf-static-compiled's includes compilation "
-              "(+ the static engine's warm-up: compiling its steps); peak GPU memory GB",
+              "(the static engine's warm-up is in the header); peak GPU memory GB",
               "", "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
     for rec in result["results"]:
         cells = []

@@ -4,11 +4,11 @@ Contract:
 - ``resolve_engine(engine, device)`` -> ``"static"`` or ``"dynamic"``: ``auto`` is
   static on CUDA and dynamic on CPU; anything else but those three names is a
   ValueError naming ``--engine`` and the allowed values.
-- ``make_slot_engine(model, batch, max_drafts, prompt_tokens, new_tokens)`` ->
+- ``make_slot_engine(model, batch, max_drafts, prompt_tokens, new_tokens, compile)`` ->
   ``(SlotEngine, warm_up_seconds)``: ``batch`` slots with capacity for a prompt of
   ``prompt_tokens`` + ``new_tokens`` + the widest step, every (batch bucket, width
   bucket) step compiled up front (``SlotEngine.warm_up``; on CUDA torch.compile
-  "reduce-overhead" = CUDA graphs, on CPU eager). The seconds are wall time (on
+  "reduce-overhead" = CUDA graphs by default, on CPU eager). The seconds are wall time (on
   CUDA after a synchronize): compilation runs partly in other processes, so
   process CPU time would miss it. The bench reports them apart from the timed call.
 - ``run_slot(engine, model, prompts, config, pad_id, clock, lookups, tuning)`` ->
@@ -17,8 +17,9 @@ Contract:
   for each group it loads into free slots) timed inside it and summed. A request
   the engine reports as failed raises (the bench records the system as an error).
 
-Slots = the batch size, so every row is prefilled at once and the engine decodes
-one full batch, as the dynamic engine does: the two paths do the same work.
+The suite makes one engine with slots for its largest batch size; a batch of B
+rows then fills B slots at once and the engine decodes one full batch (bucket B),
+as the dynamic engine does: the two paths do the same work.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ ENGINES = ("auto", "dynamic", "static")
 ENGINE_NOTES = {
     "dynamic": "Engine dynamic: longdoc and longdoc-pld run stages.decoding.engine.decode (growing KV cache).",
     "static": "Engine static: longdoc and longdoc-pld run stages.decoding.slot_engine.SlotEngine (static KV "
-    "slots, bucketed steps, compiled as CUDA graphs on CUDA, eager on CPU), one per batch size and system "
-    "with slots = batch size; its construction + warm-up (compilation of every step shape) is warm_up_s, "
-    "outside every timed figure.",
+    "slots, bucketed steps, compiled as CUDA graphs on CUDA, eager on CPU), one engine for the whole run "
+    "with slots for the largest batch; its construction + warm-up (compilation of every step shape) is the "
+    "header's warm_up_s, outside every timed figure.",
 }
 
 # Our two systems (names as in results.SYSTEMS); drafts_for says how wide their steps get.

@@ -22,12 +22,13 @@ measured mean fed width is reported beside it.
 
 Engine (``--engine``, pipeline/bench/slot_systems.py): ``static`` runs longdoc and
 longdoc-pld on stages.decoding.slot_engine.SlotEngine (continuous batching over
-static KV slots, steps compiled as CUDA graphs on CUDA), one engine per (batch
-size, system) with slots = the batch size, made and warmed up (every step shape
-compiled) before that system's warm-up call; its seconds are ``warm_up_s``, never
-part of a timed figure. Its verify-width probe reuses the longdoc-pld engine (its
-compiled widths) with oracle drafts as above. ``dynamic`` runs them on
-stages.decoding.engine.decode. ``auto``: static on CUDA, dynamic on CPU.
+static KV slots, steps compiled as CUDA graphs on CUDA): ONE engine for the whole
+run, as one generate actor has, with slots for the largest batch size and widths up
+to the widest step; it is made and warmed up (every step shape compiled) before the
+first batch, its seconds are the header's ``warm_up_s``, never part of a timed
+figure. The verify-width probe uses it too, with oracle drafts as above.
+``dynamic`` runs them on stages.decoding.engine.decode. ``auto``: static on CUDA,
+dynamic on CPU.
 
 Nightly-job figures (docs/hour, $/1k documents) per system and batch size are
 derived from the timed calls (pipeline/bench/nightly.py).
@@ -209,19 +210,16 @@ def _system_record(run: Run, prefill_s: float | None, new_tokens: int, pld: bool
     return rec
 
 
-def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run], dict]:
-    """Every chosen system on one batch: (record, runs by system, the static longdoc-pld
-    engine when there is one: the verify-width probe reuses it). ``engine``: the dynamic
-    engine's state, or None for the static engine (see the module docstring)."""
+def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, static=None) -> tuple[dict, dict[str, Run]]:
+    """Every chosen system on one batch: (record, runs by system). ``engine``: the dynamic
+    engine's state, or None; ``static``: the run's one SlotEngine (see the module docstring)."""
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     warm_n = max(2, n // 4)
     pad, eos_id = tok.pad_token_id, tok.eos_token_id
-    slot: dict = {}  # static engine per system, made just before that system runs
-
     def call(system: str, tokens: int) -> Run:
-        if system in slot:
+        if static is not None and system in (GREEDY, PLD):
             cfg = greedy_config(tokens, eos) if system == GREEDY else pld_config(tokens, eos)
-            return run_slot(slot[system], model, prompts, cfg, pad, clock)
+            return run_slot(static, model, prompts, cfg, pad, clock)
         if system == "longdoc":
             return run_longdoc(engine, model, prompts, greedy_config(tokens, eos), pad, clock)
         if system == "longdoc-pld":
@@ -238,10 +236,8 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
             continue
         try:
             extra[system] = {}
-            if engine is None and system in (GREEDY, PLD):
-                slot[system], warm_s = make_slot_engine(model, len(prompts), drafts_for(system), s.prompt_tokens, n,
-                                                       s.compile)
-                extra[system] |= {"warm_up_s": warm_s, "engine": slot[system].describe()}
+            if static is not None and system in (GREEDY, PLD):
+                extra[system]["engine"] = static.describe()
             t = time.perf_counter()
             call(system, n if system == "hf-static-compiled" else warm_n)
             extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
@@ -253,21 +249,19 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
         except Exception as e:  # noqa: BLE001 - one failing system (OOM, compile error) must not stop the others
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)
-        if system != PLD:
-            slot.pop(system, None)  # its slots' memory back before the next system
         _free(device)
     prefill = next((runs[x].prefill_s for x in ("longdoc", "longdoc-pld") if x in runs), None)
     rec["prefill_s"] = prefill
     for system, run in runs.items():
         rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld") | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
-    return rec, runs, slot.get(PLD)
+    return rec, runs
 
 
 def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, clock, kind: str,
-                static_pld=None) -> dict:
+                static=None) -> dict:
     """ms per step of our loop at width 1 and at the verify widths (see the module docstring).
-    ``kind``: static | dynamic; ``static_pld``: the static longdoc-pld engine, when made."""
+    ``kind``: static | dynamic; ``static``: the run's SlotEngine."""
     out: dict = {}
     if greedy is None or greedy.prefill_s is None:
         return out
@@ -280,11 +274,7 @@ def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, cl
         probe = make_engine(model, device)
         runner = run_longdoc
     else:
-        probe = static_pld
-        if probe is None:
-            probe, warm_s = make_slot_engine(model, len(prompts), max(s.verify_widths) - 1, s.prompt_tokens,
-                                             s.new_tokens, s.compile)
-            out["warm_up_s"] = warm_s
+        probe = static
         runner = run_slot
     # Earliest match + k pad tokens after the greedy output: every emitted token's suffix
     # matches inside the copied output with >= k tokens after it, so drafts are full length.
@@ -349,19 +339,24 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     prompts = summary_prompts(tok, s.corpus, max(s.batch_sizes), s.prompt_tokens)
     kind = resolve_engine(s.engine, device)
     result["engine_kind"] = kind
-    engine = make_engine(model, device) if kind == "dynamic" else None  # static: one per batch size and system
+    engine = make_engine(model, device) if kind == "dynamic" else None
+    static = None
     if engine is not None:
         result["engine"] = "dynamic: " + (engine.describe() if hasattr(engine, "describe") else type(engine).__name__)
-    described: dict[str, None] = {}
+    elif GREEDY in s.systems or PLD in s.systems:
+        # One engine for every batch size and both systems, as one actor has: its slots
+        # hold the largest batch, its widths the widest step; batch and width are
+        # symbolic to the compiler, so its few graphs serve every run.
+        widest = max([drafts_for(PLD), *(w - 1 for w in s.verify_widths)])
+        static, warm_s = make_slot_engine(model, max(s.batch_sizes), widest, s.prompt_tokens, s.new_tokens, s.compile)
+        result["engine"] = f"static: {static.describe()}"
+        result["warm_up_s"] = warm_s
+        print(f"# static engine {static.describe()} warmed up in {warm_s:.1f}s", flush=True)
     for b in s.batch_sizes:
-        rec, runs, static_pld = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
+        rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock, static)
         rec["created_utc"] = result["created_utc"]
         rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
-        rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock, kind, static_pld)
-        del static_pld
-        if engine is None:
-            described |= {r["engine"]: None for r in rec["systems"].values() if "engine" in r}
-            result["engine"] = "static (SlotEngine per batch size and system): " + "; ".join(described)
+        rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock, kind, static)
         _derived(rec, runs, s, model, bandwidth)
         result["results"].append(rec)
         for x, r in rec["systems"].items():
