@@ -34,7 +34,7 @@ more than one token in the whole batch costs far more than a one-token step
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -237,6 +237,8 @@ def choose_width(
     cost: StepCost,
     min_gain: float,
     remaining: list[int] | None = None,
+    candidates: Sequence[int] | None = None,
+    fed_rows: int | None = None,
 ) -> int:
     """Step width T (1 + most drafts fed by a row) saving the most decode time.
 
@@ -250,6 +252,9 @@ def choose_width(
     At batch size 1 this is: expected accepted tokens x the cost of a step.
     ``remaining`` defaults to all rows critical. The step is widened only when it
     saves ``min_gain - 1`` of its own cost beyond breaking even.
+    ``candidates``: the widths allowed (default every width 2..longest + 1; the static
+    engine passes its width buckets); ``fed_rows``: rows a step computes (default the
+    rows drafting; the static engine computes its whole batch bucket, padding rows too).
     """
     longest = max(lengths, default=0)
     if longest == 0:
@@ -258,15 +263,21 @@ def choose_width(
     remaining = remaining if remaining is not None else [0] * rows
     top = max(remaining)
     critical = [i for i, r in enumerate(remaining) if r >= top - 2]
-    base = cost.predict(rows)
-    mu = (base - cost.predict(1)) / (rows - 1) if rows > 1 else 0.0
+    fed = fed_rows or rows
+    base = cost.predict(fed)
+    mu = (cost.predict(rows) - cost.predict(1)) / (rows - 1) if rows > 1 else 0.0
     batch_step = max(cost.predict(len(critical)) - mu * len(critical), 0.0)
     best_t, best_net = 1, 0.0
-    for width in range(2, longest + 2):
+    if candidates is None:
+        widths: Sequence[int] = range(2, longest + 2)
+    else:  # up to the first candidate holding the longest draft (its padding gets drafts too)
+        top = min((w for w in candidates if w >= longest + 1), default=max(candidates))
+        widths = [w for w in candidates if 1 < w <= top]
+    for width in widths:
         caps = [min(m, width - 1) for m in lengths]
         saved = mu * sum(model.expected(n, c) for c, n in zip(caps, ngrams, strict=True))
         saved += batch_step * model.expected_min([ngrams[i] for i in critical], [caps[i] for i in critical])
-        wide = cost.predict(rows * width)
+        wide = cost.predict(fed * width)
         net = saved - (wide - base) - (min_gain - 1.0) * wide
         if net > best_net:
             best_t, best_net = width, net

@@ -13,10 +13,13 @@ Loop (one decode batch, refilled as rows finish):
 1. refill: while slots are free and requests wait, prefill the next group (as many
    as there are free slots) and copy each row into a free slot (SlotCache.load);
    its first token comes from the prefill's logits.
-2. draft on the host (drafting.NgramIndex over the ORIGINAL prompt ids + output),
-   each row capped by its recent acceptance (adaptive.DraftLengths) when
-   ``config.adaptive``; the width is the bucket holding the longest draft, and rows
-   fill the padding with more of their own draft (padding is computed anyway).
+2. draft on the host (drafting.NgramIndex over the ORIGINAL prompt ids + output);
+   when ``config.adaptive``, each row is capped by its recent acceptance
+   (adaptive.DraftLengths) and the step's width is the bucket that saves the most
+   time by adaptive.choose_width (acceptance learned by matched suffix length, step
+   cost learned from this engine's own timed steps over batch bucket x width
+   tokens), so a wide step that would not pay for itself at a large batch is not
+   taken; rows fill the width with more of their own draft (it is computed anyway).
 3. one step over the first b slots (b: the batch bucket of the active rows);
    greedy acceptance is decided on the device and read back in ONE transfer
    (accepted counts + argmax); sampling applies verify.accept_sampled per row (the
@@ -39,7 +42,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stages.decoding.adaptive import DraftLengths, Tuning
+from stages.decoding.adaptive import (
+    AcceptanceModel,
+    DraftLengths,
+    StepCost,
+    Tuning,
+    choose_width,
+    default_cost_prior,
+    step_indicator,
+)
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafting import NgramIndex
 from stages.decoding.sampling import make_generators, target_probs
@@ -102,6 +113,10 @@ class SlotEngine:
         self.widths = width_buckets(max_drafts)
         self.tuning = tuning or Tuning()
         self.stats = SlotStats()
+        # What the engine learns across runs (one actor): step cost by tokens computed,
+        # acceptance by matched suffix length; they choose each step's width.
+        self.cost = StepCost(default_cost_prior(self.device.type), shape=step_indicator)
+        self.acceptance = AcceptanceModel()
 
     @property
     def slots(self) -> int:
@@ -171,8 +186,8 @@ class SlotEngine:
                 self.stats.max_active = max(self.stats.max_active, len(active))
                 if not active:
                     continue
-            drafts = self._drafts(active, lengths, config, k_max) if spec else [[] for _ in active]
-            done = self._verify_step(active, drafts, config, lengths, spec, emit)
+            drafts, ngrams = self._drafts(active, lengths, config, k_max, tuning) if spec else ([[]] * len(active), [])
+            done = self._verify_step(active, drafts, ngrams, config, lengths, spec, emit)
             for s in sorted(done, reverse=True):
                 self._leave(active, s)
         return results, errors
@@ -221,20 +236,29 @@ class SlotEngine:
                 continue
             yield [i], state
 
-    def _drafts(self, active: list[_Active], lengths: DraftLengths, config: DecodeConfig, k_max: int) -> list[list[int]]:
-        """Per active row, the drafts to feed (see the module docstring, step 2)."""
-        props = []
+    def _drafts(
+        self, active: list[_Active], lengths: DraftLengths, config: DecodeConfig, k_max: int, tuning: Tuning
+    ) -> tuple[list[list[int]], list[int]]:
+        """Per active row, the drafts to feed and the suffix length they matched (step 2)."""
+        props, ngrams = [], []
         for row in active:
             room = config.max_new_tokens - len(row.result.tokens) - 1  # the bonus token needs a slot
-            props.append(row.index.match(min(k_max, room))[0] if row.index is not None else [])
+            draft, n = row.index.match(min(k_max, room)) if row.index is not None else ([], 0)
+            props.append(draft)
+            ngrams.append(n)
         if not config.adaptive:
-            return props
-        capped = [p[: lengths.allowed(row.request)] for row, p in zip(active, props, strict=True)]
-        width = bucket(1 + max(map(len, capped)), self.widths)
-        return [p[: width - 1] for p in props]
+            return props, ngrams
+        allowed = [min(len(p), lengths.allowed(row.request)) for row, p in zip(active, props, strict=True)]
+        remaining = [config.max_new_tokens - len(row.result.tokens) for row in active]
+        width = choose_width(
+            allowed, ngrams, self.acceptance, self.cost, tuning.min_gain, remaining,
+            candidates=self.widths, fed_rows=bucket(len(active), self.batches),
+        )
+        return [p[: width - 1] for p in props], ngrams
 
-    def _verify_step(self, active, drafts, config, lengths, spec, emit) -> list[int]:
+    def _verify_step(self, active, drafts, ngrams, config, lengths, spec, emit) -> list[int]:
         """One step over the active rows; returns the slots whose rows finished."""
+        t_step = time.perf_counter()
         b = len(active)
         size = bucket(b, self.batches)
         width = bucket(1 + max(map(len, drafts)), self.widths)
@@ -251,6 +275,8 @@ class SlotEngine:
             logits = self.step.step(feed)[:b]  # [b, width, V]
             verdicts = [self._sample(logits[i], d, row.generator, config) for i, (row, d) in enumerate(zip(active, drafts, strict=True))]  # noqa: E501
             self.cache.advance(torch.tensor([a for a, _ in verdicts], device=self.device))
+        # The step has synchronised (its results are on the host): wall time is its cost.
+        self.cost.observe(size * width, time.perf_counter() - t_step)
         self.stats.steps += 1
         done = []
         for s, (row, d, (a, out)) in enumerate(zip(active, drafts, verdicts, strict=True)):
@@ -261,6 +287,7 @@ class SlotEngine:
             row.length += a + 1
             if spec:
                 lengths.update(row.request, len(d), a)
+                self.acceptance.update(ngrams[s], len(d), a)
             if emit(row, out):
                 done.append(s)
         return done

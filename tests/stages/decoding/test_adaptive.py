@@ -90,3 +90,19 @@ def test_step_cost_with_a_measured_kernel_shape():
             cost.observe(m, 0.1 + 0.002 * m + 0.06 * shape(m, 1.0))
     assert abs(cost.predict(4) - (0.1 + 0.008 + 0.006)) < 0.005
     assert abs(cost.predict(8) - (0.1 + 0.016 + 0.06)) < 0.005
+
+
+def test_width_on_buckets_and_padded_batches():
+    """The static engine: widths from its buckets, and a step computes its whole batch bucket."""
+    am = AcceptanceModel()
+    gpu = StepCost(prior=(0.002, 0.0))  # the CUDA prior: cost grows slowly with tokens fed
+    gpu.observe(1, 0.02)
+    # One row, 5 drafts, buckets (1, 2, 4, 8, 17): the bucket holding all of them is 8.
+    assert choose_width([5], [4], am, gpu, 1.05, candidates=(1, 2, 4, 8, 17)) == 8
+    assert choose_width([5], [4], am, gpu, 1.05, candidates=(1, 2, 4)) == 4
+    # 32 rows computed (a full bucket) but one row drafting with weak matches: at 17
+    # wide the step would cost ~2x for ~1 token saved, so the step stays plain.
+    rows = [16] + [0] * 31
+    assert choose_width(rows, [1] + [0] * 31, am, gpu, 1.05, candidates=(1, 2, 4, 8, 17), fed_rows=32) == 1
+    # The same single row alone in a bucket of 1: cheap to widen, worth it.
+    assert choose_width([16], [4], am, gpu, 1.05, candidates=(1, 2, 4, 8, 17), fed_rows=1) == 17
