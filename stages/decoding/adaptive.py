@@ -174,11 +174,13 @@ class StepCost:
         self._xty = [0.0] * 3
         self._ptx: list[list[float]] | None = None
         self._pty: list[float] = [0.0] * 3
+        self._fit: tuple[float, float, float] | None = None  # solved once per observation
 
     def _features(self, m: int) -> list[float]:
         return [1.0, float(m), self.shape(m)]
 
     def observe(self, fed: int, seconds: float) -> None:
+        self._fit = None
         if self._ptx is None:
             r, j = self.prior
             a = seconds / (1.0 + r * fed + j * self.shape(fed))
@@ -193,6 +195,7 @@ class StepCost:
                         self._ptx[i][k] += 0.25 * x[i] * x[k]
             return
         pred = self.predict(fed)
+        self._fit = None
         y = min(max(seconds, 0.3 * pred), 3.0 * pred)
         x = self._features(fed)
         f = self.forget
@@ -205,9 +208,11 @@ class StepCost:
         if self._ptx is None:
             r, j = self.prior
             return 1.0, r, j
-        m = [[self._xtx[i][k] + self._ptx[i][k] for k in range(3)] + [self._xty[i] + self._pty[i]] for i in range(3)]
-        a, c, j = _solve3(m)
-        return max(a, 1e-6), max(c, 0.0), max(j, 0.0)
+        if self._fit is None:
+            m = [[self._xtx[i][k] + self._ptx[i][k] for k in range(3)] + [self._xty[i] + self._pty[i]] for i in range(3)]  # noqa: E501
+            a, c, j = _solve3(m)
+            self._fit = max(a, 1e-6), max(c, 0.0), max(j, 0.0)
+        return self._fit
 
     def predict(self, fed: int) -> float:
         a, c, j = self.coefficients()
