@@ -21,16 +21,19 @@ Loop (one decode batch, refilled as rows finish):
    tokens), so a wide step that would not pay for itself at a large batch is not
    taken; rows fill the width with more of their own draft (it is computed anyway).
 3. one step over the first b slots (b: the batch bucket of the active rows);
-   greedy acceptance is decided on the device and read back in ONE transfer
-   (accepted counts + argmax); sampling applies verify.accept_sampled per row (the
-   same rule and random stream as engine.decode).
+   acceptance is decided on the device and read back in ONE transfer (accepted
+   counts + argmax for greedy; accepted counts + the sampled token for sampling,
+   device_sampling.py: Leviathan et al.'s rule with uniforms keyed by the request's
+   seed and output position, so a request samples the same text in any batch).
 4. finished rows leave: the last active row moves into the freed slot, so active
    rows stay packed at the front and the batch bucket shrinks with them.
 
 Greedy output equals engine.decode's (and reference.decode_plain's) token for
-token in fp32; with the same drafts (``adaptive=False``) sampling with the same
-seeds does too. In bf16 the step's reduction order differs from the dynamic path,
-so agreement is measured (``longdoc bench decode``), not assumed.
+token in fp32. Sampling follows the model's distribution exactly, like the dynamic
+engine, but draws other random numbers (keyed uniforms, not a generator stream), so
+the two engines sample different texts from the same seed. In bf16 the step's
+reduction order differs from the dynamic path, so greedy agreement is measured
+(``longdoc bench decode``), not assumed.
 """
 
 from __future__ import annotations
@@ -52,13 +55,13 @@ from stages.decoding.adaptive import (
     step_indicator,
 )
 from stages.decoding.config import DecodeConfig, RowResult
+from stages.decoding.device_sampling import sample_step
 from stages.decoding.drafting import NgramIndex
-from stages.decoding.sampling import make_generators, target_probs
+from stages.decoding.sampling import target_probs
 from stages.decoding.slot_step import SlotStep, batch_buckets, bucket, width_buckets
 from stages.decoding.slots import SlotCache
 from stages.decoding.state import PrefillState
 from stages.decoding.stops import StopChecker
-from stages.decoding.verify import accept_sampled
 
 Prefiller = Callable[[list[int]], PrefillState]
 
@@ -69,7 +72,7 @@ class _Active:
 
     request: int
     length: int  # slots filled (== SlotCache.length[slot] once the step is applied)
-    generator: torch.Generator | None
+    seed: int
     index: NgramIndex | None
     result: RowResult = field(default_factory=RowResult)
     first_at: float = 0.0
@@ -198,15 +201,16 @@ class SlotEngine:
         group = [pending.popleft() for _ in range(min(self.slots - len(active), len(pending)))]
         for idx, state in self._prefill_groups(group, prefill, errors):
             self.stats.refills += 1
-            gens = make_generators([seeds[i] for i in idx], self.device) if not config.greedy else [None] * len(idx)
             if config.greedy:
                 firsts = [[t] for t in state.last_logits.argmax(dim=-1).tolist()]
-            else:
-                probs0 = target_probs(state.last_logits, config.temperature, config.top_p)
-                firsts = [accept_sampled([], probs0[j : j + 1], [], gens[j])[1] for j in range(len(idx))]
+            else:  # position 0 of each request, drawn with its own seed (device_sampling.py)
+                probs0 = target_probs(state.last_logits, config.temperature, config.top_p)[:, None]  # [g, 1, V]
+                zeros = torch.zeros(len(idx), 1, dtype=torch.long, device=self.device)
+                _, tok = sample_step(probs0, zeros, zeros[:, 0] + 1, self._seeds([seeds[i] for i in idx]), zeros[:, 0])
+                firsts = [[t] for t in tok.tolist()]
             for j, req in enumerate(idx):
                 index = NgramIndex(list(lookups[req]), config.max_ngram, config.min_ngram, tuning.prefer) if spec else None  # noqa: E501
-                row = _Active(request=req, length=0, generator=gens[j], index=index)
+                row = _Active(request=req, length=0, seed=seeds[req], index=index)
                 if emit(row, firsts[j]):
                     continue  # finished on its first token: it never takes a slot
                 slot = len(active)
@@ -272,9 +276,13 @@ class SlotEngine:
             verdicts = [(r[0], d[: r[0]] + [r[1 + r[0]]]) for r, d in zip(packed, drafts, strict=True)]
             self.cache.advance(acc[:b])
         else:
-            logits = self.step.step(feed)[:b]  # [b, width, V]
-            verdicts = [self._sample(logits[i], d, row.generator, config) for i, (row, d) in enumerate(zip(active, drafts, strict=True))]  # noqa: E501
-            self.cache.advance(torch.tensor([a for a, _ in verdicts], device=self.device))
+            probs = target_probs(self.step.step(feed)[:b], config.temperature, config.top_p)  # [b, width, V]
+            start = torch.tensor([len(row.result.tokens) for row in active], device=self.device)
+            acc, tok = sample_step(probs, feed[:b], torch.tensor(n_fed[:b], device=self.device),
+                                   self._seeds([row.seed for row in active]), start)
+            packed = torch.stack([acc, tok], dim=1).tolist()  # the step's one host sync
+            verdicts = [(a, d[:a] + [t]) for (a, t), d in zip(packed, drafts, strict=True)]
+            self.cache.advance(acc)
         # The step has synchronised (its results are on the host): wall time is its cost.
         self.cost.observe(size * width, time.perf_counter() - t_step)
         self.stats.steps += 1
@@ -292,13 +300,9 @@ class SlotEngine:
                 done.append(s)
         return done
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, drafts: list[int], gen, config: DecodeConfig) -> tuple[int, list[int]]:
-        """Leviathan et al.'s rule for one row: logits [width, V] (its first 1 + len(drafts) count)."""
-        m = len(drafts)
-        probs = target_probs(logits[: m + 1], config.temperature, config.top_p)  # [m + 1, V]
-        p_draft = probs[torch.arange(m), drafts].tolist() if m else []
-        return accept_sampled(drafts, probs, p_draft, gen)
+    def _seeds(self, seeds: list[int]) -> torch.Tensor:
+        """Request seeds as a [g] long device tensor (device_sampling keys its uniforms on them)."""
+        return torch.tensor([int(x) % (1 << 63) for x in seeds], dtype=torch.long, device=self.device)
 
     def _leave(self, active: list[_Active], slot: int) -> None:
         """The row in ``slot`` finished: move the last active row into its slot."""

@@ -2,8 +2,8 @@
 
 Two decode slots and five requests, so rows finish, leave and their slots are
 refilled from the batch. In fp32 the static engine must write the same rows as the
-dynamic one (greedy with and without prompt lookup, and sampling), one row per
-request in order, with error rows kept as rows.
+dynamic one (greedy, with and without prompt lookup), one row per request in order,
+with error rows kept as rows; sampled rows depend on the request, not its batch.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from stages.rows import batch_to_rows, rows_to_batch
 
 RIVER = "The Elbe rises in the Giant Mountains and flows north to Hamburg and the sea. "
 TEXTS = ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe.", RIVER, "Elbe " * 30]
-VARIANTS = {
-    "greedy-plain": {"speculative": {"method": "none"}},
-    "greedy-lookup": {"speculative": {"method": "prompt_lookup", "adaptive": False}},
-    "sampling": {"speculative": {"method": "none"}, "temperature": 0.9, "seed": 3},
+GREEDY = {
+    "plain": {"speculative": {"method": "none"}},
+    "lookup": {"speculative": {"method": "prompt_lookup", "adaptive": False}},
 }
+# Every method with prompt lookup; plain greedy on two (the method matrix elsewhere covers the rest).
+CASES = [(m, "lookup") for m in method_names()] + [("none", "plain"), ("finch", "plain")]
 COMPARED = ("output_text", "output_tokens", "context_tokens", "prompt_tokens", "draft_tokens", "accepted_tokens")
 
 
@@ -44,11 +45,10 @@ def batches(method_env) -> dict[str, dict]:
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize(("method", "variant"), CASES)
 def test_static_engine_writes_the_rows_of_the_dynamic_one(method_env, batches, method, variant):
-    static = GenerateStage(_spec(method_env, method, "static", **VARIANTS[variant]))
-    dynamic = GenerateStage(_spec(method_env, method, "dynamic", **VARIANTS[variant]))
+    static = GenerateStage(_spec(method_env, method, "static", **GREEDY[variant]))
+    dynamic = GenerateStage(_spec(method_env, method, "dynamic", **GREEDY[variant]))
     assert static.slot_engine is not None and dynamic.slot_engine is None
     rows = batch_to_rows(static(batches[method]))
     ref = batch_to_rows(dynamic(batches[method]))
@@ -59,6 +59,19 @@ def test_static_engine_writes_the_rows_of_the_dynamic_one(method_env, batches, m
     assert static.slot_engine.stats.refills > 1  # five requests streamed through two slots
     for r in rows:
         assert r["e2e_s"] >= r["ttft_s"] > 0 and r["decode_steps"] >= 0
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", ["none", "finch"])
+def test_sampling_on_the_static_engine_is_per_request(method_env, batches, method):
+    """Sampled text depends on the request's seed, not on its batch (device_sampling.py)."""
+    stage = GenerateStage(_spec(method_env, method, "static", temperature=0.9, seed=3))
+    rows = batch_to_rows(stage(batches[method]))
+    assert all(r["error"] is None and 1 <= r["output_tokens"] <= 8 for r in rows)
+    alone = batch_to_rows(stage(rows_to_batch(batch_to_rows(batches[method])[3:4])))
+    assert alone[0]["output_text"] == rows[3]["output_text"]
+    greedy = batch_to_rows(GenerateStage(_spec(method_env, method, "static"))(batches[method]))
+    assert [r["output_text"] for r in rows] != [r["output_text"] for r in greedy]
 
 
 @pytest.mark.usefixtures("one_thread")

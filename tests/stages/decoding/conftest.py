@@ -27,3 +27,34 @@ def tiny_engine(tiny_model):
 @pytest.fixture(autouse=True)
 def _single_thread():
     yield from one_torch_thread()
+
+
+# ----------------------------------------------------------------------------- sampling checks
+# Shared by test_engine_sampling.py (dynamic engine) and test_slot_sampling.py (static).
+@pytest.fixture(scope="module")
+def small_vocab_model(tiny_llama_factory):
+    """A 16-token-vocabulary Llama; a larger init spreads the logits: peaked
+    distributions, so drafts are often accepted and often rejected."""
+    from sampling_stats import V
+
+    return tiny_llama_factory(V, seed=3, initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    import torch
+    from sampling_stats import V
+
+    return torch.randint(0, V, (20,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+@pytest.fixture(scope="module")
+def exact_marginals(small_vocab_model, prompt):
+    """Exact marginals ([V], [V]) of the 2nd and 3rd generated tokens, by enumeration."""
+    from sampling_stats import V, probs_after
+
+    p1 = probs_after(small_vocab_model, [prompt])[0]  # [V]
+    p2 = probs_after(small_vocab_model, [prompt + [a] for a in range(V)])  # [V, V]
+    p3 = probs_after(small_vocab_model, [prompt + [a, b] for a in range(V) for b in range(V)])  # [V*V, V]
+    joint12 = p1[:, None] * p2  # [V, V]
+    return joint12.sum(0), joint12.flatten() @ p3

@@ -3,20 +3,16 @@
 fp32, tiny random Llama: greedy output must equal reference.decode_plain token for
 token with and without prompt lookup, for mixed prompt lengths, rows finishing at
 different steps, fewer slots than requests (slots refilled), compressed caches with
-holes (Finch), and sampling must equal engine.decode seed for seed when both draft
-the same tokens.
+holes (Finch); a request must sample the same text in any batch (the chi-square
+test of its distribution is in test_slot_sampling.py).
 """
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import decode
-from stages.decoding.engine_state import EngineState
 from stages.decoding.reference import decode_plain
 from stages.decoding.slot_engine import SlotEngine
 from stages.decoding.state import prefill_full
@@ -106,18 +102,24 @@ def test_compressed_cache_with_holes(tiny_model, prompts, plain_runs):
 
 
 @pytest.mark.parametrize("speculative", ["none", "prompt_lookup"])
-def test_sampling_matches_dynamic_engine_seed_for_seed(tiny_model, prompts, plain_runs, speculative):
+def test_a_request_samples_the_same_text_in_any_batch(tiny_model, prompts, plain_runs, speculative):
+    """Uniforms keyed by (seed, position): slots, batch mates and admission order do not matter."""
     cfg = DecodeConfig(
-        max_new_tokens=14, eos_ids=NO_EOS, temperature=0.9, top_p=0.8, speculative=speculative, adaptive=False,
+        max_new_tokens=14, eos_ids=NO_EOS, temperature=0.9, top_p=0.8, speculative=speculative, num_draft_tokens=4,
     )
     seeds = [11 + i for i in range(len(prompts))]
     lookup = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
-    state = prefill_full(tiny_model, prompts, 0)
-    dyn = decode(EngineState(tiny_model), copy.deepcopy(state), lookup, cfg, seeds=seeds)
-    eng = SlotEngine(tiny_model, slots=3, max_drafts=8)
-    out, _ = eng.run(lookup, seeds, _prefill(tiny_model, prompts), cfg)
-    assert [r.tokens for r in out] == [r.tokens for r in dyn]
-    assert [r.tokens for r in out] != plain_runs  # it did sample
+    together, _ = SlotEngine(tiny_model, slots=3, max_drafts=4).run(lookup, seeds, _prefill(tiny_model, prompts), cfg)
+    order = list(reversed(range(len(prompts))))
+    rev = [prompts[i] for i in order]
+    alone, _ = SlotEngine(tiny_model, slots=1, max_drafts=4).run(
+        [lookup[i] for i in order], [seeds[i] for i in order], _prefill(tiny_model, rev), cfg
+    )
+    assert [r.tokens for r in together] == [alone[order.index(i)].tokens for i in range(len(prompts))]
+    assert [r.tokens for r in together] != plain_runs[: len(prompts)]  # it did sample
+    other, _ = SlotEngine(tiny_model, slots=3, max_drafts=4).run(lookup, [s + 1 for s in seeds],
+                                                                  _prefill(tiny_model, prompts), cfg)
+    assert [r.tokens for r in other] != [r.tokens for r in together]  # the seed matters
 
 
 def test_a_failing_prefill_fails_only_its_request(tiny_model, prompts):

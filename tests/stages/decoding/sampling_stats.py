@@ -1,0 +1,37 @@
+"""Shared pieces of the sampling-distribution tests (dynamic and static engines).
+
+A tiny Llama with a 16-token vocabulary makes the exact distribution of the first
+generated tokens computable by enumeration; ``chi2_excess`` compares counts with it.
+The fixtures (small_vocab_model, prompt, exact_marginals) live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from stages.decoding.sampling import target_probs
+
+V, ROWS, TEMP, TOP_P = 16, 3000, 1.0, 0.95
+
+
+def probs_after(model, seqs: list[list[int]]) -> torch.Tensor:
+    """Target distributions [N, V] of the token after each sequence."""
+    with torch.inference_mode():
+        logits = model(torch.tensor(seqs)).logits[:, -1]
+    return target_probs(logits, TEMP, TOP_P)
+
+
+def chi2_excess(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square statistic over its p = 1e-4 critical value (> 1: reject)."""
+    expected = probs * counts.sum()
+    big = expected >= 5  # pool rare cells into one
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    z = 3.719  # one-sided normal quantile for 1e-4; Wilson-Hilferty approximation
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat / crit
