@@ -51,6 +51,10 @@ class Tuning:
     min_gain: float = 1.05  # a wider step must promise this much more throughput
     compact_min_holes: int = 64  # compact the cache once holes exceed this many slots
     compact_fraction: float = 0.125  # ... and this fraction of the cache length
+    # Static engine: every this many steps, feed the drafts the rows may ask for even
+    # when the models say it does not pay, so both models keep learning (a model that
+    # never sees a wide step or an accepted 1-gram draft never changes its mind).
+    explore_every: int = 16
 
 
 class DraftLengths:

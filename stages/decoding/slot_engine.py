@@ -19,7 +19,9 @@ Loop (one decode batch, refilled as rows finish):
    time by adaptive.choose_width (acceptance learned by matched suffix length, step
    cost learned from this engine's own timed steps over batch bucket x width
    tokens), so a wide step that would not pay for itself at a large batch is not
-   taken; rows fill the width with more of their own draft (it is computed anyway).
+   taken; every ``Tuning.explore_every``-th step feeds what the rows may draft anyway,
+   so the models keep learning; rows fill the width with more of their own draft
+   (it is computed anyway).
 3. one step over the first b slots (b: the batch bucket of the active rows);
    acceptance is decided on the device and read back in ONE transfer (accepted
    counts + argmax for greedy; accepted counts + the sampled token for sampling,
@@ -120,6 +122,7 @@ class SlotEngine:
         # acceptance by matched suffix length; they choose each step's width.
         self.cost = StepCost(default_cost_prior(self.device.type), shape=step_indicator)
         self.acceptance = AcceptanceModel()
+        self._draft_steps = 0  # steps that could draft, across runs (for exploration)
 
     @property
     def slots(self) -> int:
@@ -253,11 +256,15 @@ class SlotEngine:
         if not config.adaptive:
             return props, ngrams
         allowed = [min(len(p), lengths.allowed(row.request)) for row, p in zip(active, props, strict=True)]
-        remaining = [config.max_new_tokens - len(row.result.tokens) for row in active]
-        width = choose_width(
-            allowed, ngrams, self.acceptance, self.cost, tuning.min_gain, remaining,
-            candidates=self.widths, fed_rows=bucket(len(active), self.batches),
-        )
+        self._draft_steps += 1
+        if tuning.explore_every and self._draft_steps % tuning.explore_every == 0:
+            width = bucket(1 + max(allowed), self.widths)  # explore (see Tuning.explore_every)
+        else:
+            remaining = [config.max_new_tokens - len(row.result.tokens) for row in active]
+            width = choose_width(
+                allowed, ngrams, self.acceptance, self.cost, tuning.min_gain, remaining,
+                candidates=self.widths, fed_rows=bucket(len(active), self.batches),
+            )
         return [p[: width - 1] for p in props], ngrams
 
     def _verify_step(self, active, drafts, ngrams, config, lengths, spec, emit) -> list[int]:

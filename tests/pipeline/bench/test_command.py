@@ -89,9 +89,11 @@ def test_tiny_cpu_run_on_the_static_slot_engine(tmp_path):
             assert s["status"] == "ok" and s["tokens"] == 24 * b, (name, s)
             assert s["engine"].startswith("static slots (4 x ")
         assert "warm_up_s" not in rec["systems"]["hf-dynamic"]
-        # Drafts were proposed and some rejected, so PLD = greedy is a real check (fp32: exact).
+        # Drafts were fed and accepted, so PLD = greedy is a real check (fp32: exact); the
+        # adaptive width feeds mostly drafts it trusts, so rejections are rare here (their
+        # rollback is tested in tests/stages/decoding/test_slot_engine.py).
         pld = rec["systems"]["longdoc-pld"]
-        assert pld["drafted"] > 0 and 0 < pld["accepted"] < pld["drafted"]
+        assert pld["drafted"] > 0 and 0 < pld["accepted"] <= pld["drafted"]
         assert rec["agreement_dtype"] == "torch.float32"
         ag = rec["agreement_with_longdoc"]
         assert ag["longdoc-pld"]["rows_identical"] == 1.0 and ag["longdoc-pld"]["first_divergence"] is None
