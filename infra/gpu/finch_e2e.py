@@ -1,0 +1,168 @@
+"""Finch end to end vs full context: prefill (or compress) + decode N tokens, one document.
+
+Issue 12's target: Finch 8k -> 1k on the GPU, end to end (compress + decode 128), <= 0.7x
+full-context prefill + decode. `longdoc bench compress` times the prefill alone; this
+adds the decode, through the same engine for both rows.
+
+One long document of ``--doc-tokens`` tokens (the texts of ``--corpus`` concatenated in
+name order, pipeline.bench.compress.corpus_tokens), wrapped as a summary prompt. Per
+repeat, interleaved: ``full`` = prefill_full of the whole prompt, then greedy decode of
+``--new-tokens`` tokens (EOS ignored: fixed work); ``finch`` = finch_prefill to
+``--target`` KV entries (chunk ``--chunk``, the spec defaults otherwise: calibrated heads,
+early exit), then the same decode. Engine: ``static`` (SlotEngine, one slot, capacity for
+the full prompt; compiled per ``--compile``; its warm-up is reported, never timed) or
+``dynamic`` (stages.decoding.engine.decode); ``auto`` = static on CUDA, dynamic on CPU.
+Times are wall seconds after a device synchronize; the figures are medians over
+``--repeats`` after one warm-up call of each. Writes ``--out`` (JSON) and prints a
+Markdown table.
+
+    python3 infra/gpu/finch_e2e.py --device cuda --doc-tokens 8000 --target 1024 --out finch-e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Run as a script from the repository root: make its packages importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pipeline.bench.compress import corpus_tokens  # noqa: E402
+from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION, EMBEDDED_MODEL  # noqa: E402
+from stages.compression.finch import FinchCompression  # noqa: E402
+from stages.decoding.config import DecodeConfig  # noqa: E402
+from stages.decoding.state import prefill_full  # noqa: E402
+from stages.finch import finch_prefill  # noqa: E402
+from stages.model_loading import load_causal_lm  # noqa: E402
+from stages.prompting import PromptBuilder  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--model", default=EMBEDDED_MODEL)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--doc-tokens", type=int, default=8000)
+    ap.add_argument("--target", type=int, default=1024)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", default="auto", choices=("auto", "static", "dynamic"))
+    ap.add_argument("--compile", default="auto", help="static engine: auto | inductor | cudagraphs | off")
+    ap.add_argument("--corpus", default="jobs/corpus")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if a.repeats < 1 or a.new_tokens < 1 or a.target < 1:
+        raise ValueError(f"--repeats {a.repeats}, --new-tokens {a.new_tokens}, --target {a.target}: allowed: >= 1")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    engine_kind = a.engine if a.engine != "auto" else ("static" if device.type == "cuda" else "dynamic")
+
+    lm, tok = load_causal_lm(a.model, a.dtype, device)
+    builder = PromptBuilder(tok)
+    parts = builder.build(corpus_tokens(a.corpus, a.doc_tokens, builder), DEFAULT_SUMMARY_INSTRUCTION, None)
+    window = int(lm.config.max_position_embeddings)
+    if len(parts) > window:
+        raise ValueError(f"--doc-tokens {a.doc_tokens}: the prompt is {len(parts)} tokens, over the model's "
+                         f"window {window}; full prefill would run past it")
+    pad = tok.pad_token_id
+    finch_cfg = FinchCompression(target_tokens=a.target, chunk_tokens=a.chunk)
+    cfg = DecodeConfig(max_new_tokens=a.new_tokens, eos_ids=frozenset())  # fixed work
+    lookups = [list(parts.full_ids)]
+
+    warm_up_s = 0.0
+    if engine_kind == "static":
+        from stages.decoding.slot_engine import SlotEngine
+
+        t0 = time.perf_counter()
+        slot = SlotEngine(lm, slots=1, max_drafts=0, capacity=len(parts) + a.new_tokens + 2, compile=a.compile)
+        slot.warm_up(greedy=True, max_drafts=0)
+        _sync(device)
+        warm_up_s = time.perf_counter() - t0
+        how = slot.describe()
+    else:
+        from stages.decoding.engine_state import EngineState
+
+        dyn = EngineState(lm, device)
+        how = "dynamic (stages.decoding.engine.decode)"
+
+    def one(method: str) -> dict:
+        times = {"prefill_s": 0.0}
+
+        def prefill(_indices: list[int]):
+            _sync(device)
+            t = time.perf_counter()
+            if method == "full":
+                state = prefill_full(lm, [parts.full_ids], pad)
+            else:
+                state = finch_prefill(lm, [parts], finch_cfg, pad).state
+            _sync(device)
+            times["prefill_s"] += time.perf_counter() - t
+            return state
+
+        _sync(device)
+        t0 = time.perf_counter()
+        if engine_kind == "static":
+            results, errors = slot.run(lookups, [0], prefill, cfg)
+            if errors[0] is not None:
+                raise errors[0]
+            tokens = results[0].tokens
+        else:
+            from stages.decoding.engine import decode
+
+            tokens = decode(dyn, prefill([0]), lookups, cfg)[0].tokens
+        _sync(device)
+        total = time.perf_counter() - t0
+        return {"e2e_s": total, "prefill_s": times["prefill_s"], "decode_s": total - times["prefill_s"],
+                "new_tokens": len(tokens), "head": tok.decode(tokens[:24])}
+
+    for method in ("full", "finch"):  # warm-up: kernels, allocator, the calibrated heads file
+        one(method)
+    runs: dict[str, list[dict]] = {"full": [], "finch": []}
+    for _ in range(a.repeats):
+        for method in ("full", "finch"):
+            runs[method].append(one(method))
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("e2e_s", "prefill_s", "decode_s")}
+           for m, rs in runs.items()}
+    ratio = med["finch"]["e2e_s"] / med["full"]["e2e_s"]
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "model": a.model, "dtype": str(next(lm.parameters()).dtype),
+        "prompt_tokens": len(parts), "doc_tokens": a.doc_tokens, "target": a.target, "chunk": a.chunk,
+        "new_tokens": a.new_tokens, "repeats": a.repeats, "engine": how, "warm_up_s": round(warm_up_s, 2),
+        "median": med, "finch_over_full_e2e": ratio, "target_met": ratio <= 0.7, "runs": runs,
+        "command": " ".join(sys.argv),
+    }
+    print(f"# Finch end to end on {result['device']} ({result['dtype']}, {how}, warm-up {warm_up_s:.1f} s)")
+    print(f"{len(parts)}-token prompt, Finch -> {a.target} (chunk {a.chunk}), {a.new_tokens} new tokens, "
+          f"median of {a.repeats}")
+    print("| method | prefill/compress s | decode s | end to end s |\n|---|---:|---:|---:|")
+    for m in ("full", "finch"):
+        print(f"| {m} | {med[m]['prefill_s']:.3f} | {med[m]['decode_s']:.3f} | {med[m]['e2e_s']:.3f} |")
+    print(f"finch / full end to end: {ratio:.2f}x (issue 12 target <= 0.7x: {'met' if ratio <= 0.7 else 'NOT met'})")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

