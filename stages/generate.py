@@ -157,40 +157,18 @@ class GenerateStage:
     def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
         if self.slot_engine is not None:
             return self._generate_slots(rows)
-        parts = [
-            self.prompts.build(
-                r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
-                r["instruction"],
-                r.get("question"),
-            )
-            for r in rows
-        ]
+        parts = self._prompt_parts(rows)
         compressed = self._prefill(parts)
-        lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
-        seeds = [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
+        lookup, seeds = self._lookups_and_seeds(parts, rows)
         results = decode(
-            self.engine,
-            compressed.state,
-            lookup,
-            self.decode_config,
-            seeds=seeds,
-            decode_text=self._decode_text,
+            self.engine, compressed.state, lookup, self.decode_config, seeds=seeds, decode_text=self._decode_text,
         )
-        outs: list[OutputRow] = []
-        for b, (row, res) in enumerate(zip(rows, results)):
-            strategy_s = compressed.compress_s[b]
-            prompt_tokens = len(parts[b].prefix_ids) + compressed.context_tokens[b] + len(parts[b].query_ids)
-            outs.append(
-                self._output_row(
-                    row,
-                    res,
-                    context_tokens=compressed.context_tokens[b],
-                    prompt_tokens=prompt_tokens,
-                    extra_compress_s=strategy_s,
-                    prefill_s=compressed.state.prefill_s,
-                )
+        return [
+            self._success_row(
+                row, res, parts[b], compressed.context_tokens[b], compressed.compress_s[b], compressed.state.prefill_s
             )
-        return outs
+            for b, (row, res) in enumerate(zip(rows, results))
+        ]
 
     def _generate_slots(self, rows: list[GenerateInput]) -> list[OutputRow]:
         """Continuous batching on the static engine: the batch's requests stream through its slots.
@@ -198,14 +176,7 @@ class GenerateStage:
         Each group of newcomers is prefilled by the compression method when slots free
         up; a request whose prefill fails becomes an error row, the others go on.
         """
-        parts = [
-            self.prompts.build(
-                r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
-                r["instruction"],
-                r.get("question"),
-            )
-            for r in rows
-        ]
+        parts = self._prompt_parts(rows)
         done: dict[int, tuple[int, float, float]] = {}  # request -> (context tokens, compress s, prefill s)
 
         def prefill(idx: list[int]):
@@ -214,8 +185,7 @@ class GenerateStage:
                 done[i] = (compressed.context_tokens[j], compressed.compress_s[j], compressed.state.prefill_s)
             return compressed.state
 
-        lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
-        seeds = [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
+        lookup, seeds = self._lookups_and_seeds(parts, rows)
         results, errors = self.slot_engine.run(lookup, seeds, prefill, self.decode_config, self._decode_text)
         outs: list[OutputRow] = []
         for i, (row, res, err) in enumerate(zip(rows, results, errors)):
@@ -223,16 +193,34 @@ class GenerateStage:
                 err = err or RuntimeError("the engine returned no result")
                 msg = f"generate: {type(err).__name__}: {err}"
                 outs.append(self._output_row(row, None, error=msg, error_kind=out_schema.classify_error(err)))
-                continue
-            ctx, compress_s, prefill_s = done[i]
-            prompt_tokens = len(parts[i].prefix_ids) + ctx + len(parts[i].query_ids)
-            outs.append(
-                self._output_row(
-                    row, res, context_tokens=ctx, prompt_tokens=prompt_tokens,
-                    extra_compress_s=compress_s, prefill_s=prefill_s,
-                )
-            )
+            else:
+                outs.append(self._success_row(row, res, parts[i], *done[i]))
         return outs
+
+    def _prompt_parts(self, rows: list[GenerateInput]) -> list:
+        """The chat prompt of each row around its (possibly text-compressed) context."""
+        return [
+            self.prompts.build(
+                r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
+                r["instruction"],
+                r.get("question"),
+            )
+            for r in rows
+        ]
+
+    def _lookups_and_seeds(self, parts: list, rows: list[GenerateInput]) -> tuple[list[list[int]], list[int]]:
+        """Prompt lookup's source (the ORIGINAL document in the prompt) and the per-request seed."""
+        lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
+        return lookup, [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
+
+    def _success_row(
+        self, row: GenerateInput, res: RowResult, part, context_tokens: int, compress_s: float, prefill_s: float
+    ) -> OutputRow:
+        prompt_tokens = len(part.prefix_ids) + context_tokens + len(part.query_ids)
+        return self._output_row(
+            row, res, context_tokens=context_tokens, prompt_tokens=prompt_tokens,
+            extra_compress_s=compress_s, prefill_s=prefill_s,
+        )
 
     def _decode_text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -35,3 +35,15 @@ def chi2_excess(counts: torch.Tensor, probs: torch.Tensor) -> float:
     z = 3.719  # one-sided normal quantile for 1e-4; Wilson-Hilferty approximation
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
     return stat / crit
+
+
+def second_third_counts(results) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Counts [V] of the 2nd and 3rd generated tokens over ``results`` (RowResults), and
+    the drafts fed; checks that drafts were both accepted and rejected often enough
+    for the test to see the acceptance rule at work."""
+    t2 = torch.bincount(torch.tensor([r.tokens[1] for r in results]), minlength=V).double()
+    t3 = torch.bincount(torch.tensor([r.tokens[2] for r in results]), minlength=V).double()
+    drafted = sum(r.draft_tokens for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    assert accepted > len(results) // 10 and drafted - accepted > len(results) // 10
+    return t2, t3, drafted

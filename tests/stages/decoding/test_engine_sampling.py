@@ -11,7 +11,7 @@ acceptance rule, which shows it has the power to catch one.
 from __future__ import annotations
 
 import torch
-from sampling_stats import ROWS, TEMP, TOP_P, V, chi2_excess
+from sampling_stats import ROWS, TEMP, TOP_P, chi2_excess, second_third_counts
 
 from stages.decoding import engine
 from stages.decoding.config import DecodeConfig
@@ -27,12 +27,7 @@ def _sample(model, prompt) -> tuple[torch.Tensor, torch.Tensor, int]:
     )
     state = prefill_full(model, [prompt] * ROWS, 0)
     out = decode(EngineState(model), state, [list(prompt)] * ROWS, cfg, seeds=list(range(ROWS)))
-    t2 = torch.bincount(torch.tensor([r.tokens[1] for r in out]), minlength=V).double()
-    t3 = torch.bincount(torch.tensor([r.tokens[2] for r in out]), minlength=V).double()
-    drafted = sum(r.draft_tokens for r in out)
-    rejected = drafted - sum(r.accepted_tokens for r in out)
-    assert sum(r.accepted_tokens for r in out) > ROWS // 10 and rejected > ROWS // 10
-    return t2, t3, drafted
+    return second_third_counts(out)
 
 
 def test_speculative_sampling_matches_model_distribution(small_vocab_model, prompt, exact_marginals):

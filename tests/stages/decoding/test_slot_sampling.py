@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_stats import ROWS, TEMP, TOP_P, V, chi2_excess
+from sampling_stats import ROWS, TEMP, TOP_P, chi2_excess, second_third_counts
 
 from stages.decoding import device_sampling
 from stages.decoding.config import DecodeConfig
@@ -26,12 +26,7 @@ def _sample(model, prompt) -> tuple[torch.Tensor, torch.Tensor, int]:
     )
     eng = SlotEngine(model, slots=ROWS, max_drafts=3, capacity=32)
     out, _ = eng.run([list(prompt)] * ROWS, list(range(ROWS)), lambda idx: prefill_full(model, [prompt] * len(idx), 0), cfg)
-    t2 = torch.bincount(torch.tensor([r.tokens[1] for r in out]), minlength=V).double()
-    t3 = torch.bincount(torch.tensor([r.tokens[2] for r in out]), minlength=V).double()
-    drafted = sum(r.draft_tokens for r in out)
-    rejected = drafted - sum(r.accepted_tokens for r in out)
-    assert sum(r.accepted_tokens for r in out) > ROWS // 10 and rejected > ROWS // 10
-    return t2, t3, drafted
+    return second_third_counts(out)
 
 
 def test_on_device_speculative_sampling_matches_model_distribution(small_vocab_model, prompt, exact_marginals):
