@@ -73,3 +73,17 @@ def text_stages(spec: dict[str, Any]) -> list[Callable]:
     if method.runs_at == "text_stage":
         stages.append(method.stage_class()(spec))
     return stages
+
+
+def method_batches(env: MethodEnv, texts: list[str]) -> dict[str, dict]:
+    """Per registered method: a batch of requests over ``texts`` after the stages before generate."""
+    from stages.compression import method_names
+    from stages.rows import rows_to_batch
+
+    out = {}
+    for m in method_names():
+        batch = rows_to_batch([request(i, t) for i, t in enumerate(texts)])
+        for stage in text_stages(env.spec(m)):
+            batch = stage(batch)
+        out[m] = batch
+    return out

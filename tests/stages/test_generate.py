@@ -4,7 +4,7 @@ every compression method x prompt lookup on/off x greedy/sampling."""
 from __future__ import annotations
 
 import pytest
-from method_cases import request, text_stages
+from method_cases import method_batches
 
 from schemas.loading import spec_from_dict
 from schemas.output import OUTPUT_COLUMNS
@@ -102,14 +102,7 @@ RIVER = "The Elbe rises in the Giant Mountains and flows north to Hamburg and th
 @pytest.fixture(scope="module")
 def method_inputs(method_env) -> dict[str, dict]:
     """Per method: a batch of three requests after the stages before generate."""
-    texts = ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe."]
-    out = {}
-    for m in method_names():
-        batch = rows_to_batch([request(i, t) for i, t in enumerate(texts)])
-        for stage in text_stages(method_env.spec(m)):
-            batch = stage(batch)
-        out[m] = batch
-    return out
+    return method_batches(method_env, ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe."])
 
 
 @pytest.fixture(scope="module")

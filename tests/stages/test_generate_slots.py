@@ -9,7 +9,7 @@ with error rows kept as rows; sampled rows depend on the request, not its batch.
 from __future__ import annotations
 
 import pytest
-from method_cases import request, text_stages
+from method_cases import method_batches, request, text_stages
 
 from schemas.loading import spec_from_dict
 from stages.compression import method_names
@@ -35,13 +35,7 @@ def _spec(method_env, method: str, engine: str, **gen) -> dict:
 
 @pytest.fixture(scope="module")
 def batches(method_env) -> dict[str, dict]:
-    out = {}
-    for m in method_names():
-        batch = rows_to_batch([request(i, t) for i, t in enumerate(TEXTS)])
-        for stage in text_stages(method_env.spec(m)):
-            batch = stage(batch)
-        out[m] = batch
-    return out
+    return method_batches(method_env, TEXTS)
 
 
 @pytest.mark.usefixtures("one_thread")
