@@ -154,12 +154,17 @@ part_b() {  # AutoCompressor: probe the step time, train to the budget, export, 
   local left=$((TOTAL - (SECONDS - T0) - reserve - 45 - load))  # 45 s: export, plot, NLL check
   local budget=${TRAIN_S:-$left}
   ((budget > left)) && budget=$left
-  local steps=${TRAIN_STEPS:-$("$PY" -c "print(max(20, min(20000, int(0.9 * $budget / $s_step) // 10 * 10)))")}
+  ((budget < 30)) && { say "b: training skipped: ${budget}s left"; return 0; }
+  # At most AC_MAX_EPOCHS passes over the corpus (2 M tokens: many passes overfit it).
+  local blocks epoch_cap
+  blocks=$(grep -o 'blocks=[0-9]*' "$OUT/session.log" 2>/dev/null | tail -1 | cut -d= -f2)
+  epoch_cap=$(( ${AC_MAX_EPOCHS:-8} * ${blocks:-1000000} / ${AC_BATCH:-8} ))
+  local steps=${TRAIN_STEPS:-$("$PY" -c "print(max(20, min(20000, $epoch_cap, int(0.9 * $budget / $s_step)) // 10 * 10))")}
   ((DRY)) && steps=${TRAIN_STEPS:-3}
   local warm=$(( steps / 20 > 1 ? steps / 20 : 1 ))
-  say "b: ${s_step} s/step (probe), load ${load}s, budget ${budget}s -> --steps $steps --warmup-steps $warm"
+  say "b: ${s_step} s/step (probe), load ${load}s, budget ${budget}s, ${blocks:-?} blocks (cap $epoch_cap steps) -> --steps $steps --warmup-steps $warm"
   # shellcheck disable=SC2046
-  echo "${TRAIN[*]} --data $data --out ac-run $(train_args) --warmup-steps $warm --steps $steps --log-every 10 --save-every $((steps / 4 > 1 ? steps / 4 : 1))" >"$WORK/ac-command.txt"
+  echo "longdoc train-autocompressor --data out/ac-corpus/train.jsonl --out out/ac-smollm2-gpu $(train_args) --warmup-steps $warm --steps $steps --log-every 10 --save-every $((steps / 4 > 1 ? steps / 4 : 1))" >"$WORK/ac-command.txt"
   # shellcheck disable=SC2046
   run_capped b-train $((budget + load + 20)) $((reserve + 45)) "${TRAIN[@]}" --data "$data" --out "$WORK/ac-run" \
     $(train_args) --warmup-steps "$warm" --steps "$steps" --log-every 10 --save-every $((steps / 4 > 1 ? steps / 4 : 1))
