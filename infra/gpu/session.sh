@@ -209,7 +209,7 @@ case "${1:-}" in
     say "more ${2:-?}: device $DEV, budget ${TOTAL}s"
     prepare || exit 3
     case "${2:-}" in
-      a) A_FP32_S=${A_FP32_S:-330} A_BF16_S=${A_BF16_S:-200} part_a1 30; part_a2 0 ;;
+      a) A_FP32_S=${A_FP32_S:-330} A_BF16_S=${A_BF16_S:-200} part_a1 150; part_a2 0 ;;
       a-fp32) A_FP32_S=${A_FP32_S:-540} part_a1 0 ;;
       a-bf16) A_BF16_S=${A_BF16_S:-540} part_a2 0 ;;
       b) part_b 0 ;;
