@@ -48,7 +48,7 @@ BENCH_DIR := .bench
 BENCH_OUT ?= jobs/results/bench-decode
 BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50
 PACK_PY_VERSION ?= 3.12
-PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection
+PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
 
 bench-gpu:
 	@$(GPU_PY) -c "import pydantic" 2>/dev/null || $(GPU_PY) -c "import sys; sys.path.insert(0, '$(BENCH_DIR)/site'); import pydantic" 2>/dev/null \

@@ -73,14 +73,27 @@ def embedded_model_dir() -> Path:
         # fp32, so write them directly (save_model handles the tied embeddings).
         save_model(model, str(tmp / "model.safetensors"))
         _strip_quantization_config(tmp / "config.json")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race
-            if not (target / "model.safetensors").is_file():
-                raise
+        publish_model_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def publish_model_dir(tmp: Path, target: Path) -> None:
+    """Make the converted model in ``tmp`` appear at ``target`` all at once.
+
+    A rename when ``target`` does not exist. When it does: keep it if it holds the
+    weights (another process won the race); else (a tokenizer-only cache, e.g. made
+    by `make bench-gpu-pack`) move the files in, the weights last, so a reader that
+    sees the weights sees their config too.
+    """
+    try:
+        tmp.rename(target)
+    except OSError:
+        if (target / "model.safetensors").is_file():
+            return
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "model.safetensors"):
+            os.replace(f, target / f.name)
 
 
 def _strip_quantization_config(config_path: Path) -> None:

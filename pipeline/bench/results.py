@@ -43,6 +43,8 @@ def slug(text: str) -> str:
 
 def result_paths(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     stem = f"decode-{slug(result['device']['name'])}-{slug(result['model']['name'])}"
+    if result.get("settings", {}).get("dtype", "auto") != "auto":  # an fp32 and a bf16 run do not collide
+        stem += f"-{slug(result['settings']['dtype'])}"
     out = Path(out_dir)
     return out / f"{stem}.json", out / f"{stem}.md"
 

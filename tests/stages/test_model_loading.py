@@ -31,3 +31,31 @@ def test_auto_dtype_by_device_and_size():
 def test_unknown_dtype_names_the_allowed_ones():
     with pytest.raises(ValueError, match="allowed: auto, float32, bfloat16, float16"):
         resolve_dtype("fp8", torch.device("cpu"))
+
+
+def test_publish_into_a_tokenizer_only_cache(tmp_path):
+    from stages.model_loading import publish_model_dir
+
+    target = tmp_path / "smollm2"
+    target.mkdir()
+    (target / "tokenizer.json").write_text("old tokenizer")
+    tmp = tmp_path / ".tmp"
+    tmp.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (tmp / name).write_text(name)
+    publish_model_dir(tmp, target)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (target / "tokenizer.json").read_text() == "tokenizer.json"
+
+
+def test_publish_keeps_a_complete_model(tmp_path):
+    from stages.model_loading import publish_model_dir
+
+    target = tmp_path / "m"
+    target.mkdir()
+    (target / "model.safetensors").write_text("first")
+    tmp = tmp_path / ".tmp"
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_text("second")
+    publish_model_dir(tmp, target)
+    assert (target / "model.safetensors").read_text() == "first"

@@ -73,3 +73,10 @@ def test_merge_keeps_earlier_batch_sizes_of_the_same_setup(tmp_path):
     write_results(other, tmp_path)
     assert [r["batch_size"] for r in json.loads(js.read_text())["results"]] == [32]
     assert result_paths(other, tmp_path)[0].name == "decode-nvidia-h100-80gb-hbm3-random-llama-8b.json"
+
+
+def test_a_chosen_dtype_gets_files_of_its_own(tmp_path):
+    result = _result("2026-11-23T12:00:00Z", [1])
+    auto = result_paths(result, tmp_path)[0].name
+    result["settings"]["dtype"] = "bfloat16"
+    assert result_paths(result, tmp_path)[0].name == auto.replace(".json", "-bfloat16.json")
