@@ -13,8 +13,8 @@ the accepted counts (the greedy caller uses ``accepted`` as it is).
 Shapes are static: ``b`` and ``T`` come from small bucket lists (``bucket``), the
 cache has a fixed capacity ``S``, and everything that changes per step (row
 lengths, positions) is a device tensor read inside the step. Batch and width are
-symbolic sizes to the compiler (``_mark``), so it compiles at most six graphs per
-cache capacity S (size 1 and 2 are specialised) whatever the bucket lists, and on
+symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per cache
+capacity S (one per width class, see the buckets) whatever the bucket lists, and on
 CUDA (``mode="reduce-overhead"``) a CUDA graph is recorded once per concrete
 (batch bucket, width bucket) and replayed after. ``compile_counter`` in the
 tests counts compilations to check that this holds.
@@ -46,9 +46,17 @@ def bucket(n: int, sizes: Sequence[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
+# Dynamo compiles sizes 0 and 1 apart from larger ones (and width 2 makes the draft
+# axis, T - 1, a size 1): the buckets avoid batch 1 and width 2 where they can, so a
+# step compiles to few graphs (one per width class: 1 and >= 4, x batch >= 2). Padding
+# batch 1 to 2 and 1 draft to 3 costs little where a step is bound by weight reads.
+
+
 def batch_buckets(slots: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to ``slots`` (always included)."""
-    sizes = [1]
+    """2, 4, 8, ... up to ``slots`` (always included); (1,) for a single slot."""
+    if slots == 1:
+        return (1,)
+    sizes = [2]
     while sizes[-1] * 2 < slots:
         sizes.append(sizes[-1] * 2)
     if sizes[-1] != slots:
@@ -57,13 +65,13 @@ def batch_buckets(slots: int) -> tuple[int, ...]:
 
 
 def width_buckets(max_drafts: int) -> tuple[int, ...]:
-    """Step widths 1, 2, 4, ... (each at most half the widest) and ``1 + max_drafts``.
+    """Step widths 1, 4, 8, ... (each at most half the widest) and ``1 + max_drafts``.
 
     A power of two close to the widest step would save little over it: 16 drafts
-    give (1, 2, 4, 8, 17), not (..., 16, 17).
+    give (1, 4, 8, 17), not (..., 16, 17); one draft gives (1, 2).
     """
     top = 1 + max_drafts
-    sizes = [w for w in (1, 2, 4, 8, 16, 32) if w < top and (w == 1 or 2 * w <= top)]
+    sizes = [w for w in (1, 4, 8, 16, 32) if w < top and (w == 1 or 2 * w <= top)]
     return (*sizes, top)
 
 

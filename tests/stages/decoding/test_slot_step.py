@@ -15,12 +15,13 @@ from stages.decoding.state import prefill_full
 
 def test_buckets():
     assert batch_buckets(1) == (1,)
-    assert batch_buckets(8) == (1, 2, 4, 8)
-    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(2) == (2,)
+    assert batch_buckets(8) == (2, 4, 8)
+    assert batch_buckets(6) == (2, 4, 6)
     assert width_buckets(0) == (1,)
-    assert width_buckets(16) == (1, 2, 4, 8, 17)
-    assert width_buckets(8) == (1, 2, 4, 9) and width_buckets(1) == (1, 2)
-    assert width_buckets(7) == (1, 2, 4, 8)
+    assert width_buckets(16) == (1, 4, 8, 17)
+    assert width_buckets(8) == (1, 4, 9) and width_buckets(1) == (1, 2)
+    assert width_buckets(7) == (1, 4, 8)
     assert bucket(3, (1, 2, 4, 8)) == 4 and bucket(8, (1, 2, 4, 8)) == 8
     with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
         bucket(9, (1, 2, 4, 8))
@@ -43,18 +44,18 @@ def test_no_recompilation_after_warm_up(tiny_model, greedy):
     graphs are all the step ever needs (the property CUDA graph replay relies on)."""
     torch._dynamo.reset()
     counter = CompileCounter()
-    eng = SlotEngine(tiny_model, slots=4, max_drafts=3, capacity=256, compile=True, compile_backend=counter)
+    eng = SlotEngine(tiny_model, slots=4, max_drafts=8, capacity=256, compile=True, compile_backend=counter)
     eng.warm_up(greedy=greedy)
     warm = counter.graphs
-    # Batch and width are symbolic: graphs for sizes 1, 2 and >= 3 (or 4) of each, not one per bucket.
-    assert len(eng.batches) * len(eng.widths) == 9 and 1 < warm <= 6
+    # Batch and width are symbolic: one graph per width class (1; >= 4), not one per bucket.
+    assert len(eng.batches) * len(eng.widths) == 6 and warm == 2
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (16,), generator=g)]
     # Lookups repeat each prompt so drafts of many lengths get proposed and rejected.
     lookups = [p * 3 for p in prompts]
     cfg = DecodeConfig(
         max_new_tokens=60, eos_ids=frozenset({-1}), temperature=0.0 if greedy else 0.8,
-        speculative="prompt_lookup", num_draft_tokens=3, adaptive=False, min_ngram=1, max_ngram=2,
+        speculative="prompt_lookup", num_draft_tokens=8, adaptive=False, min_ngram=1, max_ngram=2,
     )
     out, errors = eng.run(lookups, list(range(16)), lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
     assert errors == [None] * 16 and all(len(r.tokens) == 60 for r in out)
