@@ -30,7 +30,7 @@ def _single_thread():
 
 
 # ----------------------------------------------------------------------------- sampling checks
-# Shared by test_engine_sampling.py (dynamic engine) and test_slot_sampling.py (static).
+# Shared by test_engine_sampling.py (dynamic engine) and test_device_sampling.py (static).
 @pytest.fixture(scope="module")
 def small_vocab_model(tiny_llama_factory):
     """A 16-token-vocabulary Llama; a larger init spreads the logits: peaked

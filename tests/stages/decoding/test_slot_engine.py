@@ -4,7 +4,7 @@ fp32, tiny random Llama: greedy output must equal reference.decode_plain token f
 token with and without prompt lookup, for mixed prompt lengths, rows finishing at
 different steps, fewer slots than requests (slots refilled), compressed caches with
 holes (Finch); a request must sample the same text in any batch (the chi-square
-test of its distribution is in test_slot_sampling.py).
+test of its distribution is in test_device_sampling.py).
 """
 
 from __future__ import annotations
