@@ -59,6 +59,13 @@ class FinchCompression(CompressionSpec):
         "kept tokens through the whole model (GemFilter). Needs scoring heads, selection shared.",
     )
 
+    keep: Literal["tokens", "sentences"] = Field(
+        default="tokens",
+        description="tokens: the selected tokens; sentences (mode early_exit): whole sentences "
+        "around the selected tokens, ranked by the share of their tokens selected (the answer "
+        "often follows the words matching the question).",
+    )
+
     @model_validator(mode="after")
     def _chunk_fits(self) -> FinchCompression:
         if self.chunk_tokens < 16:
@@ -71,6 +78,8 @@ class FinchCompression(CompressionSpec):
                 f"shared and head_mode sum (got scoring {self.scoring}, selection "
                 f"{self.selection}, head_mode {self.head_mode}); set mode: kv for the others"
             )
+        if self.keep == "sentences" and self.mode != "early_exit":
+            raise ValueError(f"keep sentences needs mode early_exit (got mode {self.mode}); allowed: keep tokens")
         return self
 
 
@@ -87,13 +96,15 @@ class FinchMethod(CompressionMethod):
 
     def load(self, job: JobSpec, device: torch.device) -> Loaded:
         from stages.finch import check_supported, finch_prefill
+        from stages.finch.spans import boundary_token_ids
         from stages.model_loading import load_causal_lm
 
         config = self.config(job)
         model, tok = load_causal_lm(job.generation.model, job.generation.dtype, device)
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
         pad = tok.pad_token_id
-        return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad))
+        bounds = boundary_token_ids(tok) if config.keep == "sentences" else None
+        return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad, boundaries=bounds))
 
     def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:
         """LM scoring: Finch's question sits in its cache, so the query (the last
@@ -104,12 +115,14 @@ class FinchMethod(CompressionMethod):
         whole earlier text gives the full-context state."""
         from stages.decoding.state import CompressedPrefill
         from stages.finch import finch_prefill
+        from stages.finch.spans import boundary_token_ids
         from stages.prompting import PromptParts
 
         loaded = self.load(job, device)
         config = self.config(job)
         keep = config.target_tokens
         pad = loaded.tokenizer.pad_token_id
+        bounds = boundary_token_ids(loaded.tokenizer) if config.keep == "sentences" else None
 
         def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
             if not 1 <= query_tokens < min(keep, len(earlier_ids)):
@@ -119,7 +132,7 @@ class FinchMethod(CompressionMethod):
                 )
             doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
             cfg = config.model_copy(update={"target_tokens": keep - query_tokens})
-            res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad)
+            res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad, boundaries=bounds)
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 
         return loaded, condition

@@ -32,6 +32,8 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    only the layers up to the deepest selecting head, and the kept document tokens
    are then prefilled with prefix and P through the whole model (a plain cache).
    When every document fits the budget, early exit is one full prefill.
+   keep="sentences" (early exit only) widens the selection to whole sentences
+   around the selected tokens before that prefill (spans.py), same budget.
 
 Batching: rows have their own documents, budgets and schedules; blocks are
 left-padded, a row whose document is exhausted rides along with an all-padding
@@ -67,6 +69,7 @@ from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.scoring import QueryCapture
 from stages.finch.select import gather_layer, make_plan, select_indices
 from stages.finch.selector import PassView, make_selector
+from stages.finch.spans import sentence_spans, snap_to_sentences
 from stages.finch.support import attention_modules, check_inputs, check_supported
 from stages.prompting import PromptParts
 
@@ -185,14 +188,18 @@ def finch_prefill(
     pad_id: int,
     trace: list[FinchStep] | None = None,
     heads: HeadSet | None | object = _AUTO,
+    boundaries: frozenset[int] | None = None,
 ) -> CompressedPrefill:
     """Compress each row's document into ``min(target, len(doc))`` KV entries per layer.
 
     See the module docstring for the algorithm and the cache layout. ``trace``, when
     given, receives one ``FinchStep`` per chunk pass. ``heads``: the selecting heads
     for scoring="heads" (default: the model's calibrated set, ``find_heads``; None =
-    uncalibrated, every head).
+    uncalibrated, every head). ``boundaries``: sentence-ending token ids, needed by
+    ``keep: sentences`` (spans.py; the method's load computes them from the tokenizer).
     """
+    if config.keep == "sentences" and boundaries is None:
+        raise ValueError("finch keep sentences needs the tokenizer's sentence-ending ids (boundaries)")
     check_supported(model)
     check_inputs(model, parts, config)
     t0 = time.perf_counter()
@@ -278,6 +285,11 @@ def finch_prefill(
             doc_index[0][row, 0, doc_index[0].shape[-1] - int(k) :].tolist()
             for row, k in enumerate(kept.tolist())
         ]
+        if config.keep == "sentences":
+            kept_tokens = [
+                snap_to_sentences(k, sentence_spans(p.context_ids, boundaries), int(n))
+                for k, p, n in zip(kept_tokens, parts, kept.tolist(), strict=True)
+            ]
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
