@@ -115,6 +115,7 @@ def run_job(
 
     from pipeline.plan import build_plan
     from pipeline.progress import RunProgress, ray_logs_wanted
+    from pipeline.watchdog import PoolWatchdog, guarded
     from stages.read import list_shards
 
     if retry_errors not in RETRY_POLICIES:
@@ -151,13 +152,22 @@ def run_job(
     done = failed = out_tokens = 0
     abort: BaseException | None = None
     bar = RunProgress.for_run(spec, run_date, n_shards, len(skip), enabled=progress)
-    try:
+    watchdog = PoolWatchdog()
+
+    def iterate() -> None:
+        nonlocal done, failed, out_tokens
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            watchdog.progress()
             parts.append(batch)
             done += batch.num_rows
             failed += batch.num_rows - batch.column("error").null_count
             out_tokens += int(sum(v for v in batch.column("output_tokens").to_pylist() if v))
             bar.update(done, failed, out_tokens)
+
+    try:
+        # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
+        # a dead actor pool into an abort like the ones Ray raises itself.
+        guarded(watchdog, iterate)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     bar.close()
