@@ -33,16 +33,22 @@ def test_unknown_dtype_names_the_allowed_ones():
         resolve_dtype("fp8", torch.device("cpu"))
 
 
+def _dirs(tmp_path, target_files: dict[str, str], new_files: dict[str, str]):
+    """(converted model folder, existing target folder) holding the given files."""
+    out = []
+    for name, files in ((".tmp", new_files), ("target", target_files)):
+        d = tmp_path / name
+        d.mkdir()
+        for f, text in files.items():
+            (d / f).write_text(text)
+        out.append(d)
+    return out
+
+
 def test_publish_into_a_tokenizer_only_cache(tmp_path):
     from stages.model_loading import publish_model_dir
 
-    target = tmp_path / "smollm2"
-    target.mkdir()
-    (target / "tokenizer.json").write_text("old tokenizer")
-    tmp = tmp_path / ".tmp"
-    tmp.mkdir()
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
-        (tmp / name).write_text(name)
+    tmp, target = _dirs(tmp_path, {"tokenizer.json": "old"}, {n: n for n in ("config.json", "tokenizer.json", "model.safetensors")})
     publish_model_dir(tmp, target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (target / "tokenizer.json").read_text() == "tokenizer.json"
@@ -51,11 +57,6 @@ def test_publish_into_a_tokenizer_only_cache(tmp_path):
 def test_publish_keeps_a_complete_model(tmp_path):
     from stages.model_loading import publish_model_dir
 
-    target = tmp_path / "m"
-    target.mkdir()
-    (target / "model.safetensors").write_text("first")
-    tmp = tmp_path / ".tmp"
-    tmp.mkdir()
-    (tmp / "model.safetensors").write_text("second")
+    tmp, target = _dirs(tmp_path, {"model.safetensors": "first"}, {"model.safetensors": "second"})
     publish_model_dir(tmp, target)
     assert (target / "model.safetensors").read_text() == "first"
