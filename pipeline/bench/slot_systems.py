@@ -4,7 +4,7 @@ Contract:
 - ``resolve_engine(engine, device)`` -> ``"static"`` or ``"dynamic"``: ``auto`` is
   static on CUDA and dynamic on CPU; anything else but those three names is a
   ValueError naming ``--engine`` and the allowed values.
-- ``make_slot_engine(model, batch, max_drafts, prompt_tokens, new_tokens, compile)`` ->
+- ``warmed_slot_engine(model, batch, max_drafts, prompt_tokens, new_tokens, compile)`` ->
   ``(SlotEngine, warm_up_seconds)``: ``batch`` slots with capacity for a prompt of
   ``prompt_tokens`` + ``new_tokens`` + the widest step, every (batch bucket, width
   bucket) step compiled up front (``SlotEngine.warm_up``; on CUDA torch.compile
@@ -62,7 +62,7 @@ def drafts_for(system: str) -> int:
     return SpeculativeSpec().num_draft_tokens
 
 
-def make_slot_engine(model, batch: int, max_drafts: int, prompt_tokens: int, new_tokens: int, compile: str = "auto"):
+def warmed_slot_engine(model, batch: int, max_drafts: int, prompt_tokens: int, new_tokens: int, compile: str = "auto"):
     """(SlotEngine with ``batch`` slots, warmed up; wall seconds the construction + warm-up took).
 
     ``compile``: slot_engine.compile_plan's choice (auto: inductor + CUDA graphs on CUDA)."""

@@ -53,7 +53,7 @@ from pipeline.bench.slot_systems import (
     GREEDY,
     PLD,
     drafts_for,
-    make_slot_engine,
+    warmed_slot_engine,
     resolve_engine,
     run_slot,
     widest_step,
@@ -348,7 +348,7 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
         # hold the largest batch, its widths the widest step; batch and width are
         # symbolic to the compiler, so its few graphs serve every run.
         widest = max([drafts_for(PLD), *(w - 1 for w in s.verify_widths)])
-        static, warm_s = make_slot_engine(model, max(s.batch_sizes), widest, s.prompt_tokens, s.new_tokens, s.compile)
+        static, warm_s = warmed_slot_engine(model, max(s.batch_sizes), widest, s.prompt_tokens, s.new_tokens, s.compile)
         result["engine"] = f"static: {static.describe()}"
         result["warm_up_s"] = warm_s
         print(f"# static engine {static.describe()} warmed up in {warm_s:.1f}s", flush=True)
