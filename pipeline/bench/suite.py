@@ -53,9 +53,9 @@ from pipeline.bench.slot_systems import (
     GREEDY,
     PLD,
     drafts_for,
-    warmed_slot_engine,
     resolve_engine,
     run_slot,
+    warmed_slot_engine,
     widest_step,
 )
 from pipeline.bench.systems import (
