@@ -39,6 +39,13 @@ def train_autocompressor(
     summary_length: Annotated[
         int, typer.Option(help="Summary vectors per segment (the paper: 50).")
     ] = 50,
+    summary_scale: Annotated[
+        str,
+        typer.Option(
+            help="How summaries re-enter the model: embedding_rms (rescaled to the token "
+            "embeddings' RMS) or none (as the paper, unscaled final hidden states)."
+        ),
+    ] = "embedding_rms",
     block_tokens: Annotated[
         int, typer.Option(help="Tokens per training sequence (the paper: 6144).")
     ] = 2048,
@@ -145,6 +152,7 @@ def train_autocompressor(
         data=tuple(data or ["jobs/corpus"]),
         out_dir=out,
         summary_length=summary_length,
+        summary_scale=summary_scale,
         block_tokens=block_tokens,
         substeps=substeps,
         segments_per_substep=segments_per_substep,

@@ -110,6 +110,7 @@ def save_autocompressor(
         "accumulate_summary": cfg.accumulate_summary,
         "position_scheme": cfg.position_scheme,
         "bos_first_segment": cfg.bos_first_segment,
+        "summary_scale": cfg.summary_scale,
         "lora": has_lora,
         "training": training or {},
     }
@@ -147,6 +148,7 @@ def load_own(
         accumulate_summary=bool(meta["accumulate_summary"]),
         position_scheme=meta["position_scheme"],
         bos_first_segment=bool(meta["bos_first_segment"]),
+        summary_scale=meta.get("summary_scale", "none"),  # absent in version-1 files: none
     )
     summary = load_file(str(path / SUMMARY_FILE))["summary_embeddings"]
     ac = AutoCompressor(lm, config, summary).to(device).eval()

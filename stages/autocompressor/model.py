@@ -45,6 +45,7 @@ from torch import nn
 from stages.decoding.state import positions_from_real, step_mask
 
 PositionScheme = Literal["contiguous", "text_only"]
+SummaryScale = Literal["none", "embedding_rms"]
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,18 @@ class ACConfig:
     previous summaries (True) or carry only the last (RMT). position_scheme: see module
     docstring. bos_first_segment: prepend the tokenizer's BOS to the document before
     segmenting (the published checkpoints compress ``tokenizer(context)``, BOS included).
+    summary_scale: ``none`` feeds the final hidden states back as they come (the paper and
+    every published checkpoint); ``embedding_rms`` rescales each summary vector to the mean
+    RMS of the input-embedding rows first. Why: a final hidden state is ~14x larger than a
+    token embedding in SmolLM2-135M (RMS 1.9 vs 0.13), so unscaled summaries swamp the
+    residual stream at the soft-prompt slots and training has to undo that first.
     """
 
     summary_length: int
     accumulate_summary: bool = True
     position_scheme: PositionScheme = "contiguous"
     bos_first_segment: bool = False
+    summary_scale: SummaryScale = "none"
 
     def __post_init__(self) -> None:
         if self.summary_length < 1:
@@ -68,6 +75,10 @@ class ACConfig:
         if self.position_scheme not in ("contiguous", "text_only"):
             raise ValueError(
                 f"position_scheme {self.position_scheme!r} not supported; allowed: contiguous, text_only"
+            )
+        if self.summary_scale not in ("none", "embedding_rms"):
+            raise ValueError(
+                f"summary_scale {self.summary_scale!r} not supported; allowed: none, embedding_rms"
             )
 
 
@@ -140,6 +151,9 @@ class AutoCompressor(nn.Module):
             summary_embeddings.detach().float().to(emb.device).clone()
         )
         self.segment_checkpointing = False
+        # Mean RMS of the token embeddings: the scale summaries are brought to under
+        # summary_scale="embedding_rms" (embeddings are frozen, so this is a constant).
+        self.embedding_rms = float(emb.detach().float().pow(2).mean(-1).sqrt().mean())
 
     # ------------------------------------------------------------------ basics
     @property
@@ -194,7 +208,14 @@ class AutoCompressor(nn.Module):
             inputs_embeds=x, attention_mask=mask, position_ids=pos, use_cache=False
         )
         h = out.last_hidden_state
-        return h[:, p : p + length], h[:, p + length :]
+        return h[:, p : p + length], self.scale_summary(h[:, p + length :])
+
+    def scale_summary(self, summary: torch.Tensor) -> torch.Tensor:
+        """Summary vectors [B, K, H_in] as they enter the next pass (see ACConfig.summary_scale)."""
+        if self.config.summary_scale == "none" or summary.shape[1] == 0:
+            return summary
+        rms = summary.float().pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+        return (summary.float() * (self.embedding_rms / rms)).to(summary.dtype)
 
     # ------------------------------------------------------------------ compression
     def compress(self, rows: Sequence[Sequence[Sequence[int]]]) -> list[torch.Tensor]:

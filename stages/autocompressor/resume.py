@@ -35,7 +35,7 @@ LOG_FILE = "train_log.csv"
 LOG_FIELDS = ("step", "loss", "lr", "elapsed_s", "tokens")
 # Settings that must not change between a run and its resumption (the rest may, e.g. threads).
 FIXED = (
-    "base_model", "summary_length", "accumulate_summary", "block_tokens", "substeps",
+    "base_model", "summary_length", "accumulate_summary", "summary_scale", "block_tokens", "substeps",
     "segments_per_substep", "min_segment_tokens", "batch_size", "grad_accum", "steps", "lr",
     "warmup_steps", "max_grad_norm", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "seed",
 )  # fmt: skip
@@ -133,6 +133,7 @@ def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
     import json
 
     saved = json.loads((d / "autocompressor.json").read_text())["training"]
+    saved.setdefault("summary_scale", "none")  # runs saved before the setting existed
     changed = {k: (saved.get(k), info.get(k)) for k in FIXED if saved.get(k) != info.get(k)}
     if changed:
         k, (was, now) = next(iter(changed.items()))

@@ -42,6 +42,7 @@ class TrainConfig:
     out_dir: str = "out/autocompressor"
     summary_length: int = 50
     accumulate_summary: bool = True
+    summary_scale: str = "embedding_rms"  # see model.ACConfig; "none" = the paper's feed-back
     block_tokens: int = 2048
     substeps: int = 2
     segments_per_substep: int = 2
@@ -76,6 +77,10 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.summary_scale not in ("none", "embedding_rms"):
+            raise ValueError(
+                f"summary_scale {self.summary_scale!r} not supported; allowed: none, embedding_rms"
+            )
         need = self.substeps * self.segments_per_substep * self.min_segment_tokens
         if self.block_tokens < need:
             raise ValueError(
@@ -117,6 +122,7 @@ def make_trainable(
     lora_dropout: float = 0.05,
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "out_proj"),
     accumulate_summary: bool = True,
+    summary_scale: str = "none",
 ) -> AutoCompressor:
     """Freeze ``lm``, add LoRA (lora_r > 0) on the target projections present, wrap it."""
     lm.requires_grad_(False)
@@ -135,6 +141,7 @@ def make_trainable(
         summary_length=summary_length,
         accumulate_summary=accumulate_summary,
         position_scheme=scheme_for(lm.config.model_type),
+        summary_scale=summary_scale,  # type: ignore[arg-type]
     )
     return AutoCompressor(lm, config)
 
@@ -286,6 +293,7 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
         cfg.lora_dropout,
         cfg.lora_targets,
         cfg.accumulate_summary,
+        cfg.summary_scale,
     ).to(device)
     ac.segment_checkpointing = cfg.grad_checkpointing
     if on_log:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -41,6 +42,32 @@ def test_rmt_mode_carries_only_the_last_summary(make_ac):
     acc = make_ac(k=3, accumulate=True).compress([SEGS])[0]
     assert torch.allclose(ac.compress([SEGS[:1]])[0], acc[:3])
     assert not torch.allclose(out, acc[6:])
+
+
+@torch.no_grad()
+def test_summary_scale_brings_summaries_to_the_embedding_rms(make_ac):
+    raw = make_ac(k=3)
+    scaled = make_ac(k=3)
+    scaled.config = replace(scaled.config, summary_scale="embedding_rms")
+    emb = scaled.lm.get_input_embeddings().weight
+    assert scaled.embedding_rms == pytest.approx(float(emb.pow(2).mean(-1).sqrt().mean()))
+    ids = torch.tensor([SEGS[0]])
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    soft = raw.empty_softprompt(1)
+    _, plain = raw.segment_forward(soft, ids, valid)
+    _, summary = scaled.segment_forward(soft, ids, valid)
+    # Same direction, each vector at the embeddings' mean RMS (the raw ones are not).
+    rms = summary.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.full_like(rms, scaled.embedding_rms), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        torch.nn.functional.normalize(summary, dim=-1), torch.nn.functional.normalize(plain, dim=-1)
+    )
+    assert not torch.allclose(plain.pow(2).mean(-1).sqrt(), rms, rtol=0.05)
+    # The first segment reads no summary, so the scaling changes what later segments read.
+    two = scaled.compress([SEGS[:2]])[0]
+    assert not torch.allclose(two[3:], raw.compress([SEGS[:2]])[0][3:])
+    with pytest.raises(ValueError, match="summary_scale"):
+        ACConfig(summary_length=2, summary_scale="layernorm")  # type: ignore[arg-type]
 
 
 @torch.no_grad()
