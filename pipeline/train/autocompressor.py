@@ -45,7 +45,7 @@ def train_autocompressor(
             help="How summaries re-enter the model: embedding_rms (rescaled to the token "
             "embeddings' RMS) or none (as the paper, unscaled final hidden states)."
         ),
-    ] = "embedding_rms",
+    ] = "none",
     block_tokens: Annotated[
         int, typer.Option(help="Tokens per training sequence (the paper: 6144).")
     ] = 2048,

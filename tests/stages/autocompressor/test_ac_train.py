@@ -82,6 +82,7 @@ def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model
         lora_r=4,
         log_every=1,
         device="cpu",
+        summary_scale="embedding_rms",
     )
     result = train(cfg, on_log=logs.append)
     assert logs[0]["files"] == 2 and logs[0]["blocks"] >= 4
@@ -108,7 +109,7 @@ def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model
         base.summary_embeddings.data.copy_(merged.summary_embeddings.data)
         no_lora = base.compress(rows)
     assert not hasattr(lm, "peft_config")  # LoRA merged for decoding
-    assert merged.config.summary_scale == "embedding_rms"  # the training default, saved
+    assert merged.config.summary_scale == "embedding_rms"  # the run's setting, saved and read
     torch.testing.assert_close(merged.summary_embeddings.data, trained.summary_embeddings.data)
     for got, ref in zip(unmerged.compress(rows), expect, strict=True):
         torch.testing.assert_close(got, ref)
