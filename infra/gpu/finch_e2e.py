@@ -39,6 +39,7 @@ from stages.compression.finch import FinchCompression  # noqa: E402
 from stages.decoding.config import DecodeConfig  # noqa: E402
 from stages.decoding.state import prefill_full  # noqa: E402
 from stages.finch import finch_prefill  # noqa: E402
+from stages.finch.spans import sentence_boundaries  # noqa: E402
 from stages.model_loading import load_causal_lm  # noqa: E402
 from stages.prompting import PromptBuilder  # noqa: E402
 
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise ValueError(f"--doc-tokens {a.doc_tokens}: the prompt is {len(parts)} tokens, over the model's "
                          f"window {window}; full prefill would run past it")
     pad = tok.pad_token_id
-    finch_cfg = FinchCompression(target_tokens=a.target, chunk_tokens=a.chunk)
+    bounds = sentence_boundaries(tok)  # keep: sentences, the early-exit default
+    finch_cfg = FinchCompression(target_tokens=a.target, chunk_tokens=a.chunk).resolved("summarize")
     cfg = DecodeConfig(max_new_tokens=a.new_tokens, eos_ids=frozenset())  # fixed work
     lookups = [list(parts.full_ids)]
 
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
             if method == "full":
                 state = prefill_full(lm, [parts.full_ids], pad)
             else:
-                state = finch_prefill(lm, [parts], finch_cfg, pad).state
+                state = finch_prefill(lm, [parts], finch_cfg, pad, boundaries=bounds).state
             _sync(device)
             times["prefill_s"] += time.perf_counter() - t
             return state

@@ -34,6 +34,7 @@ from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
+from stages.finch.spans import sentence_boundaries
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
 
@@ -69,6 +70,7 @@ def main() -> None:
     model, tok = load_causal_lm(EMBEDDED_MODEL)
     builder = PromptBuilder(tok)
     pad = tok.pad_token_id
+    bounds = sentence_boundaries(tok)
     eos = {tok.eos_token_id}
     gen_eos = model.generation_config.eos_token_id
     eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
@@ -80,8 +82,10 @@ def main() -> None:
             doc = builder.encode_text(q["text"])
             c0 = time.process_time()
             if method in FINCH:
-                cfg = FinchCompression(target_tokens=args.target, chunk_tokens=args.chunk, **FINCH[method])
-                state = finch_prefill(model, [builder.build(doc, DEFAULT_QA_INSTRUCTION, q["q"])], cfg, pad).state
+                cfg = FinchCompression(target_tokens=args.target, chunk_tokens=args.chunk,
+                                       **FINCH[method]).resolved("qa")
+                state = finch_prefill(model, [builder.build(doc, DEFAULT_QA_INSTRUCTION, q["q"])], cfg, pad,
+                                      boundaries=bounds).state
             else:
                 if method == "rag":
                     embedder = embedder or load_embedder(EMBEDDED_EMBEDDER)

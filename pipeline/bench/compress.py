@@ -109,6 +109,7 @@ def bench_compress(
     from stages.compression.finch import FinchCompression
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
+    from stages.finch.spans import sentence_boundaries
     from stages.model_loading import load_causal_lm, pick_device
     from stages.prompting import PromptBuilder
 
@@ -123,11 +124,13 @@ def bench_compress(
     sweep = [int(x) for x in sweep_chunks.split(",") if x]
     sweep_at = {int(x) for x in sweep_sizes.split(",") if x}
     pad = tok.pad_token_id
+    bounds = sentence_boundaries(tok)  # for keep: sentences (the early-exit default)
     all_ids = corpus_tokens(corpus, max(doc_sizes), builder)
     # Warm up kernels and allocator once so the first row is not an outlier.
     warm = builder.build(all_ids[:600], DEFAULT_SUMMARY_INSTRUCTION, None)
     prefill_full(lm, [warm.full_ids], pad)
-    finch_prefill(lm, [warm], FinchCompression(target_tokens=128, chunk_tokens=256), pad)
+    warm_cfg = FinchCompression(target_tokens=128, chunk_tokens=256).resolved("summarize")
+    finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds)
 
     on_gpu = device.type == "cuda"
     rows: list[list[str]] = []
@@ -144,8 +147,8 @@ def bench_compress(
             configs += [(target_list[0], c) for c in sweep if c != chunk]
         for target, c in configs:
             cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
-                                   scoring=scoring, mode=mode)
-            m = measure(lambda p=parts, cfg=cfg: finch_prefill(lm, [p], cfg, pad), device)
+                                   scoring=scoring, mode=mode).resolved("summarize")  # as a job runs it
+            m = measure(lambda p=parts, cfg=cfg: finch_prefill(lm, [p], cfg, pad, boundaries=bounds), device)
             rows.append(_row(n, f"finch t={target} c={c}", m, full, on_gpu))
     overhead = builder.overhead_tokens(DEFAULT_SUMMARY_INSTRUCTION, None)
     print(f"model={model} device={device} threads={torch.get_num_threads()} window={window} "

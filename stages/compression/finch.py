@@ -59,12 +59,33 @@ class FinchCompression(CompressionSpec):
         "kept tokens through the whole model (GemFilter). Needs scoring heads, selection shared.",
     )
 
-    keep: Literal["tokens", "sentences"] = Field(
-        default="tokens",
-        description="tokens: the selected tokens; sentences (mode early_exit): whole sentences "
-        "around the selected tokens, ranked by the share of their tokens selected (the answer "
-        "often follows the words matching the question).",
+    keep: Literal["auto", "tokens", "sentences"] = Field(
+        default="auto",
+        description="sentences (mode early_exit): whole sentences around the selected tokens, "
+        "best-scored first (the answer often follows the words matching the question); "
+        "tokens: the selected tokens; auto: sentences in mode early_exit, tokens in mode kv.",
     )
+
+    order: Literal["auto", "document", "relevance"] = Field(
+        default="auto",
+        description="relevance (mode early_exit): kept sentences (or runs) least relevant first, "
+        "so the best evidence ends next to the question (small models read what is nearest); "
+        "document: document order; auto: relevance for task.kind qa, document for summaries "
+        "(and in mode kv).",
+    )
+
+    def resolved(self, task_kind: str) -> FinchCompression:
+        """These settings with ``auto`` resolved for a job of ``task_kind`` (qa | summarize).
+
+        The method resolves them when it loads; ``finch_prefill`` called directly reads
+        keep auto as tokens and order auto as document (it has no tokenizer to find
+        sentences with, and does not know the task)."""
+        early = self.mode == "early_exit"
+        keep = self.keep if self.keep != "auto" else ("sentences" if early else "tokens")
+        order = self.order
+        if order == "auto":
+            order = "relevance" if early and task_kind == "qa" else "document"
+        return self.model_copy(update={"keep": keep, "order": order})
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> FinchCompression:
@@ -78,6 +99,8 @@ class FinchCompression(CompressionSpec):
                 f"shared and head_mode sum (got scoring {self.scoring}, selection "
                 f"{self.selection}, head_mode {self.head_mode}); set mode: kv for the others"
             )
+        if self.order == "relevance" and self.mode != "early_exit":
+            raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
         if self.keep == "sentences" and self.mode != "early_exit":
             raise ValueError(f"keep sentences needs mode early_exit (got mode {self.mode}); allowed: keep tokens")
         return self
@@ -96,14 +119,14 @@ class FinchMethod(CompressionMethod):
 
     def load(self, job: JobSpec, device: torch.device) -> Loaded:
         from stages.finch import check_supported, finch_prefill
-        from stages.finch.spans import boundary_token_ids
+        from stages.finch.spans import sentence_boundaries
         from stages.model_loading import load_causal_lm
 
-        config = self.config(job)
+        config = self.config(job).resolved(job.task.kind)
         model, tok = load_causal_lm(job.generation.model, job.generation.dtype, device)
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
         pad = tok.pad_token_id
-        bounds = boundary_token_ids(tok) if config.keep == "sentences" else None
+        bounds = sentence_boundaries(tok) if config.keep == "sentences" else None
         return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad, boundaries=bounds))
 
     def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:
@@ -115,14 +138,14 @@ class FinchMethod(CompressionMethod):
         whole earlier text gives the full-context state."""
         from stages.decoding.state import CompressedPrefill
         from stages.finch import finch_prefill
-        from stages.finch.spans import boundary_token_ids
+        from stages.finch.spans import sentence_boundaries
         from stages.prompting import PromptParts
 
         loaded = self.load(job, device)
-        config = self.config(job)
+        config = self.config(job).resolved(job.task.kind)
         keep = config.target_tokens
         pad = loaded.tokenizer.pad_token_id
-        bounds = boundary_token_ids(loaded.tokenizer) if config.keep == "sentences" else None
+        bounds = sentence_boundaries(loaded.tokenizer) if config.keep == "sentences" else None
 
         def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
             if not 1 <= query_tokens < min(keep, len(earlier_ids)):
@@ -131,7 +154,8 @@ class FinchMethod(CompressionMethod):
                     f"{keep} and the earlier text's {len(earlier_ids)} tokens"
                 )
             doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
-            cfg = config.model_copy(update={"target_tokens": keep - query_tokens})
+            # The continuation follows the text it continues: document order always.
+            cfg = config.model_copy(update={"target_tokens": keep - query_tokens, "order": "document"})
             res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad, boundaries=bounds)
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 

@@ -33,7 +33,10 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    are then prefilled with prefix and P through the whole model (a plain cache).
    When every document fits the budget, early exit is one full prefill.
    keep="sentences" (early exit only) widens the selection to whole sentences
-   around the selected tokens before that prefill (spans.py), same budget.
+   around the selected tokens before that prefill (spans.py), same budget;
+   order="relevance" lays the kept runs (or sentences) out least relevant first,
+   by the last pass's scores, so the best evidence ends next to the question
+   (order.py).
 
 Batching: rows have their own documents, budgets and schedules; blocks are
 left-padded, a row whose document is exhausted rides along with an all-padding
@@ -64,12 +67,13 @@ from stages.decoding.state import (
     step_mask,
 )
 from stages.finch.heads import HeadSet, find_heads
+from stages.finch.order import kept_units, order_by_relevance
 from stages.finch.rope import rotary_module
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.scoring import QueryCapture
 from stages.finch.select import gather_layer, make_plan, select_indices
 from stages.finch.selector import PassView, make_selector
-from stages.finch.spans import sentence_spans, snap_to_sentences
+from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
 from stages.finch.support import attention_modules, check_inputs, check_supported
 from stages.prompting import PromptParts
 
@@ -85,13 +89,16 @@ class FinchStep:
     during the pass (block included), ``row_slots`` the valid slots per row then,
     ``kept`` the document entries per row after the step, ``kept_index[l]``
     [B, H_kv, K'] the document token index held by each kept slot of layer l
-    (-1 on invalid slots)."""
+    (-1 on invalid slots), ``kept_score`` [B, K'] (early exit) the score of each kept
+    slot of layer 0 in the latest scoring pass (-inf on invalid slots, 0 when no pass
+    has scored yet)."""
 
     chunk: int
     slots: int
     row_slots: list[int]
     kept: list[int]
     kept_index: list[torch.Tensor]
+    kept_score: torch.Tensor | None = None
 
 
 def _prefill_prefix(base, cache: DynamicCache, prefixes: list[list[int]], pad_id: int, device):
@@ -163,6 +170,41 @@ def _follow(kept_doc: torch.Tensor, block_doc: torch.Tensor, idx: torch.Tensor, 
     return torch.where(plan.slot_valid[:, None], picked, -1)
 
 
+def _follow_score(cand_score: torch.Tensor, idx: torch.Tensor, plan) -> torch.Tensor:
+    """Scores of the kept slots: cand_score [B, C], idx [B, G, K'] -> [B, K'] (-inf on
+    invalid slots)."""
+    picked = cand_score.gather(1, idx[:, 0])
+    return torch.where(plan.slot_valid, picked, float("-inf"))
+
+
+def _carried(kept_score: torch.Tensor, cand_valid: torch.Tensor) -> torch.Tensor:
+    """The kept slots' scores [B, K] widened to the candidates [B, C] (0 on the chunk)."""
+    pad = cand_valid.shape[1] - kept_score.shape[1]
+    return torch.cat([kept_score, kept_score.new_zeros(kept_score.shape[0], pad)], dim=1)
+
+
+def view_of(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
+    """What the selector sees of this pass (selector.PassView)."""
+    return PassView(
+        queries=capture.queries,
+        keys=[layer.keys for layer in cache.layers],
+        row_mask=mask[:, 0, mask.shape[2] - blk.p_rows :, :],  # [B, P, S + T]
+        p_real=blk.p_real,
+        lp=lp,
+        cand_valid=cand_valid,
+    )
+
+
+def _kept_scores(index0: torch.Tensor, kept_score: torch.Tensor, kept: torch.Tensor) -> list[dict[int, float]]:
+    """Per row, document index -> the last scoring pass's score of each kept token.
+    index0: [B, H_kv, K] (layer 0), kept_score: [B, K], kept: [B]."""
+    out = []
+    for row, k in enumerate(kept.tolist()):
+        idx = index0[row, 0, index0.shape[-1] - int(k) :].tolist()
+        out.append(dict(zip(idx, kept_score[row, kept_score.shape[-1] - int(k) :].tolist(), strict=True)))
+    return out
+
+
 _AUTO = object()
 
 
@@ -188,15 +230,15 @@ def finch_prefill(
     pad_id: int,
     trace: list[FinchStep] | None = None,
     heads: HeadSet | None | object = _AUTO,
-    boundaries: frozenset[int] | None = None,
+    boundaries: Boundaries | None = None,
 ) -> CompressedPrefill:
     """Compress each row's document into ``min(target, len(doc))`` KV entries per layer.
 
     See the module docstring for the algorithm and the cache layout. ``trace``, when
     given, receives one ``FinchStep`` per chunk pass. ``heads``: the selecting heads
     for scoring="heads" (default: the model's calibrated set, ``find_heads``; None =
-    uncalibrated, every head). ``boundaries``: sentence-ending token ids, needed by
-    ``keep: sentences`` (spans.py; the method's load computes them from the tokenizer).
+    uncalibrated, every head). ``boundaries``: the tokenizer's sentence boundaries, needed by
+    ``keep: sentences`` (spans.sentence_boundaries; the method's load computes them).
     """
     if config.keep == "sentences" and boundaries is None:
         raise ValueError("finch keep sentences needs the tokenizer's sentence-ending ids (boundaries)")
@@ -235,6 +277,7 @@ def finch_prefill(
     # Document index held by each kept slot: every layer for the trace, layer 0 always
     # (early exit re-reads those tokens).
     doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in range(run_layers)]
+    kept_score = torch.zeros((b, 0), device=device)  # [B, K]: early exit's order needs it
     for i in range(max(len(s) for s in spans)):
         ts = time.perf_counter()
         blk = _block(parts, spans, i, pad_id, device)
@@ -257,16 +300,16 @@ def finch_prefill(
         if bool((new_kept == cand_valid.sum(dim=1)).all()):
             zeros = torch.zeros((b, 1, slots - lp), device=device)
             chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
+            kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
+        elif early:  # one shared selection; its scores order the kept text
+            scores = selector.scores(view_of(capture, cache, mask, blk, lp, cand_valid))  # [B, 1, C]
+            chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
+            # A row without a chunk in this pass has no question in it either: it keeps
+            # the scores of its last pass.
+            fresh = torch.where(blk.is_chunk.any(dim=1)[:, None], scores[:, 0], _carried(kept_score, cand_valid))
+            kept_score = _follow_score(fresh, chosen[0], plan)
         else:
-            view = PassView(
-                queries=capture.queries,
-                keys=[layer.keys for layer in cache.layers],
-                row_mask=mask[:, 0, mask.shape[2] - blk.p_rows :, :],  # [B, P, S + T]
-                p_real=blk.p_real,
-                lp=lp,
-                cand_valid=cand_valid,
-            )
-            chosen = selector.select(view, plan)
+            chosen = selector.select(view_of(capture, cache, mask, blk, lp, cand_valid), plan)
         for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
             if trace is not None or layer_idx == 0:
                 doc_index[layer_idx] = _follow(doc_index[layer_idx], blk.doc_index, idx, plan)
@@ -275,7 +318,8 @@ def finch_prefill(
             )
         if trace is not None:
             row_slots = torch.cat([valid, blk.real], dim=1).sum(dim=1).tolist()
-            trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index)))
+            trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index),
+                                   kept_score if early else None))
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
         compress_s += time.perf_counter() - ts
@@ -285,10 +329,18 @@ def finch_prefill(
             doc_index[0][row, 0, doc_index[0].shape[-1] - int(k) :].tolist()
             for row, k in enumerate(kept.tolist())
         ]
+        scores = _kept_scores(doc_index[0], kept_score, kept)
+        spans = None
         if config.keep == "sentences":
+            spans = [sentence_spans(p.context_ids, boundaries) for p in parts]
             kept_tokens = [
-                snap_to_sentences(k, sentence_spans(p.context_ids, boundaries), int(n))
-                for k, p, n in zip(kept_tokens, parts, kept.tolist(), strict=True)
+                snap_to_sentences(k, sp, int(n), sc)
+                for k, sp, n, sc in zip(kept_tokens, spans, kept.tolist(), scores, strict=True)
+            ]
+        if config.order == "relevance":
+            kept_tokens = [
+                order_by_relevance(kept_units(k, spans[row] if spans else None), scores[row])
+                for row, k in enumerate(kept_tokens)
             ]
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)

@@ -7,36 +7,57 @@ and falls outside the kept window. Keeping whole sentences around what the heads
 chose keeps the answer with its cue, and gives the model whole sentences to read.
 
 Contract:
-- ``boundary_token_ids(tokenizer)``: ids whose text ends a sentence (contains a
-  newline, or ends in ``.``, ``!`` or ``?`` once trailing spaces are stripped).
+- ``sentence_boundaries(tokenizer)``: the token classes that end sentences: ``breaks``
+  (text contains a newline), ``ends`` (text ends in ``.``, ``!`` or ``?`` once
+  trailing spaces are stripped) and ``opens`` (text starts with whitespace).
 - ``sentence_spans(ids, boundaries)``: ``[start, end)`` of each sentence of ``ids``;
-  a sentence ends after a boundary token (the last one at the end of ``ids``).
-- ``snap_to_sentences(kept, spans, budget)``: exactly ``min(budget, n_doc)`` ascending
-  document indices: whole sentences ranked by the share of their tokens in ``kept``
-  (then by how many), each taken while it fits the budget; the rest of the budget
-  goes to the kept tokens outside the chosen sentences, in document order.
+  a sentence ends after a break, or after an end token followed by an opening token,
+  a break or the end of ``ids`` (so "3.1" and "e.g" do not end sentences).
+- ``snap_to_sentences(kept, spans, budget, score=None)``: exactly ``min(budget, n_doc)``
+  ascending document indices: whole sentences holding kept tokens, best first, each
+  taken while it fits the budget; the rest of the budget goes to the kept tokens
+  outside the chosen sentences (best score first, else document order). A sentence's
+  rank: its best kept token's ``score`` when given, then the share of its tokens kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 _ENDS = (".", "!", "?")
 
 
-def boundary_token_ids(tokenizer) -> frozenset[int]:
-    """Ids of tokens that end a sentence (see the module contract)."""
-    out = set()
+@dataclass(frozen=True)
+class Boundaries:
+    """Token classes of one tokenizer (see the module contract)."""
+
+    breaks: frozenset[int]
+    ends: frozenset[int]
+    opens: frozenset[int]
+
+
+def sentence_boundaries(tokenizer) -> Boundaries:
+    """Classify every token id of ``tokenizer`` (see the module contract)."""
+    breaks, ends, opens = set(), set(), set()
     for i in range(len(tokenizer)):
         text = tokenizer.decode([i])
-        if "\n" in text or text.rstrip().endswith(_ENDS):
-            out.add(i)
-    return frozenset(out)
+        if "\n" in text:
+            breaks.add(i)
+        elif text.rstrip().endswith(_ENDS):
+            ends.add(i)
+        if text[:1].isspace():
+            opens.add(i)
+    return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens))
 
 
-def sentence_spans(ids: list[int], boundaries: frozenset[int]) -> list[tuple[int, int]]:
+def sentence_spans(ids: list[int], boundaries: Boundaries) -> list[tuple[int, int]]:
     """[start, end) per sentence of ``ids``; they tile ``range(len(ids))``."""
+    b = boundaries
     spans, start = [], 0
     for i, tok in enumerate(ids):
-        if tok in boundaries:
+        nxt = ids[i + 1] if i + 1 < len(ids) else None
+        if tok in b.breaks or (tok in b.ends and (nxt is None or nxt in b.opens or nxt in b.breaks)):
             spans.append((start, i + 1))
             start = i + 1
     if start < len(ids):
@@ -44,21 +65,25 @@ def sentence_spans(ids: list[int], boundaries: frozenset[int]) -> list[tuple[int
     return spans
 
 
-def snap_to_sentences(kept: list[int], spans: list[tuple[int, int]], budget: int) -> list[int]:
+def snap_to_sentences(
+    kept: list[int], spans: list[tuple[int, int]], budget: int, score: Mapping[int, float] | None = None
+) -> list[int]:
     """Whole sentences around ``kept`` (document indices), exactly ``min(budget, doc length)``."""
     n_doc = spans[-1][1] if spans else 0
     budget = min(budget, n_doc)
     kept_set = set(kept)
-    scored = []
+    ranked = []
     for start, end in spans:
-        hits = sum(1 for j in range(start, end) if j in kept_set)
+        hits = [j for j in range(start, end) if j in kept_set]
         if hits:
-            scored.append((-hits / (end - start), -hits, start, end))
+            best = max(score[j] for j in hits) if score is not None else 0.0
+            ranked.append((-best, -len(hits) / (end - start), -len(hits), start, end))
     chosen: set[int] = set()
-    for _, _, start, end in sorted(scored):
+    for *_, start, end in sorted(ranked):
         if len(chosen) + (end - start) <= budget:
             chosen.update(range(start, end))
-    for j in sorted(kept_set):  # the rest of the budget: the heads' own picks
+    rest = sorted(kept_set - chosen, key=(lambda j: (-score[j], j)) if score is not None else None)
+    for j in rest:  # the rest of the budget: the heads' own picks
         if len(chosen) >= budget:
             break
         chosen.add(j)

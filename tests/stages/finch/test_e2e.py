@@ -12,7 +12,7 @@ from stages.compression.finch import FinchCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.finch import finch_prefill
-from stages.finch.spans import boundary_token_ids
+from stages.finch.spans import sentence_boundaries
 from stages.prompting import PromptBuilder
 
 CORPUS = Path(__file__).resolve().parents[3] / "jobs" / "corpus"
@@ -34,7 +34,7 @@ def test_answer_from_the_middle_of_a_document_8x_the_budget(embedded_model, keep
     assert "pelican" not in text and len(doc) >= 8 * 500
     parts = builder.build(doc, DEFAULT_QA_INSTRUCTION, QUESTION)
     cfg = FinchCompression(target_tokens=512, chunk_tokens=256, keep=keep)
-    bounds = boundary_token_ids(tok) if keep == "sentences" else None
+    bounds = sentence_boundaries(tok) if keep == "sentences" else None
     out = finch_prefill(model, [parts], cfg, tok.pad_token_id, boundaries=bounds)
     assert out.context_tokens == [512]
     config = DecodeConfig(max_new_tokens=16, eos_ids=frozenset({tok.eos_token_id}))

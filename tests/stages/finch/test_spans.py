@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from stages.finch.spans import boundary_token_ids, sentence_spans, snap_to_sentences
+from stages.finch.spans import Boundaries, sentence_boundaries, sentence_spans, snap_to_sentences
 
-DOT, NL = 1, 2  # sentence-ending ids in these examples
+DOT, NL, SPACED = 1, 2, 3  # a sentence end, a line break, a token opening with a space
+B = Boundaries(breaks=frozenset({NL}), ends=frozenset({DOT}), opens=frozenset({SPACED, 8}))
 
 
 def test_sentence_spans_tile_the_document():
-    ids = [5, 6, DOT, 7, NL, 8, 9]
-    assert sentence_spans(ids, frozenset({DOT, NL})) == [(0, 3), (3, 5), (5, 7)]
-    assert sentence_spans([DOT], frozenset({DOT})) == [(0, 1)]
-    assert sentence_spans([], frozenset({DOT})) == []
+    ids = [5, 6, DOT, SPACED, NL, 8, 9]
+    assert sentence_spans(ids, B) == [(0, 3), (3, 5), (5, 7)]
+    assert sentence_spans([DOT], B) == [(0, 1)]
+    assert sentence_spans([], B) == []
+    # An end token followed by a token that does not open with a space ("3.1") ends
+    # nothing; followed by a break it does.
+    assert sentence_spans([5, DOT, 6, 7, DOT, NL, 5], B) == [(0, 5), (5, 6), (6, 7)]
 
 
 def test_the_answer_after_the_cue_is_kept_with_it():
@@ -37,13 +41,27 @@ def test_exact_budget_and_order():
     assert snap_to_sentences(kept, spans, 5) == [4, 5, 6, 7, 8]
 
 
-def test_boundary_ids_of_the_embedded_tokenizer(tokenizer):
-    ids = boundary_token_ids(tokenizer)
-    enc = tokenizer("First sentence. Second one!\nThird?", add_special_tokens=False)["input_ids"]
-    spans = sentence_spans(enc, ids)
-    texts = [tokenizer.decode(enc[a:b]) for a, b in spans]
-    assert texts == ["First sentence.", " Second one!", "\n", "Third?"]
-    assert not any(tokenizer.decode([i]).strip().isalpha() for i in list(ids)[:50])
+def test_scores_rank_sentences_by_their_best_token():
+    spans = [(0, 4), (4, 9), (9, 30)]
+    kept = [1, 5, 6, 7, 20]
+    score = {1: 0.9, 5: 0.2, 6: 0.3, 7: 0.1, 20: 0.5}
+    # (0, 4) holds the best token: it goes first although (4, 9) is denser; the rest of
+    # the budget takes the best remaining picks (20, then 6).
+    assert snap_to_sentences(kept, spans, 6, score) == [0, 1, 2, 3, 6, 20]
+    assert snap_to_sentences(kept, spans, 9, score) == list(range(9))
+    for budget in (1, 5, 9, 12, 30, 40):
+        out = snap_to_sentences(kept, spans, budget, score)
+        assert len(out) == min(budget, 30) and out == sorted(set(out))
+
+
+def test_boundaries_of_the_embedded_tokenizer(tokenizer):
+    b = sentence_boundaries(tokenizer)
+    text = "First sentence. Python 3.1 was released on June 27, 2009.\nThird?"
+    enc = tokenizer(text, add_special_tokens=False)["input_ids"]
+    texts = [tokenizer.decode(enc[a:e]) for a, e in sentence_spans(enc, b)]
+    assert texts == ["First sentence.", " Python 3.1 was released on June 27, 2009.", "\n", "Third?"]
+    assert not any(tokenizer.decode([i]).strip().isalpha() for i in list(b.ends)[:50])
+    assert all("\n" in tokenizer.decode([i]) for i in list(b.breaks)[:50])
 
 
 def test_keep_sentences_needs_early_exit():
