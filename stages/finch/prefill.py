@@ -338,9 +338,12 @@ def finch_prefill(
                 for k, sp, n, sc in zip(kept_tokens, spans, kept.tolist(), scores, strict=True)
             ]
         if config.order == "relevance":
+            # A document that fits the budget is read whole, in order, as when every row
+            # fits (the early return above): a row's text must not depend on its batch.
             kept_tokens = [
-                order_by_relevance(kept_units(k, spans[row] if spans else None), scores[row])
-                for row, k in enumerate(kept_tokens)
+                k if len(k) >= len(p.context_ids)
+                else order_by_relevance(kept_units(k, spans[row] if spans else None), scores[row])
+                for row, (k, p) in enumerate(zip(kept_tokens, parts, strict=True))
             ]
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)

@@ -104,3 +104,20 @@ def test_auto_settings_resolve_by_mode_and_task():
     assert (kv.keep, kv.order) == ("tokens", "document")
     explicit = FinchCompression(keep="tokens", order="document").resolved("qa")
     assert (explicit.keep, explicit.order) == ("tokens", "document")
+
+
+def test_a_document_within_the_budget_keeps_its_order_in_any_batch():
+    """Relevance order reorders compressed text only: a short row batched with a long one
+    reads exactly as it does alone (where no scoring pass runs at all)."""
+    model = planted_model()
+    short = _parts(20, 12, seed=3)
+    doc = list(short.context_ids)
+    for j in (4, 9, 14, 19):  # four sentences: the marker's is the third
+        doc[j] = 3
+    parts = [_parts(200, 40, seed=2), PromptParts(short.prefix_ids, doc, short.query_ids)]
+    bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
+    cfg = FinchCompression(target_tokens=24, chunk_tokens=32, keep="sentences", order="relevance")
+    batch = finch_prefill(model, parts, cfg, 0, heads=PLANTED, boundaries=bounds)
+    alone = finch_prefill(model, [parts[1]], cfg, 0, heads=PLANTED, boundaries=bounds)
+    assert batch.context_tokens[1] == alone.context_tokens[0] == 20
+    torch.testing.assert_close(batch.state.last_logits[1], alone.state.last_logits[0])
