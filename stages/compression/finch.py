@@ -109,7 +109,7 @@ class FinchCompression(CompressionSpec):
 class FinchMethod(CompressionMethod):
     name = "finch"
     spec_model = FinchCompression
-    summary = "the document tokens the question's retrieval heads attend to most, read chunk by chunk"
+    summary = "the sentences the question's retrieval heads attend to most, read chunk by chunk (for qa the best evidence last)"
     paper = "https://arxiv.org/abs/2408.00167"
     order = 3
     runs_at = "prefill"
