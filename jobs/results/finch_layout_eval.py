@@ -11,6 +11,7 @@ several ways, each prefilled with the pipeline's prompt and answered greedily (3
 - max_rel:  the same sentences, least relevant first (keep sentences, order relevance: the
             qa default since 2026-11-23)
 - share_rel: share-ranked sentences, least relevant first
+- max_best_last: max's sentences in document order, except the single best one, moved last
 - rag:      the rag method's context at the same budget (the embedded MiniLM), for reference
 
 A row is correct when the normalised reference occurs in the answer (``contains``, as in
@@ -45,7 +46,7 @@ from stages.finch.spans import sentence_boundaries, sentence_spans, snap_to_sent
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
 
-VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "rag")
+VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last", "rag")
 
 
 def question_set(name: str) -> list[dict]:
@@ -71,7 +72,14 @@ def layouts(idx: list[int], score: dict[int, float], spans, k: int) -> dict[str,
     share, best = snap_to_sentences(idx, spans, k), snap_to_sentences(idx, spans, k, score)
     return {"doc": idx, "rel": order_by_relevance(kept_units(idx), score), "share": share, "max": best,
             "share_rel": order_by_relevance(kept_units(share, spans), score),
-            "max_rel": order_by_relevance(kept_units(best, spans), score)}
+            "max_rel": order_by_relevance(kept_units(best, spans), score),
+            "max_best_last": best_last(kept_units(best, spans), score)}
+
+
+def best_last(units: list[list[int]], score: dict[int, float]) -> list[int]:
+    """Document order, but the unit holding the best-scored token goes last."""
+    top = max(range(len(units)), key=lambda i: max(score.get(j, float("-inf")) for j in units[i]))
+    return [j for i, u in enumerate(units) if i != top for j in u] + units[top]
 
 
 def main() -> None:
