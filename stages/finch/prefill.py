@@ -183,7 +183,7 @@ def _carried(kept_score: torch.Tensor, cand_valid: torch.Tensor) -> torch.Tensor
     return torch.cat([kept_score, kept_score.new_zeros(kept_score.shape[0], pad)], dim=1)
 
 
-def view_of(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
+def _pass_view(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
     """What the selector sees of this pass (selector.PassView)."""
     return PassView(
         queries=capture.queries,
@@ -196,8 +196,9 @@ def view_of(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
 
 
 def _kept_scores(index0: torch.Tensor, kept_score: torch.Tensor, kept: torch.Tensor) -> list[dict[int, float]]:
-    """Per row, document index -> the last scoring pass's score of each kept token.
-    index0: [B, H_kv, K] (layer 0), kept_score: [B, K], kept: [B]."""
+    """Per row, document index -> the last scoring pass's score of each kept token, in
+    slot order (ascending document index). index0: [B, H_kv, K] (layer 0),
+    kept_score: [B, K], kept: [B]."""
     out = []
     for row, k in enumerate(kept.tolist()):
         idx = index0[row, 0, index0.shape[-1] - int(k) :].tolist()
@@ -302,14 +303,14 @@ def finch_prefill(
             chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
             kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
         elif early:  # one shared selection; its scores order the kept text
-            scores = selector.scores(view_of(capture, cache, mask, blk, lp, cand_valid))  # [B, 1, C]
+            scores = selector.scores(_pass_view(capture, cache, mask, blk, lp, cand_valid))  # [B, 1, C]
             chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
             # A row without a chunk in this pass has no question in it either: it keeps
             # the scores of its last pass.
             fresh = torch.where(blk.is_chunk.any(dim=1)[:, None], scores[:, 0], _carried(kept_score, cand_valid))
             kept_score = _follow_score(fresh, chosen[0], plan)
         else:
-            chosen = selector.select(view_of(capture, cache, mask, blk, lp, cand_valid), plan)
+            chosen = selector.select(_pass_view(capture, cache, mask, blk, lp, cand_valid), plan)
         for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
             if trace is not None or layer_idx == 0:
                 doc_index[layer_idx] = _follow(doc_index[layer_idx], blk.doc_index, idx, plan)
@@ -325,11 +326,8 @@ def finch_prefill(
         compress_s += time.perf_counter() - ts
     if early:
         del cache
-        kept_tokens = [
-            doc_index[0][row, 0, doc_index[0].shape[-1] - int(k) :].tolist()
-            for row, k in enumerate(kept.tolist())
-        ]
         scores = _kept_scores(doc_index[0], kept_score, kept)
+        kept_tokens = [list(sc) for sc in scores]  # ascending document indices (slot order)
         spans = None
         if config.keep == "sentences":
             spans = [sentence_spans(p.context_ids, boundaries) for p in parts]
