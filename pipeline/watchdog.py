@@ -12,7 +12,8 @@ thread polls the GCS actor table of this job every ``poll_s``; when actors whose
 class name contains ``marker``, created since the watchdog started, have been
 seen, every one of them is DEAD, and no
 batch arrived for ``grace_s``, it sets ``fired``/``reason`` and interrupts the main
-thread (KeyboardInterrupt). ``guarded(watchdog, iterate)`` runs ``iterate`` and turns
+thread (KeyboardInterrupt; a real SIGINT to the main thread when that has not landed
+within 15 s). ``guarded(watchdog, iterate)`` runs ``iterate`` and turns
 that interrupt into ``PoolLost`` (a RuntimeError); a real Ctrl-C still propagates.
 The actor table is read through ``ray._private.state`` (no dashboard needed: the
 embedded Ray runs without one).
@@ -21,6 +22,7 @@ embedded Ray runs without one).
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,7 @@ class PoolWatchdog:
         self._lock = threading.Lock()
         self._active = False
         self._stop = threading.Event()
+        self._acknowledged = threading.Event()  # set by guarded once the interrupt landed
         self._thread: threading.Thread | None = None
 
     def progress(self) -> None:
@@ -104,6 +107,10 @@ class PoolWatchdog:
                     f"(resources.max_retries exhausted); no rows for {self.grace_s:.0f}s"
                 )
                 _thread.interrupt_main()
+            # interrupt_main only lands when the main thread next runs Python code; one
+            # blocked in a C call never sees it. A real SIGINT also breaks a blocking call.
+            if not self._acknowledged.wait(15.0):
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             return
 
 
@@ -115,4 +122,5 @@ def guarded(watchdog: PoolWatchdog, iterate: Callable[[], T]) -> T:
     except KeyboardInterrupt:
         if not watchdog.fired:
             raise
+        watchdog._acknowledged.set()
         raise PoolLost(watchdog.reason) from None

@@ -46,6 +46,28 @@ def test_a_dead_pool_turns_the_endless_wait_into_an_abort(ray_session):
     assert watchdog.fired and time.monotonic() - t < 30
 
 
+def test_a_main_thread_blocked_in_a_c_call_is_interrupted_too(ray_session):
+    """interrupt_main never lands in a blocking C call (a lock wait here); the watchdog's
+    follow-up SIGINT does."""
+    import threading
+
+    import ray
+
+    watchdog = PoolWatchdog(marker="GenerateStageProbe", grace_s=1.0, poll_s=0.2)
+
+    def blocked() -> str:
+        actor = _probe_actor()
+        time.sleep(0.5)
+        ray.kill(actor)
+        threading.Event().wait(90)  # one C-level wait, no Python code runs meanwhile
+        return "finished"
+
+    t = time.monotonic()
+    with pytest.raises(PoolLost):
+        guarded(watchdog, blocked)
+    assert time.monotonic() - t < 45
+
+
 def test_a_live_pool_and_a_finished_run_are_left_alone(ray_session):
     import ray
 
