@@ -12,7 +12,14 @@ several ways, each prefilled with the pipeline's prompt and answered greedily (3
             qa default since 2026-11-23)
 - share_rel: share-ranked sentences, least relevant first
 - max_best_last: max's sentences in document order, except the single best one, moved last
+- next_rel / next_doc: max's ranking, each sentence taken with the sentence after it (context)
+- psg_rel / psg_doc: passages (consecutive sentences up to 128 tokens) ranked by their best
+            kept token, whole passages within the budget
+- max_rel_t3 / max_rel_t5: max_rel without the sentences scoring below 0.3 / 0.5 x the best
+            (``min_relevance``; 0.5 is the qa default since 2026-11-24)
+- psg_rel_t5: psg_rel with the 0.5 floor per passage
 - rag:      the rag method's context at the same budget (the embedded MiniLM), for reference
+- none:     the whole document (full context), for reference
 
 A row is correct when the normalised reference occurs in the answer (``contains``, as in
 ``longdoc eval``); ``*_ev`` says whether it occurs in the kept text itself (evidence recall).
@@ -46,7 +53,9 @@ from stages.finch.spans import sentence_boundaries, sentence_spans, snap_to_sent
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
 
-VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last", "rag")
+VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last", "rag", "none",
+            "next_rel", "next_doc", "psg_rel", "psg_doc", "max_rel_t3", "max_rel_t5", "psg_rel_t5")
+PASSAGE_TOKENS = 128
 
 
 def question_set(name: str) -> list[dict]:
@@ -70,10 +79,66 @@ def question_set(name: str) -> list[dict]:
 
 def layouts(idx: list[int], score: dict[int, float], spans, k: int) -> dict[str, list[int]]:
     share, best = snap_to_sentences(idx, spans, k), snap_to_sentences(idx, spans, k, score)
-    return {"doc": idx, "rel": order_by_relevance(kept_units(idx), score), "share": share, "max": best,
+    return {"score": score, "doc": idx, "rel": order_by_relevance(kept_units(idx), score), "share": share, "max": best,
             "share_rel": order_by_relevance(kept_units(share, spans), score),
             "max_rel": order_by_relevance(kept_units(best, spans), score),
-            "max_best_last": best_last(kept_units(best, spans), score)}
+            "max_best_last": best_last(kept_units(best, spans), score),
+            "next_rel": order_by_relevance(kept_units(with_next(best, spans, score, k)), score),
+            "next_doc": with_next(best, spans, score, k),
+            "psg_rel": order_by_relevance(kept_units(passages(spans, score, k)), score),
+            "psg_doc": passages(spans, score, k),
+            "max_rel_t3": order_by_relevance(kept_units(above(best, spans, score, 0.3), spans), score),
+            "max_rel_t5": order_by_relevance(kept_units(above(best, spans, score, 0.5), spans), score),
+            "psg_rel_t5": order_by_relevance(kept_units(above(passages(spans, score, k), group(spans), score, 0.5)), score)}
+
+
+def unit_best(start: int, end: int, score: dict[int, float]) -> float:
+    return max((score[j] for j in range(start, end) if j in score), default=float("-inf"))
+
+
+def with_next(best: list[int], spans, score: dict[int, float], k: int) -> list[int]:
+    """max's sentences, each followed by its next sentence (context), best first, within k."""
+    ranked = sorted(range(len(spans)), key=lambda i: -unit_best(*spans[i], score))
+    chosen: set[int] = set()
+    for i in ranked:
+        if unit_best(*spans[i], score) == float("-inf"):
+            break
+        for m in (i, i + 1):
+            if m < len(spans) and not chosen.issuperset(range(*spans[m])):
+                if len(chosen | set(range(*spans[m]))) <= k:
+                    chosen.update(range(*spans[m]))
+    return sorted(chosen)
+
+
+def group(spans, size: int = PASSAGE_TOKENS) -> list[tuple[int, int]]:
+    """Consecutive sentences grouped into passages of at most ``size`` tokens."""
+    out: list[tuple[int, int]] = []
+    for start, end in spans:
+        if out and end - out[-1][0] <= size:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def passages(spans, score: dict[int, float], k: int) -> list[int]:
+    """Passages ranked by their best kept token, whole passages while they fit k."""
+    ps = group(spans)
+    chosen: set[int] = set()
+    for start, end in sorted(ps, key=lambda p: -unit_best(*p, score)):
+        if unit_best(start, end, score) == float("-inf"):
+            break
+        if len(chosen) + end - start <= k:
+            chosen.update(range(start, end))
+    return sorted(chosen)
+
+
+def above(chosen: list[int], spans, score: dict[int, float], tau: float) -> list[int]:
+    """The units of ``chosen`` whose best score is at least tau x the best unit's."""
+    units = [(s, e) for s, e in spans if any(j in score for j in range(s, e))]
+    top = max(unit_best(s, e, score) for s, e in units)
+    keep = set(chosen)
+    return [j for s, e in spans if unit_best(s, e, score) >= tau * top for j in range(s, e) if j in keep]
 
 
 def best_last(units: list[list[int]], score: dict[int, float]) -> list[int]:
@@ -88,6 +153,7 @@ def main() -> None:
     ap.add_argument("--target", type=int, default=512)
     ap.add_argument("--variants", default="doc,max,max_rel,rag")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--limit", type=int, default=0, help="stop after this many questions (0 = all)")
     args = ap.parse_args()
     names = args.variants.split(",")
     if bad := [n for n in names if n not in VARIANTS]:
@@ -113,9 +179,13 @@ def main() -> None:
             last, k = trace[-1], trace[-1].kept[0]
             idx = last.kept_index[0][0, 0, -k:].tolist()
             keeps = layouts(idx, dict(zip(idx, last.kept_score[0, -k:].tolist(), strict=True)), spans, k)
-            rec = {"doc": row["id"], "kind": kind, "question": q, "reference": a}
+            rec = {"doc": row["id"], "kind": kind, "question": q, "reference": a,
+                   "sentence_best": sorted((unit_best(s0, e0, keeps["score"]) for s0, e0 in spans
+                                            if unit_best(s0, e0, keeps["score"]) > float("-inf")), reverse=True)}
             for name in names:
-                if name == "rag":
+                if name == "none":
+                    toks = doc
+                elif name == "rag":
                     ctx = rag_contexts([doc], [q], tokenizer=tok, embedder=embedder, target_tokens=args.target)[0]
                     toks = ctx.context_ids
                 else:
@@ -123,9 +193,13 @@ def main() -> None:
                 with torch.no_grad():
                     state = prefill_full(model, [parts.prefix_ids + toks + parts.query_ids], tok.pad_token_id)
                     answer = tok.decode(decode_plain(model, state, dcfg)[0].tokens, skip_special_tokens=True)
-                rec |= {name: contains(answer, a), f"{name}_ev": contains(tok.decode(toks), a), f"{name}_answer": answer}
+                rec |= {name: contains(answer, a), f"{name}_ev": contains(tok.decode(toks), a), f"{name}_answer": answer, f"{name}_n": len(toks)}
             results.append(rec)
             print(kind[:3], [int(rec[n]) for n in names], q[:50], flush=True)
+            if args.limit and len(results) >= args.limit:
+                break
+        if args.limit and len(results) >= args.limit:
+            break
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     print(f"| kind | n | {' | '.join(f'{n} (evidence)' for n in names)} |")

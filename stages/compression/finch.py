@@ -18,6 +18,11 @@ from schemas.compression import CompressionSpec
 from schemas.spec import JobSpec
 from stages.compression.base import CompressionMethod, Condition, Loaded
 
+# Finch's min_relevance for qa (auto): kept sentences scoring below this fraction of the
+# best one are dropped. Chosen among 0 / 0.3 / 0.5 on the eval set (0.3 and 0.5 tied) and
+# the held-out sets broke the tie (jobs/eval/results/2026-11-24-finch-relevance-floor-cpu.md).
+AUTO_MIN_RELEVANCE = 0.5
+
 if TYPE_CHECKING:
     import torch
 
@@ -74,6 +79,15 @@ class FinchCompression(CompressionSpec):
         "(and in mode kv).",
     )
 
+    min_relevance: float | Literal["auto"] = Field(
+        default="auto",
+        description="mode early_exit: keep only the sentences (or runs) whose best score is at "
+        "least this fraction of the best one's, so a question whose evidence is concentrated "
+        "reads a few sentences rather than the whole budget (target_tokens stays the cap; a "
+        "document within it is read whole); 0 fills the budget; auto: "
+        f"{AUTO_MIN_RELEVANCE} for task.kind qa, 0 for summaries (and in mode kv).",
+    )
+
     def resolved(self, task_kind: str) -> FinchCompression:
         """These settings with ``auto`` resolved for a job of ``task_kind`` (qa | summarize).
 
@@ -85,7 +99,15 @@ class FinchCompression(CompressionSpec):
         order = self.order
         if order == "auto":
             order = "relevance" if early and task_kind == "qa" else "document"
-        return self.model_copy(update={"keep": keep, "order": order})
+        floor = self.min_relevance
+        if floor == "auto":
+            floor = AUTO_MIN_RELEVANCE if early and task_kind == "qa" else 0.0
+        return self.model_copy(update={"keep": keep, "order": order, "min_relevance": floor})
+
+    @property
+    def relevance_floor(self) -> float:
+        """min_relevance as a number (auto, unresolved, reads as 0: fill the budget)."""
+        return 0.0 if self.min_relevance == "auto" else float(self.min_relevance)
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> FinchCompression:
@@ -101,6 +123,10 @@ class FinchCompression(CompressionSpec):
             )
         if self.order == "relevance" and self.mode != "early_exit":
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
+        if self.min_relevance != "auto" and not 0 <= self.min_relevance < 1:
+            raise ValueError(f"min_relevance must be in [0, 1) or auto (got {self.min_relevance})")
+        if self.relevance_floor > 0 and self.mode != "early_exit":
+            raise ValueError(f"min_relevance needs mode early_exit (got mode {self.mode}); allowed: min_relevance 0")
         if self.keep == "sentences" and self.mode != "early_exit":
             raise ValueError(f"keep sentences needs mode early_exit (got mode {self.mode}); allowed: keep tokens")
         return self
@@ -109,7 +135,7 @@ class FinchCompression(CompressionSpec):
 class FinchMethod(CompressionMethod):
     name = "finch"
     spec_model = FinchCompression
-    summary = "the sentences the question's retrieval heads attend to most, read chunk by chunk (for qa the best evidence last)"
+    summary = "the sentences the question's retrieval heads attend to most, read chunk by chunk (for qa only the strongest, best evidence last)"
     paper = "https://arxiv.org/abs/2408.00167"
     order = 3
     runs_at = "prefill"
@@ -155,7 +181,9 @@ class FinchMethod(CompressionMethod):
                 )
             doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
             # The continuation follows the text it continues: document order always.
-            cfg = config.model_copy(update={"target_tokens": keep - query_tokens, "order": "document"})
+            cfg = config.model_copy(
+                update={"target_tokens": keep - query_tokens, "order": "document", "min_relevance": 0.0}
+            )
             res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad, boundaries=bounds)
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 

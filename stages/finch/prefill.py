@@ -35,8 +35,9 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    keep="sentences" (early exit only) widens the selection to whole sentences
    around the selected tokens before that prefill (spans.py), same budget;
    order="relevance" lays the kept runs (or sentences) out least relevant first,
-   by the last pass's scores, so the best evidence ends next to the question
-   (order.py).
+   by the last pass's scores, so the best evidence ends next to the question, and
+   min_relevance > 0 drops the runs (sentences) scoring below that fraction of the
+   best one: the budget is a cap (order.py).
 
 Batching: rows have their own documents, budgets and schedules; blocks are
 left-padded, a row whose document is exhausted rides along with an all-padding
@@ -67,7 +68,7 @@ from stages.decoding.state import (
     step_mask,
 )
 from stages.finch.heads import HeadSet, find_heads
-from stages.finch.order import kept_units, order_by_relevance
+from stages.finch.order import lay_out
 from stages.finch.rope import rotary_module
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.scoring import QueryCapture
@@ -335,14 +336,14 @@ def finch_prefill(
                 snap_to_sentences(k, sp, int(n), sc)
                 for k, sp, n, sc in zip(kept_tokens, spans, kept.tolist(), scores, strict=True)
             ]
-        if config.order == "relevance":
-            # A document that fits the budget is read whole, in order, as when every row
-            # fits (the early return above): a row's text must not depend on its batch.
-            kept_tokens = [
-                k if len(k) >= len(p.context_ids)
-                else order_by_relevance(kept_units(k, spans[row] if spans else None), scores[row])
-                for row, (k, p) in enumerate(zip(kept_tokens, parts, strict=True))
-            ]
+        # A document that fits the budget is read whole, in order, as when every row
+        # fits (the early return above): a row's text must not depend on its batch.
+        kept_tokens = [
+            k if len(k) >= len(p.context_ids)
+            else lay_out(k, spans[row] if spans else None, scores[row], config.order,
+                         config.relevance_floor)
+            for row, (k, p) in enumerate(zip(kept_tokens, parts, strict=True))
+        ]
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)

@@ -7,10 +7,10 @@ import torch
 from finch_testlib import random_parts
 from planted import HEAD, doc_with_marker, planted_model
 
-from stages.compression.finch import FinchCompression
+from stages.compression.finch import AUTO_MIN_RELEVANCE, FinchCompression
 from stages.decoding.state import prefill_full
 from stages.finch.heads import HeadSet
-from stages.finch.order import kept_units, order_by_relevance
+from stages.finch.order import kept_units, lay_out, order_by_relevance
 from stages.finch.prefill import FinchStep, finch_prefill
 from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
 from stages.prompting import PromptParts
@@ -96,14 +96,62 @@ def test_sentences_in_relevance_order_through_finch_prefill():
 
 def test_auto_settings_resolve_by_mode_and_task():
     cfg = FinchCompression()
-    assert (cfg.keep, cfg.order) == ("auto", "auto")
+    assert (cfg.keep, cfg.order, cfg.min_relevance) == ("auto", "auto", "auto")
+    assert cfg.relevance_floor == 0.0  # unresolved auto fills the budget
     qa, summary = cfg.resolved("qa"), cfg.resolved("summarize")
-    assert (qa.keep, qa.order) == ("sentences", "relevance")
-    assert (summary.keep, summary.order) == ("sentences", "document")  # a summary keeps the story's order
+    assert (qa.keep, qa.order, qa.min_relevance) == ("sentences", "relevance", AUTO_MIN_RELEVANCE)
+    # A summary keeps the story's order and the whole budget.
+    assert (summary.keep, summary.order, summary.min_relevance) == ("sentences", "document", 0.0)
     kv = FinchCompression(mode="kv").resolved("qa")
-    assert (kv.keep, kv.order) == ("tokens", "document")
-    explicit = FinchCompression(keep="tokens", order="document").resolved("qa")
-    assert (explicit.keep, explicit.order) == ("tokens", "document")
+    assert (kv.keep, kv.order, kv.min_relevance) == ("tokens", "document", 0.0)
+    explicit = FinchCompression(keep="tokens", order="document", min_relevance=0.5).resolved("qa")
+    assert (explicit.keep, explicit.order, explicit.min_relevance) == ("tokens", "document", 0.5)
+
+
+def test_floor_drops_units_below_a_fraction_of_the_best():
+    kept = [2, 3, 4, 9, 10, 15, 20]
+    score = {2: 0.1, 3: 0.9, 4: 0.2, 9: 0.5, 10: 0.4, 15: 0.2}  # 20 has no score
+    assert lay_out(kept, None, score, "document") == kept  # no floor: everything, in order
+    assert lay_out(kept, None, score, "relevance") == [20, 15, 9, 10, 2, 3, 4]
+    assert lay_out(kept, None, score, "document", 0.5) == [2, 3, 4, 9, 10]  # 0.5 >= 0.45
+    assert lay_out(kept, None, score, "relevance", 0.5) == [9, 10, 2, 3, 4]
+    assert lay_out(kept, None, score, "auto", 0.99) == [2, 3, 4]  # the best unit always stays
+    spans = [(0, 4), (4, 12), (12, 21)]
+    assert lay_out(kept, spans, score, "document", 0.3) == [2, 3, 4, 9, 10]  # sentence units
+    assert lay_out(kept, None, {}, "document", 0.5) == kept  # nothing scored: nothing dropped
+    assert lay_out([], None, score, "relevance", 0.5) == []
+
+
+def test_floor_settings_are_checked():
+    with pytest.raises(ValueError, match=r"min_relevance must be in \[0, 1\)"):
+        FinchCompression(min_relevance=1.0)
+    with pytest.raises(ValueError, match="min_relevance needs mode early_exit"):
+        FinchCompression(mode="kv", min_relevance=0.3)
+    assert FinchCompression(mode="kv", min_relevance=0).relevance_floor == 0.0
+
+
+def test_floor_through_finch_prefill_reads_only_the_best_sentences():
+    """A floor keeps the marker's sentence and drops the low-scored rest of the budget;
+    the state is a plain prefill of exactly what lay_out returns."""
+    model = planted_model()
+    doc = doc_with_marker(200, 100, seed=4)
+    for j in range(9, 200, 10):
+        doc[j] = 3
+    frame = random_parts([(5, 0, 9)], seed=4)[0]
+    part = PromptParts(frame.prefix_ids, doc, frame.query_ids)
+    bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
+    cfg = FinchCompression(target_tokens=30, chunk_tokens=32, keep="sentences", order="relevance",
+                           min_relevance=0.5)
+    trace: list[FinchStep] = []
+    out = finch_prefill(model, [part], cfg, 0, trace=trace, heads=PLANTED, boundaries=bounds)
+    idx = trace[-1].kept_index[0][0, 0, -30:].tolist()
+    score = dict(zip(idx, trace[-1].kept_score[0, -30:].tolist(), strict=True))
+    spans = sentence_spans(doc, bounds)
+    layout = lay_out(snap_to_sentences(idx, spans, 30, score), spans, score, "relevance", 0.5)
+    assert 10 <= len(layout) < 30 and layout[-10:] == list(range(100, 110))
+    assert out.context_tokens == [len(layout)]
+    full = prefill_full(model, [part.prefix_ids + [doc[j] for j in layout] + part.query_ids], 0)
+    torch.testing.assert_close(out.state.last_logits, full.last_logits)
 
 
 def test_a_document_within_the_budget_keeps_its_order_in_any_batch():
