@@ -18,6 +18,8 @@ several ways, each prefilled with the pipeline's prompt and answered greedily (3
 - max_rel_t3 / max_rel_t5: max_rel without the sentences scoring below 0.3 / 0.5 x the best
             (``min_relevance``; 0.5 is the qa default since 2026-11-24)
 - psg_rel_t5: psg_rel with the 0.5 floor per passage
+- t5_next_rel: max_rel_t5's sentences, each with the sentence after it (may exceed a tiny
+            budget; an experiment on context for native questions)
 - rag:      the rag method's context at the same budget (the embedded MiniLM), for reference
 - none:     the whole document (full context), for reference
 
@@ -54,7 +56,8 @@ from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
 
 VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last", "rag", "none",
-            "next_rel", "next_doc", "psg_rel", "psg_doc", "max_rel_t3", "max_rel_t5", "psg_rel_t5")
+            "next_rel", "next_doc", "psg_rel", "psg_doc", "max_rel_t3", "max_rel_t5", "psg_rel_t5",
+            "t5_next_rel")
 PASSAGE_TOKENS = 128
 
 
@@ -89,6 +92,7 @@ def layouts(idx: list[int], score: dict[int, float], spans, k: int) -> dict[str,
             "psg_doc": passages(spans, score, k),
             "max_rel_t3": order_by_relevance(kept_units(above(best, spans, score, 0.3), spans), score),
             "max_rel_t5": order_by_relevance(kept_units(above(best, spans, score, 0.5), spans), score),
+            "t5_next_rel": order_by_relevance(kept_units(following(above(best, spans, score, 0.5), spans)), score),
             "psg_rel_t5": order_by_relevance(kept_units(above(passages(spans, score, k), group(spans), score, 0.5)), score)}
 
 
@@ -108,6 +112,15 @@ def with_next(best: list[int], spans, score: dict[int, float], k: int) -> list[i
                 if len(chosen | set(range(*spans[m]))) <= k:
                     chosen.update(range(*spans[m]))
     return sorted(chosen)
+
+
+def following(chosen: list[int], spans) -> list[int]:
+    """``chosen`` plus the whole sentence after each of its sentences."""
+    out, have = set(chosen), set(chosen)
+    for i, (s, e) in enumerate(spans[:-1]):
+        if any(j in have for j in range(s, e)):
+            out.update(range(*spans[i + 1]))
+    return sorted(out)
 
 
 def group(spans, size: int = PASSAGE_TOKENS) -> list[tuple[int, int]]:
