@@ -10,7 +10,7 @@ method and its settings; the algorithm is the stages/finch/ package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -79,7 +79,7 @@ class FinchCompression(CompressionSpec):
         "(and in mode kv).",
     )
 
-    min_relevance: float | Literal["auto"] = Field(
+    min_relevance: Annotated[float, Field(ge=0, lt=1)] | Literal["auto"] = Field(
         default="auto",
         description="mode early_exit: keep only the sentences (or runs) whose best score is at "
         "least this fraction of the best one's, so a question whose evidence is concentrated "
@@ -123,8 +123,6 @@ class FinchCompression(CompressionSpec):
             )
         if self.order == "relevance" and self.mode != "early_exit":
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
-        if self.min_relevance != "auto" and not 0 <= self.min_relevance < 1:
-            raise ValueError(f"min_relevance must be in [0, 1) or auto (got {self.min_relevance})")
         if self.relevance_floor > 0 and self.mode != "early_exit":
             raise ValueError(f"min_relevance needs mode early_exit (got mode {self.mode}); allowed: min_relevance 0")
         if self.keep == "sentences" and self.mode != "early_exit":

@@ -123,8 +123,9 @@ def test_floor_drops_units_below_a_fraction_of_the_best():
 
 
 def test_floor_settings_are_checked():
-    with pytest.raises(ValueError, match=r"min_relevance must be in \[0, 1\)"):
-        FinchCompression(min_relevance=1.0)
+    for bad in (1.0, -0.1, "high"):
+        with pytest.raises(ValueError, match="min_relevance"):
+            FinchCompression(min_relevance=bad)
     with pytest.raises(ValueError, match="min_relevance needs mode early_exit"):
         FinchCompression(mode="kv", min_relevance=0.3)
     assert FinchCompression(mode="kv", min_relevance=0).relevance_floor == 0.0
