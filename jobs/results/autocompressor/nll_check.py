@@ -9,6 +9,8 @@ scores cont[1:] (mean nats per token) so all share the same targets:
 - ac_none: cont alone, scored by the trained checkpoint (LoRA merged; does LoRA alone help?)
 - ac:    earlier compressed segment by segment (S tokens each) into K summary vectors per
          segment, then cont conditioned on them (the trained checkpoint, LoRA merged)
+- ac_other: the same, but the summaries of the NEXT held-out document's earlier text: equal
+         to ac when the summaries carry nothing of their own document
 Recovered gap = (none - ac) / (none - full). Compression = E / (K * E/S) = S / K.
 
     .venv/bin/python jobs/results/autocompressor/nll_check.py --checkpoint DIR
@@ -57,25 +59,28 @@ def main() -> None:
     if e % s:
         raise ValueError(f"--earlier {e} must be a multiple of --segment {s}")
     budget = k * e // s
-    rows = []
+    rows, docs = [], []
     for line in args.docs.read_text(encoding="utf-8").splitlines():
         doc = json.loads(line)
         ids = tok(doc["text"], add_special_tokens=False).input_ids
-        if len(ids) < e + c:
-            continue
+        if len(ids) >= e + c:
+            docs.append((doc["id"], ids))
+    for i, (doc_id, ids) in enumerate(docs):
         earlier, cont = ids[:e], ids[e : e + c]
+        other = docs[(i + 1) % len(docs)][1][:e]
         row = {
-            "id": doc["id"],
+            "id": doc_id,
             "none": nll(base, cont, [c], 1, False),
             "full": nll(base, earlier + cont, [e + c], e + 1, False),
             "trunc": nll(base, earlier[-budget:] + cont, [budget + c], budget + 1, False),
             "ac_none": nll(ac, cont, [c], 1, False),  # the trained model, no context
             "ac": nll(ac, earlier + cont, [s] * (e // s) + [c], e + 1, True),
+            "ac_other": nll(ac, other + cont, [s] * (e // s) + [c], e + 1, True),
         }
         row["recovered"] = (row["none"] - row["ac"]) / (row["none"] - row["full"])
         rows.append(row)
         print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
-    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac_none", "ac")}
+    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac_none", "ac", "ac_other")}
     mean["recovered"] = (mean["none"] - mean["ac"]) / (mean["none"] - mean["full"])
     summary = {
         "docs": len(rows),
