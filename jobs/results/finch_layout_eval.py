@@ -50,7 +50,7 @@ from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
-from stages.finch.order import kept_units, order_by_relevance
+from stages.finch.order import kept_units, lay_out, order_by_relevance
 from stages.finch.spans import sentence_boundaries, sentence_spans, snap_to_sentences
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
@@ -90,10 +90,10 @@ def layouts(idx: list[int], score: dict[int, float], spans, k: int) -> dict[str,
             "next_doc": with_next(best, spans, score, k),
             "psg_rel": order_by_relevance(kept_units(passages(spans, score, k)), score),
             "psg_doc": passages(spans, score, k),
-            "max_rel_t3": order_by_relevance(kept_units(above(best, spans, score, 0.3), spans), score),
-            "max_rel_t5": order_by_relevance(kept_units(above(best, spans, score, 0.5), spans), score),
-            "t5_next_rel": order_by_relevance(kept_units(following(above(best, spans, score, 0.5), spans)), score),
-            "psg_rel_t5": order_by_relevance(kept_units(above(passages(spans, score, k), group(spans), score, 0.5)), score)}
+            "max_rel_t3": lay_out(best, spans, score, "relevance", 0.3),
+            "max_rel_t5": lay_out(best, spans, score, "relevance", 0.5),
+            "t5_next_rel": order_by_relevance(kept_units(following(lay_out(best, spans, score, "document", 0.5), spans)), score),
+            "psg_rel_t5": order_by_relevance(kept_units(lay_out(passages(spans, score, k), group(spans), score, "document", 0.5)), score)}
 
 
 def unit_best(start: int, end: int, score: dict[int, float]) -> float:
@@ -144,14 +144,6 @@ def passages(spans, score: dict[int, float], k: int) -> list[int]:
         if len(chosen) + end - start <= k:
             chosen.update(range(start, end))
     return sorted(chosen)
-
-
-def above(chosen: list[int], spans, score: dict[int, float], tau: float) -> list[int]:
-    """The units of ``chosen`` whose best score is at least tau x the best unit's."""
-    units = [(s, e) for s, e in spans if any(j in score for j in range(s, e))]
-    top = max(unit_best(s, e, score) for s, e in units)
-    keep = set(chosen)
-    return [j for s, e in spans if unit_best(s, e, score) >= tau * top for j in range(s, e) if j in keep]
 
 
 def best_last(units: list[list[int]], score: dict[int, float]) -> list[int]:
