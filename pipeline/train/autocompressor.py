@@ -17,8 +17,9 @@ from schemas.spec import EMBEDDED_MODEL
 def _format(rec: dict) -> str:
     if "step" not in rec:
         return ", ".join(f"{k}={v}" for k, v in rec.items())
+    ae = f"  ae_loss {rec['ae_loss']:.4f}" if "ae_loss" in rec else ""
     return (
-        f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
+        f"step {rec['step']:>6}  loss {rec['loss']:.4f}{ae}  lr {rec['lr']:.2e}  "
         f"{rec['tokens_per_s']:,.0f} tok/s  {rec['s_per_step']:.2f} s/step"
     )
 
@@ -46,6 +47,13 @@ def train_autocompressor(
             "embeddings' RMS) or none (as the paper, unscaled final hidden states)."
         ),
     ] = "none",
+    autoencode_weight: Annotated[
+        float,
+        typer.Option(
+            help="Weight of the loss of reconstructing each segment from its own summary "
+            "(0 = the paper's next-token objective only)."
+        ),
+    ] = 0.0,
     block_tokens: Annotated[
         int, typer.Option(help="Tokens per training sequence (the paper: 6144).")
     ] = 2048,
@@ -153,6 +161,7 @@ def train_autocompressor(
         out_dir=out,
         summary_length=summary_length,
         summary_scale=summary_scale,
+        autoencode_weight=autoencode_weight,
         block_tokens=block_tokens,
         substeps=substeps,
         segments_per_substep=segments_per_substep,

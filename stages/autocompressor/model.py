@@ -112,11 +112,18 @@ def position_ids(
 @dataclass
 class SegmentLoss:
     """Output of ``AutoCompressor.forward``: summed next-token loss, number of predicted
-    tokens, and the soft prompt after the last segment ([B, P, H_in])."""
+    tokens, the soft prompt after the last segment ([B, P, H_in]), and (``autoencode``)
+    the summed reconstruction loss of every segment from its own summary and its tokens."""
 
     loss_sum: torch.Tensor
     n_tokens: int
     softprompt: torch.Tensor
+    ae_loss_sum: torch.Tensor | None = None
+    ae_tokens: int = 0
+
+    @property
+    def ae_loss(self) -> torch.Tensor | None:
+        return None if self.ae_loss_sum is None else self.ae_loss_sum / max(1, self.ae_tokens)
 
     @property
     def loss(self) -> torch.Tensor:
@@ -247,6 +254,30 @@ class AutoCompressor(nn.Module):
                 soft[b] = new[i]
         return soft
 
+    # ------------------------------------------------------------------ reconstruction
+    def reconstruction_loss(self, summary: torch.Tensor, ids: torch.Tensor) -> SegmentLoss:
+        """Autoencoding loss: read ``ids`` [B, L] again with only its own summary [B, K, H_in]
+        as the soft prompt, and score every token (the first from the last summary slot).
+
+        Why (the in-context autoencoder's pretraining, Ge et al., 2024, arXiv:2307.06945):
+        a continuation's next-token loss rewards summaries only for the few tokens the
+        earlier text predicts, so on a CPU budget they learned to carry nothing; asking the
+        summaries to reproduce their own segment gives every token a gradient through them.
+        """
+        b, k, length = ids.shape[0], summary.shape[1], ids.shape[1]
+        tok = self.embed(ids)
+        x = torch.cat([summary.to(tok.dtype), tok], dim=1)  # [B, K+L, H_in]
+        real = torch.ones(b, k + length, dtype=torch.bool, device=ids.device)
+        is_text = torch.cat([~real[:, :k], real[:, k:]], dim=1)
+        pos = position_ids(real, is_text, self.config.position_scheme)
+        out = self.lm.get_decoder()(
+            inputs_embeds=x, attention_mask=step_mask(real[:, :0], real), position_ids=pos,
+            use_cache=False,
+        )  # fmt: skip
+        logits = self.logits(out.last_hidden_state[:, k - 1 : k + length - 1])  # [B, L, V]
+        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="sum")
+        return SegmentLoss(loss_sum, ids.numel(), summary)
+
     # ------------------------------------------------------------------ training forward
     def forward(
         self,
@@ -255,6 +286,7 @@ class AutoCompressor(nn.Module):
         softprompt: torch.Tensor | None = None,
         use_summaries: bool = True,
         loss_from: int = 0,
+        autoencode: bool = False,
     ) -> SegmentLoss:
         """Next-token loss over ``ids`` [B, T] read as consecutive segments.
 
@@ -263,6 +295,8 @@ class AutoCompressor(nn.Module):
         last token of a segment predicts the first of the next one, as in the authors'
         trainer. use_summaries=False reads every segment on its own (no soft prompt, no
         summary tokens): the no-memory baseline. Only targets at index >= loss_from count.
+        autoencode=True also scores each segment's reconstruction from its own summary
+        (``reconstruction_loss``; needs use_summaries).
         """
         if sum(segment_lengths) != ids.shape[1] or min(segment_lengths) < 1:
             raise ValueError(
@@ -272,6 +306,7 @@ class AutoCompressor(nn.Module):
         soft = self.empty_softprompt(b) if softprompt is None else softprompt
         valid = torch.ones_like(ids, dtype=torch.bool)
         hiddens, start = [], 0
+        ae_sum, ae_tokens = None, 0
         for s, length in enumerate(segment_lengths):
             seg = ids[:, start : start + length]
             last = s == len(segment_lengths) - 1
@@ -284,6 +319,10 @@ class AutoCompressor(nn.Module):
             else:
                 text_h, summary = self.segment_forward(*args)
             hiddens.append(text_h)
+            if autoencode and use_summaries:
+                rec = self.reconstruction_loss(summary, seg)
+                ae_sum = rec.loss_sum if ae_sum is None else ae_sum + rec.loss_sum
+                ae_tokens += rec.n_tokens
             if use_summaries:
                 soft = self.next_softprompt(soft.to(summary.dtype), summary)
             start += length
@@ -297,4 +336,4 @@ class AutoCompressor(nn.Module):
             ignore_index=-100,
             reduction="sum",
         )
-        return SegmentLoss(loss_sum, int((targets != -100).sum()), soft)
+        return SegmentLoss(loss_sum, int((targets != -100).sum()), soft, ae_sum, ae_tokens)

@@ -32,12 +32,14 @@ from stages.autocompressor.model import AutoCompressor
 LAST, TMP, OLD = "last", "last.tmp", "last.old"
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.csv"
-LOG_FIELDS = ("step", "loss", "lr", "elapsed_s", "tokens")
+# ae_loss: the reconstruction loss (empty unless the run trains with autoencode_weight > 0).
+LOG_FIELDS = ("step", "loss", "lr", "elapsed_s", "tokens", "ae_loss")
 # Settings that must not change between a run and its resumption (the rest may, e.g. threads).
 FIXED = (
     "base_model", "summary_length", "accumulate_summary", "summary_scale", "block_tokens", "substeps",
     "segments_per_substep", "min_segment_tokens", "batch_size", "grad_accum", "steps", "lr",
     "warmup_steps", "max_grad_norm", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "seed",
+    "autoencode_weight",
 )  # fmt: skip
 
 
@@ -133,7 +135,8 @@ def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
     import json
 
     saved = json.loads((d / "autocompressor.json").read_text())["training"]
-    saved.setdefault("summary_scale", "none")  # runs saved before the setting existed
+    saved.setdefault("summary_scale", "none")  # runs saved before these settings existed
+    saved.setdefault("autoencode_weight", 0.0)
     changed = {k: (saved.get(k), info.get(k)) for k in FIXED if saved.get(k) != info.get(k)}
     if changed:
         k, (was, now) = next(iter(changed.items()))

@@ -10,6 +10,11 @@ gradients flow through at most ``segments_per_substep`` segments' summaries (the
 Llama-2 run: 2 substeps x 2 segments of a 6,144-token block, 50 summary vectors, LoRA
 r=16 on q/k/v/o, lr 8e-4; run/train_llama.sh).
 
+Not in the paper: ``autoencode_weight`` > 0 adds, per segment, the loss of reconstructing
+the segment from its own summary (model.AutoCompressor.reconstruction_loss), weighted and
+added to the next-token loss. The logged ``loss`` stays the next-token loss alone, so curves
+of runs with and without it compare; ``ae_loss`` is logged beside it.
+
 Contract: ``make_trainable(lm, ...)`` returns an AutoCompressor whose only trainable
 parameters are the summary embeddings and the LoRA weights; ``fit(ac, batches, cfg)``
 runs ``cfg.steps`` optimizer steps and reports progress through ``on_log`` (stats are
@@ -45,6 +50,7 @@ class TrainConfig:
     # See model.ACConfig. "none" (the paper's feed-back) stays the default: embedding_rms
     # did not make summaries useful in a 240-step CPU run either (jobs/results/autocompressor).
     summary_scale: str = "none"
+    autoencode_weight: float = 0.0  # 0: the paper's objective; see the module docstring
     block_tokens: int = 2048
     substeps: int = 2
     segments_per_substep: int = 2
@@ -92,6 +98,10 @@ class TrainConfig:
         for name in ("save_every", "stop_after", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.autoencode_weight <= 100.0:
+            raise ValueError(
+                f"autoencode_weight must be in [0, 100] (0 = the paper's objective), got {self.autoencode_weight}"
+            )
         if self.lora_r < 0:
             raise ValueError(
                 f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
@@ -162,8 +172,11 @@ def train_step(
     cfg: TrainConfig,
     rng: random.Random,
     segmenter: Segmenter | None = None,
+    ae_losses: list[float] | None = None,
 ) -> list[float]:
-    """Forward/backward over one batch [B, T]; gradients accumulate. Returns per-substep losses."""
+    """Forward/backward over one batch [B, T]; gradients accumulate. Returns per-substep
+    next-token losses; with cfg.autoencode_weight > 0 the per-substep reconstruction losses
+    are appended to ``ae_losses``."""
     segmenter = segmenter or (
         lambda total, r: random_segment_lengths(
             total, cfg.segments_per_substep, cfg.min_segment_tokens, r
@@ -174,11 +187,17 @@ def train_step(
     cuda = batch.device.type == "cuda"
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     soft, losses = None, []
+    autoencode = cfg.autoencode_weight > 0
     for s in range(cfg.substeps):
         part = batch[:, edges[s] : edges[s + 1]]
         with amp:
-            out = ac(part, segmenter(part.shape[1], rng), softprompt=soft)
-        (out.loss / cfg.grad_accum).backward()
+            out = ac(part, segmenter(part.shape[1], rng), softprompt=soft, autoencode=autoencode)
+        total = out.loss
+        if out.ae_loss is not None:
+            total = total + cfg.autoencode_weight * out.ae_loss
+            if ae_losses is not None:
+                ae_losses.append(float(out.ae_loss.detach()))
+        (total / cfg.grad_accum).backward()
         soft = out.softprompt.detach()  # stop-gradient between substeps
         losses.append(float(out.loss.detach()))
     return losses
@@ -219,12 +238,12 @@ def fit(
     stop = cfg.steps if not cfg.stop_after else min(cfg.steps, start + cfg.stop_after)
     ac.train()
     history: list[dict] = []
-    t0, run_tokens, window = time.perf_counter(), 0, []
+    t0, run_tokens, window, ae_window = time.perf_counter(), 0, [], []
     for step in range(start, stop):
-        losses = []
+        losses, ae = [], []
         for _ in range(cfg.grad_accum):
             batch = next(data).to(ac.device)
-            losses.append(sum(train_step(ac, batch, cfg, rng, segmenter)) / cfg.substeps)
+            losses.append(sum(train_step(ac, batch, cfg, rng, segmenter, ae)) / cfg.substeps)
             run_tokens += batch.numel()
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         lr = sched.get_last_lr()[0]  # the lr this step used
@@ -232,6 +251,7 @@ def fit(
         sched.step()
         opt.zero_grad(set_to_none=True)
         window += losses
+        ae_window += ae
         dt = time.perf_counter() - t0
         if on_step:
             on_step(
@@ -241,6 +261,7 @@ def fit(
                     "lr": lr,
                     "elapsed_s": round(elapsed0 + dt, 2),
                     "tokens": tokens + run_tokens,
+                    "ae_loss": sum(ae) / len(ae) if ae else None,
                 }
             )
         if (step + 1) % max(1, cfg.log_every) == 0 or step + 1 == stop:
@@ -251,8 +272,10 @@ def fit(
                 "tokens_per_s": run_tokens / dt,
                 "s_per_step": dt / (step + 1 - start),
             }
+            if ae_window:
+                rec["ae_loss"] = sum(ae_window) / len(ae_window)
             history.append(rec)
-            window = []
+            window, ae_window = [], []
             if on_log:
                 on_log(rec)
         if on_save and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == stop):

@@ -40,10 +40,12 @@ def test_cli_trains_and_saves(tmp_path, tiny_model_dir):
         "4",
         "--device",
         "cpu",
+        "--autoencode-weight",
+        "0.5",
     ]
     res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 0, res.output
-    assert "step      2  loss" in res.output and "tok/s" in res.output
+    assert "step      2  loss" in res.output and "ae_loss" in res.output and "tok/s" in res.output
     assert (out / "autocompressor.json").is_file() and "saved" in res.output
 
 
@@ -57,6 +59,8 @@ def test_cli_reports_bad_values(tmp_path, tiny_model_dir):
     ]
     res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 2 and "does not exist" in res.output
+    res = CliRunner().invoke(_app(), [*args[:1], "--autoencode-weight", "-1"])
+    assert res.exit_code == 2 and "autoencode_weight must be in [0, 100]" in res.output
 
 
 def test_cli_stops_resumes_logs_and_plots(tmp_path, tiny_model_dir):
@@ -75,7 +79,7 @@ def test_cli_stops_resumes_logs_and_plots(tmp_path, tiny_model_dir):
     assert second.exit_code == 0, second.output
     assert "step      3  loss" in second.output and "saved" in second.output
     lines = (out / "train_log.csv").read_text().splitlines()
-    assert lines[0] == "step,loss,lr,elapsed_s,tokens" and [x.split(",")[0] for x in lines[1:]] == [
+    assert lines[0] == "step,loss,lr,elapsed_s,tokens,ae_loss" and [x.split(",")[0] for x in lines[1:]] == [
         "1",
         "2",
         "3",
