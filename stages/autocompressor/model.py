@@ -257,26 +257,41 @@ class AutoCompressor(nn.Module):
     # ------------------------------------------------------------------ reconstruction
     def reconstruction_loss(self, summary: torch.Tensor, ids: torch.Tensor) -> SegmentLoss:
         """Autoencoding loss: read ``ids`` [B, L] again with only its own summary [B, K, H_in]
-        as the soft prompt, and score every token (the first from the last summary slot).
+        as the soft prompt, and score every token: ``[summary ; marker ; ids]``, where the
+        marker slot predicts ids[:, 0].
 
         Why (the in-context autoencoder's pretraining, Ge et al., 2024, arXiv:2307.06945):
         a continuation's next-token loss rewards summaries only for the few tokens the
         earlier text predicts, so on a CPU budget they learned to carry nothing; asking the
         summaries to reproduce their own segment gives every token a gradient through them.
+        The marker (the BOS token, else EOS; never inside a segment of running text) tells
+        the model "reproduce" apart from "continue", which the same soft prompt asks for
+        in the next-token passes.
         """
         b, k, length = ids.shape[0], summary.shape[1], ids.shape[1]
-        tok = self.embed(ids)
-        x = torch.cat([summary.to(tok.dtype), tok], dim=1)  # [B, K+L, H_in]
-        real = torch.ones(b, k + length, dtype=torch.bool, device=ids.device)
+        marker = torch.full((b, 1), self.reconstruction_marker, dtype=ids.dtype, device=ids.device)
+        tok = self.embed(torch.cat([marker, ids], dim=1))  # [B, 1+L, H_in]
+        x = torch.cat([summary.to(tok.dtype), tok], dim=1)  # [B, K+1+L, H_in]
+        real = torch.ones(b, x.shape[1], dtype=torch.bool, device=ids.device)
         is_text = torch.cat([~real[:, :k], real[:, k:]], dim=1)
         pos = position_ids(real, is_text, self.config.position_scheme)
         out = self.lm.get_decoder()(
             inputs_embeds=x, attention_mask=step_mask(real[:, :0], real), position_ids=pos,
             use_cache=False,
         )  # fmt: skip
-        logits = self.logits(out.last_hidden_state[:, k - 1 : k + length - 1])  # [B, L, V]
+        logits = self.logits(out.last_hidden_state[:, k : k + length])  # [B, L, V]
         loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="sum")
         return SegmentLoss(loss_sum, ids.numel(), summary)
+
+    @property
+    def reconstruction_marker(self) -> int:
+        """Token id that opens a reconstruction pass: the base model's BOS, else its EOS."""
+        conf = self.lm.config
+        for tid in (conf.bos_token_id, conf.eos_token_id):
+            tid = tid[0] if isinstance(tid, (list, tuple)) else tid
+            if tid is not None:
+                return int(tid)
+        raise ValueError("autoencoding needs a BOS or EOS token id in the base model's config")
 
     # ------------------------------------------------------------------ training forward
     def forward(

@@ -29,10 +29,11 @@ def test_reconstruction_loss_is_next_token_loss_after_the_summary(make_ac):
     summary = torch.randn(2, 3, ac.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got = ac.reconstruction_loss(summary, ids)
-        # Reference: the decoder's own causal pass over [summary ; tokens], positions 0..9.
-        x = torch.cat([summary, ac.embed(ids)], dim=1)
+        # Reference: the decoder's own causal pass over [summary ; marker ; tokens], positions 0..10.
+        marker = torch.full((2, 1), ac.lm.config.bos_token_id)
+        x = torch.cat([summary, ac.embed(marker), ac.embed(ids)], dim=1)
         h = ac.lm.get_decoder()(inputs_embeds=x, use_cache=False).last_hidden_state
-        logits = ac.logits(h[:, 2:-1])  # slot 2 (last summary) predicts ids[:, 0]
+        logits = ac.logits(h[:, 3:-1])  # slot 3 (the marker) predicts ids[:, 0]
         ref = F.cross_entropy(logits.reshape(-1, 50), ids.reshape(-1), reduction="sum")
     assert got.n_tokens == ids.numel()
     torch.testing.assert_close(got.loss_sum, ref, atol=1e-4, rtol=1e-4)
