@@ -12,6 +12,11 @@ scores cont[1:] (mean nats per token) so all share the same targets:
 - ac_other: the same, but the summaries of the NEXT held-out document's earlier text: equal
          to ac when the summaries carry nothing of their own document
 Recovered gap = (none - ac) / (none - full). Compression = E / (K * E/S) = S / K.
+by_summaries = (ac_none - ac) / (none - full): the part of that gap the summaries recover
+beyond what the adapter alone does (the honest share; 0 when summaries carry nothing).
+Reconstruction (what a summary holds of its own segment; the first segment of earlier):
+- rec:       its tokens scored after [its own summary ; marker] (reconstruction_loss)
+- rec_other: the same tokens after the NEXT document's first-segment summary
 
     .venv/bin/python jobs/results/autocompressor/nll_check.py --checkpoint DIR
 """
@@ -77,11 +82,18 @@ def main() -> None:
             "ac": nll(ac, earlier + cont, [s] * (e // s) + [c], e + 1, True),
             "ac_other": nll(ac, other + cont, [s] * (e // s) + [c], e + 1, True),
         }
+        with torch.no_grad():
+            own, theirs = ac.compress([[earlier[:s]], [other[:s]]])
+            seg = torch.tensor([earlier[:s]])
+            row["rec"] = ac.reconstruction_loss(own[None], seg).loss.item()
+            row["rec_other"] = ac.reconstruction_loss(theirs[None], seg).loss.item()
         row["recovered"] = (row["none"] - row["ac"]) / (row["none"] - row["full"])
         rows.append(row)
         print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
-    mean = {m: sum(r[m] for r in rows) / len(rows) for m in ("none", "full", "trunc", "ac_none", "ac", "ac_other")}
+    conditions = ("none", "full", "trunc", "ac_none", "ac", "ac_other", "rec", "rec_other")
+    mean = {m: sum(r[m] for r in rows) / len(rows) for m in conditions}
     mean["recovered"] = (mean["none"] - mean["ac"]) / (mean["none"] - mean["full"])
+    mean["by_summaries"] = (mean["ac_none"] - mean["ac"]) / (mean["none"] - mean["full"])
     summary = {
         "docs": len(rows),
         "earlier": e,
