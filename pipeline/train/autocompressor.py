@@ -44,7 +44,8 @@ def train_autocompressor(
         str,
         typer.Option(
             help="How summaries re-enter the model: embedding_rms (rescaled to the token "
-            "embeddings' RMS) or none (as the paper, unscaled final hidden states)."
+            "embeddings' RMS), centered (running mean per slot subtracted, then rescaled) "
+            "or none (as the paper, unscaled final hidden states)."
         ),
     ] = "none",
     autoencode_weight: Annotated[

@@ -94,10 +94,10 @@ def save_autocompressor(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {"summary_embeddings": ac.summary_embeddings.detach().float().cpu().contiguous()},
-        str(out / SUMMARY_FILE),
-    )
+    tensors = {"summary_embeddings": ac.summary_embeddings.detach().float().cpu().contiguous()}
+    if ac.config.summary_scale == "centered":
+        tensors["summary_center"] = ac.summary_center.detach().float().cpu().contiguous()
+    save_file(tensors, str(out / SUMMARY_FILE))
     has_lora = hasattr(ac.lm, "peft_config")
     if has_lora:
         ac.lm.save_pretrained(str(out / ADAPTER_DIR))
@@ -150,8 +150,15 @@ def load_own(
         bos_first_segment=bool(meta["bos_first_segment"]),
         summary_scale=meta.get("summary_scale", "none"),  # absent in version-1 files: none
     )
-    summary = load_file(str(path / SUMMARY_FILE))["summary_embeddings"]
-    ac = AutoCompressor(lm, config, summary).to(device).eval()
+    tensors = load_file(str(path / SUMMARY_FILE))
+    ac = AutoCompressor(lm, config, tensors["summary_embeddings"]).to(device).eval()
+    if config.summary_scale == "centered":
+        if "summary_center" not in tensors:
+            raise ValueError(
+                f"{path / SUMMARY_FILE}: summary_scale is centered but the file has no "
+                "summary_center tensor (allowed keys: summary_embeddings, summary_center)"
+            )
+        ac.summary_center.copy_(tensors["summary_center"])
     return ac, tok
 
 

@@ -61,6 +61,7 @@ def capture(
     state = {
         "step": step,
         "trainable": trainable_state(ac),
+        "summary_center": ac.summary_center.detach().cpu().clone(),
         "optimizer": opt.state_dict(),
         "scheduler": sched.state_dict(),
         "py_rng": rng.getstate(),
@@ -93,6 +94,8 @@ def restore(
     with torch.no_grad():
         for n, t in state["trainable"].items():
             params[n].copy_(t)
+        if "summary_center" in state:  # absent in states saved before summary_scale centered
+            ac.summary_center.copy_(state["summary_center"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["py_rng"])

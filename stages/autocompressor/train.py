@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_MODEL
-from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
+from stages.autocompressor.model import SUMMARY_SCALES, ACConfig, AutoCompressor, scheme_for
 
 Segmenter = Callable[[int, random.Random], list[int]]
 
@@ -85,9 +85,10 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.summary_scale not in ("none", "embedding_rms"):
+        if self.summary_scale not in SUMMARY_SCALES:
             raise ValueError(
-                f"summary_scale {self.summary_scale!r} not supported; allowed: none, embedding_rms"
+                f"summary_scale {self.summary_scale!r} not supported; allowed: "
+                + ", ".join(SUMMARY_SCALES)
             )
         need = self.substeps * self.segments_per_substep * self.min_segment_tokens
         if self.block_tokens < need:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from stages.autocompressor.model import ACConfig, position_ids, scheme_for
+from stages.autocompressor.model import CENTER_MOMENTUM, ACConfig, position_ids, scheme_for
 from stages.autocompressor.train import random_segment_lengths
 
 SEGS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
@@ -68,6 +68,36 @@ def test_summary_scale_brings_summaries_to_the_embedding_rms(make_ac):
     assert not torch.allclose(two[3:], raw.compress([SEGS[:2]])[0][3:])
     with pytest.raises(ValueError, match="summary_scale"):
         ACConfig(summary_length=2, summary_scale="layernorm")  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def test_centered_summaries_subtract_the_running_mean_kept_in_training(make_ac):
+    ac = make_ac(k=3)
+    soft = ac.empty_softprompt(2)
+    a, b = torch.tensor([SEGS[2], SEGS[2][::-1]]), torch.tensor([SEGS[0], SEGS[0][::-1]])
+    _, raw_a = ac.segment_forward(soft, a, torch.ones_like(a, dtype=torch.bool))  # scale none
+    _, raw_b = ac.segment_forward(soft, b, torch.ones_like(b, dtype=torch.bool))  # [2, 3, H]
+    ac.config = replace(ac.config, summary_scale="centered")
+
+    def summarise(ids: torch.Tensor) -> torch.Tensor:
+        return ac.segment_forward(soft, ids, torch.ones_like(ids, dtype=torch.bool))[1]
+
+    ac.train()
+    # The first batch is centered by nothing (no earlier batch), then sets the mean.
+    torch.testing.assert_close(summarise(a), _at_rms(raw_a, ac.embedding_rms))
+    torch.testing.assert_close(ac.summary_center, raw_a.mean(0))
+    # A later batch is centered by the earlier mean, then moves it CENTER_MOMENTUM of the way.
+    torch.testing.assert_close(summarise(b), _at_rms(raw_b - raw_a.mean(0), ac.embedding_rms))
+    moved = raw_a.mean(0).lerp(raw_b.mean(0), CENTER_MOMENTUM)
+    torch.testing.assert_close(ac.summary_center, moved)
+    # Decoding reads the kept mean and never moves it.
+    ac.eval()
+    torch.testing.assert_close(summarise(a), _at_rms(raw_a - moved, ac.embedding_rms))
+    torch.testing.assert_close(ac.summary_center, moved, atol=0, rtol=0)
+
+
+def _at_rms(x: torch.Tensor, rms: float) -> torch.Tensor:
+    return x * (rms / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
 
 
 @torch.no_grad()

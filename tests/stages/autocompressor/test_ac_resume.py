@@ -52,23 +52,27 @@ def _log(out_dir) -> list[dict]:
 
 
 def test_two_steps_then_resume_two_equals_four_steps(tmp_path, tiny_model_dir):
-    whole = train(_cfg(tmp_path, tiny_model_dir, "whole"))
-    first = train(_cfg(tmp_path, tiny_model_dir, "split", stop_after=2))
+    # summary_scale centered: the running summary mean is state the checkpoint must carry too.
+    centered = dict(summary_scale="centered")
+    whole = train(_cfg(tmp_path, tiny_model_dir, "whole", **centered))
+    first = train(_cfg(tmp_path, tiny_model_dir, "split", stop_after=2, **centered))
     assert first.out_dir is None  # interrupted: only the resumable checkpoint exists
     last = tmp_path / "split" / resume.LAST
     assert json.loads((last / "autocompressor.json").read_text())["training"]["step"] == 2
-    second = train(_cfg(tmp_path, tiny_model_dir, "split", resume=True))
+    second = train(_cfg(tmp_path, tiny_model_dir, "split", resume=True, **centered))
     assert second.out_dir == tmp_path / "split"
     a, b = resume.trainable_state(whole.model), resume.trainable_state(second.model)
     assert a.keys() == b.keys() and len(a) > 1
     for name in a:
         assert torch.equal(a[name], b[name]), name
+    assert whole.model.summary_center.any()
+    assert torch.equal(whole.model.summary_center, second.model.summary_center)
     log_a, log_b = _log(tmp_path / "whole"), _log(tmp_path / "split")
     assert [r["step"] for r in log_b] == ["1", "2", "3", "4"]
     assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
     assert [r["lr"] for r in log_a] == [r["lr"] for r in log_b]
     # Without restoring the state, steps 3-4 would differ: the checkpoint carried the run.
-    fresh = train(_cfg(tmp_path, tiny_model_dir, "fresh", steps=4, stop_after=2))
+    fresh = train(_cfg(tmp_path, tiny_model_dir, "fresh", steps=4, stop_after=2, **centered))
     assert not torch.equal(
         resume.trainable_state(fresh.model)["summary_embeddings"], a["summary_embeddings"]
     )

@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Iterator
 
+import pytest
 import torch
 
 from stages.autocompressor.checkpoint import load_autocompressor, load_own
@@ -82,7 +83,7 @@ def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model
         lora_r=4,
         log_every=1,
         device="cpu",
-        summary_scale="embedding_rms",
+        summary_scale="centered",
     )
     result = train(cfg, on_log=logs.append)
     assert logs[0]["files"] == 2 and logs[0]["blocks"] >= 4
@@ -109,10 +110,24 @@ def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model
         base.summary_embeddings.data.copy_(merged.summary_embeddings.data)
         no_lora = base.compress(rows)
     assert not hasattr(lm, "peft_config")  # LoRA merged for decoding
-    assert merged.config.summary_scale == "embedding_rms"  # the run's setting, saved and read
+    assert merged.config.summary_scale == "centered"  # the run's setting, saved and read
     torch.testing.assert_close(merged.summary_embeddings.data, trained.summary_embeddings.data)
+    assert trained.summary_center.abs().sum() > 0  # the running mean was kept and saved
+    torch.testing.assert_close(merged.summary_center, trained.summary_center)
     for got, ref in zip(unmerged.compress(rows), expect, strict=True):
         torch.testing.assert_close(got, ref)
     for got, ref, plain in zip(merged.compress(rows), expect, no_lora, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
         assert not torch.allclose(plain, ref, atol=1e-4)  # the adapter was trained and loaded
+    # A centered checkpoint whose file lost the running mean is refused, naming the file.
+    from safetensors.torch import load_file, save_file
+
+    summary_file = out / "summary_embeddings.safetensors"
+    save_file(
+        {"summary_embeddings": load_file(str(summary_file))["summary_embeddings"]},
+        str(summary_file),
+    )
+    with pytest.raises(
+        ValueError, match=r"summary_embeddings.safetensors: summary_scale is centered"
+    ):
+        load_own(out, "float32", torch.device("cpu"))
