@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,7 @@ from stages.decoding.state import positions_from_real, step_mask
 
 PositionScheme = Literal["contiguous", "text_only"]
 SummaryScale = Literal["none", "embedding_rms", "centered"]
-SUMMARY_SCALES = ("none", "embedding_rms", "centered")
+SUMMARY_SCALES: tuple[str, ...] = get_args(SummaryScale)
 CENTER_MOMENTUM = 0.01  # weight of each training batch in the running summary mean
 
 
