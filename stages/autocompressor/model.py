@@ -242,10 +242,9 @@ class AutoCompressor(nn.Module):
         moving average; the first batch sets it). Only training calls this; recomputation
         under segment checkpointing folds a batch in twice, harmless for a running mean."""
         mean = summary.detach().float().mean(0)
-        if not bool(self.summary_center.any()):
-            self.summary_center.copy_(mean)
-        else:
-            self.summary_center.lerp_(mean, CENTER_MOMENTUM)
+        # Decided on the device (no host sync per segment): weight 1 while still all zeros.
+        unset = ~self.summary_center.any()
+        self.summary_center.lerp_(mean, torch.where(unset, 1.0, CENTER_MOMENTUM))
 
     def scale_summary(self, summary: torch.Tensor) -> torch.Tensor:
         """Summary vectors [B, K, H_in] as they enter the next pass (see ACConfig.summary_scale)."""
