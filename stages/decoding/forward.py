@@ -44,7 +44,17 @@ def packed_gqa_sdpa(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """query [B, Hq, T, D], key/value [B, Hkv, S, D], mask [B, 1, T, S] bool -> [B, T, Hq, D]."""
+    """query [B, Hq, T, D], key/value [B, Hkv, S, D], mask [B, 1, T, L] bool -> [B, T, Hq, D].
+
+    A mask narrower than the keys (L < S) attends over the first L key slots only: the
+    static engine's steps pass a span of its slots that covers every active row
+    (slot_step.py), so attention reads the filled part of the cache, not its capacity.
+    """
+    if attention_mask is not None:
+        # Slicing to the mask's width is a no-op view when L == S; no branch on L < S, so
+        # a compiled step keeps one graph for every span.
+        span = attention_mask.shape[-1]
+        key, value = key[:, :, :span], value[:, :, :span]
     b, hq, t, d = query.shape
     hkv = key.shape[1]
     rep = hq // hkv

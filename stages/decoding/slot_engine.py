@@ -102,18 +102,20 @@ class SlotEngine:
         compile: str | bool | None = "auto",
         compile_backend: Callable | None = None,
         tuning: Tuning | None = None,
+        min_span: int = 256,
     ) -> None:
         """compile: auto (inductor on CUDA, off on CPU) | inductor | cudagraphs | off (True/False/None:
         inductor/off/auto). On CUDA, inductor runs with mode "reduce-overhead" (its CUDA graphs);
         cudagraphs captures the eager kernels in CUDA graphs without inductor's code generation
         (much faster to compile). ``compile_backend``: a torch.compile backend overriding
-        these (tests count compilations with one)."""
+        these (tests count compilations with one). ``min_span``: the smallest attention
+        span of a step (slot_step.span_buckets; tests lower it)."""
         self.device = next(model.parameters()).device
         mode, backend = compile_plan(compile, self.device)
         if compile_backend is not None:
             backend = compile_backend
         self.cache = SlotCache.for_model(model, slots, capacity)
-        self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor")
+        self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor", min_span)
         self.batches = batch_buckets(slots)
         self.widths = width_buckets(max_drafts)
         self.tuning = tuning or Tuning()
@@ -219,8 +221,8 @@ class SlotEngine:
                 slot = len(active)
                 need = int(state.valid[j].sum()) + config.max_new_tokens + self.widths[-1] + 1
                 if need > self.cache.capacity:
-                    # Every step attends over the whole capacity, so grow to what is needed
-                    # (rounded), yet by at least half, so growing (a recompilation) stays rare.
+                    # Grow to what is needed (rounded), yet by at least half, so growing (a
+                    # recompilation) stays rare; steps attend over a span, not the capacity.
                     self.cache.grow(max(_round_up(need), _round_up(self.cache.capacity * 3 // 2)))
                     self.stats.grows += 1
                 row.length = self.cache.load(slot, state, j)
@@ -277,13 +279,15 @@ class SlotEngine:
         rows += [[0] * width] * (size - b)  # free slots of the bucket: computed, ignored
         n_fed = [1 + len(d) for d in drafts] + [1] * (size - b)
         feed = torch.tensor(rows, dtype=torch.long, device=self.device)  # [size, width]
+        # Attend over the filled part only: the smallest span holding every row's step.
+        span = bucket(max(row.length for row in active) + width, self.step.spans)
         if config.greedy:
-            best, acc = self.step.greedy(feed, torch.tensor(n_fed, device=self.device))
+            best, acc = self.step.greedy(feed, torch.tensor(n_fed, device=self.device), span)
             packed = torch.cat([acc[:b, None], best[:b]], dim=1).tolist()  # the step's one host sync
             verdicts = [(r[0], d[: r[0]] + [r[1 + r[0]]]) for r, d in zip(packed, drafts, strict=True)]
             self.cache.advance(acc[:b])
         else:
-            probs = target_probs(self.step.step(feed)[:b], config.temperature, config.top_p)  # [b, width, V]
+            probs = target_probs(self.step.step(feed, span)[:b], config.temperature, config.top_p)  # [b, width, V]
             start = torch.tensor([len(row.result.tokens) for row in active], device=self.device)
             acc, tok = sample_step(probs, feed[:b], torch.tensor(n_fed[:b], device=self.device),
                                    self._seeds([row.seed for row in active]), start)

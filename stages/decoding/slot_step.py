@@ -12,16 +12,25 @@ the accepted counts (the greedy caller uses ``accepted`` as it is).
 
 Shapes are static: ``b`` and ``T`` come from small bucket lists (``bucket``), the
 cache has a fixed capacity ``S``, and everything that changes per step (row
-lengths, positions) is a device tensor read inside the step. Batch and width are
-symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per cache
+lengths, positions) is a device tensor read inside the step. Batch, width and span
+are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per cache
 capacity S (one per width class, see the buckets) whatever the bucket lists, and on
 CUDA (``mode="reduce-overhead"``) a CUDA graph is recorded once per concrete
-(batch bucket, width bucket) and replayed after. ``compile_counter`` in the
+(batch bucket, width bucket, span) and replayed after. ``compile_counter`` in the
 tests counts compilations to check that this holds.
 
 Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
-+ t`` ([b, 1, T, S] bool): its own context, the real tokens fed before it, and
++ t`` ([b, 1, T, L] bool): its own context, the real tokens fed before it, and
 never padding (padding only follows the real tokens) or stale slots past it.
+
+Span: a step attends over the first ``L`` slots only, ``L`` from ``span_buckets``
+(256, 512, ... then the capacity), the smallest that covers ``max(length) + T`` of
+the rows fed (the caller passes ``span``; default: the capacity). Why: attention over
+the whole capacity made a Finch row kept to 1k tokens decode as slowly as an 8k row
+in an 8k-capacity engine (H100, 2026-11-24: 36 ms per step at batch 1, fp32
+attention 147 us per layer call at 1170 slots). The span is one more symbolic size
+(the length of the ``slot_ids`` input), so it costs no compilation; CUDA graph trees
+record one graph per concrete (batch, width, span).
 """
 
 from __future__ import annotations
@@ -75,6 +84,15 @@ def width_buckets(max_drafts: int) -> tuple[int, ...]:
     return (*sizes, top)
 
 
+def span_buckets(capacity: int, smallest: int = 256) -> tuple[int, ...]:
+    """Attention spans: ``smallest``, twice that, ... below ``capacity``, then ``capacity``."""
+    sizes = []
+    while smallest < capacity:
+        sizes.append(smallest)
+        smallest *= 2
+    return (*sizes, capacity)
+
+
 def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
     """Let dynamo keep ``limit`` specialisations per function (names differ across torch versions)."""
     import torch._dynamo
@@ -95,9 +113,13 @@ class SlotStep:
         compile: bool = False,
         compile_mode: str | None = None,
         backend: str | Callable = "inductor",
+        min_span: int = 256,
     ) -> None:
+        """``min_span``: the smallest attention span (span_buckets); tests lower it."""
         self.view = decode_view(model)
         self.cache = cache
+        self.min_span = min_span
+        self._slot_ids = torch.arange(cache.capacity, device=cache.length.device)
         self.head = self.view.get_output_embeddings()
         if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
             raise ValueError("the static decode path needs a plain output projection (no logit soft-capping)")
@@ -114,55 +136,77 @@ class SlotStep:
         else:
             self._logits, self._greedy = self._logits_eager, self._greedy_eager
 
-    def _logits_eager(self, feed: torch.Tensor) -> torch.Tensor:
-        """feed [b, T] long -> logits [b, T, V] float32; writes K/V at length + 0..T-1."""
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """The attention spans of the cache's current capacity (see the module docstring)."""
+        return span_buckets(self.cache.capacity, self.min_span)
+
+    def _span_ids(self, span: int | None) -> torch.Tensor:
+        """slot_ids [L] = 0..L-1 (a view: no kernel), L = span or the capacity."""
+        if self._slot_ids.numel() != self.cache.capacity:  # the cache grew
+            self._slot_ids = torch.arange(self.cache.capacity, device=self.cache.length.device)
+        if span is not None and not 0 < span <= self.cache.capacity:
+            raise ValueError(f"span {span} outside 1..{self.cache.capacity} (the cache's capacity)")
+        return self._slot_ids[: span or self.cache.capacity]
+
+    def _logits_eager(self, feed: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+        """feed [b, T] long, slot_ids [L] -> logits [b, T, V] float32; writes K/V at length + 0..T-1.
+
+        Attends over slots 0..L-1: every row fed needs length + T <= L."""
         b, t = feed.shape
         cache = self.cache
         cols = torch.arange(t, device=feed.device)
         positions = cache.pos[:b, None] + cols  # [b, T]
         at = cache.length[:b, None] + cols  # [b, T] the slot each query writes
-        slots = torch.arange(cache.capacity, device=feed.device)
-        mask = (slots[None, None, :] <= at[:, :, None])[:, None]  # [b, 1, T, S]
+        mask = (slot_ids[None, None, :] <= at[:, :, None])[:, None]  # [b, 1, T, L]
         out = self.view.base_model(
             input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
         )
         return self.head(out.last_hidden_state).float()
 
-    def _greedy_eager(self, feed: torch.Tensor, n_fed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """feed [b, T], n_fed [b] -> (best [b, T] long, accepted [b] long)."""
-        best = self._logits_eager(feed).argmax(dim=-1)
+    def _greedy_eager(
+        self, feed: torch.Tensor, n_fed: torch.Tensor, slot_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """feed [b, T], n_fed [b], slot_ids [L] -> (best [b, T] long, accepted [b] long)."""
+        best = self._logits_eager(feed, slot_ids).argmax(dim=-1)
         t = feed.shape[1]
         is_draft = torch.arange(1, t, device=feed.device)[None] < n_fed[:, None]  # [b, T-1]
         match = (feed[:, 1:] == best[:, :-1]) & is_draft
         accepted = match.long().cumprod(dim=1).sum(dim=1)  # [b] leading run of matches
         return best, accepted
 
-    def _mark(self, feed: torch.Tensor, n_fed: torch.Tensor | None = None) -> None:
-        """Batch and width as symbolic sizes, so inductor compiles a handful of graphs
-        (size 1 and 2 get their own: dynamo specialises them) instead of one per
-        (batch bucket, width bucket); CUDA graph trees still record one graph per
+    def _mark(self, feed: torch.Tensor, slot_ids: torch.Tensor, n_fed: torch.Tensor | None = None) -> None:
+        """Batch, width and span as symbolic sizes, so inductor compiles a handful of
+        graphs (size 1 and 2 get their own: dynamo specialises them) instead of one per
+        (batch bucket, width bucket, span); CUDA graph trees still record one graph per
         concrete shape, which takes a replay, not a compilation."""
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(feed, 0)
             torch._dynamo.maybe_mark_dynamic(feed, 1)
+            torch._dynamo.maybe_mark_dynamic(slot_ids, 0)
             if n_fed is not None:
                 torch._dynamo.maybe_mark_dynamic(n_fed, 0)
 
     @torch.inference_mode()
-    def step(self, feed: torch.Tensor) -> torch.Tensor:
-        """Logits [b, T, V] float32 for feed [b, T] (see the module docstring)."""
-        self._mark(feed)
-        return self._logits(feed)
+    def step(self, feed: torch.Tensor, span: int | None = None) -> torch.Tensor:
+        """Logits [b, T, V] float32 for feed [b, T], attending over the first ``span``
+        slots (default: all; see the module docstring)."""
+        ids = self._span_ids(span)
+        self._mark(feed, ids)
+        return self._logits(feed, ids)
 
     @torch.inference_mode()
-    def greedy(self, feed: torch.Tensor, n_fed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(best [b, T], accepted [b]) decided on the device."""
-        self._mark(feed, n_fed)
-        return self._greedy(feed, n_fed)
+    def greedy(
+        self, feed: torch.Tensor, n_fed: torch.Tensor, span: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(best [b, T], accepted [b]) decided on the device; ``span`` as in ``step``."""
+        ids = self._span_ids(span)
+        self._mark(feed, ids, n_fed)
+        return self._greedy(feed, n_fed, ids)
 
     @torch.inference_mode()
     def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool, repeats: int = 1) -> None:
-        """Run (and so compile) every (batch bucket, width bucket) ``repeats`` times on free slots.
+        """Run (and so compile) every (batch bucket, width bucket, span) ``repeats`` times on free slots.
 
         CUDA graph trees record a graph on a later call than the one that compiles,
         so on CUDA the engine warms up with ``repeats=3``.
@@ -177,8 +221,11 @@ class SlotStep:
             for t in widths:
                 feed = torch.zeros((b, t), dtype=torch.long, device=dev)
                 n_fed = torch.full((b,), t, dtype=torch.long, device=dev)
-                for _ in range(repeats):
-                    if greedy:
-                        self.greedy(feed, n_fed)
-                    else:
-                        self.step(feed)
+                for span in self.spans:
+                    if span < t:
+                        continue  # never chosen: a step's span covers its width
+                    for _ in range(repeats):
+                        if greedy:
+                            self.greedy(feed, n_fed, span)
+                        else:
+                            self.step(feed, span)

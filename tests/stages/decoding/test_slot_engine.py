@@ -46,7 +46,8 @@ def _prefill(model, prompts, edit=None):
 @pytest.mark.parametrize("slots", [1, 3, 8])
 @pytest.mark.parametrize("speculative", ["none", "prompt_lookup"])
 @pytest.mark.parametrize("lookup_kind", ["prompt", "oracle"])
-def test_greedy_identical_to_reference(tiny_model, prompts, plain_runs, slots, speculative, lookup_kind):
+@pytest.mark.parametrize("min_span", [256, 8])  # 8: steps attend over spans of 8, 16, ... slots
+def test_greedy_identical_to_reference(tiny_model, prompts, plain_runs, slots, speculative, lookup_kind, min_span):
     eos = plain_runs[1][4]  # ends row 1 early; others at other steps or the limit
     cfg = DecodeConfig(
         max_new_tokens=20, eos_ids=frozenset({eos}), speculative=speculative, num_draft_tokens=5, adaptive=False,
@@ -54,7 +55,7 @@ def test_greedy_identical_to_reference(tiny_model, prompts, plain_runs, slots, s
     ref = decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)
     assert len({len(r.tokens) for r in ref}) > 1, "rows should finish at different steps"
     lookup = [p + r if lookup_kind == "oracle" else list(p) for p, r in zip(prompts, plain_runs, strict=True)]
-    eng = SlotEngine(tiny_model, slots=slots, max_drafts=5, capacity=16)
+    eng = SlotEngine(tiny_model, slots=slots, max_drafts=5, capacity=16, min_span=min_span)
     out, errors = eng.run(lookup, [0] * len(prompts), _prefill(tiny_model, prompts), cfg)
     assert errors == [None] * len(prompts)
     for a, b in zip(ref, out, strict=True):
@@ -95,7 +96,7 @@ def test_compressed_cache_with_holes(tiny_model, prompts, plain_runs):
     cfg = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS, speculative="prompt_lookup", adaptive=False)
     ref = decode_plain(tiny_model, reference_state(), cfg)
     lookup = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
-    eng = SlotEngine(tiny_model, slots=3, max_drafts=8)
+    eng = SlotEngine(tiny_model, slots=3, max_drafts=8, min_span=8)
     out, _ = eng.run(lookup, [0] * len(prompts), _prefill(tiny_model, prompts, punch), cfg)
     assert [r.tokens for r in out] == [r.tokens for r in ref]
     assert [r.tokens for r in out] != plain_runs  # the holes changed what the rows see

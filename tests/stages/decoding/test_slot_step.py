@@ -9,7 +9,7 @@ import torch
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.slot_engine import SlotEngine, compile_plan
-from stages.decoding.slot_step import batch_buckets, bucket, width_buckets
+from stages.decoding.slot_step import batch_buckets, bucket, span_buckets, width_buckets
 from stages.decoding.state import prefill_full
 
 
@@ -22,6 +22,8 @@ def test_buckets():
     assert width_buckets(16) == (1, 4, 8, 17)
     assert width_buckets(8) == (1, 4, 9) and width_buckets(1) == (1, 2)
     assert width_buckets(7) == (1, 4, 8)
+    assert span_buckets(1170) == (256, 512, 1024, 1170) and span_buckets(256) == (256,)
+    assert span_buckets(100) == (100,) and span_buckets(64, smallest=16) == (16, 32, 64)
     assert bucket(3, (1, 2, 4, 8)) == 4 and bucket(8, (1, 2, 4, 8)) == 8
     with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
         bucket(9, (1, 2, 4, 8))
@@ -44,11 +46,13 @@ def test_no_recompilation_after_warm_up(tiny_model, greedy):
     graphs are all the step ever needs (the property CUDA graph replay relies on)."""
     torch._dynamo.reset()
     counter = CompileCounter()
-    eng = SlotEngine(tiny_model, slots=4, max_drafts=8, capacity=256, compile=True, compile_backend=counter)
+    eng = SlotEngine(tiny_model, slots=4, max_drafts=8, capacity=256, compile=True, compile_backend=counter,
+                     min_span=32)
     eng.warm_up(greedy=greedy)
     warm = counter.graphs
-    # Batch and width are symbolic: one graph per width class (1; >= 4), not one per bucket.
-    assert len(eng.batches) * len(eng.widths) == 6 and warm == 2
+    # Batch, width and span are symbolic: one graph per width class (1; >= 4), not one per
+    # (batch, width, span) bucket.
+    assert len(eng.batches) * len(eng.widths) == 6 and eng.step.spans == (32, 64, 128, 256) and warm == 2
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (16,), generator=g)]
     # Lookups repeat each prompt so drafts of many lengths get proposed and rejected.
@@ -62,6 +66,25 @@ def test_no_recompilation_after_warm_up(tiny_model, greedy):
     assert eng.stats.steps >= 100 and eng.stats.refills > 1 and eng.stats.grows == 0
     assert counter.graphs == warm, f"{counter.graphs - warm} recompilations after warm-up"
     torch._dynamo.reset()
+
+
+def test_a_step_over_a_span_equals_the_step_over_the_whole_capacity(tiny_model):
+    """Attending over the first L slots gives the logits (and cache writes) of attending
+    over all S: slots past every row's length + T are masked anyway."""
+    prompts = [list(range(5, 30)), list(range(100, 109))]
+    logits, keys = [], []
+    for span in (None, 32):
+        eng = SlotEngine(tiny_model, slots=2, max_drafts=3, capacity=200, min_span=32)
+        state = prefill_full(tiny_model, prompts, 0)
+        for row in range(2):
+            eng.cache.load(row, state, row)
+        feed = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]])
+        logits.append(eng.step.step(feed, span))
+        keys.append(eng.cache.layers[0].keys.clone())
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(keys[0], keys[1])
+    with pytest.raises(ValueError, match="span 300 outside 1..200"):
+        eng.step.step(feed, 300)
 
 
 def test_inductor_compiled_step_decodes_like_eager(tiny_model):

@@ -1,0 +1,116 @@
+"""Where does a static-engine decode step's time go? (GPU diagnosis for issue 12)
+
+For one random-weight model and each compile choice, on free slots of a warmed SlotEngine:
+- ``async_ms``: greedy steps issued back to back, one synchronize at the end (what the
+  GPU needs per step when the host keeps ahead),
+- ``sync_ms``: the same with the engine's one host transfer per step (``.tolist()``),
+- ``engine_ms``: ``SlotEngine.run`` on real prompts, wall seconds / steps (host drafting,
+  bookkeeping and the cache's advance included),
+- ``launches``: CUDA API calls per bare step seen by torch.profiler (a replayed graph is
+  one ``cudaGraphLaunch``; hundreds of ``cudaLaunchKernel`` mean no graph was replayed).
+
+    python3 infra/gpu/step_profile.py --model random:smollm2-135m --dtype float32 \
+        --slots 8 --capacity 1170 --compile cudagraphs,inductor --out step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from stages.decoding.config import DecodeConfig
+from stages.decoding.slot_engine import SlotEngine
+from stages.decoding.state import prefill_full
+from stages.random_models import build_random_causal_lm
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def bare_steps(engine: SlotEngine, batch: int, width: int, n: int, host_sync: bool) -> float:
+    """ms per greedy step over ``batch`` free slots (nothing advances: the slots stay free)."""
+    feed = torch.zeros((batch, width), dtype=torch.long, device=engine.device)
+    n_fed = torch.full((batch,), width, dtype=torch.long, device=engine.device)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        best, acc = engine.step.greedy(feed, n_fed)
+        if host_sync:
+            torch.cat([acc[:, None], best], dim=1).tolist()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def api_calls(engine: SlotEngine, batch: int, width: int, n: int = 5) -> dict[str, float]:
+    """CUDA runtime calls per bare step, by name (launch-like calls only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        bare_steps(engine, batch, width, n, host_sync=True)
+    calls: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.key.startswith("cuda") and ("Launch" in ev.key or "Memcpy" in ev.key or "Synchronize" in ev.key):
+            calls[ev.key] = ev.count / n
+    return calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="random:smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--capacity", type=int, default=1170)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--compile", default="cudagraphs,inductor")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    model, _ = build_random_causal_lm(a.model.removeprefix("random:"), getattr(torch, a.dtype), dev)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(10, vocab, (a.prompt_tokens,), generator=gen).tolist() for _ in range(a.slots)]
+    report = {"model": a.model, "dtype": a.dtype, "slots": a.slots, "capacity": a.capacity,
+              "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__, "runs": []}
+    for choice in a.compile.split(","):
+        t0 = time.perf_counter()
+        engine = SlotEngine(model, slots=a.slots, max_drafts=7, capacity=a.capacity, compile=choice)
+        engine.warm_up(greedy=True, max_drafts=7)
+        sync()
+        run = {"compile": choice, "engine": engine.describe(), "warm_up_s": time.perf_counter() - t0, "bare": []}
+        sizes = sorted({engine.batches[0], engine.batches[-1]})  # compiled batch buckets
+        for b in sizes:
+            for w in (1, 8):
+                run["bare"].append({
+                    "batch": b, "width": w,
+                    "async_ms": bare_steps(engine, b, w, 50, host_sync=False),
+                    "sync_ms": bare_steps(engine, b, w, 50, host_sync=True),
+                    "calls_per_step": api_calls(engine, b, w),
+                })
+        cfg = DecodeConfig(max_new_tokens=a.new_tokens, eos_ids=frozenset())
+        for b in sorted({1, a.slots}):  # the engine pads a batch to its bucket
+            def prefill(idx, b=b):
+                return prefill_full(model, [prompts[i] for i in idx], 0)
+            engine.run(prompts[:b], [0] * b, prefill, cfg)  # warm (first-run allocations)
+            sync()
+            t = time.perf_counter()
+            res, _ = engine.run(prompts[:b], [0] * b, prefill, cfg)
+            sync()
+            steps = max(r.decode_steps for r in res)
+            run[f"engine_ms_b{b}"] = (time.perf_counter() - t) / steps * 1e3  # prefill included once
+        print(json.dumps(run), flush=True)
+        report["runs"].append(run)
+        del engine
+        torch.cuda.empty_cache()
+    a.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
