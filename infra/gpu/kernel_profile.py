@@ -8,9 +8,8 @@ eager SlotEngine (free slots, nothing advances), and the GPU ms per step.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from step_profile import engine_options  # this script's folder is on sys.path
 from torch.profiler import ProfilerActivity, profile
 
 from stages.decoding.slot_engine import SlotEngine
@@ -18,11 +17,7 @@ from stages.random_models import build_random_causal_lm
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="random:smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--capacity", type=int, default=1170)
+    ap = engine_options(__doc__)
     ap.add_argument("--width", type=int, default=1)
     a = ap.parse_args()
     model, _ = build_random_causal_lm(a.model.removeprefix("random:"), getattr(torch, a.dtype), torch.device("cuda"))

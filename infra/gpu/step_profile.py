@@ -60,12 +60,18 @@ def api_calls(engine: SlotEngine, batch: int, width: int, n: int = 5) -> dict[st
     return calls
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="random:smollm2-135m")
+def engine_options(doc: str) -> argparse.ArgumentParser:
+    """The options both GPU diagnosis scripts take: a random model and the engine's slots."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--model", default="random:smollm2-135m", help="random:<shape> (stages/random_models.py)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--capacity", type=int, default=1170)
+    return ap
+
+
+def main() -> None:
+    ap = engine_options(__doc__)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--compile", default="cudagraphs,inductor")
