@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine", default="auto", choices=("auto", "static", "dynamic"))
     ap.add_argument("--compile", default="auto", help="static engine: auto | inductor | cudagraphs | off")
+    ap.add_argument("--min-span", type=int, default=1024,
+                    help="static engine: smallest attention span (fewer spans, fewer shapes to compile)")
     ap.add_argument("--corpus", default="jobs/corpus")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
         from stages.decoding.slot_engine import SlotEngine
 
         t0 = time.perf_counter()
-        slot = SlotEngine(lm, slots=1, max_drafts=0, capacity=len(parts) + a.new_tokens + 2, compile=a.compile)
+        slot = SlotEngine(lm, slots=1, max_drafts=0, capacity=len(parts) + a.new_tokens + 2, compile=a.compile,
+                          min_span=a.min_span)
         slot.warm_up(greedy=True, max_drafts=0)
         _sync(device)
         warm_up_s = time.perf_counter() - t0

@@ -107,7 +107,8 @@ class SlotEngine:
         """compile: auto (inductor on CUDA, off on CPU) | inductor | cudagraphs | off (True/False/None:
         inductor/off/auto). On CUDA, inductor runs with mode "reduce-overhead" (its CUDA graphs);
         cudagraphs captures the eager kernels in CUDA graphs without inductor's code generation
-        (much faster to compile). ``compile_backend``: a torch.compile backend overriding
+        (much faster to compile per shape, but it compiles every (batch, width, span) shape
+        apart: see SlotStep's ``symbolic``). ``compile_backend``: a torch.compile backend overriding
         these (tests count compilations with one). ``min_span``: the smallest attention
         span of a step (slot_step.span_buckets; tests lower it)."""
         self.device = next(model.parameters()).device
@@ -115,7 +116,8 @@ class SlotEngine:
         if compile_backend is not None:
             backend = compile_backend
         self.cache = SlotCache.for_model(model, slots, capacity)
-        self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor", min_span)
+        self.step = SlotStep(model, self.cache, backend is not None, mode, backend or "inductor", min_span,
+                             symbolic=backend != "cudagraphs")
         self.batches = batch_buckets(slots)
         self.widths = width_buckets(max_drafts)
         self.tuning = tuning or Tuning()

@@ -114,11 +114,17 @@ class SlotStep:
         compile_mode: str | None = None,
         backend: str | Callable = "inductor",
         min_span: int = 256,
+        symbolic: bool = True,
     ) -> None:
-        """``min_span``: the smallest attention span (span_buckets); tests lower it."""
+        """``min_span``: the smallest attention span (span_buckets); tests lower it.
+        ``symbolic``: batch, width and span as symbolic sizes (``_mark``); False compiles
+        every concrete shape apart (the ``cudagraphs`` backend needs it: on torch 2.11 its
+        CUDA graph trees replayed a graph recorded for one width with inputs of another,
+        "size of tensor a (4) must match the size of tensor b (8)", H100, 2026-11-24)."""
         self.view = decode_view(model)
         self.cache = cache
         self.min_span = min_span
+        self.symbolic = symbolic
         self._slot_ids = torch.arange(cache.capacity, device=cache.length.device)
         self.head = self.view.get_output_embeddings()
         if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
@@ -180,7 +186,7 @@ class SlotStep:
         graphs (size 1 and 2 get their own: dynamo specialises them) instead of one per
         (batch bucket, width bucket, span); CUDA graph trees still record one graph per
         concrete shape, which takes a replay, not a compilation."""
-        if self.compiled:
+        if self.compiled and self.symbolic:
             torch._dynamo.maybe_mark_dynamic(feed, 0)
             torch._dynamo.maybe_mark_dynamic(feed, 1)
             torch._dynamo.maybe_mark_dynamic(slot_ids, 0)

@@ -68,6 +68,26 @@ def test_no_recompilation_after_warm_up(tiny_model, greedy):
     torch._dynamo.reset()
 
 
+def test_concrete_shapes_compile_once_each_and_never_again(tiny_model):
+    """symbolic=False (the cudagraphs backend's setting): the warm-up compiles each
+    (batch, width, span) shape once, and decoding after it compiles nothing."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    eng = SlotEngine(tiny_model, slots=2, max_drafts=3, capacity=128, compile=True, compile_backend=counter,
+                     min_span=64)
+    eng.step.symbolic = False
+    eng.warm_up(greedy=True)
+    shapes = len(eng.batches) * len(eng.widths) * len(eng.step.spans)
+    assert (eng.batches, eng.widths, eng.step.spans) == ((2,), (1, 4), (64, 128)) and counter.graphs == shapes
+    prompts = [list(range(5, 30)), list(range(100, 160)), list(range(7, 12))]
+    cfg = DecodeConfig(max_new_tokens=30, eos_ids=frozenset({-1}), speculative="prompt_lookup",
+                       num_draft_tokens=3, adaptive=False)
+    out, errors = eng.run([p * 2 for p in prompts], [0] * 3,
+                          lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
+    assert errors == [None] * 3 and counter.graphs == shapes
+    torch._dynamo.reset()
+
+
 def test_a_step_over_a_span_equals_the_step_over_the_whole_capacity(tiny_model):
     """Attending over the first L slots gives the logits (and cache writes) of attending
     over all S: slots past every row's length + T are masked anyway."""
@@ -101,12 +121,13 @@ def test_inductor_compiled_step_decodes_like_eager(tiny_model):
     torch._dynamo.reset()
 
 
-def test_compile_choices_by_device():
+def test_compile_choices_by_device(tiny_model):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
     assert compile_plan("auto", cuda) == ("reduce-overhead", "inductor")
     assert compile_plan(True, cpu) == (None, "inductor")
     assert compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
+    assert SlotEngine(tiny_model, slots=2, compile="off").step.symbolic  # only cudagraphs turns it off
     assert compile_plan("off", cuda) == (None, None)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         compile_plan("cudagraphs", cpu)
