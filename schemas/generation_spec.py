@@ -68,7 +68,8 @@ class GenerationSpec(_Strict):
     compile: Literal["auto", "inductor", "cudagraphs", "off"] = Field(
         default="auto",
         description="Static engine steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (CUDA "
-        "graphs of the eager kernels: compiles in seconds, GPU only), off (eager). auto: inductor on a GPU, "
+        "graphs of the eager kernels, GPU only: seconds per shape, one compilation per batch x width x "
+        "attention span), off (eager). auto: inductor on a GPU, "
         "off on CPU. Steps are compiled once per actor, before the first batch.",
     )
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
