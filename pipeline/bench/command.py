@@ -49,7 +49,7 @@ def bench_decode_command(
     verify_widths: Annotated[Opt[str], typer.Option(help="systems: widths to measure our step cost at (default 2,4,8,16; '' = none).")] = None,  # noqa: E501
     out: Annotated[Opt[str], typer.Option(help="systems: results folder (default jobs/results/bench-decode).")] = None,
     merge: Annotated[bool, typer.Option(help="systems: keep an earlier file's batch sizes that this run does not measure (same device, model, settings).")] = False,  # noqa: E501
-    compile: Annotated[str, typer.Option(help="systems, static engine: how steps are compiled: auto (inductor + CUDA graphs on CUDA, eager on CPU), inductor, cudagraphs (CUDA graphs of the eager kernels; compiles in seconds), off.")] = "auto",  # noqa: E501
+    compile: Annotated[str, typer.Option(help="systems, static engine: how steps are compiled: auto (inductor + CUDA graphs on CUDA, eager on CPU), inductor, cudagraphs (CUDA graphs of the eager kernels; seconds per shape, each batch x width x span shape apart), off.")] = "auto",  # noqa: E501
     engine: Annotated[str, typer.Option(help="systems: our engine: auto (static on CUDA, dynamic on CPU), static (SlotEngine: static KV slots, CUDA graphs), dynamic (engine.decode).")] = "auto",  # noqa: E501
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="systems: price of a device hour for the nightly-job $/1k documents (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
     stop_at_eos: Annotated[bool, typer.Option(help="systems: stop rows at EOS (default: ignore EOS, fixed work).")] = False,  # noqa: E501
