@@ -133,6 +133,10 @@ train_args() {  # the training options (everything but --steps/--out/--log-every
     echo --summary-length 4 --block-tokens 256 --substeps 2 --segments-per-substep 2 --min-segment-tokens 32 \
       --batch-size 1 --grad-accum 1 --lr 1e-3 --lora-r 8 --lora-alpha 16 --lora-dropout 0.05 \
       --device cpu --dtype float32 --seed 0 --threads 1
+  elif [ "${AC_FORM:-vectors}" = kv ]; then  # the kv summary form (stages/autocompressor/kv_form.py)
+    echo --summary-form kv --kv-stride 10 --block-tokens "${AC_BLOCK:-1280}" --substeps 1 --segments-per-substep 2 \
+      --min-segment-tokens 256 --batch-size "${AC_BATCH:-8}" --grad-accum 1 --lr 1e-3 --lora-r 8 --lora-alpha 16 \
+      --lora-dropout 0.0 --lora-targets q_proj,v_proj,o_proj --device cuda --dtype auto --seed 0
   else
     echo --summary-length 50 --block-tokens "${AC_BLOCK:-2048}" --substeps 2 --segments-per-substep 2 \
       --min-segment-tokens 64 --batch-size "${AC_BATCH:-8}" --grad-accum 1 --lr 1e-3 --lora-r 8 --lora-alpha 16 \

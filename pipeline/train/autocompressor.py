@@ -48,6 +48,16 @@ def train_autocompressor(
             "or none (as the paper, unscaled final hidden states)."
         ),
     ] = "none",
+    summary_form: Annotated[
+        str,
+        typer.Option(
+            help="vectors (the paper: summary vectors fed back as a soft prompt) or kv (each "
+            "segment kept as the keys/values of every --kv-stride-th token; needs --substeps 1)."
+        ),
+    ] = "vectors",
+    kv_stride: Annotated[
+        int, typer.Option(help="kv form: document tokens per kept key/value slot (10 = 10x).")
+    ] = 10,
     autoencode_weight: Annotated[
         float,
         typer.Option(
@@ -162,6 +172,8 @@ def train_autocompressor(
         out_dir=out,
         summary_length=summary_length,
         summary_scale=summary_scale,
+        summary_form=summary_form,
+        kv_stride=kv_stride,
         autoencode_weight=autoencode_weight,
         block_tokens=block_tokens,
         substeps=substeps,

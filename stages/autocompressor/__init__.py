@@ -1,6 +1,7 @@
 """AutoCompressors (Chevalier et al., 2023): summary vectors as a soft prompt.
 
 model.py: the wrapper (LM + summary-token embeddings; compress, training forward).
+kv_form.py: the second summary form, each segment kept as every k-th token's keys/values.
 checkpoint.py: our small LoRA directory format and the published princeton-nlp checkpoints.
 prefill.py: the generate actor's prefill strategy.
 data.py / train.py: the training job's data blocks and loop (pipeline/train/autocompressor.py

@@ -2,7 +2,8 @@
 
 Our format (written by ``save_autocompressor``, read by ``load_autocompressor``), a few MB:
 ```
-autocompressor.json               format marker, base model name/path, ACConfig, training info
+autocompressor.json               format marker, base model name/path, ACConfig (summary_form
+                                  vectors or kv, kv_stride), training info
 summary_embeddings.safetensors    {"summary_embeddings": [K, H_in] float32}
 adapter/                          peft LoRA adapter (adapter_config.json + adapter_model.safetensors);
                                   absent when only the summary embeddings were trained
@@ -111,6 +112,8 @@ def save_autocompressor(
         "position_scheme": cfg.position_scheme,
         "bos_first_segment": cfg.bos_first_segment,
         "summary_scale": cfg.summary_scale,
+        "summary_form": cfg.summary_form,
+        "kv_stride": cfg.kv_stride,
         "lora": has_lora,
         "training": training or {},
     }
@@ -149,6 +152,8 @@ def load_own(
         position_scheme=meta["position_scheme"],
         bos_first_segment=bool(meta["bos_first_segment"]),
         summary_scale=meta.get("summary_scale", "none"),  # absent in version-1 files: none
+        summary_form=meta.get("summary_form", "vectors"),  # absent before the kv form
+        kv_stride=int(meta.get("kv_stride", 10)),
     )
     tensors = load_file(str(path / SUMMARY_FILE))
     ac = AutoCompressor(lm, config, tensors["summary_embeddings"]).to(device).eval()

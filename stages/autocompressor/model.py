@@ -47,6 +47,8 @@ from stages.decoding.state import positions_from_real, step_mask
 PositionScheme = Literal["contiguous", "text_only"]
 SummaryScale = Literal["none", "embedding_rms", "centered"]
 SUMMARY_SCALES: tuple[str, ...] = get_args(SummaryScale)
+SummaryForm = Literal["vectors", "kv"]
+SUMMARY_FORMS: tuple[str, ...] = get_args(SummaryForm)
 CENTER_MOMENTUM = 0.01  # weight of each training batch in the running summary mean
 
 
@@ -68,6 +70,9 @@ class ACConfig:
     in SmolLM2-135M a summary slot's vector is 99.6% the same for every document (cosine
     0.996 across held-out pages; 5 of 576 dimensions hold 55% of its energy), so what a
     document changes is 0.5% of the energy; centering hands that part to the next pass.
+    summary_form: ``vectors`` (the paper: summary vectors fed back as a soft prompt) or
+    ``kv`` (each segment kept as the keys/values of every ``kv_stride``-th token; see
+    kv_form.py, where summary_length, accumulate_summary and summary_scale do not apply).
     """
 
     summary_length: int
@@ -75,20 +80,20 @@ class ACConfig:
     position_scheme: PositionScheme = "contiguous"
     bos_first_segment: bool = False
     summary_scale: SummaryScale = "none"
+    summary_form: SummaryForm = "vectors"
+    kv_stride: int = 10
 
     def __post_init__(self) -> None:
-        if self.summary_length < 1:
-            raise ValueError(f"summary_length must be >= 1, got {self.summary_length}")
-        if self.position_scheme not in ("contiguous", "text_only"):
+        if self.summary_length < 1 or self.kv_stride < 1:
             raise ValueError(
-                f"position_scheme {self.position_scheme!r} not supported; allowed: contiguous, text_only"
+                f"summary_length and kv_stride must be >= 1, got {self.summary_length}, {self.kv_stride}"
             )
-        if self.summary_scale not in SUMMARY_SCALES:
-            raise ValueError(
-                f"summary_scale {self.summary_scale!r} not supported; allowed: "
-                + ", ".join(SUMMARY_SCALES)
-            )
-
+        for name, allowed in (("position_scheme", ("contiguous", "text_only")),
+                              ("summary_scale", SUMMARY_SCALES), ("summary_form", SUMMARY_FORMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} {getattr(self, name)!r} not supported; allowed: " + ", ".join(allowed)
+                )
 
 def scheme_for(model_type: str) -> PositionScheme:
     """OPT's learned absolute positions follow the OPT convention; RoPE families the Llama one."""
@@ -349,6 +354,10 @@ class AutoCompressor(nn.Module):
             raise ValueError(
                 f"segment_lengths {list(segment_lengths)} must be >= 1 and sum to {ids.shape[1]}"
             )
+        if self.config.summary_form == "kv":
+            from stages.autocompressor.kv_form import kv_forward
+
+            return kv_forward(self, ids, segment_lengths, loss_from)
         b = ids.shape[0]
         soft = self.empty_softprompt(b) if softprompt is None else softprompt
         valid = torch.ones_like(ids, dtype=torch.bool)
@@ -373,14 +382,17 @@ class AutoCompressor(nn.Module):
             if use_summaries:
                 soft = self.next_softprompt(soft.to(summary.dtype), summary)
             start += length
-        hidden = torch.cat(hiddens, dim=1)[:, :-1]  # [B, T-1, H_in] predicts ids[:, 1:]
+        loss_sum, n = self.next_token_loss(torch.cat(hiddens, dim=1), ids, loss_from)
+        return SegmentLoss(loss_sum, n, soft, ae_sum, ae_tokens)
+
+    def next_token_loss(self, hidden: torch.Tensor, ids: torch.Tensor, loss_from: int) -> tuple[torch.Tensor, int]:
+        """Summed next-token loss of text hidden states [B, T, H_in] against ids [B, T]
+        (hidden[:, t] predicts ids[:, t+1]); targets at index < loss_from do not count.
+        Returns (loss sum, number of targets counted)."""
         targets = ids[:, 1:].clone()
         targets[:, : max(0, loss_from - 1)] = -100
-        logits = self.logits(hidden)
+        logits = self.logits(hidden[:, :-1])
         loss_sum = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            targets.reshape(-1),
-            ignore_index=-100,
-            reduction="sum",
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
         )
-        return SegmentLoss(loss_sum, int((targets != -100).sum()), soft, ae_sum, ae_tokens)
+        return loss_sum, int((targets != -100).sum())

@@ -120,6 +120,10 @@ def autocompressor_prefill(
         document_segments(p.context_ids, config.segment_tokens, config.target_tokens, bos)
         for p in parts
     ]
+    if ac_model.config.summary_form == "kv":  # kept keys/values instead of soft prompts
+        from stages.autocompressor.kv_form import kv_prefill
+
+        return kv_prefill(ac_model, parts, rows)
     soft = ac_model.compress(rows)
     compress_s = time.perf_counter() - t0
     state = prefill_soft(ac_model, parts, soft, config.soft_prompt_at, pad_id)

@@ -39,7 +39,7 @@ FIXED = (
     "base_model", "summary_length", "accumulate_summary", "summary_scale", "block_tokens", "substeps",
     "segments_per_substep", "min_segment_tokens", "batch_size", "grad_accum", "steps", "lr",
     "warmup_steps", "max_grad_norm", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "seed",
-    "autoencode_weight",
+    "autoencode_weight", "summary_form", "kv_stride",
 )  # fmt: skip
 
 
@@ -140,6 +140,8 @@ def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
     saved = json.loads((d / "autocompressor.json").read_text())["training"]
     saved.setdefault("summary_scale", "none")  # runs saved before these settings existed
     saved.setdefault("autoencode_weight", 0.0)
+    saved.setdefault("summary_form", "vectors")
+    saved.setdefault("kv_stride", 10)
     changed = {k: (saved.get(k), info.get(k)) for k in FIXED if saved.get(k) != info.get(k)}
     if changed:
         k, (was, now) = next(iter(changed.items()))

@@ -35,7 +35,13 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_MODEL
-from stages.autocompressor.model import SUMMARY_SCALES, ACConfig, AutoCompressor, scheme_for
+from stages.autocompressor.model import (
+    SUMMARY_FORMS,
+    SUMMARY_SCALES,
+    ACConfig,
+    AutoCompressor,
+    scheme_for,
+)
 
 Segmenter = Callable[[int, random.Random], list[int]]
 
@@ -51,6 +57,10 @@ class TrainConfig:
     # did not make summaries useful in a 240-step CPU run either (jobs/results/autocompressor).
     summary_scale: str = "none"
     autoencode_weight: float = 0.0  # 0: the paper's objective; see the module docstring
+    # "kv": each segment kept as the K/V of every kv_stride-th token (kv_form.py); one
+    # masked pass per block, so substeps must be 1 and there is no autoencoding.
+    summary_form: str = "vectors"
+    kv_stride: int = 10
     block_tokens: int = 2048
     substeps: int = 2
     segments_per_substep: int = 2
@@ -107,6 +117,20 @@ class TrainConfig:
             raise ValueError(
                 f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
             )
+        if self.summary_form not in SUMMARY_FORMS:
+            raise ValueError(
+                f"summary_form {self.summary_form!r} not supported; allowed: " + ", ".join(SUMMARY_FORMS)
+            )
+        if self.summary_form == "kv":
+            if self.kv_stride < 1:
+                raise ValueError(f"kv_stride must be >= 1, got {self.kv_stride}")
+            if self.substeps != 1 or self.autoencode_weight != 0.0:
+                raise ValueError(
+                    "summary_form kv reads a block in one masked pass: it needs substeps 1 and "
+                    f"autoencode_weight 0 (got substeps {self.substeps}, autoencode_weight {self.autoencode_weight})"
+                )
+            if self.lora_r == 0:
+                raise ValueError("summary_form kv trains only the LoRA adapter: lora_r must be >= 1")
 
 
 @dataclass
@@ -136,6 +160,8 @@ def make_trainable(
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "out_proj"),
     accumulate_summary: bool = True,
     summary_scale: str = "none",
+    summary_form: str = "vectors",
+    kv_stride: int = 10,
 ) -> AutoCompressor:
     """Freeze ``lm``, add LoRA (lora_r > 0) on the target projections present, wrap it."""
     lm.requires_grad_(False)
@@ -155,8 +181,13 @@ def make_trainable(
         accumulate_summary=accumulate_summary,
         position_scheme=scheme_for(lm.config.model_type),
         summary_scale=summary_scale,  # type: ignore[arg-type]
+        summary_form=summary_form,  # type: ignore[arg-type]
+        kv_stride=kv_stride,
     )
-    return AutoCompressor(lm, config)
+    ac = AutoCompressor(lm, config)
+    if summary_form == "kv":  # the kv form has no summary tokens: nothing to learn there
+        ac.summary_embeddings.requires_grad_(False)
+    return ac
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
@@ -191,8 +222,12 @@ def train_step(
     autoencode = cfg.autoencode_weight > 0
     for s in range(cfg.substeps):
         part = batch[:, edges[s] : edges[s + 1]]
+        lengths = segmenter(part.shape[1], rng)
+        # kv form: the first segment reads nothing compressed, so only the segments after
+        # it (which read its kept slots) are scored; that is what the adapter is for.
+        loss_from = lengths[0] if cfg.summary_form == "kv" else 0
         with amp:
-            out = ac(part, segmenter(part.shape[1], rng), softprompt=soft, autoencode=autoencode)
+            out = ac(part, lengths, softprompt=soft, autoencode=autoencode, loss_from=loss_from)
         total = out.loss
         if out.ae_loss is not None:
             total = total + cfg.autoencode_weight * out.ae_loss
@@ -320,6 +355,8 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
         cfg.lora_targets,
         cfg.accumulate_summary,
         cfg.summary_scale,
+        cfg.summary_form,
+        cfg.kv_stride,
     ).to(device)
     ac.segment_checkpointing = cfg.grad_checkpointing
     if on_log:

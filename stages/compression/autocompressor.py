@@ -4,7 +4,9 @@ AutoCompressors (Chevalier et al., EMNLP 2023, https://arxiv.org/abs/2305.14788)
 compress each ``segment_tokens`` segment of the document into a few summary vectors
 that the generating model reads as a soft prompt. The checkpoint brings its own model
 and tokenizer (``tokenizer_source``), so it runs as a prefill strategy inside the
-generate actor and reads documents of any length. This module only declares the
+generate actor and reads documents of any length. A checkpoint of summary form ``kv``
+(stages/autocompressor/kv_form.py) keeps each segment as the keys/values of every k-th
+token instead, where the document sits in the prompt. This module only declares the
 method and its settings; the model, checkpoints and training are stages/autocompressor/.
 """
 
@@ -44,7 +46,8 @@ class AutoCompressorCompression(CompressionSpec):
         default="start",
         description="Where the summary vectors go in the prompt. start: before the whole prompt "
         "(the published checkpoints' convention and what training teaches); document: where the "
-        "document text would sit, after the chat-template prefix.",
+        "document text would sit, after the chat-template prefix. Summary vectors only: a "
+        "checkpoint of summary form kv always keeps its slots where the document sits.",
     )
 
 

@@ -12,6 +12,9 @@ scores cont[1:] (mean nats per token) so all share the same targets:
 - ac_other: the same, but the summaries of the NEXT held-out document's earlier text: equal
          to ac when the summaries carry nothing of their own document
 Recovered gap = (none - ac) / (none - full). Compression = E / (K * E/S) = S / K.
+A checkpoint of summary form ``kv`` (kv_form.py) keeps every k-th token's keys/values
+instead of K summary vectors (compression ~k); its ac / ac_other / ac_none rows are the
+same conditions, and it has no reconstruction rows.
 by_summaries = (ac_none - ac) / (none - full): the part of that gap the summaries recover
 beyond what the adapter alone does (the honest share; 0 when summaries carry nothing).
 Reconstruction (what a summary holds of its own segment; the first segment of earlier):
@@ -63,7 +66,13 @@ def main() -> None:
     k, e, c, s = ac.config.summary_length, args.earlier, args.cont, args.segment
     if e % s:
         raise ValueError(f"--earlier {e} must be a multiple of --segment {s}")
-    budget = k * e // s
+    kv = ac.config.summary_form == "kv"
+    if kv:
+        from stages.autocompressor.kv_form import kept_offsets
+
+        budget = (e // s) * len(kept_offsets(s, ac.config.kv_stride))
+    else:
+        budget = k * e // s
     rows, docs = [], []
     for line in args.docs.read_text(encoding="utf-8").splitlines():
         doc = json.loads(line)
@@ -82,15 +91,16 @@ def main() -> None:
             "ac": nll(ac, earlier + cont, [s] * (e // s) + [c], e + 1, True),
             "ac_other": nll(ac, other + cont, [s] * (e // s) + [c], e + 1, True),
         }
-        with torch.no_grad():
-            own, theirs = ac.compress([[earlier[:s]], [other[:s]]])
-            seg = torch.tensor([earlier[:s]])
-            row["rec"] = ac.reconstruction_loss(own[None], seg).loss.item()
-            row["rec_other"] = ac.reconstruction_loss(theirs[None], seg).loss.item()
+        if not kv:
+            with torch.no_grad():
+                own, theirs = ac.compress([[earlier[:s]], [other[:s]]])
+                seg = torch.tensor([earlier[:s]])
+                row["rec"] = ac.reconstruction_loss(own[None], seg).loss.item()
+                row["rec_other"] = ac.reconstruction_loss(theirs[None], seg).loss.item()
         row["recovered"] = (row["none"] - row["ac"]) / (row["none"] - row["full"])
         rows.append(row)
         print(json.dumps({k2: round(v, 4) if isinstance(v, float) else v for k2, v in row.items()}))
-    conditions = ("none", "full", "trunc", "ac_none", "ac", "ac_other", "rec", "rec_other")
+    conditions = ("none", "full", "trunc", "ac_none", "ac", "ac_other") + (() if kv else ("rec", "rec_other"))
     mean = {m: sum(r[m] for r in rows) / len(rows) for m in conditions}
     mean["recovered"] = (mean["none"] - mean["ac"]) / (mean["none"] - mean["full"])
     mean["by_summaries"] = (mean["ac_none"] - mean["ac"]) / (mean["none"] - mean["full"])
@@ -99,7 +109,7 @@ def main() -> None:
         "earlier": e,
         "cont": c,
         "segment": s,
-        "summary_vectors": budget,
+        "summary_vectors" if not kv else "kept_slots": budget,
         "compression": e / budget,
         "mean": mean,
         "rows": rows,

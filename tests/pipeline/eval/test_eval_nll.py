@@ -122,15 +122,17 @@ def test_no_context_equals_direct(eval_path, tmp_path, tiny_model_dir, tokenizer
         assert ref[doc_id]["context_tokens"] == 0 and ref[doc_id]["error"] is None
 
 
-@pytest.fixture
-def ac_checkpoint(tmp_path, tiny_model_dir):
+@pytest.fixture(params=["vectors", "kv"])
+def ac_checkpoint(request, tmp_path, tiny_model_dir):
+    """An AutoCompressor checkpoint of each summary form (3 vectors or every 4th K/V per segment)."""
     from stages.autocompressor.checkpoint import save_autocompressor
     from stages.autocompressor.model import ACConfig, AutoCompressor
     from stages.model_loading import load_causal_lm
 
     lm, _ = load_causal_lm(str(tiny_model_dir), "float32")
     summary = torch.randn(3, lm.config.hidden_size, generator=torch.Generator().manual_seed(1)) * 0.2
-    ac = AutoCompressor(lm, ACConfig(summary_length=3, accumulate_summary=True), summary)
+    config = ACConfig(summary_length=3, accumulate_summary=True, summary_form=request.param, kv_stride=4)
+    ac = AutoCompressor(lm, config, summary)
     return str(save_autocompressor(ac, tmp_path / "ac", base_model=str(tiny_model_dir)))
 
 

@@ -61,6 +61,10 @@ def test_cli_reports_bad_values(tmp_path, tiny_model_dir):
     assert res.exit_code == 2 and "does not exist" in res.output
     res = CliRunner().invoke(_app(), [*args[:1], "--autoencode-weight", "-1"])
     assert res.exit_code == 2 and "autoencode_weight must be in [0, 100]" in res.output
+    res = CliRunner().invoke(_app(), [*args[:1], "--summary-form", "kv"])  # default substeps 2
+    assert res.exit_code == 2 and "summary_form kv reads a block in one masked pass" in res.output
+    res = CliRunner().invoke(_app(), [*args[:1], "--summary-form", "keys"])
+    assert res.exit_code == 2 and "allowed: vectors, kv" in res.output
 
 
 def test_cli_stops_resumes_logs_and_plots(tmp_path, tiny_model_dir):
