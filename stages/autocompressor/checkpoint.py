@@ -47,7 +47,7 @@ SUMMARY_FILE = "summary_embeddings.safetensors"
 ADAPTER_DIR = "adapter"
 SUMMARY_KEY = "embed_summary.weight"  # the published checkpoints' parameter name
 SHIPPED_DIR = Path(__file__).parent / "checkpoints"
-SHIPPED: dict[str, str] = {EMBEDDED_MODEL: "smollm2-135m-instruct"}
+SHIPPED: dict[str, str] = {EMBEDDED_MODEL: "smollm2-135m-instruct-kv"}
 
 
 def shipped_checkpoint(model: str) -> Path | None:

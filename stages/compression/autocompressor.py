@@ -1,4 +1,4 @@
-"""Method ``autocompressor``: learned summary vectors per segment, as a soft prompt.
+"""Method ``autocompressor``: learned summaries per segment (kept keys/values or soft-prompt vectors).
 
 AutoCompressors (Chevalier et al., EMNLP 2023, https://arxiv.org/abs/2305.14788)
 compress each ``segment_tokens`` segment of the document into a few summary vectors
@@ -54,7 +54,7 @@ class AutoCompressorCompression(CompressionSpec):
 class AutoCompressorMethod(CompressionMethod):
     name = "autocompressor"
     spec_model = AutoCompressorCompression
-    summary = "learned summary vectors per segment, as a soft prompt"
+    summary = "learned summaries per segment: kept keys/values of every k-th token (the embedded model's default) or soft-prompt vectors"
     paper = "https://arxiv.org/abs/2305.14788"
     order = 4
     runs_at = "prefill"

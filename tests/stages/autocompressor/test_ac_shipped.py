@@ -20,21 +20,25 @@ from stages.compression import method_for
 SPEC = {"name": "ac", "input": {"uri": "docs/"}, "compression": {"method": "autocompressor"}}
 
 
-def test_the_embedded_model_has_a_small_shipped_checkpoint():
+VECTORS = SHIPPED_DIR / "smollm2-135m-instruct"  # the summary-vector checkpoint, kept for comparison
+
+
+def _files(d) -> dict[str, int]:
+    return {p.relative_to(d).as_posix(): p.stat().st_size for p in d.rglob("*") if p.is_file()}
+
+
+def test_the_embedded_model_has_a_small_shipped_checkpoint_of_the_kv_form():
     d = shipped_checkpoint(EMBEDDED_MODEL)
     assert d is not None and d.parent == SHIPPED_DIR
     meta = read_own_config(d)
-    assert meta["base_model"] == EMBEDDED_MODEL and meta["lora"] and meta["summary_length"] == 50
+    assert meta["base_model"] == EMBEDDED_MODEL and meta["lora"]
+    assert (meta["summary_form"], meta["kv_stride"]) == ("kv", 10)
     assert meta["training"]["step"] >= 1 and meta["training"]["device"] == "cpu"
-    files = {p.relative_to(d).as_posix(): p.stat().st_size for p in d.rglob("*") if p.is_file()}
-    assert {
-        "autocompressor.json",
-        "summary_embeddings.safetensors",
-        "adapter/adapter_model.safetensors",
-    } <= set(files)
-    assert (
-        "train_state.pt" not in files and sum(files.values()) < 10_000_000
-    )  # no optimizer, no base weights
+    for ckpt in (d, VECTORS):
+        files = _files(ckpt)
+        assert {"autocompressor.json", "summary_embeddings.safetensors", "adapter/adapter_model.safetensors"} <= set(files)
+        assert "train_state.pt" not in files and sum(files.values()) < 10_000_000  # no optimizer, no base weights
+    assert read_own_config(VECTORS)["summary_length"] == 50
 
 
 def test_resolve_checkpoint_defaults_only_for_the_embedded_model():
@@ -57,8 +61,12 @@ def test_method_uses_the_shipped_checkpoint_when_the_spec_names_none():
         method.tokenizer_source(other)
 
 
-def test_shipped_checkpoint_loads_and_its_training_changed_the_model():
-    lm, tok, ac = load_autocompressor(str(shipped_checkpoint(EMBEDDED_MODEL)), "float32")
+def test_shipped_checkpoints_load_and_their_training_changed_the_model():
+    from stages.autocompressor.kv_form import kv_prefill
+    from stages.model_loading import load_causal_lm
+    from stages.prompting import PromptParts
+
+    lm, tok, ac = load_autocompressor(str(VECTORS), "float32")
     eos = lm.get_input_embeddings().weight[tok.eos_token_id].float()
     # summary embeddings start as copies of EOS's embedding; training moved them apart
     assert not torch.allclose(ac.summary_embeddings[0], eos, atol=1e-3)
@@ -67,3 +75,12 @@ def test_shipped_checkpoint_loads_and_its_training_changed_the_model():
     with torch.no_grad():
         (soft,) = ac.compress([[ids[:8], ids[8:]]])
     assert soft.shape == (2 * 50, lm.config.hidden_size) and torch.isfinite(soft).all()
+
+    _, _, kv = load_autocompressor(str(shipped_checkpoint(EMBEDDED_MODEL)), "float32")
+    base, _ = load_causal_lm(EMBEDDED_MODEL, "float32")
+    q = kv.lm.model.layers[0].self_attn.q_proj.weight
+    assert not torch.allclose(q, base.model.layers[0].self_attn.q_proj.weight)  # LoRA merged in
+    doc = tok("The interpreter reads a line, runs it and prints the result. " * 6).input_ids
+    part = PromptParts([tok.bos_token_id], doc, tok(" It prints").input_ids)
+    res = kv_prefill(kv, [part], [[doc]])
+    assert res.context_tokens == [len(doc) // 10] and torch.isfinite(res.state.last_logits).all()
