@@ -5,10 +5,10 @@ the form."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
+from ac_cases import N_KEYS, N_SYMBOLS, assert_rows_as_alone, copy_task
 
 from stages.autocompressor.checkpoint import load_autocompressor
 from stages.autocompressor.kv_form import kept_offsets, kv_block_mask, kv_prefill
@@ -16,8 +16,6 @@ from stages.autocompressor.model import ACConfig, AutoCompressor
 from stages.autocompressor.prefill import autocompressor_prefill
 from stages.autocompressor.train import TrainConfig, fit, make_trainable, train
 from stages.compression.autocompressor import AutoCompressorCompression
-from stages.decoding.config import DecodeConfig
-from stages.decoding.reference import decode_plain
 from stages.decoding.state import forward_step
 from stages.prompting import PromptParts
 
@@ -115,24 +113,7 @@ def test_batched_rows_prefill_and_decode_as_alone(kv_ac):
     batched = autocompressor_prefill(ac, parts, cfg, PAD)
     assert batched.context_tokens == [5 + 5 + 2, 1, 0]
     assert batched.state.next_pos.tolist() == [3 + 40 + 3, 1 + 5 + 2, 2 + 4]  # document positions kept
-    decode_cfg = DecodeConfig(max_new_tokens=6, eos_ids=frozenset())
-    last = batched.state.last_logits.clone()
-    out = decode_plain(ac.lm, batched.state, decode_cfg)
-    for i, p in enumerate(parts):
-        single = autocompressor_prefill(ac, [p], cfg, PAD)
-        torch.testing.assert_close(single.state.last_logits[0], last[i], atol=1e-4, rtol=1e-4)
-        assert decode_plain(ac.lm, single.state, decode_cfg)[0].tokens == out[i].tokens
-
-
-N_KEYS, N_SYMBOLS, SEP = 2, 16, 3
-
-
-def _copy_task(seed: int, batch: int = 32) -> Iterator[torch.Tensor]:
-    """Segment 1: random keys. Segment 2: SEP then the same keys."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        keys = torch.randint(4, 4 + N_SYMBOLS, (batch, N_KEYS), generator=g)
-        yield torch.cat([keys, torch.full((batch, 1), SEP), keys], dim=1)
+    assert_rows_as_alone(ac, parts, cfg, batched, PAD, max_new_tokens=6)
 
 
 def test_adapter_learns_to_pack_a_segment_into_its_kept_slot(make_lm):
@@ -146,10 +127,10 @@ def test_adapter_learns_to_pack_a_segment_into_its_kept_slot(make_lm):
     cfg = TrainConfig(steps=300, lr=1e-2, warmup_steps=10, substeps=1, segments_per_substep=2,
                       min_segment_tokens=1, block_tokens=2 * N_KEYS + 1, log_every=150,
                       summary_form="kv", kv_stride=N_KEYS)
-    untrained = ac(next(_copy_task(7, 256)), lengths, loss_from=N_KEYS + 1).loss.item()
-    fit(ac, _copy_task(0), cfg, segmenter=lambda total, rng: lengths)
+    untrained = ac(next(copy_task(7, 256)), lengths, loss_from=N_KEYS + 1).loss.item()
+    fit(ac, copy_task(0), cfg, segmenter=lambda total, rng: lengths)
     with torch.no_grad():
-        first_key = ac(next(_copy_task(123, 256))[:, : N_KEYS + 2], [N_KEYS, 2], loss_from=N_KEYS + 1)
+        first_key = ac(next(copy_task(123, 256))[:, : N_KEYS + 2], [N_KEYS, 2], loss_from=N_KEYS + 1)
     assert untrained > 0.5 * math.log(N_SYMBOLS)
     # the first key is never kept itself: recalled only through the second key's slot
     assert first_key.loss.item() < 0.5, (first_key.loss.item(), untrained)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ac_cases import assert_rows_as_alone
 
 from stages.autocompressor.prefill import autocompressor_prefill, document_segments
 from stages.compression.autocompressor import AutoCompressorCompression
@@ -37,18 +38,12 @@ def test_batched_prefill_and_decode_equal_per_row(make_ac, soft_at):
     ac = make_ac(k=4)
     cfg = AutoCompressorCompression(checkpoint="unused", segment_tokens=16, soft_prompt_at=soft_at)
     parts = _parts()
-    decode_cfg = DecodeConfig(max_new_tokens=8, eos_ids=frozenset())
     batched = autocompressor_prefill(ac, parts, cfg, PAD)
     assert batched.context_tokens == [12, 4, 0]
     assert len(batched.compress_s) == 3 and batched.state.prefill_s > 0
     # contiguous positions: every soft vector and prompt token takes one position
     assert batched.state.next_pos.tolist() == [12 + 6, 4 + 4, 5]
-    last = batched.state.last_logits.clone()
-    out = decode_plain(ac.lm, batched.state, decode_cfg)
-    for i, p in enumerate(parts):
-        single = autocompressor_prefill(ac, [p], cfg, PAD)
-        torch.testing.assert_close(single.state.last_logits[0], last[i], atol=1e-4, rtol=1e-4)
-        assert decode_plain(ac.lm, single.state, decode_cfg)[0].tokens == out[i].tokens
+    assert_rows_as_alone(ac, parts, cfg, batched, PAD, max_new_tokens=8)
 
 
 @torch.no_grad()

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
+from ac_cases import N_KEYS, N_SYMBOLS, copy_task
 
 from stages.autocompressor.checkpoint import load_autocompressor, load_own
 from stages.autocompressor.train import TrainConfig, fit, make_trainable, train
 
-N_KEYS, N_SYMBOLS, SEP = 2, 16, 3
 LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _copy_task(seed: int, batch: int = 32) -> Iterator[torch.Tensor]:
-    """Segment 1: random keys. Segment 2: SEP then the same keys (unguessable without memory)."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        keys = torch.randint(4, 4 + N_SYMBOLS, (batch, N_KEYS), generator=g)
-        yield torch.cat([keys, torch.full((batch, 1), SEP), keys], dim=1)
 
 
 def test_summary_vectors_carry_segment_one_into_segment_two(make_lm):
@@ -44,9 +35,9 @@ def test_summary_vectors_carry_segment_one_into_segment_two(make_lm):
         block_tokens=2 * N_KEYS + 1,
         log_every=100,
     )
-    history = fit(ac, _copy_task(0), cfg, segmenter=lambda total, rng: lengths)
+    history = fit(ac, copy_task(0), cfg, segmenter=lambda total, rng: lengths)
     assert len(history) == 2 and history[-1]["loss"] < history[0]["loss"]
-    held_out = next(_copy_task(123, batch=256))
+    held_out = next(copy_task(123, batch=256))
     with torch.no_grad():  # loss on segment 2's keys only (targets after SEP)
         with_mem = ac(held_out, lengths, loss_from=N_KEYS + 1).loss.item()
         without = ac(held_out, lengths, use_summaries=False, loss_from=N_KEYS + 1).loss.item()
