@@ -53,13 +53,16 @@ def main() -> None:
     ap.add_argument("--cont", type=int, default=256)
     ap.add_argument("--segment", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--dtype", default="float32", help="float32 or bfloat16: weights and activations of both models"
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    ac, tok = load_own(args.checkpoint, "float32")
+    ac, tok = load_own(args.checkpoint, args.dtype)
     base_lm, _ = load_causal_lm(
         json.loads((Path(args.checkpoint) / "autocompressor.json").read_text())["base_model"],
-        "float32",
+        args.dtype,
         torch.device("cpu"),
     )
     base = AutoCompressor(base_lm.eval(), ACConfig(summary_length=ac.config.summary_length))
@@ -114,6 +117,7 @@ def main() -> None:
         "mean": mean,
         "rows": rows,
         "checkpoint": str(args.checkpoint),
+        "dtype": args.dtype,
     }
     print(
         json.dumps({"mean": {m: round(v, 4) for m, v in mean.items()}, "compression": e / budget})
