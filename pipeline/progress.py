@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 import fsspec
 
@@ -275,6 +275,23 @@ def quiet_python_loggers() -> None:
                     h.setLevel(logging.WARNING)
                 if not any(isinstance(f, _DropHarmless) for f in h.filters):
                     h.addFilter(drop)
+
+
+def quiet_issue_detectors(ctx: Any) -> None:
+    """Turn off Ray Data's issue detectors on ``ctx`` (a DataContext) unless Ray's logs are wanted.
+
+    Its high-memory detector warns, every 30 s of a run and in ten lines each time, that the
+    generate actors use a few GiB while Ray reserved none for them. That is by design: an
+    actor holds its model and KV cache, actors are placed by CPU/GPU, and on Kubernetes each
+    pod's memory comes from ``longdoc render --worker-memory``. On a long CPU run the
+    repeated warning buried the progress line. LONGDOC_RAY_LOGS=1 (--verbose) keeps them.
+    Ray versions without issue detectors are left as they are.
+    """
+    if ray_logs_wanted():
+        return
+    config = getattr(ctx, "issue_detectors_config", None)
+    if config is not None and hasattr(config, "detectors"):
+        config.detectors = []
 
 
 class NativeStderrFilter:

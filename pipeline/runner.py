@@ -114,7 +114,7 @@ def run_job(
     import ray.data
 
     from pipeline.plan import build_plan
-    from pipeline.progress import RunProgress, ray_logs_wanted
+    from pipeline.progress import RunProgress, quiet_issue_detectors, ray_logs_wanted
     from pipeline.watchdog import PoolWatchdog, guarded
     from stages.read import list_shards
 
@@ -137,6 +137,7 @@ def run_job(
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
     ctx.enable_progress_bars = progress and sys.stderr.isatty() and ray_logs_wanted()
+    quiet_issue_detectors(ctx)  # Ray's repeated high-memory warning; see its docstring
     if "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" not in os.environ:
         # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
         # long documents on CPU can legitimately take that long (seen: 4 x 5k-token

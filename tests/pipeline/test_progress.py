@@ -21,6 +21,7 @@ from pipeline.progress import (
     RunProgress,
     _DropHarmless,
     estimate_requests,
+    quiet_issue_detectors,
 )
 from schemas.loading import spec_from_dict
 
@@ -221,3 +222,17 @@ def test_filter_is_not_started_twice():
     finally:
         f.stop()
         os.close(fd)
+
+
+@pytest.mark.parametrize(("ray_logs", "silenced"), [(None, True), ("1", False)])
+def test_issue_detectors_off_unless_ray_logs_are_wanted(monkeypatch, ray_logs, silenced):
+    from ray.data import DataContext
+
+    monkeypatch.delenv("LONGDOC_RAY_LOGS", raising=False)
+    if ray_logs:
+        monkeypatch.setenv("LONGDOC_RAY_LOGS", ray_logs)
+    ctx = DataContext()  # a fresh context, not the process-wide one
+    before = list(ctx.issue_detectors_config.detectors)
+    assert before, "Ray Data ships issue detectors; this test needs one to switch off"
+    quiet_issue_detectors(ctx)
+    assert ctx.issue_detectors_config.detectors == ([] if silenced else before)
