@@ -2,15 +2,16 @@
 
 ``MethodEnv`` (fixture ``method_env`` in tests/stages/conftest.py): a tiny random
 Llama with a WINDOW-token context (so a longer document is "longer than the model's
-context") saved with the embedded tokenizer, and an AutoCompressor checkpoint over
-it. ``spec`` builds any method's JobSpec on it; ``request`` a RequestRow;
-``text_stages`` the stages before generate, chained as pipeline/plan.py chains them.
+context") saved with the embedded tokenizer, and AutoCompressor checkpoints over it
+(summary vectors; the kv form as the VARIANTS case ``autocompressor-kv``). ``spec``
+builds any method's (or case's) JobSpec on it; ``request`` a RequestRow; ``text_stages``
+the stages before generate, chained as pipeline/plan.py chains them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +23,47 @@ WINDOW = 1024  # the tiny model's context window
 TARGET = 48  # every budgeted method's target_tokens in these tests
 
 
+# Further cases of the shared matrix: a method run in another form that takes another
+# code path (case name -> method). Their settings are MethodEnv.variants[case].
+VARIANTS = {"autocompressor-kv": "autocompressor"}  # the kv summary form (the shipped default)
+
+
+def method_of(case: str) -> str:
+    """The registered method a matrix case runs (a method name is its own case)."""
+    return VARIANTS.get(case, case)
+
+
+def cases() -> list[str]:
+    """Every registered method, then the VARIANTS: what the shared matrix runs."""
+    from stages.compression import method_names
+
+    return [*method_names(), *VARIANTS]
+
+
 @dataclass(frozen=True)
 class MethodEnv:
     model_dir: Path
     required: dict[str, str]  # settings the tiny model needs (every required field, and e.g. checkpoint) -> value
+    variants: dict[str, dict[str, str]] = field(default_factory=dict)  # case -> settings over ``required``
 
-    def spec(self, method: str, **generation: Any) -> dict[str, Any]:
-        """A JobSpec (as JSON) running ``method`` on the tiny model, budget TARGET.
+    def spec(self, case: str, **generation: Any) -> dict[str, Any]:
+        """A JobSpec (as JSON) running ``case`` (a method or a VARIANTS case) on the tiny model, budget TARGET.
 
         Settings: target_tokens = TARGET when the method has it; a field without a
         default takes ``required[field]`` (a new method with a new required field
-        adds its value to ``method_env`` below).
+        adds its value to ``method_env`` below); a variant's settings replace those.
         """
+        method = method_of(case)
+        required = {**self.required, **self.variants.get(case, {})}
         fields = registry()[method].spec_model.model_fields
         compression: dict[str, Any] = {"method": method}
         if "target_tokens" in fields:
             compression["target_tokens"] = TARGET
         for name, info in fields.items():
             if info.is_required() and name != "method":
-                assert name in self.required, f"method_env has no value for required field {name!r}"
-            if name in self.required:  # also optional ones the tiny model needs (checkpoint)
-                compression[name] = self.required[name]
+                assert name in required, f"method_env has no value for required field {name!r}"
+            if name in required:  # also optional ones the tiny model needs (checkpoint)
+                compression[name] = required[name]
         return spec_from_dict(
             {
                 "name": "m",

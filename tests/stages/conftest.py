@@ -22,7 +22,12 @@ def method_env(tmp_path_factory, tokenizer) -> MethodEnv:
     summary = torch.randn(3, lm.config.hidden_size, generator=g) * 0.2
     ac = AutoCompressor(lm, ACConfig(summary_length=3, accumulate_summary=True), summary)
     ckpt = save_autocompressor(ac, tmp_path_factory.mktemp("tiny-ac"), base_model=str(model_dir))
-    return MethodEnv(model_dir, {"checkpoint": str(ckpt)})
+    # The kv form (every 4th key/value of a segment kept), the embedded model's default.
+    kv = AutoCompressor(lm, ACConfig(summary_length=1, summary_form="kv", kv_stride=4))
+    kv_ckpt = save_autocompressor(kv, tmp_path_factory.mktemp("tiny-ac-kv"), base_model=str(model_dir))
+    return MethodEnv(
+        model_dir, {"checkpoint": str(ckpt)}, variants={"autocompressor-kv": {"checkpoint": str(kv_ckpt)}}
+    )
 
 
 @pytest.fixture

@@ -55,24 +55,10 @@ def test_static_engine_writes_the_rows_of_the_dynamic_one(method_env, batches, m
         assert r["e2e_s"] >= r["ttft_s"] > 0 and r["decode_steps"] >= 0
 
 
-@pytest.fixture(scope="module")
-def kv_checkpoint(method_env, tmp_path_factory) -> str:
-    """An AutoCompressor checkpoint of summary form kv (every 4th key/value kept) on the tiny model."""
-    from stages.autocompressor.checkpoint import save_autocompressor
-    from stages.autocompressor.model import ACConfig, AutoCompressor
-    from stages.model_loading import load_causal_lm
-
-    lm, _ = load_causal_lm(str(method_env.model_dir), "float32")
-    ac = AutoCompressor(lm, ACConfig(summary_length=1, summary_form="kv", kv_stride=4))
-    return str(save_autocompressor(ac, tmp_path_factory.mktemp("tiny-ac-kv"), base_model=str(method_env.model_dir)))
-
-
 @pytest.mark.usefixtures("one_thread")
-def test_kv_autocompressor_on_the_static_engine_writes_the_dynamic_rows(method_env, batches, kv_checkpoint):
+def test_kv_autocompressor_on_the_static_engine_writes_the_dynamic_rows(method_env, batches):
     def stage(engine: str) -> GenerateStage:
-        spec = _spec(method_env, "autocompressor", engine, **GREEDY["lookup"])
-        spec["compression"] = {**spec["compression"], "checkpoint": kv_checkpoint}
-        return GenerateStage(spec)
+        return GenerateStage(_spec(method_env, "autocompressor-kv", engine, **GREEDY["lookup"]))
 
     from stages.autocompressor.kv_form import kept_offsets
     from stages.autocompressor.prefill import document_segments
