@@ -35,13 +35,7 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_MODEL
-from stages.autocompressor.model import (
-    SUMMARY_FORMS,
-    SUMMARY_SCALES,
-    ACConfig,
-    AutoCompressor,
-    scheme_for,
-)
+from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
 
 Segmenter = Callable[[int, random.Random], list[int]]
 
@@ -95,11 +89,14 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.summary_scale not in SUMMARY_SCALES:
-            raise ValueError(
-                f"summary_scale {self.summary_scale!r} not supported; allowed: "
-                + ", ".join(SUMMARY_SCALES)
-            )
+        # The model's own checks (allowed summary_scale / summary_form, kv_stride >= 1), run
+        # here so a bad setting fails before the model loads.
+        ACConfig(
+            self.summary_length,
+            summary_scale=self.summary_scale,  # type: ignore[arg-type]
+            summary_form=self.summary_form,  # type: ignore[arg-type]
+            kv_stride=self.kv_stride,
+        )
         need = self.substeps * self.segments_per_substep * self.min_segment_tokens
         if self.block_tokens < need:
             raise ValueError(
@@ -117,13 +114,7 @@ class TrainConfig:
             raise ValueError(
                 f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
             )
-        if self.summary_form not in SUMMARY_FORMS:
-            raise ValueError(
-                f"summary_form {self.summary_form!r} not supported; allowed: " + ", ".join(SUMMARY_FORMS)
-            )
         if self.summary_form == "kv":
-            if self.kv_stride < 1:
-                raise ValueError(f"kv_stride must be >= 1, got {self.kv_stride}")
             if self.substeps != 1 or self.autoencode_weight != 0.0:
                 raise ValueError(
                     "summary_form kv reads a block in one masked pass: it needs substeps 1 and "
