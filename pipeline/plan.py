@@ -6,7 +6,8 @@
            -> a runs_at=text_stage method (e.g. rag)
                                           actor pool, compress_actors/compress_num_gpus
            -> generate (+ a runs_at=prefill method's strategy, e.g. finch)
-                                          actor pool, resources.actors/num_gpus/num_cpus
+                                          actor pool, resources.actors/num_gpus/num_cpus;
+                                          several batches in flight per actor, one engine
            -> write Parquet               tasks; returns per-row figures to the driver
 
 What runs where comes from the compression method's declaration (stages/compression/).
@@ -62,12 +63,35 @@ def check_chain(chain: list[StageColumns]) -> None:
         have |= set(stage.adds)
 
 
-def _actor_pool(size: int | tuple[int, int]):
+def _actor_pool(size: int | tuple[int, int], in_flight: int = 1):
+    """An actor pool of ``size`` (or [min, max]); ``in_flight`` > 1: each actor takes that
+    many batches at once, its calls running on threads of their own."""
     from ray.data import ActorPoolStrategy
 
-    if isinstance(size, int):
-        return ActorPoolStrategy(size=size)
-    return ActorPoolStrategy(min_size=size[0], max_size=size[1])
+    sizes = {"size": size} if isinstance(size, int) else {"min_size": size[0], "max_size": size[1]}
+    if in_flight <= 1:
+        return ActorPoolStrategy(**sizes)
+    return ActorPoolStrategy(
+        **sizes, max_tasks_in_flight_per_actor=in_flight, max_concurrent_calls_per_actor=in_flight,
+        enable_true_multi_threading=True,
+    )
+
+
+#: Rows a generate actor aims to hold (decoding + waiting) when decode_slots is auto:
+#: enough to fill the decode batch the KV budget allows (on CPU the prefill of each
+#: row is the slow part, so rows wait in the engine's queue rather than in Ray's).
+ROWS_IN_FLIGHT = {"cpu": 64, "gpu": 256}
+
+
+def generate_batches_in_flight(spec: JobSpec) -> int:
+    """Ray batches one generate actor holds at once, so its engine never drains between
+    batches: enough for the rows it may decode together, plus one batch waiting."""
+    res = spec.resources
+    if isinstance(res.decode_slots, int):
+        rows = res.decode_slots
+    else:
+        rows = ROWS_IN_FLIGHT["gpu" if res.num_gpus > 0 else "cpu"]
+    return max(2, min(64, -(-rows // res.batch_size) + 1))
 
 
 class _ReadDocuments:
@@ -165,10 +189,12 @@ def _build_plan(
     # generate pool as ONE block, so a single actor would decode the whole file before
     # anything is written: no progress, no use of the other actors, and a crash loses it all.
     ds = ds.repartition(target_num_rows_per_block=res.batch_size)
+    # Each generate actor takes several batches at once (its calls only queue requests
+    # for the actor's one engine and wait), so the engine's slots stay full across batches.
     ds = ds.map_batches(
         GenerateStage,
         fn_constructor_kwargs={"spec": spec_json},
-        compute=_actor_pool(res.actors),
+        compute=_actor_pool(res.actors, generate_batches_in_flight(spec)),
         batch_size=res.batch_size,
         num_cpus=res.num_cpus,
         num_gpus=res.num_gpus,

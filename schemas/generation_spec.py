@@ -7,6 +7,8 @@ described.
 
 from __future__ import annotations
 
+import importlib
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,13 +16,24 @@ from pydantic import Field, field_validator, model_validator
 from schemas.checks import FieldError
 from schemas.spec_base import EMBEDDED_MODEL, RANDOM_MODEL_SHAPES, _Strict, check_embedded_name
 
-
 # ----------------------------------------------------------------------------- generation
+#: The package whose modules define the drafters (stages/decoding/drafters/). Schemas
+#: import nothing of the project statically, so it is loaded by name (plugin discovery).
+DRAFTER_PLUGINS = "stages.decoding.drafters"
+
+
+def speculative_methods() -> tuple[str, ...]:
+    """Every value ``generation.speculative.method`` accepts: none and each drafter's name."""
+    return tuple(importlib.import_module(DRAFTER_PLUGINS).drafter_names())
+
+
 class SpeculativeSpec(_Strict):
-    method: Literal["prompt_lookup", "none"] = Field(
+    method: str = Field(
         default="prompt_lookup",
         description="prompt_lookup: draft tokens copied from n-gram matches in the document, "
-        "prompt and output so far, verified in one forward pass. none: plain decoding.",
+        "prompt and output so far; suffix: drafts from the prompt and from the outputs earlier "
+        "rows of the run generated (SuffixDecoding); both verified in one forward pass. "
+        "none: plain decoding.",
     )
     # Defaults measured with the adaptive engine (pipeline/bench/decode.py, issue 3):
     # longer suffixes give a sharper acceptance signal; the engine shortens drafts itself.
@@ -32,6 +45,14 @@ class SpeculativeSpec(_Strict):
         description="Per row, grow the draft length after full acceptance and shrink it after "
         "rejections, down to not drafting, so speculation never costs more than it saves.",
     )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        allowed = speculative_methods()
+        if v not in allowed:
+            raise ValueError(f"unknown speculative method {v!r}; allowed: {', '.join(allowed)}")
+        return v
 
     @model_validator(mode="after")
     def _ngram_order(self) -> SpeculativeSpec:
@@ -59,18 +80,12 @@ class GenerationSpec(_Strict):
         "(measured faster there, and exact: greedy output with prompt lookup equals plain greedy in fp32, "
         "while bf16 agreement is measured by `longdoc bench decode`).",
     )
-    engine: Literal["auto", "dynamic", "static"] = Field(
-        default="auto",
-        description="Decode engine. static: KV slots preallocated per actor, steps compiled (CUDA graphs on a "
-        "GPU), finished rows' slots refilled from the batch (continuous batching). dynamic: a growable cache "
-        "with the measured CPU kernel plan. auto: static on a GPU, dynamic on CPU.",
-    )
     compile: Literal["auto", "inductor", "cudagraphs", "off"] = Field(
         default="auto",
-        description="Static engine steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (CUDA "
+        description="Decode steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (CUDA "
         "graphs of the eager kernels, GPU only: seconds per shape, one compilation per batch x width x "
-        "attention span), off (eager). auto: inductor on a GPU, "
-        "off on CPU. Steps are compiled once per actor, before the first batch.",
+        "attention span), off (eager, exact shapes; on CPU with the measured kernel plan). auto: "
+        "inductor on a GPU, off on CPU. Steps are compiled once per actor, before the first batch.",
     )
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
         default=(), description="Extra stop strings (EOS always stops); an empty one would stop at once."
@@ -102,10 +117,20 @@ class ResourcesSpec(_Strict):
         description="Generate actor pool size, or [min, max] for an autoscaling pool.",
     )
     batch_size: int = Field(default=4, ge=1, description="Requests per generate batch.")
-    decode_slots: int | None = Field(
-        default=None, ge=1, le=1024,
-        description="Rows the static engine decodes together (its KV slots; default: batch_size). A larger "
-        "batch_size keeps the slots full: a finished row's slot takes the batch's next request.",
+    decode_slots: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = Field(
+        default="auto",
+        description="Rows the engine decodes together. auto: as many as their KV tokens fit in the memory "
+        "budget (kv_memory_gb / kv_memory_fraction), so compressed rows (short caches) fill more slots; "
+        "a number (1-256) fixes the slot count. Requests of several batches share the slots.",
+    )
+    kv_memory_gb: float | None = Field(
+        default=None, gt=0.0,
+        description="KV cache memory per generate actor in GiB (overrides kv_memory_fraction).",
+    )
+    kv_memory_fraction: float | None = Field(
+        default=None, gt=0.0, le=0.95,
+        description="KV cache memory per generate actor as a fraction of the GPU memory free after the "
+        "weights load, or of the RAM available on CPU. Default: 0.85 on a GPU, 0.25 on CPU.",
     )
     num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs per generate actor (0 on CPU).")
     num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs per generate actor.")
@@ -116,6 +141,13 @@ class ResourcesSpec(_Strict):
     max_retries: int = Field(
         default=2, ge=0, description="Retries of a failing request before it becomes an error row."
     )
+
+    @field_validator("kv_memory_gb")
+    @classmethod
+    def _finite_memory(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"got {v}; allowed: a finite number of GiB > 0")
+        return v
 
     @field_validator("actors")
     @classmethod
@@ -128,13 +160,3 @@ class ResourcesSpec(_Strict):
             if not 1 <= lo <= hi:
                 raise ValueError(f"actors [min, max] needs 1 <= min <= max, got {list(v)}")
         return v
-
-    @model_validator(mode="after")
-    def _slots_fit_the_batch(self) -> ResourcesSpec:
-        if self.decode_slots is not None and self.decode_slots > self.batch_size:
-            raise FieldError(
-                "decode_slots",
-                f"got {self.decode_slots}, more than batch_size {self.batch_size} (slots past the batch are "
-                f"never filled); allowed: <= batch_size",
-            )
-        return self

@@ -1,35 +1,34 @@
 """Generate stage: compressed context -> answer/summary, one output row per request.
 
 Ray: ``GenerateStage`` is the callable class of the generate actor pool. ``__init__``
-loads the model once per actor; ``__call__`` turns a batch of request rows (see
-stages/rows.py) into a batch of output rows (schemas/output.py), generating for the
-whole batch at once. Two engines (``generation.engine``; auto picks by device):
-- dynamic (CPU default): one padded prefill of the batch, one batched decode
-  (stages/decoding/engine.py, growable cache, measured CPU kernel plan);
-- static (GPU default): continuous batching over preallocated KV slots with
-  compiled steps (stages/decoding/slot_engine.py): ``resources.decode_slots`` rows
-  decode together and each finished row's slot is refilled with the batch's next
-  request (prefilled by the compression method), so the batch may be larger than
-  the decode batch and the GPU keeps decoding full batches.
+loads the model once per actor and starts ONE decode engine on a thread of its own
+(stages/decoding/engine.py behind decoding/service.py: continuous batching over KV
+slots sized by a memory budget, prefill chunked and interleaved with decoding,
+speculation through a drafter). ``__call__`` turns a batch of request rows (see
+stages/rows.py) into a batch of output rows (schemas/output.py): it submits the
+batch's requests to the engine and waits for them. The actor takes several batches at
+once (pipeline/plan.py), so requests of later batches join the decode batch while
+earlier rows still decode: the engine's slots stay full for the whole job.
 
 Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
 here) come from the compression method (stages/compression/, ``CompressionMethod.load``):
-a full prefill of the (possibly text-compressed) context by default, Finch's chunked
-KV-cache compression, AutoCompressor summary vectors as a soft prompt, ... All hand a
-PrefillState to the same decoder, configured by ``decode_config_for`` (one place).
-Prompt lookup always searches the ORIGINAL document tokens + prompt + output so far,
-whatever the prefill kept.
+a whole prompt (the document as a text method kept it) is prefilled by the engine
+itself, chunk by chunk; Finch's KV-cache compression and the AutoCompressor's summaries
+are the method's own prefill, run by the engine when a slot frees. Prompt lookup always
+searches the ORIGINAL document tokens + prompt + output so far, whatever the prefill kept.
 
-Failure contract: a row that cannot be generated becomes a row with ``error`` set. A
-batch that raises is retried row by row, each row up to ``resources.max_retries``
-more times, so one bad request never takes its batch mates down with it.
+Failure contract: a row that cannot be generated becomes a row with ``error`` set. The
+engine retries a failing request alone, up to ``resources.max_retries`` more times, so
+one bad request never takes others down with it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-import time
+import threading
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -38,11 +37,10 @@ from schemas import output as out_schema
 from schemas.rows import GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
-from stages.compression.base import CONTEXT_COLUMNS, Prefill
+from stages.compression.base import CONTEXT_COLUMNS
 from stages.decoding.config import RowResult, decode_config_for
-from stages.decoding.engine import decode
-from stages.decoding.engine_state import EngineState
-from stages.decoding.slot_engine import SlotEngine
+from stages.decoding.engine import Engine, KvBudgetExceeded, Request
+from stages.decoding.service import EngineService
 from stages.decoding.stops import cut_text
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
@@ -67,27 +65,33 @@ class GenerateStage:
         self.method = method_for(self.spec.compression)
         loaded = self.method.load(self.spec, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self._prefill: Prefill = loaded.prefill
         # Output columns a text method adds beyond its context (e.g. rag's retrieval
         # figures) are copied as they are; context_tokens/compress_s are combined below.
         self._carried = tuple(
             c for c in self.method.adds if c in out_schema.OUTPUT_COLUMNS and c not in CONTEXT_COLUMNS
         )
-        # The engine's per-actor state: made (and its backend warmed up: the CPU kernel
-        # plan measured or read) now, so the first batch's latency figures do not
-        # include it; it learns step cost and acceptance across batches.
-        self.slot_engine = make_slot_engine(self.spec, self.model, self.device)
-        self.engine = EngineState(self.model, self.device) if self.slot_engine is None else None
         self.prompts = PromptBuilder(self.tokenizer)
+        # Ray runs several calls of this actor at once, and the engine thread decodes stop
+        # strings and runs the method's prefill (which may tokenize): a fast tokenizer must
+        # not be entered by two threads at a time (encoding mutates its settings). Re-entrant:
+        # a prefill holding it runs decode steps that decode stop strings.
+        self._tokenizer_lock = threading.RLock()
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.device_name = (
             f"cuda:{torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
         )
         self.decode_config = decode_config_for(gen, self.tokenizer, self.model.generation_config)
+        # The engine (made, warmed up and its CPU kernel plan measured now, so the first
+        # batch's figures do not include it) learns step cost and acceptance across batches.
+        if not loaded.full_prefill:
+            loaded = replace(loaded, prefill=self._locked(loaded.prefill))
+        self.engine = make_engine(self.spec, loaded, self.device, self.decode_config, self._decode_text)
+        log.info("decode engine: %s", self.engine.describe())
+        self.service = EngineService(self.engine)
 
     # ------------------------------------------------------------------ batches
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        t0 = time.perf_counter()
+        """Output rows for a batch of requests; thread-safe (Ray calls it for several batches at once)."""
         rows: list[GenerateInput] = batch_to_rows(batch)  # type: ignore[assignment]
         outputs: list[OutputRow | None] = [None] * len(rows)
         todo: list[int] = []
@@ -100,15 +104,15 @@ class GenerateStage:
                     outputs[i] = self._output_row(row, None, error=msg, error_kind=out_schema.INPUT)
                 else:
                     todo.append(i)
-        for i, result in self._generate_with_retries([rows[i] for i in todo], todo):
+        for i, result in zip(todo, self._generate([rows[i] for i in todo]), strict=True):
             outputs[i] = result
-        wall = time.perf_counter() - t0
-        per_row = wall / max(1, len(rows))
         for o in outputs:
             assert o is not None
             o["device"] = self.device_name
-            o["device_s"] = per_row
-            o["cost_usd"] = out_schema.cost_usd(per_row, self.spec.cost.usd_per_device_hour)
+            # The row's own share of the device (its prefill + each step's time / rows in the
+            # step); rows that never reached the engine cost nothing.
+            o["device_s"] = o.get("device_s") or 0.0
+            o["cost_usd"] = out_schema.cost_usd(o["device_s"], self.spec.cost.usd_per_device_hour)
         return rows_to_batch(outputs)  # type: ignore[arg-type]
 
     def _precheck(self, row: GenerateInput) -> str | None:
@@ -116,7 +120,8 @@ class GenerateStage:
         if self.method.reads_any_length:
             return None  # e.g. finch, autocompressor: they read the document chunk by chunk
         ctx = row.get("context_ids") or row.get("doc_ids") or []
-        need = len(ctx) + self.prompts.overhead_tokens(row["instruction"], row.get("question"))
+        with self._tokenizer_lock:
+            need = len(ctx) + self.prompts.overhead_tokens(row["instruction"], row.get("question"))
         if self.max_context and need + self.spec.generation.max_new_tokens > self.max_context:
             return (
                 f"generate: document {row['doc_id']!r} needs {need} prompt tokens + "
@@ -125,80 +130,33 @@ class GenerateStage:
             )
         return None
 
-    def _generate_with_retries(
-        self, rows: list[GenerateInput], idx: list[int]
-    ) -> list[tuple[int, OutputRow]]:
+    def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
+        """The engine's rows for ``rows`` (one per row, in order; failures as error rows)."""
         if not rows:
             return []
-        try:
-            return list(zip(idx, self._generate(rows)))
-        except Exception as batch_err:  # fall back to one row at a time
-            if len(rows) == 1:
-                first_err: Exception | None = batch_err
-                attempts = self.spec.resources.max_retries
-            else:
-                first_err, attempts = None, self.spec.resources.max_retries + 1
-        results: list[tuple[int, OutputRow]] = []
-        for i, row in zip(idx, rows):
-            err = first_err
-            for _ in range(attempts):
-                try:
-                    results.append((i, self._generate([row])[0]))
-                    err = None
-                    break
-                except Exception as e:  # noqa: PERF203 - retries are the point
-                    err = e
-            if err is not None:
-                msg = f"generate: {type(err).__name__}: {err}"
-                kind = out_schema.classify_error(err)  # unknown exceptions: retryable
-                results.append((i, self._output_row(row, None, error=msg, error_kind=kind)))
-        return results
-
-    def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
-        if self.slot_engine is not None:
-            return self._generate_slots(rows)
         parts = self._prompt_parts(rows)
-        compressed = self._prefill(parts)
-        lookup, seeds = self._lookups_and_seeds(parts, rows)
-        results = decode(
-            self.engine, compressed.state, lookup, self.decode_config, seeds=seeds, decode_text=self._decode_text,
-        )
-        return [
-            self._success_row(
-                row, res, parts[b], compressed.context_tokens[b], compressed.compress_s[b], compressed.state.prefill_s
-            )
-            for b, (row, res) in enumerate(zip(rows, results))
+        lookups, seeds = self._lookups_and_seeds(parts, rows)
+        requests = [
+            Request(key=i, parts=p, lookup_ids=lk, seed=sd, kv_tokens=self.method.kv_tokens(self.spec, p))
+            for i, (p, lk, sd) in enumerate(zip(parts, lookups, seeds, strict=True))
         ]
-
-    def _generate_slots(self, rows: list[GenerateInput]) -> list[OutputRow]:
-        """Continuous batching on the static engine: the batch's requests stream through its slots.
-
-        Each group of newcomers is prefilled by the compression method when slots free
-        up; a request whose prefill fails becomes an error row, the others go on.
-        """
-        parts = self._prompt_parts(rows)
-        done: dict[int, tuple[int, float, float]] = {}  # request -> (context tokens, compress s, prefill s)
-
-        def prefill(idx: list[int]):
-            compressed = self._prefill([parts[i] for i in idx])
-            for j, i in enumerate(idx):
-                done[i] = (compressed.context_tokens[j], compressed.compress_s[j], compressed.state.prefill_s)
-            return compressed.state
-
-        lookup, seeds = self._lookups_and_seeds(parts, rows)
-        results, errors = self.slot_engine.run(lookup, seeds, prefill, self.decode_config, self._decode_text)
         outs: list[OutputRow] = []
-        for i, (row, res, err) in enumerate(zip(rows, results, errors)):
-            if res is None:
-                err = err or RuntimeError("the engine returned no result")
+        for row, part, done in zip(rows, parts, self.service.generate(requests), strict=True):
+            if done.result is None:
+                err = done.error or RuntimeError("the engine returned no result")
                 msg = f"generate: {type(err).__name__}: {err}"
-                outs.append(self._output_row(row, None, error=msg, error_kind=out_schema.classify_error(err)))
+                kind = out_schema.INPUT if isinstance(err, KvBudgetExceeded) else out_schema.classify_error(err)
+                outs.append(self._output_row(row, None, error=msg, error_kind=kind))
             else:
-                outs.append(self._success_row(row, res, parts[i], *done[i]))
+                outs.append(self._success_row(row, done.result, part))
         return outs
 
     def _prompt_parts(self, rows: list[GenerateInput]) -> list:
         """The chat prompt of each row around its (possibly text-compressed) context."""
+        with self._tokenizer_lock:
+            return self._build_parts(rows)
+
+    def _build_parts(self, rows: list[GenerateInput]) -> list:
         return [
             self.prompts.build(
                 r.get("context_ids") if r.get("context_ids") is not None else r["doc_ids"],
@@ -213,17 +171,29 @@ class GenerateStage:
         lookup = [p.prefix_ids + list(r["doc_ids"]) + p.query_ids for p, r in zip(parts, rows)]
         return lookup, [_row_seed(self.spec.generation.seed, r["request_id"]) for r in rows]
 
-    def _success_row(
-        self, row: GenerateInput, res: RowResult, part, context_tokens: int, compress_s: float, prefill_s: float
-    ) -> OutputRow:
+    def _success_row(self, row: GenerateInput, res: RowResult, part) -> OutputRow:
+        context_tokens = res.context_tokens if res.context_tokens is not None else len(part.context_ids)
         prompt_tokens = len(part.prefix_ids) + context_tokens + len(part.query_ids)
-        return self._output_row(
+        o = self._output_row(
             row, res, context_tokens=context_tokens, prompt_tokens=prompt_tokens,
-            extra_compress_s=compress_s, prefill_s=prefill_s,
+            extra_compress_s=res.compress_s, prefill_s=res.prefill_s,
         )
+        o["device_s"] = res.device_s
+        return o
+
+    def _locked(self, prefill):
+        """``prefill`` run holding the tokenizer lock (keeps its ``on_chunk`` keyword)."""
+
+        @functools.wraps(prefill)
+        def run(parts, **kwargs):
+            with self._tokenizer_lock:
+                return prefill(parts, **kwargs)
+
+        return run
 
     def _decode_text(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ rows
     def _output_row(
@@ -270,29 +240,31 @@ class GenerateStage:
         return o
 
 
-def make_slot_engine(spec: JobSpec, model: torch.nn.Module, device: torch.device) -> SlotEngine | None:
-    """The static engine the spec asks for (``generation.engine``), or None for the dynamic one.
+def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text) -> Engine:
+    """The actor's engine for ``spec``: its KV budget, slots, prefill and compiled steps.
 
-    auto: static on CUDA when the model allows it (full attention everywhere, a plain
-    output projection), else dynamic; static: always (a model that cannot use it is a
-    clear error at actor start). Compiled steps are warmed up here, once per actor.
+    ``resources.decode_slots``: ``auto`` admits rows by their KV tokens within the
+    memory budget (``resources.kv_memory_gb``, else ``kv_memory_fraction`` of the
+    device memory free after the weights, or of the RAM available on CPU); a number
+    fixes the slot count. The method's own prefill (Finch, AutoCompressor) is used
+    unless it is the plain full prefill, which the engine does itself, chunked.
+    Compiled steps (CUDA) are warmed up here, once per actor.
     """
     gen, res = spec.generation, spec.resources
-    if gen.engine == "dynamic" or (gen.engine == "auto" and device.type != "cuda"):
-        return None
-    spec_drafts = gen.speculative.num_draft_tokens if gen.speculative.method == "prompt_lookup" else 0
+    method = method_for(spec.compression)
+    expected = method.expected_kv_tokens(spec)
     try:
-        engine = SlotEngine(
-            model, slots=res.decode_slots or res.batch_size, max_drafts=spec_drafts, compile=gen.compile
+        engine = Engine(
+            loaded.model, config, decode_text=decode_text,
+            prefill=None if loaded.full_prefill else loaded.prefill,
+            kv_memory_gb=res.kv_memory_gb, kv_memory_fraction=res.kv_memory_fraction,
+            slots=None if res.decode_slots == "auto" else res.decode_slots,
+            expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,
+            group_rows=4 if device.type == "cuda" else 1,
         )
     except ValueError as e:
-        if gen.engine == "static":
-            raise ValueError(f"generation.engine static: {e}; allowed for this model: dynamic or auto") from e
-        log.warning("static decode engine unavailable for %s (%s); using the dynamic engine", gen.model, e)
-        return None
-    if engine.step.compiled:
-        engine.warm_up(greedy=gen.temperature <= 0.0, max_drafts=spec_drafts)
-    log.info("decode engine: %s", engine.describe())
+        raise ValueError(f"generate: the decode engine cannot run {gen.model!r} on {device}: {e}") from e
+    engine.warm_up(greedy=gen.temperature <= 0.0)
     return engine
 
 

@@ -57,11 +57,17 @@ Condition = Callable[[list[int], list[int], int], "CompressedPrefill"]
 @dataclass(frozen=True)
 class Loaded:
     """What a method hands the generate actor: the decoding model, its tokenizer and
-    the prefill strategy (B prompts -> CompressedPrefill whose cache ``model`` decodes)."""
+    the prefill strategy (B prompts -> CompressedPrefill whose cache ``model`` decodes).
+
+    ``full_prefill``: the strategy is the plain prefill of the whole prompt, which the
+    decode engine does itself (chunked, straight into its KV slots) instead of calling
+    ``prefill``. A method's own strategy may take an ``on_chunk`` keyword: a callable to
+    invoke between its chunks, through which the engine keeps other rows decoding."""
 
     model: Any
     tokenizer: Any
     prefill: Prefill
+    full_prefill: bool = False
 
 
 class CompressionMethod(ABC):
@@ -136,7 +142,22 @@ class CompressionMethod(ABC):
                 compress_s=[0.0] * len(parts),
             )
 
-        return Loaded(model, tok, full)
+        return Loaded(model, tok, full, full_prefill=True)
+
+    def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
+        """KV slots a request holds after this method's prefill (for the engine's admission
+        by memory); None: the whole prompt (``len(parts)``), right for text methods."""
+        return None
+
+    def expected_kv_tokens(self, job: JobSpec) -> int:
+        """KV slots a typical request holds after the prefill: the engine's first slot size.
+
+        Budgeted methods: the budget plus room for the chat template and question; else
+        the model's usual document, unknown here: 2048 (the engine relays out its slots
+        when a longer row comes, within the same memory).
+        """
+        target = getattr(job.compression, "target_tokens", None)
+        return int(target) + 192 if target else 2048
 
     # ------------------------------------------------------------------ LM scoring (eval --nll)
     def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:

@@ -34,7 +34,7 @@ more than one token in the whole batch costs far more than a one-token step
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 
@@ -58,80 +58,118 @@ class Tuning:
 
 
 class DraftLengths:
-    """Per-row draft cap following the row's recent acceptance (see module docstring)."""
+    """Per-row draft cap following the row's recent acceptance (see module docstring).
 
-    def __init__(self, rows: int, k_max: int, tuning: Tuning) -> None:
+    Rows are any hashable keys (the engine's row ids); a row's state is made on its
+    first use and dropped by ``forget`` when the row leaves.
+    """
+
+    def __init__(self, k_max: int, tuning: Tuning) -> None:
         self.k_max = k_max
         self.t = tuning
-        self.k = [min(k_max, tuning.k_init)] * rows
-        self.acc = [0.0] * rows  # decayed accepted drafts
-        self.drafted = [0.0] * rows  # decayed drafted tokens
-        self.paused = [0] * rows  # steps left without drafting
-        self.backoff = [tuning.pause_steps] * rows
+        self._rows: dict[Hashable, _RowDrafts] = {}
 
-    def allowed(self, r: int) -> int:
+    def _row(self, r: Hashable) -> _RowDrafts:
+        row = self._rows.get(r)
+        if row is None:
+            row = self._rows[r] = _RowDrafts(k=min(self.k_max, self.t.k_init), backoff=self.t.pause_steps)
+        return row
+
+    def allowed(self, r: Hashable) -> int:
         """Drafts row r may ask for this step (0 while paused); counts a pause down."""
-        if self.paused[r] > 0:
-            self.paused[r] -= 1
-            if self.paused[r] == 0:
-                self.k[r] = 1  # probe again
+        row = self._row(r)
+        if row.paused > 0:
+            row.paused -= 1
+            if row.paused == 0:
+                row.k = 1  # probe again
             return 0
-        return self.k[r]
+        return row.k
 
-    def update(self, r: int, drafted: int, accepted: int) -> None:
+    def update(self, r: Hashable, drafted: int, accepted: int) -> None:
         """Record a verify step of row r: ``drafted`` tokens fed, ``accepted`` of them kept."""
         if drafted == 0:
             return
-        self.acc[r] = 0.7 * self.acc[r] + accepted
-        self.drafted[r] = 0.7 * self.drafted[r] + drafted
+        row = self._row(r)
+        row.acc = 0.7 * row.acc + accepted
+        row.drafted = 0.7 * row.drafted + drafted
         if accepted == drafted:
-            self.k[r] = min(self.k_max, max(self.k[r], drafted) + self.t.grow)
-            self.backoff[r] = self.t.pause_steps
+            row.k = min(self.k_max, max(row.k, drafted) + self.t.grow)
+            row.backoff = self.t.pause_steps
         else:
-            self.k[r] = min(self.k_max, max(self.t.k_floor, accepted + 1))
-        if self.drafted[r] >= 8 and self.acc[r] < self.t.pause_below * self.drafted[r]:
-            self.paused[r] = self.backoff[r]
-            self.backoff[r] = min(64, 2 * self.backoff[r])
-            self.k[r] = 0
-            self.acc[r] = self.drafted[r] = 0.0  # judge the probe on its own
+            row.k = min(self.k_max, max(self.t.k_floor, accepted + 1))
+        if row.drafted >= 8 and row.acc < self.t.pause_below * row.drafted:
+            row.paused = row.backoff
+            row.backoff = min(64, 2 * row.backoff)
+            row.k = 0
+            row.acc = row.drafted = 0.0  # judge the probe on its own
+
+    def forget(self, r: Hashable) -> None:
+        """Row r left the engine."""
+        self._rows.pop(r, None)
+
+
+@dataclass
+class _RowDrafts:
+    k: int  # drafts the row may ask for
+    backoff: int  # length of the next pause
+    acc: float = 0.0  # decayed accepted drafts
+    drafted: float = 0.0  # decayed drafted tokens
+    paused: int = 0  # steps left without drafting
 
 
 # Prior P(first draft token accepted) by matched suffix length n (sample corpus).
 _P_FIRST = (0.0, 0.2, 0.3, 0.6, 0.7, 0.8, 0.85, 0.9, 0.9)
 _MAX_N = len(_P_FIRST) - 1
 
+#: What a drafter reports with each draft: the matched context length ``n`` (an int),
+#: or ``(source, n)`` for a drafter with several sources whose acceptance differs
+#: (drafters.Draft.level); acceptance is learned per level.
+Level = Hashable
+
+
+def _matched_length(level: Level) -> int:
+    n = level[1] if isinstance(level, tuple) else level
+    return min(int(n), _MAX_N)
+
 
 class AcceptanceModel:
-    """Per matched-suffix length n: decayed counts behind p_first(n) and alpha(n)."""
+    """Per draft level (matched length n, or (source, n)): decayed counts behind p_first and alpha."""
 
     def __init__(self, prior_weight: float = 4.0, decay: float = 0.995) -> None:
         self.decay = decay
-        w = prior_weight
-        self.first = [[w * p, w] for p in _P_FIRST]  # [accepted, tried]
-        self.cont = [[w * 0.7, w] for _ in _P_FIRST]
+        self.prior_weight = prior_weight
+        self.first: dict[Level, list[float]] = {}  # level -> [accepted, tried]
+        self.cont: dict[Level, list[float]] = {}
 
-    def rates(self, n: int) -> tuple[float, float]:
-        n = min(n, _MAX_N)
-        f, c = self.first[n], self.cont[n]
+    def _counts(self, level: Level) -> tuple[list[float], list[float]]:
+        key = (level[0], _matched_length(level)) if isinstance(level, tuple) else _matched_length(level)
+        if key not in self.first:
+            w, n = self.prior_weight, _matched_length(level)
+            self.first[key] = [w * _P_FIRST[n], w]
+            self.cont[key] = [w * 0.7, w]
+        return self.first[key], self.cont[key]
+
+    def rates(self, level: Level) -> tuple[float, float]:
+        f, c = self._counts(level)
         return f[0] / f[1], c[0] / c[1]
 
-    def expected(self, n: int, length: int) -> float:
-        """Expected accepted tokens of a draft of `length` tokens matched on n."""
-        if length <= 0 or n <= 0:
+    def expected(self, level: Level, length: int) -> float:
+        """Expected accepted tokens of a draft of `length` tokens at this level."""
+        if length <= 0 or _matched_length(level) <= 0:
             return 0.0
-        p, a = self.rates(n)
+        p, a = self.rates(level)
         geo = float(length) if a >= 1.0 else (1.0 - a**length) / (1.0 - a)
         return p * geo
 
-    def expected_min(self, ngrams: list[int], lengths: list[int]) -> float:
-        """E[min accepted] over independent rows (drafts of ``lengths`` matched on ``ngrams``).
+    def expected_min(self, levels: list[Level], lengths: list[int]) -> float:
+        """E[min accepted] over independent rows (drafts of ``lengths`` at ``levels``).
 
         P(accepted >= k) = p_first * alpha^(k-1) for k <= length, so
         E[min] = sum_k prod_rows P(accepted_row >= k).
         """
-        if not lengths or min(lengths) <= 0 or min(ngrams) <= 0:
+        if not lengths or min(lengths) <= 0 or min(_matched_length(x) for x in levels) <= 0:
             return 0.0
-        rates = [self.rates(n) for n in ngrams]
+        rates = [self.rates(x) for x in levels]
         total, k = 0.0, 1
         while k <= min(lengths):
             prob = 1.0
@@ -141,12 +179,11 @@ class AcceptanceModel:
             k += 1
         return total
 
-    def update(self, n: int, drafted: int, accepted: int) -> None:
-        if drafted == 0 or n <= 0:
+    def update(self, level: Level, drafted: int, accepted: int) -> None:
+        if drafted == 0 or _matched_length(level) <= 0:
             return
-        n = min(n, _MAX_N)
         d = self.decay
-        f, c = self.first[n], self.cont[n]
+        f, c = self._counts(level)
         f[0], f[1] = d * f[0] + (accepted > 0), d * f[1] + 1
         if accepted > 0:
             # After the first: accepted - 1 successes, plus one failure if it stopped early.
@@ -248,6 +285,7 @@ def choose_width(
     remaining: list[int] | None = None,
     candidates: Sequence[int] | None = None,
     fed_rows: int | None = None,
+    refilling: bool = False,
 ) -> int:
     """Step width T (1 + most drafts fed by a row) saving the most decode time.
 
@@ -261,9 +299,13 @@ def choose_width(
     At batch size 1 this is: expected accepted tokens x the cost of a step.
     ``remaining`` defaults to all rows critical. The step is widened only when it
     saves ``min_gain - 1`` of its own cost beyond breaking even.
-    ``candidates``: the widths allowed (default every width 2..longest + 1; the static
-    engine passes its width buckets); ``fed_rows``: rows a step computes (default the
-    rows drafting; the static engine computes its whole batch bucket, padding rows too).
+    ``candidates``: the widths allowed (default every width 2..longest + 1; the engine
+    passes its width buckets on CUDA); ``fed_rows``: rows a step computes (default the
+    rows drafting; a bucketed step computes its whole batch bucket, padding rows too).
+    ``refilling``: requests are waiting to take the slot of any row that finishes, so
+    the batch does not wait for its slowest row: the width maximises tokens per second
+    (an accepted token is worth the step's cost per row) and the critical-row term is
+    dropped (continuous batching).
     """
     longest = max(lengths, default=0)
     if longest == 0:
@@ -271,11 +313,17 @@ def choose_width(
     rows = len(lengths)
     remaining = remaining if remaining is not None else [0] * rows
     top = max(remaining)
-    critical = [i for i, r in enumerate(remaining) if r >= top - 2]
+    critical = [] if refilling else [i for i, r in enumerate(remaining) if r >= top - 2]
     fed = fed_rows or rows
     base = cost.predict(fed)
-    mu = (cost.predict(rows) - cost.predict(1)) / (rows - 1) if rows > 1 else 0.0
-    batch_step = max(cost.predict(len(critical)) - mu * len(critical), 0.0)
+    if refilling:
+        # Throughput, not the batch's end: the step makes `rows` tokens for `base`
+        # seconds, so an accepted draft is worth base / rows (wider pays iff
+        # (rows + accepted) / wide > rows / base).
+        mu = base / rows
+    else:
+        mu = (cost.predict(rows) - cost.predict(1)) / (rows - 1) if rows > 1 else 0.0
+    batch_step = max(cost.predict(len(critical)) - mu * len(critical), 0.0) if critical else 0.0
     best_t, best_net = 1, 0.0
     if candidates is None:
         widths: Sequence[int] = range(2, longest + 2)
@@ -285,7 +333,8 @@ def choose_width(
     for width in widths:
         caps = [min(m, width - 1) for m in lengths]
         saved = mu * sum(model.expected(n, c) for c, n in zip(caps, ngrams, strict=True))
-        saved += batch_step * model.expected_min([ngrams[i] for i in critical], [caps[i] for i in critical])
+        if critical:
+            saved += batch_step * model.expected_min([ngrams[i] for i in critical], [caps[i] for i in critical])
         wide = cost.predict(fed * width)
         net = saved - (wide - base) - (min_gain - 1.0) * wide
         if net > best_net:

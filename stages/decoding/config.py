@@ -1,7 +1,7 @@
 """Decoding settings and per-row results shared by every decoder.
 
-Contract: a decoder takes a ``PrefillState`` (see state.py), per-row lookup token
-lists and a ``DecodeConfig``, and returns one ``RowResult`` per row, in order.
+Contract: the engine (engine.py) and the reference decoder take a ``DecodeConfig``
+and return one ``RowResult`` per request.
 ``decode_config_for`` is the one place a spec's generation settings become a
 DecodeConfig (the generate stage and the bench both use it).
 """
@@ -23,8 +23,8 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     stop_strings: tuple[str, ...] = ()
-    # Prompt-lookup speculation (ignored when speculative == "none").
-    speculative: str = "none"  # "none" | "prompt_lookup"
+    # Speculation: "none" or a drafter's name (stages/decoding/drafters/).
+    speculative: str = "none"
     num_draft_tokens: int = 8
     max_ngram: int = 3
     min_ngram: int = 1
@@ -67,10 +67,17 @@ def decode_config_for(generation: GenerationSpec, tokenizer: Any, generation_con
 
 @dataclass
 class RowResult:
+    """One request's generation and its figures (seconds are wall time in the engine)."""
+
     tokens: list[int] = field(default_factory=list)  # generated ids, cut after the stop
     finish_reason: str = "length"  # "eos" | "stop" | "length"
     draft_tokens: int = 0
     accepted_tokens: int = 0
     decode_steps: int = 0  # forward passes after prefill this row took part in
-    ttft_s: float = 0.0  # from decode start (prefill included) to first token
+    ttft_s: float = 0.0  # from the request's arrival at the engine to its first token
     decode_s: float = 0.0  # from first token to last token
+    queue_s: float = 0.0  # from arrival to the start of its prefill (waiting for memory)
+    prefill_s: float = 0.0  # its prefill (a group prefill's time split evenly over the group)
+    compress_s: float = 0.0  # of the prefill, what the method reports as compression
+    context_tokens: int | None = None  # document-derived entries the model conditions on
+    device_s: float = 0.0  # its share of the device: its prefill + each step's time / rows in the step

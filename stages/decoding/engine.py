@@ -1,237 +1,615 @@
-"""The decoding engine the product uses: batched plain or prompt-lookup speculative decoding.
+"""The one decode engine: continuous batching over KV slots, on CPU and GPU alike.
 
-Contract: ``decode(engine, state, lookup_ids, config, seeds, decode_text)`` consumes
-``state`` (its cache is mutated) and returns one RowResult per row, in order.
-``engine`` (engine_state.EngineState, one per actor) holds the device's step backend
-and what the engine has learned so far (step cost, acceptance); ``decode`` updates
-it and keeps nothing else between calls. The engine knows nothing about
-tokenization beyond ``decode_text`` (for stop strings).
-``config.speculative == "none"`` runs the same loop with no drafts (one token per
-row per step); greedy output is token-for-token that of reference.decode_plain.
+Contract: ``Engine(model, config, ...)`` is made once per generate actor (it owns the
+KV slots, the step backend, the drafter and what it learns about step cost and
+acceptance). ``submit(request)`` queues a ``Request``; ``step()`` runs one iteration
+and returns the requests that finished in it (``Finished``: a ``RowResult`` or the
+error that stopped the request); ``run(requests)`` submits and steps until those are
+done and returns them in order. Requests may arrive while others decode: a row that
+finishes frees its slot for the next waiting request at once, so the decode batch
+stays full and only the last requests of a job form a tail. The engine knows nothing
+about tokenization beyond ``decode_text`` (for stop strings) and nothing about Ray.
 
-Lookup source: ``lookup_ids[b]`` is the row's ORIGINAL prompt (prefix + full
-document + query ids) even when the cache holds a compressed context (Finch) or
-the model saw cut text (RAG/truncation); the output so far is appended as it grows.
+One iteration (``step``):
+1. admission (``_admit``): the waiting request at the head of the queue is admitted
+   when a slot is free and its KV tokens (``Request.kv_tokens`` + ``max_new_tokens``
+   + the widest step) fit a slot. A request larger than the slots makes the engine
+   change its layout (``KvBudget.layout``: fewer, longer slots within the same
+   memory) once enough rows have left; until then it waits, and so do the requests
+   behind it (first come, first served). A request no layout of the budget can hold
+   becomes an error (``KvBudgetExceeded``); nothing is allocated past the budget.
+2. prefill, chunked and interleaved with decoding: a text-compressed or whole prompt
+   is prefilled by the engine itself, ``chunk_tokens`` per iteration, straight into
+   its slot (slots.RowWriter); a method's own prefill (Finch, AutoCompressor: the
+   ``prefill`` callable) runs for a group of up to ``group_rows`` requests and is
+   handed an ``on_chunk`` callback, when it accepts one, through which the engine
+   runs decode steps between its chunks. Either way running rows keep decoding while
+   newcomers prefill; the time they wait is ``stats.stall_s``.
+3. one decode step over the active rows (slots ``0..n-1``): each row's drafter
+   proposal (drafters/; capped by adaptive.DraftLengths and the width rule
+   adaptive.choose_width, which maximises tokens per second while requests wait and
+   accounts for the batch's slowest row once none do), one forward pass of the step
+   backend (backends.py: the CPU kernel plan with exact shapes, or compiled CUDA graphs
+   over bucketed shapes), verification on the device (verify.py: greedy match, or
+   Leviathan's rule with keyed uniforms) and ONE host transfer. Finished rows leave;
+   the last active row moves into the freed slot, so active rows stay packed.
 
-Step: every active row has one emitted-but-unfed token ``last``. It drafts up to
-``num_draft_tokens`` tokens (drafting.NgramIndex); adaptive.py picks the step width
-T from each row's recent acceptance and the measured step cost; rows feed ``[last,
-drafts]`` right-padded to T with per-row RoPE positions ``next_pos + 0..T-1``.
-verify.py accepts a prefix of each row's drafts and emits one more token.
+Exactness: greedy output equals plain greedy decoding (reference.py; transformers'
+``generate``) token for token in fp32, with or without drafts, in any batch and
+admission order; sampling keeps the model's distribution and a request samples the
+same text in any batch (its uniforms are keyed by its seed and output position). In
+bf16 the reduction order differs between step widths and batch sizes, so agreement
+is measured, not assumed.
 
-Step backend (backend.py): the forward of a step, the clock its cost is measured
-with, and the cost model's prior are the device's. On CPU (cpu_backend.py) every
-linear layer runs on the BLAS kernel measured fastest for its token count
-(linear_plan.py), and the step-cost model uses the measured cost curve, so widths
-that are nearly free on this machine get used.
-
-Rollback and cache layout (kvbuffer.py): rejected drafts and padding stay in the
-KV cache but are marked invalid in ``valid`` (holes) so nothing attends to them,
-and positions advance only by accepted + 1, so each row's valid slots carry
-consecutive positions. Slots invalid for every row at the end of the cache are
-cropped at once (free: the cache is a buffer written in place); holes in the middle
-are squeezed out by ``compact`` once they exceed ~1/8 of the cache. Finished rows
-leave the batch (their cache rows are dropped), so they cost nothing afterwards.
+Failures: a request whose prefill raises is retried alone up to ``max_retries``
+times, then finishes with the error; a decode step that raises sends every active row
+back to the queue (attempts + 1) the same way. Counts in = counts out.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 
 from stages.decoding.adaptive import AcceptanceModel, DraftLengths, StepCost, Tuning, choose_width
+from stages.decoding.backends import StepBackend, backend_for
 from stages.decoding.config import DecodeConfig, RowResult
-from stages.decoding.drafting import NgramIndex
-from stages.decoding.engine_state import EngineState
-from stages.decoding.kvbuffer import adopt, compact, keep_rows
-from stages.decoding.sampling import make_generators, target_probs
-from stages.decoding.state import PrefillState
+from stages.decoding.drafters import Drafter, drafter_for
+from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
+from stages.decoding.sampling import target_probs
+from stages.decoding.slot_step import width_buckets
+from stages.decoding.slots import RowWriter, SlotCache, bytes_per_token, layer_shapes_of
+from stages.decoding.state import CompressedPrefill
 from stages.decoding.stops import StopChecker
-from stages.decoding.verify import accept_greedy, accept_sampled
+from stages.decoding.verify import sample_accept
+from stages.prompting import PromptParts
+
+#: A method's prefill strategy (compression.base.Loaded.prefill): B prompts -> a state
+#: whose cache the engine loads into slots. It may accept ``on_chunk``, a callable
+#: the engine runs decode steps through between the method's chunks.
+MethodPrefill = Callable[..., CompressedPrefill]
 
 
-def _check(engine: EngineState, state: PrefillState, lookup_ids: list[list[int]], config: DecodeConfig) -> None:
-    if state.valid.device.type != engine.device.type:
-        raise ValueError(f"the prefill state is on {state.valid.device}, the engine state on {engine.device}")
-    if len(lookup_ids) != state.batch_size:
-        raise ValueError(f"lookup_ids has {len(lookup_ids)} rows, the prefill state has {state.batch_size}")
-    if config.speculative not in ("none", "prompt_lookup"):
-        raise ValueError(f"speculative must be 'none' or 'prompt_lookup', got {config.speculative!r}")
-    if config.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
-    if config.speculative == "prompt_lookup" and config.num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be >= 1, got {config.num_draft_tokens}")
+class KvBudgetExceeded(ValueError):
+    """A request needs more KV slots than the engine's whole memory budget holds."""
 
 
-@torch.inference_mode()
-def decode(
-    engine: EngineState,
-    state: PrefillState,
-    lookup_ids: list[list[int]],
-    config: DecodeConfig,
-    seeds: list[int] | None = None,
-    decode_text: Callable[[list[int]], str] | None = None,
-    tuning: Tuning | None = None,
-) -> list[RowResult]:
-    """Decode every row of ``state`` to its stop (see the module contract); updates ``engine``."""
-    _check(engine, state, lookup_ids, config)
-    tuning = tuning or Tuning()
-    b = state.batch_size
-    device = state.valid.device
-    spec = config.speculative == "prompt_lookup"
-    k_max = config.num_draft_tokens if spec else 0
-    gens = make_generators(seeds or [0] * b, device)
-    stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
-    results = [RowResult() for _ in range(b)]
-    index = [NgramIndex(list(ids), config.max_ngram, config.min_ngram, tuning.prefer) for ids in lookup_ids] if spec else []  # noqa: E501
-    lengths = DraftLengths(b, k_max, tuning)
-    cost, acceptance, backend = engine.cost, engine.acceptance, engine.backend
-    clock = backend.clock
-    t0 = time.perf_counter()
-    first_at = [0.0] * b
+@dataclass
+class Request:
+    """One generation request (see the module contract)."""
 
-    def emit(r: int, toks: list[int]) -> bool:
-        """Append tokens to row r (cut at a stop); True when the row finished."""
-        res = results[r]
+    key: Hashable  # the caller's handle, returned with the result
+    parts: PromptParts  # what the model reads (before a prefill method compresses it)
+    lookup_ids: list[int]  # drafting source: the ORIGINAL prefix + document + query ids
+    seed: int = 0
+    kv_tokens: int | None = None  # KV slots the row holds after its prefill; None: len(parts)
+
+
+@dataclass
+class Finished:
+    key: Hashable
+    result: RowResult | None  # None when ``error`` is set
+    error: BaseException | None = None
+
+
+@dataclass
+class EngineStats:
+    """What the engine did since it was made (for logs and benchmarks)."""
+
+    steps: int = 0
+    step_s: float = 0.0  # decode steps' device time
+    prefill_s: float = 0.0  # prefill time (own chunks and method prefills)
+    stall_s: float = 0.0  # prefill time while rows were decoding (they waited)
+    rows_done: int = 0
+    tokens_out: int = 0
+    max_active: int = 0
+    relayouts: int = 0  # slot layout changes (a new capacity or slot count)
+
+
+@dataclass
+class _Waiting:
+    request: Request
+    submitted: float
+    attempts: int = 0
+    alone: bool = False  # a method prefill group failed: prefill this one by itself
+
+
+@dataclass
+class _Row:
+    """One request occupying a slot (host-side mirror of its slot)."""
+
+    rid: int  # engine row id (drafter and draft-length state key)
+    waiting: _Waiting
+    length: int = 0  # slots filled (== SlotCache.length[slot] once a step is applied)
+    result: RowResult = field(default_factory=RowResult)
+    first_at: float = 0.0
+
+
+@dataclass
+class _Filling:
+    """A request being prefilled by the engine itself, chunk by chunk, into ``slot``."""
+
+    row: _Row
+    slot: int
+    writer: RowWriter
+    ids: torch.Tensor  # [L] long, the whole prompt
+    done: int = 0  # tokens prefilled
+    started: float = 0.0
+
+
+class Engine:
+    """Continuous batching over KV slots (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: DecodeConfig,
+        *,
+        decode_text: Callable[[list[int]], str] | None = None,
+        prefill: MethodPrefill | None = None,
+        budget: KvBudget | None = None,
+        kv_memory_gb: float | None = None,
+        kv_memory_fraction: float | None = None,
+        slots: int | None = None,
+        expected_tokens: int = 512,
+        chunk_tokens: int | None = None,
+        group_rows: int = 1,
+        compile: str | bool | None = "auto",
+        compile_backend: Callable | None = None,
+        backend: StepBackend | None = None,
+        tuning: Tuning | None = None,
+        min_span: int = 256,
+        max_retries: int = 0,
+    ) -> None:
+        """Make the engine, its backend and slots.
+
+        ``prefill``: a method's prefill strategy; None = the engine prefills whole
+        prompts itself (none, truncate, rag, bm25). ``budget``: the KV memory budget
+        (default: ``kv_memory_gb``, else ``kv_memory_fraction`` of free device memory /
+        available RAM, memory.budget_bytes_for); ``slots``: a fixed slot count instead
+        (``resources.decode_slots`` as a number). ``expected_tokens``: the KV tokens a
+        typical request holds after its prefill (the first layout's capacity, so a
+        compiled engine rarely changes shape). ``chunk_tokens``: the engine's prefill
+        chunk (default: 2048 on CPU, 4096 on CUDA). ``group_rows``: requests a method
+        prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
+        backend's (backends.backend_for), or ``backend`` itself.
+        """
+        self.model = model
+        self.backend = backend or backend_for(model, None, compile, compile_backend, min_span)
+        self.device = self.backend.device
+        self.backend.warm_up()
+        self.tuning = tuning or Tuning()
+        self.prefill = prefill
+        self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
+        self.group_rows = max(1, group_rows)
+        self.chunk_tokens = chunk_tokens or (4096 if self.device.type == "cuda" else 2048)
+        self.max_retries = max_retries
+        self.cost = StepCost(self.backend.cost_prior(), shape=self.backend.cost_shape)
+        self.acceptance = AcceptanceModel()
+        self.stats = EngineStats()
+        self.configure(config, decode_text)
+        shapes = layer_shapes_of(model)
+        dtype = next(model.parameters()).dtype
+        if budget is None:
+            reserve = 0
+            if self.device.type == "cuda":
+                reserve = step_reserve_bytes(model.config, 256, self._widest, self.chunk_tokens, dtype)
+            budget = KvBudget(
+                bytes_per_token(shapes, dtype),
+                budget_bytes_for(self.device, kv_memory_fraction, kv_memory_gb, reserve),
+                fixed_slots=slots,
+            )
+        self.budget = budget
+        layout = budget.layout(self._need(expected_tokens))
+        if layout is None:
+            raise KvBudgetExceeded(
+                f"the KV memory budget ({budget.describe()}) holds no slot of {self._need(expected_tokens)} "
+                "tokens; raise resources.kv_memory_gb / kv_memory_fraction or compress more"
+            )
+        n_slots, capacity = layout
+        if self.device.type == "cpu" and slots is None:
+            # CPU memory is zero-filled (touched) when allocated: start small and add
+            # slots as rows wait for them (relayouts are cheap copies on CPU).
+            n_slots = min(n_slots, 8)
+        self.cache = SlotCache(shapes, n_slots, capacity, dtype, self.device)
+        self.step_fn = self.backend.make_step(self.cache)
+        self.queue: deque[_Waiting] = deque()
+        self.active: list[_Row] = []
+        self.filling: _Filling | None = None
+        self._finished: list[Finished] = []
+        self._next_rid = 0
+        self._draft_steps = 0
+
+    # ------------------------------------------------------------------ set-up
+    def configure(self, config: DecodeConfig, decode_text: Callable[[list[int]], str] | None = None) -> None:
+        """Decode with ``config`` from now on (only while idle: nothing queued or active)."""
+        if getattr(self, "queue", None) or getattr(self, "active", None):
+            raise RuntimeError("configure needs an idle engine")
+        if config.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
+        self.config = config
+        self.decode_text = decode_text
+        self.stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
+        self.drafter: Drafter | None = drafter_for(config)
+        self.k_max = config.num_draft_tokens if self.drafter is not None else 0
+        self._widest = max(width_buckets(self.k_max)) if self.k_max else 1
+        self.lengths = DraftLengths(self.k_max, self.tuning)
+
+    def describe(self) -> str:
+        return (
+            f"{self.cache.slots} slots x {self.cache.capacity} tokens ({self.budget.describe()}), "
+            f"{self.backend.describe()}"
+        )
+
+    def warm_up(self, greedy: bool = True) -> None:
+        """Compile every (batch bucket, width bucket, span) now, so no request pays for it."""
+        if not self.backend.compiled:
+            return
+        widths = self.backend.widths(self.k_max) or (1,)
+        repeats = 3 if self.device.type == "cuda" else 1  # CUDA graph trees record on a later call
+        from stages.decoding.slot_step import batch_buckets
+
+        self.step_fn.warm_up(batch_buckets(self.cache.slots), widths, greedy, repeats)
+
+    # ------------------------------------------------------------------ API
+    def submit(self, request: Request) -> None:
+        self.queue.append(_Waiting(request, time.perf_counter()))
+
+    def idle(self) -> bool:
+        return not (self.queue or self.active or self.filling)
+
+    def pending(self) -> int:
+        """Requests queued, prefilling or decoding."""
+        return len(self.queue) + len(self.active) + (self.filling is not None)
+
+    @torch.inference_mode()
+    def step(self) -> list[Finished]:
+        """One iteration (see the module docstring); the requests that finished in it."""
+        self._admit()
+        if self.filling is not None:
+            self._prefill_chunk()
+        if self.active:
+            self._guarded_decode_step()
+        done, self._finished = self._finished, []
+        return done
+
+    def run(self, requests: Iterable[Request]) -> list[Finished]:
+        """Submit ``requests`` and step until each has finished; results in request order."""
+        requests = list(requests)
+        keys = [r.key for r in requests]
+        if len(set(keys)) != len(keys):
+            raise ValueError("request keys must be unique within a run")
+        for r in requests:
+            self.submit(r)
+        got: dict[Hashable, Finished] = {}
+        while len(got) < len(requests):
+            for f in self.step():
+                got[f.key] = f
+            if self.idle() and len(got) < len(requests):
+                raise RuntimeError("the engine went idle with requests unfinished")
+        return [got[k] for k in keys]
+
+    # ------------------------------------------------------------------ admission
+    def _need(self, kv_tokens: int) -> int:
+        """Slots a row of ``kv_tokens`` prefilled tokens needs to decode to its end."""
+        return kv_tokens + self.config.max_new_tokens + self._widest + 1
+
+    def _admit(self) -> None:
+        """Start the head of the queue when it fits (see the module docstring, step 1)."""
+        while self.queue and self.filling is None:
+            head = self.queue[0]
+            kv = head.request.kv_tokens if head.request.kv_tokens is not None else len(head.request.parts)
+            need = self._need(kv)
+            if not self._make_room(need):
+                return
+            if self.prefill is None:
+                self._start_filling(self.queue.popleft())
+                return
+            free = self.cache.slots - len(self.active)
+            take = 1 if head.alone else min(free, self.group_rows)
+            group = [self.queue.popleft()]
+            while len(group) < take and self.queue and not self.queue[0].alone:
+                nxt = self.queue[0]
+                nkv = nxt.request.kv_tokens if nxt.request.kv_tokens is not None else len(nxt.request.parts)
+                if self._need(nkv) > self.cache.capacity:
+                    break
+                group.append(self.queue.popleft())
+            self._method_prefill(group)
+            return  # one group per iteration: the running rows get their step in between
+
+    def _make_room(self, need: int) -> bool:
+        """True when a free slot of ``need`` tokens exists now (changing the layout if it
+        must and can); False when the head waits; a request that can never fit fails."""
+        busy = len(self.active)
+        if need <= self.cache.capacity and busy < self.cache.slots:
+            return True
+        if need <= self.cache.capacity and busy >= self.cache.slots:
+            # No free slot: more slots of the same capacity, if the budget holds them.
+            if self.budget.fixed_slots is None:
+                most, _ = self.budget.layout(self.cache.capacity) or (0, 0)
+                if most > self.cache.slots:
+                    self._relayout(min(most, 2 * self.cache.slots), self.cache.capacity)
+                    return True
+            return False
+        layout = self.budget.layout(need)
+        if layout is None:
+            w = self.queue.popleft()
+            self._fail(w, KvBudgetExceeded(
+                f"the request needs {need} KV tokens ({need * self.budget.bytes_per_token / 2**20:.0f} MiB), "
+                f"more than the engine's whole KV budget ({self.budget.describe()}); raise "
+                "resources.kv_memory_gb / kv_memory_fraction, or compress the context "
+                "(compression.target_tokens)"
+            ))
+            return False
+        slots, capacity = layout
+        if self.device.type == "cpu" and self.budget.fixed_slots is None:
+            slots = min(slots, max(8, busy + 1))
+        if busy + 1 > slots or (self.filling is not None):
+            return False  # wait until enough rows have left for the longer slots
+        self._relayout(slots, capacity)
+        return True
+
+    def _relayout(self, slots: int, capacity: int) -> None:
+        self.cache.reshape(slots, capacity, keep=len(self.active))
+        self.stats.relayouts += 1
+
+    # ------------------------------------------------------------------ prefill
+    def _new_row(self, waiting: _Waiting) -> _Row:
+        rid = self._next_rid
+        self._next_rid += 1
+        row = _Row(rid, waiting)
+        row.result.queue_s = time.perf_counter() - waiting.submitted
+        if self.drafter is not None:
+            self.drafter.begin(rid, waiting.request.lookup_ids)
+        return row
+
+    def _start_filling(self, waiting: _Waiting) -> None:
+        row = self._new_row(waiting)
+        slot = len(self.active)
+        self.cache.free(slot)
+        ids = torch.tensor(waiting.request.parts.full_ids, dtype=torch.long, device=self.device)
+        if ids.numel() == 0:
+            self._drop(row, ValueError("the prompt is empty"), retry=False)
+            return
+        self.filling = _Filling(row, slot, self.cache.row_writer(slot), ids, started=time.perf_counter())
+
+    def _prefill_chunk(self) -> None:
+        """One chunk of the filling row (step 2); on its last chunk the row joins the batch."""
+        f = self.filling
+        assert f is not None
+        t0 = self.backend.clock()
+        try:
+            chunk = f.ids[f.done : f.done + self.chunk_tokens]
+            logits = self.step_fn.prefill(f.writer, chunk, f.done)
+            f.writer.commit(chunk.numel(), f.done + chunk.numel())
+            f.done += chunk.numel()
+        except Exception as e:  # noqa: BLE001 - the request fails, the engine goes on
+            self.filling = None
+            self.cache.free(f.slot)
+            self._account_prefill(t0, [f.row])
+            self._drop(f.row, e, retry=True)
+            return
+        self._account_prefill(t0, [f.row])
+        if f.done < f.ids.numel():
+            return
+        self.filling = None
+        f.row.length = f.done
+        f.row.result.context_tokens = len(f.row.waiting.request.parts.context_ids)
+        if f.slot != len(self.active):  # rows left while it filled: close the gap
+            self.cache.move(f.slot, len(self.active), f.done)
+            self.cache.free(f.slot)
+        self._join(f.row, logits[None])
+
+    def _method_prefill(self, group: list[_Waiting]) -> None:
+        """A method's own prefill for ``group`` (decode steps run through on_chunk), then
+        each row is loaded into a slot and joins the batch."""
+        rows = [self._new_row(w) for w in group]
+        t0 = self.backend.clock()
+        try:
+            parts = [w.request.parts for w in group]
+            kwargs = {"on_chunk": self._between_chunks} if self._prefill_takes_on_chunk else {}
+            assert self.prefill is not None
+            compressed = self.prefill(parts, **kwargs)
+        except Exception as e:  # noqa: BLE001 - retried alone (a group shares a failure)
+            self._account_prefill(t0, rows)
+            for row in rows:
+                self._drop(row, e, retry=True, alone=len(rows) > 1)
+            return
+        self._account_prefill(t0, rows)
+        state = compressed.state
+        for j, row in enumerate(rows):
+            row.result.context_tokens = compressed.context_tokens[j]
+            row.result.compress_s = compressed.compress_s[j]
+            n = int(state.valid[j].sum())
+            if self._need(n) > self.cache.capacity and not self._make_room(self._need(n)):
+                # Kept more than estimated and no longer layout fits now: queue it again alone.
+                self._drop(row, None, retry=True, alone=True)
+                continue
+            slot = len(self.active)
+            try:
+                row.length = self.cache.load(slot, state, j)
+            except Exception as e:  # noqa: BLE001
+                self._drop(row, e, retry=True, alone=True)
+                continue
+            self._join(row, state.last_logits[j : j + 1])
+
+    def _between_chunks(self) -> None:
+        """A method prefill's on_chunk: one decode step of the running rows."""
+        if self.active:
+            self._guarded_decode_step()
+
+    def _account_prefill(self, t0: float, rows: list[_Row]) -> None:
+        spent = self.backend.clock() - t0
+        self.stats.prefill_s += spent
+        if self.active:
+            self.stats.stall_s += spent
+        for row in rows:
+            row.result.prefill_s += spent / len(rows)
+            row.result.device_s += spent / len(rows)
+
+    def _join(self, row: _Row, logits: torch.Tensor) -> None:
+        """The row's first token (from its prefill's last logits [1, V]); it takes slot len(active)."""
+        cfg = self.config
+        if cfg.greedy:
+            first = int(logits[0].argmax())
+        else:  # output position 0, drawn with the request's own seed (verify.py)
+            probs0 = target_probs(logits.float(), cfg.temperature, cfg.top_p)[:, None]  # [1, 1, V]
+            zeros = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+            _, tok = sample_accept(probs0, zeros, zeros[:, 0] + 1, self._seeds([row.waiting.request.seed]), zeros[:, 0])
+            first = int(tok[0])
+        slot = len(self.active)
+        self.active.append(row)
+        self.stats.max_active = max(self.stats.max_active, len(self.active))
+        if self._emit(row, [first]):
+            self._leave(slot)
+
+    # ------------------------------------------------------------------ decode
+    def _guarded_decode_step(self) -> None:
+        try:
+            self._decode_step()
+        except Exception as e:  # noqa: BLE001 - every running row goes back to the queue
+            rows = list(self.active)
+            for s in range(len(rows)):
+                self.cache.free(s)
+            self.active = []
+            for row in rows:
+                self._drop(row, e, retry=True)
+
+    def _decode_step(self) -> None:
+        """One step over the active rows (step 3 of the module docstring)."""
+        active = self.active
+        n = len(active)
+        drafts, levels = self._drafts() if self.drafter is not None else ([[]] * n, [0] * n)
+        size = self.backend.batch(n, self.cache.slots)
+        width = self.backend.width(1 + max(map(len, drafts)), self.k_max)
+        feed_rows = [[row.result.tokens[-1], *d] + [0] * (width - 1 - len(d)) for row, d in zip(active, drafts, strict=True)]
+        feed_rows += [[0] * width] * (size - n)  # free slots of the bucket: computed, ignored
+        n_fed = [1 + len(d) for d in drafts] + [1] * (size - n)
+        feed = torch.tensor(feed_rows, dtype=torch.long, device=self.device)  # [size, width]
+        span = self.backend.span(max(row.length for row in active) + width, self.cache.capacity)
+        t0 = self.backend.clock()
+        if self.config.greedy:
+            best, acc = self.step_fn.greedy(feed, torch.tensor(n_fed, device=self.device), span)
+            packed = torch.cat([acc[:n, None], best[:n]], dim=1).tolist()  # the step's one host sync
+            verdicts = [(r[0], d[: r[0]] + [r[1 + r[0]]]) for r, d in zip(packed, drafts, strict=True)]
+            self.cache.advance(acc[:n])
+        else:
+            cfg = self.config
+            probs = target_probs(self.step_fn.step(feed, span)[:n], cfg.temperature, cfg.top_p)  # [n, width, V]
+            start = torch.tensor([len(row.result.tokens) for row in active], device=self.device)
+            acc, tok = sample_accept(probs, feed[:n], torch.tensor(n_fed[:n], device=self.device),
+                                     self._seeds([row.waiting.request.seed for row in active]), start)
+            packed = torch.stack([acc, tok], dim=1).tolist()  # the step's one host sync
+            verdicts = [(a, d[:a] + [t]) for (a, t), d in zip(packed, drafts, strict=True)]
+            self.cache.advance(acc)
+        spent = self.backend.clock() - t0  # the step has synchronised (results are on the host)
+        self.cost.observe(size * width, spent)
+        self.stats.steps += 1
+        self.stats.step_s += spent
+        done = []
+        for s, (row, d, (a, out)) in enumerate(zip(active, drafts, verdicts, strict=True)):
+            res = row.result
+            res.decode_steps += 1
+            res.draft_tokens += len(d)
+            res.accepted_tokens += a
+            res.device_s += spent / n
+            row.length += a + 1
+            if d:
+                self.lengths.update(row.rid, len(d), a)
+                self.acceptance.update(levels[s], len(d), a)
+            if self._emit(row, out):
+                done.append(s)
+        for s in sorted(done, reverse=True):
+            self._leave(s)
+
+    def _drafts(self) -> tuple[list[list[int]], list]:
+        """Per active row, the drafts to feed and their levels (step 3)."""
+        active, cfg = self.active, self.config
+        rooms = [max(0, cfg.max_new_tokens - len(row.result.tokens) - 1) for row in active]  # the bonus token needs a slot
+        assert self.drafter is not None
+        if cfg.adaptive:
+            limits = [min(self.k_max, room, self.lengths.allowed(row.rid)) for row, room in zip(active, rooms, strict=True)]
+        else:
+            limits = [min(self.k_max, room) for room in rooms]
+        proposals = self.drafter.propose([row.rid for row in active], limits)
+        props = [p.tokens[:lim] for p, lim in zip(proposals, limits, strict=True)]
+        levels = [p.level for p in proposals]
+        if not cfg.adaptive or not any(props):
+            return props, levels
+        self._draft_steps += 1
+        widths = self.backend.widths(self.k_max)
+        longest = max(map(len, props))
+        if self.tuning.explore_every and self._draft_steps % self.tuning.explore_every == 0:
+            width = self.backend.width(1 + longest, self.k_max)  # explore (see Tuning.explore_every)
+        else:
+            remaining = [cfg.max_new_tokens - len(row.result.tokens) for row in active]
+            width = choose_width(
+                [len(p) for p in props], levels, self.acceptance, self.cost, self.tuning.min_gain, remaining,
+                candidates=widths, fed_rows=self.backend.batch(len(active), self.cache.slots),
+                refilling=bool(self.queue) or self.filling is not None,
+            )
+        return [p[: width - 1] for p in props], levels
+
+    def _seeds(self, seeds: list[int]) -> torch.Tensor:
+        """Request seeds as a [g] long device tensor (verify.uniforms keys on them)."""
+        return torch.tensor([int(x) % (1 << 63) for x in seeds], dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------ rows
+    def _emit(self, row: _Row, toks: list[int]) -> bool:
+        """Append tokens to the row (cut at a stop); True when it finished."""
+        res = row.result
         start = len(res.tokens)
         res.tokens.extend(toks)
-        keep, reason = stopper.scan(res.tokens, start)
+        keep, reason = self.stopper.scan(res.tokens, start)
         del res.tokens[keep:]
-        now = time.perf_counter() - t0
+        now = time.perf_counter()
         if start == 0:
-            first_at[r] = now
-            res.ttft_s = state.prefill_s + now
-        if spec:
-            index[r].extend(res.tokens[start:])
+            row.first_at = now
+            res.ttft_s = now - row.waiting.submitted
+        if self.drafter is not None and reason is None:
+            self.drafter.extend(row.rid, res.tokens[start:])
         if reason is None:
             return False
         res.finish_reason = reason
-        res.decode_s = now - first_at[r]
+        res.decode_s = now - row.first_at
         return True
 
-    # The first token comes from the prefill's logits.
-    if config.greedy:
-        firsts = [[t] for t in state.last_logits.argmax(dim=-1).tolist()]
-    else:
-        probs0 = target_probs(state.last_logits, config.temperature, config.top_p)
-        firsts = [accept_sampled([], probs0[r : r + 1], [], gens[r])[1] for r in range(b)]
-    rows = [r for r in range(b) if not emit(r, firsts[r])]
-    if not rows:
-        return results
+    def _leave(self, slot: int) -> None:
+        """The row in ``slot`` finished: deliver it; the last active row moves into its slot."""
+        row = self.active[slot]
+        last = len(self.active) - 1
+        if slot != last:
+            moved = self.active[last]
+            self.cache.move(last, slot, moved.length)
+            self.active[slot] = moved
+        self.active.pop()
+        self.cache.free(last)
+        self.lengths.forget(row.rid)
+        if self.drafter is not None:
+            self.drafter.finish(row.rid, row.result.tokens)
+        self.stats.rows_done += 1
+        self.stats.tokens_out += len(row.result.tokens)
+        self._finished.append(Finished(row.waiting.request.key, row.result))
 
-    cache, valid, pos = state.cache, state.valid, state.next_pos.clone()
-    counts = valid.sum(dim=1).tolist()  # valid slots per cache row
-    adopt(cache, reserve=config.max_new_tokens + valid.shape[1] // 8 + 2 * (k_max + 1))
-    if len(rows) < b:
-        sel = torch.tensor(rows, device=device)
-        keep_rows(cache, sel)
-        valid, pos, counts = valid[sel], pos[sel], [counts[r] for r in rows]
-    arange = torch.arange(k_max + 1, device=device)
+    def _drop(self, row: _Row, error: BaseException | None, retry: bool, alone: bool = False) -> None:
+        """A row failed before finishing: back to the queue (attempts + 1) or finished with ``error``."""
+        self.lengths.forget(row.rid)
+        if self.drafter is not None:
+            self.drafter.finish(row.rid, [])
+        w = row.waiting
+        if retry and w.attempts < self.max_retries:
+            self.queue.append(_Waiting(w.request, w.submitted, w.attempts + 1, alone or w.alone))
+            return
+        if error is None:
+            error = RuntimeError("the row could not be placed in a slot")
+        self._fail(w, error)
 
-    while rows:
-        n = len(rows)
-        drafts, ngrams = (
-            _drafts(rows, results, index, lengths, acceptance, cost, config, tuning) if spec else ([[]] * n, [])
-        )
-        width = 1 + max(len(d) for d in drafts)
-        lens = [1 + len(d) for d in drafts]
-        feed = torch.tensor(
-            [[results[r].tokens[-1]] + d + [0] * (width - m) for r, d, m in zip(rows, drafts, lens, strict=True)],
-            dtype=torch.long, device=device,
-        )  # [n, T]
-        cols = arange[:width]
-        new_valid = cols[None] < torch.tensor(lens, device=device)[:, None]  # [n, T]
-        pick = new_valid.flatten().nonzero().squeeze(1)  # [N] real fed slots
-        t_step = clock()
-        logits, valid = backend.forward(cache, valid, feed, pos[:, None] + cols[None], new_valid, pick)
-        verdicts = _verify(logits, drafts, rows, config, gens)
-        cost.observe(n * width, clock() - t_step)
+    def _fail(self, waiting: _Waiting, error: BaseException) -> None:
+        self.stats.rows_done += 1
+        self._finished.append(Finished(waiting.request.key, None, error))
 
-        accepted = [a for a, _ in verdicts]
-        acc_t = torch.tensor(accepted, device=device)
-        valid[:, -width:] &= cols[None] <= acc_t[:, None]  # holes: rejected drafts, padding
-        pos = pos + acc_t + 1
-        keep = []
-        for i, (r, (a, out)) in enumerate(zip(rows, verdicts, strict=True)):
-            res = results[r]
-            res.decode_steps += 1
-            res.draft_tokens += len(drafts[i])
-            res.accepted_tokens += a
-            counts[i] += a + 1
-            if spec:
-                lengths.update(r, len(drafts[i]), a)
-                acceptance.update(ngrams[i], len(drafts[i]), a)
-            if not emit(r, out):
-                keep.append(i)
-        if not keep:
-            break
-        if len(keep) < n:
-            sel = torch.tensor(keep, device=device)
-            keep_rows(cache, sel)
-            valid, pos = valid[sel], pos[sel]
-            rows, counts = [rows[i] for i in keep], [counts[i] for i in keep]
-            accepted = [accepted[i] for i in keep]
-        # Slots past every kept row's last accepted token: drop them outright.
-        tail = width - 1 - max(accepted)
-        if tail > 0:
-            cache.crop(-tail)
-            valid = valid[:, :-tail]
-        holes = valid.shape[1] - max(counts)
-        if holes > 0 and holes >= max(tuning.compact_min_holes, tuning.compact_fraction * valid.shape[1]):
-            valid = compact(cache, valid)
-    return results
-
-
-def _drafts(
-    rows: list[int],
-    results: list[RowResult],
-    index: list[NgramIndex],
-    lengths: DraftLengths,
-    acceptance: AcceptanceModel,
-    cost: StepCost,
-    config: DecodeConfig,
-    tuning: Tuning,
-) -> tuple[list[list[int]], list[int]]:
-    """Per active row, the drafts to feed this step and the suffix length they matched."""
-    props, ngrams = [], []
-    for r in rows:
-        room = config.max_new_tokens - len(results[r].tokens) - 1  # the bonus token needs a slot
-        draft, n = index[r].match(min(lengths.k_max, room))
-        props.append(draft)
-        ngrams.append(n)
-    if not config.adaptive:
-        return props, ngrams
-    allowed = [min(len(p), lengths.allowed(r)) for r, p in zip(rows, props, strict=True)]
-    remaining = [config.max_new_tokens - len(results[r].tokens) for r in rows]
-    width = choose_width(allowed, ngrams, acceptance, cost, tuning.min_gain, remaining)
-    # Padding slots up to the width are computed anyway: fill them with drafts.
-    return [p[: width - 1] for p in props], ngrams
-
-
-def _verify(
-    logits: torch.Tensor,
-    drafts: list[list[int]],
-    rows: list[int],
-    config: DecodeConfig,
-    gens: list[torch.Generator],
-) -> list[tuple[int, list[int]]]:
-    """Accept per row from logits [N, V] (row i's slots are consecutive, 1 + len(drafts[i]))."""
-    starts, s = [], 0
-    for d in drafts:
-        starts.append(s)
-        s += 1 + len(d)
-    if config.greedy:
-        best = logits.argmax(dim=-1).tolist()
-        return [accept_greedy(d, best[st : st + len(d) + 1]) for d, st in zip(drafts, starts, strict=True)]
-    probs = target_probs(logits, config.temperature, config.top_p)  # [N, V]
-    flat_rows = [st + j for d, st in zip(drafts, starts, strict=True) for j in range(len(d))]
-    flat_toks = [t for d in drafts for t in d]
-    p_draft = probs[flat_rows, flat_toks].tolist() if flat_rows else []
-    out, k = [], 0
-    for i, (d, st) in enumerate(zip(drafts, starts, strict=True)):
-        m = len(d)
-        out.append(accept_sampled(d, probs[st : st + m + 1], p_draft[k : k + m], gens[rows[i]]))
-        k += m
-    return out

@@ -1,36 +1,35 @@
-"""One static-shape decode step over ``SlotCache`` rows, optionally compiled: ``SlotStep``.
+"""One decode step over ``SlotCache`` rows, optionally compiled, and a prefill chunk: ``SlotStep``.
 
-Contract: ``SlotStep(model, cache, compile=...)``; ``step(feed)`` feeds
-``feed`` ``[b, T]`` (row i: its last emitted token, then its drafts, then padding;
-``n_fed[i]`` = 1 + drafts) to the first ``b`` slots and returns logits
-``[b, T, V]`` float32. ``greedy(feed, n_fed)`` also decides acceptance ON THE
-DEVICE: ``best`` ``[b, T]`` (target argmax per slot) and ``accepted`` ``[b]``
-(drafts matching the argmax, stopping at the first mismatch), with no host sync.
-Neither advances the cache: the caller does (``SlotCache.advance``) once it knows
-the accepted counts (the greedy caller uses ``accepted`` as it is).
-``n_fed`` is needed by ``greedy`` only (which slots hold drafts).
+Contract: ``SlotStep(view, cache, compile=...)`` runs ``view`` (a step backend's
+forward.decode_view of the model: CPU routes its linears by the measured kernel
+plan) over ``cache``. ``step(feed, span)`` feeds ``feed`` ``[b, T]`` (row i: its last
+emitted token, then its drafts, then padding; ``n_fed[i]`` = 1 + drafts) to the
+first ``b`` slots and returns logits ``[b, T, V]`` float32. ``greedy(feed, n_fed,
+span)`` also decides acceptance ON THE DEVICE (verify.greedy_accept): ``best``
+``[b, T]`` and ``accepted`` ``[b]``, with no host sync. Neither advances the cache:
+the caller does (``SlotCache.advance``) once it knows the accepted counts.
+``prefill(writer, ids, first_pos)`` runs one prefill chunk ``[T]`` of one row into
+its slot through a ``slots.RowWriter`` (eager, never compiled: prefill shapes vary)
+and returns the logits ``[V]`` float32 of its last token.
 
-Shapes are static: ``b`` and ``T`` come from small bucket lists (``bucket``), the
-cache has a fixed capacity ``S``, and everything that changes per step (row
-lengths, positions) is a device tensor read inside the step. Batch, width and span
-are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per cache
-capacity S (one per width class, see the buckets) whatever the bucket lists, and on
-CUDA (``mode="reduce-overhead"``) a CUDA graph is recorded once per concrete
-(batch bucket, width bucket, span) and replayed after. ``compile_counter`` in the
-tests counts compilations to check that this holds.
+Shapes: the step backend chooses them (backends.py). On CUDA ``b`` and ``T`` come from
+small bucket lists (``bucket``), the span from ``span_buckets``, and batch, width and
+span are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per
+cache capacity S whatever the bucket lists; with ``mode="reduce-overhead"`` a CUDA
+graph is recorded once per concrete (batch, width, span) and replayed after
+(``compile_counter`` in the tests counts compilations). On CPU the step is eager and
+every size is exact (no padding rows or slots to compute).
 
 Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
 + t`` ([b, 1, T, L] bool): its own context, the real tokens fed before it, and
 never padding (padding only follows the real tokens) or stale slots past it.
 
-Span: a step attends over the first ``L`` slots only, ``L`` from ``span_buckets``
-(256, 512, ... then the capacity), the smallest that covers ``max(length) + T`` of
-the rows fed (the caller passes ``span``; default: the capacity). Why: attention over
-the whole capacity made a Finch row kept to 1k tokens decode as slowly as an 8k row
-in an 8k-capacity engine (H100, 2026-11-24: 36 ms per step at batch 1, fp32
-attention 147 us per layer call at 1170 slots). The span is one more symbolic size
-(the length of the ``slot_ids`` input), so it costs no compilation; CUDA graph trees
-record one graph per concrete (batch, width, span).
+Span: a step attends over the first ``L`` slots only, the smallest span covering
+``max(length) + T`` of the rows fed. Why: attention over the whole capacity made a
+Finch row kept to 1k tokens decode as slowly as an 8k row in an 8k-capacity engine
+(H100, 2026-11-24: 36 ms per step at batch 1, fp32 attention 147 us per layer call
+at 1170 slots). The span is the length of the ``slot_ids`` input, one more symbolic
+size, so it costs no compilation.
 """
 
 from __future__ import annotations
@@ -39,8 +38,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from stages.decoding.forward import decode_view
-from stages.decoding.slots import SlotCache
+from stages.decoding.forward import cache_kwargs
+from stages.decoding.slots import RowWriter, SlotCache
+from stages.decoding.verify import greedy_accept
 
 # Graphs per compiled function we allow before dynamo falls back to eager: one per
 # (batch bucket, width bucket) and cache size; the defaults (8) are too few.
@@ -108,7 +108,7 @@ class SlotStep:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        view: torch.nn.Module,
         cache: SlotCache,
         compile: bool = False,
         compile_mode: str | None = None,
@@ -121,14 +121,14 @@ class SlotStep:
         every concrete shape apart (the ``cudagraphs`` backend needs it: on torch 2.11 its
         CUDA graph trees replayed a graph recorded for one width with inputs of another,
         "size of tensor a (4) must match the size of tensor b (8)", H100, 2026-11-24)."""
-        self.view = decode_view(model)
+        self.view = view
         self.cache = cache
         self.min_span = min_span
         self.symbolic = symbolic
         self._slot_ids = torch.arange(cache.capacity, device=cache.length.device)
         self.head = self.view.get_output_embeddings()
         if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
-            raise ValueError("the static decode path needs a plain output projection (no logit soft-capping)")
+            raise ValueError("the decode engine needs a plain output projection (no logit soft-capping)")
         self.compiled = compile
         name = backend if isinstance(backend, str) else type(backend).__name__
         self.how = f"compiled: {name}" + (f", {compile_mode}" if compile_mode else "") if compile else "eager"
@@ -166,7 +166,8 @@ class SlotStep:
         at = cache.length[:b, None] + cols  # [b, T] the slot each query writes
         mask = (slot_ids[None, None, :] <= at[:, :, None])[:, None]  # [b, 1, T, L]
         out = self.view.base_model(
-            input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+            input_ids=feed, attention_mask=mask, position_ids=positions, use_cache=True,
+            **cache_kwargs(self.view.base_model, cache),
         )
         return self.head(out.last_hidden_state).float()
 
@@ -175,11 +176,7 @@ class SlotStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """feed [b, T], n_fed [b], slot_ids [L] -> (best [b, T] long, accepted [b] long)."""
         best = self._logits_eager(feed, slot_ids).argmax(dim=-1)
-        t = feed.shape[1]
-        is_draft = torch.arange(1, t, device=feed.device)[None] < n_fed[:, None]  # [b, T-1]
-        match = (feed[:, 1:] == best[:, :-1]) & is_draft
-        accepted = match.long().cumprod(dim=1).sum(dim=1)  # [b] leading run of matches
-        return best, accepted
+        return best, greedy_accept(feed, best, n_fed)
 
     def _mark(self, feed: torch.Tensor, slot_ids: torch.Tensor, n_fed: torch.Tensor | None = None) -> None:
         """Batch, width and span as symbolic sizes, so inductor compiles a handful of
@@ -209,6 +206,22 @@ class SlotStep:
         ids = self._span_ids(span)
         self._mark(feed, ids, n_fed)
         return self._greedy(feed, n_fed, ids)
+
+    @torch.inference_mode()
+    def prefill(self, writer: RowWriter, ids: torch.Tensor, first_pos: int) -> torch.Tensor:
+        """One prefill chunk: ids [T] long of one row -> logits [V] float32 of its last token.
+
+        Writes the chunk's keys/values into the writer's slot at its length, at RoPE
+        positions ``first_pos + 0..T-1``, attending causally over the slot's earlier
+        chunks (no mask tensor: forward.packed_gqa_sdpa builds the causal one, or uses
+        the causal kernel for a first chunk). ``writer.commit`` is the caller's.
+        """
+        t = ids.shape[0]
+        positions = torch.arange(first_pos, first_pos + t, device=ids.device)[None]  # [1, T]
+        out = self.view.base_model(
+            input_ids=ids[None], position_ids=positions, use_cache=True, **cache_kwargs(self.view.base_model, writer),
+        )
+        return self.head(out.last_hidden_state[0, -1]).float()
 
     @torch.inference_mode()
     def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool, repeats: int = 1) -> None:

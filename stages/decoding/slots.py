@@ -1,10 +1,10 @@
-"""Static KV slots for the graph-friendly decode path (issue 12): ``SlotCache``.
+"""Static KV slots, the engine's cache: ``SlotCache``.
 
-Why: a CUDA graph replays fixed kernels on fixed addresses. The growable buffer of
-kvbuffer.py changes shape every step (a view of the filled part), so every step is
-a new graph. Here every layer's keys/values live in ONE preallocated tensor
-``[B_slots, H_kv, S, D]`` for the actor's whole decode batch, and what changes
-from step to step lives in device tensors updated in place:
+Why static: a CUDA graph replays fixed kernels on fixed addresses, so every layer's
+keys/values live in ONE preallocated tensor ``[B_slots, H_kv, S, D]`` for the actor's
+whole decode batch, and what changes from step to step lives in device tensors
+updated in place. The same layout serves the CPU: no per-step concatenation, and a
+rejected draft needs no rollback.
 
 - ``length``: ``[B_slots]`` long, slots filled per row. A row's real context is
   exactly its first ``length[b]`` slots: rows are loaded compacted (no left
@@ -16,16 +16,20 @@ from step to step lives in device tensors updated in place:
   positions of its kept tokens (next position > slots used).
 
 Contract:
-- ``SlotCache(config_of_layers, slots, capacity, dtype, device)``; a transformers
+- ``SlotCache(layer_shapes, slots, capacity, dtype, device)`` is a transformers
   ``Cache`` the model writes through (``SlotLayer.update``). The batch of a step
   may be the first ``b <= B_slots`` slots (a batch bucket): layers then write and
   return the ``[:b]`` views, so a smaller bucket reads less.
 - ``load(slot, state, row)`` copies row ``row`` of a ``PrefillState`` (any prefill
   strategy: full, Finch, AutoCompressor) into ``slot``, keeping its valid slots in
-  order. ``move(src, dst)`` copies a row between slots (to keep active rows packed
-  at the front). ``free(slot)`` zeroes its length.
-- ``grow(capacity)``: reallocates to a larger ``S`` keeping every row (a new shape,
-  so compiled steps specialise again; the engine grows in powers of two).
+  order. ``row_writer(slot)`` is a one-row ``Cache`` that writes a prefill chunk
+  straight into ``slot`` (the engine's own chunked prefill, no copy afterwards).
+  ``move(src, dst)`` copies a row between slots (active rows stay packed at the
+  front). ``free(slot)`` zeroes its length.
+- ``reshape(slots, capacity, keep)``: reallocates to another layout keeping the
+  first ``keep`` rows (a new shape: compiled steps specialise again, so the engine
+  changes the layout rarely). ``bytes_per_token`` is what one slot of one row costs
+  (every layer's key and value), the unit of the engine's memory budget.
 - ``get_seq_length()`` is 0: positions and masks come from the engine
   (slot_step.py passes explicit ``position_ids`` and a 4D mask), never from the
   cache, so nothing the model derives from it varies between steps.
@@ -92,7 +96,9 @@ class SlotCache(Cache):
         """layer_shapes: per layer (H_kv, D_key, D_value)."""
         if slots < 1 or capacity < 1:
             raise ValueError(f"need slots >= 1 and capacity >= 1, got {slots} and {capacity}")
+        self.layer_shapes = list(layer_shapes)
         self.slots, self.capacity = slots, capacity
+        self.dtype, self.device = dtype, torch.device(device)
         self.length = torch.zeros(slots, dtype=torch.long, device=device)  # [B_slots]
         self.pos = torch.zeros(slots, dtype=torch.long, device=device)  # [B_slots]
         layers = [
@@ -111,18 +117,14 @@ class SlotCache(Cache):
         cls, model: torch.nn.Module, slots: int, capacity: int, dtype: torch.dtype | None = None
     ) -> SlotCache:
         """Slots shaped for ``model`` (every layer full attention, one KV width)."""
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        if getattr(cfg, "sliding_window", None) or getattr(cfg, "layer_types", None) and any(
-            t != "full_attention" for t in cfg.layer_types
-        ):
-            raise ValueError("static KV slots need full attention in every layer (no sliding windows)")
-        h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shapes = layer_shapes_of(model)
         param = next(model.parameters())
-        return cls(
-            [(h_kv, head_dim, head_dim)] * cfg.num_hidden_layers,
-            slots, capacity, dtype or param.dtype, param.device,
-        )
+        return cls(shapes, slots, capacity, dtype or param.dtype, param.device)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one slot of one row takes over every layer (keys and values)."""
+        return bytes_per_token(self.layer_shapes, self.dtype)
 
     def _mark_static(self) -> None:
         # Fixed addresses: compiled steps (and CUDA graphs) may mutate them in place.
@@ -143,6 +145,10 @@ class SlotCache(Cache):
         self.pos[slot] = state.next_pos[row]
         return n
 
+    def row_writer(self, slot: int) -> RowWriter:
+        """A one-row Cache writing into ``slot`` at its length (see RowWriter)."""
+        return RowWriter(self, slot)
+
     def move(self, src: int, dst: int, used: int) -> None:
         """Copy slot ``src``'s first ``used`` slots, length and position into slot ``dst``."""
         for layer in self.layers:
@@ -162,18 +168,114 @@ class SlotCache(Cache):
         self.length[:b] += accepted + 1
         self.pos[:b] += accepted + 1
 
-    def grow(self, capacity: int) -> None:
-        """Reallocate every layer to ``capacity`` slots per row, keeping the filled ones."""
-        if capacity <= self.capacity:
-            return
+    def reshape(self, slots: int, capacity: int, keep: int) -> None:
+        """Reallocate to ``slots`` rows of ``capacity`` slots, keeping rows ``0..keep-1``.
+
+        The kept rows must fit: ``keep <= slots`` and each row's length <= ``capacity``.
+        The old tensors are released before the new ones are filled only where that is
+        safe (rows are copied first), so peak memory is briefly old + new.
+        """
+        if keep > slots:
+            raise ValueError(f"cannot keep {keep} rows in {slots} slots")
+        if keep and int(self.length[:keep].max()) > capacity:
+            raise ValueError(f"a kept row is longer than the new capacity {capacity}")
+        used = int(self.length[:keep].max()) if keep else 0
         for layer in self.layers:
             for name in ("keys", "values"):
                 old = getattr(layer, name)
-                new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
-                new[:, :, : self.capacity] = old
+                new = old.new_zeros((slots, old.shape[1], capacity, old.shape[3]))
+                if keep:
+                    new[:keep, :, :used] = old[:keep, :, :used]
                 setattr(layer, name, new)
-        self.capacity = capacity
+        length, pos = self.length, self.pos
+        self.length = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.length[:keep] = length[:keep]
+        self.pos[:keep] = pos[:keep]
+        self.slots, self.capacity = slots, capacity
         self._mark_static()
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate every row to ``capacity`` slots (never shrinks), keeping every row."""
+        if capacity > self.capacity:
+            self.reshape(self.slots, capacity, keep=self.slots)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
+
+
+class _RowLayer(CacheLayerMixin):
+    """One layer of a RowWriter: writes ``[1, H, T, D]`` at the slot's length, returns
+    the slot's filled part ``[1, H, length + T, D]`` (a view)."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, writer: RowWriter, layer: SlotLayer) -> None:
+        super().__init__()
+        self.writer, self.layer = writer, layer
+        self.dtype, self.device = layer.dtype, layer.device
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the slot's tensors exist."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start, t = self.writer.start, key_states.shape[2]
+        s = self.writer.slot
+        self.layer.keys[s, :, start : start + t] = key_states[0].to(self.layer.keys.dtype)
+        self.layer.values[s, :, start : start + t] = value_states[0].to(self.layer.values.dtype)
+        return self.layer.keys[s : s + 1, :, : start + t], self.layer.values[s : s + 1, :, : start + t]
+
+    def get_seq_length(self) -> int:
+        return self.writer.start
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.writer.start + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.layer.keys.shape[2]
+
+
+class RowWriter(Cache):
+    """A Cache over one slot of a SlotCache, for a prefill chunk of that row.
+
+    Contract: the model sees a batch of one row whose past is the slot's first
+    ``start`` slots (``start`` = the slot's length when the writer was made, then
+    advanced by ``commit(t)``); each layer writes the chunk's keys/values at
+    ``start + 0..T-1`` and attends over ``start + T`` slots. The owner's
+    ``length``/``pos`` change only on ``commit`` (the engine calls it after the
+    chunk's forward), so a decode step of other rows in between sees nothing of it.
+    """
+
+    def __init__(self, owner: SlotCache, slot: int) -> None:
+        self.owner, self.slot = owner, slot
+        self.start = int(owner.length[slot])
+        super().__init__(layers=[_RowLayer(self, layer) for layer in owner.layers])
+
+    def commit(self, tokens: int, next_pos: int) -> None:
+        """The chunk of ``tokens`` is written: the row now holds them; its next RoPE position."""
+        self.start += tokens
+        self.owner.length[self.slot] = self.start
+        self.owner.pos[self.slot] = next_pos
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.start
+
+
+def layer_shapes_of(model: torch.nn.Module) -> list[tuple[int, int, int]]:
+    """Per layer (H_kv, D_key, D_value) of ``model``; ValueError for a model static slots cannot hold."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "sliding_window", None) or getattr(cfg, "layer_types", None) and any(
+        t != "full_attention" for t in cfg.layer_types
+    ):
+        raise ValueError("static KV slots need full attention in every layer (no sliding windows)")
+    h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return [(h_kv, head_dim, head_dim)] * cfg.num_hidden_layers
+
+
+def bytes_per_token(layer_shapes: list[tuple[int, int, int]], dtype: torch.dtype) -> int:
+    """KV bytes of one token over every layer: sum of H_kv x (D_key + D_value) x element size."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(h * (dk + dv) * size for h, dk, dv in layer_shapes)

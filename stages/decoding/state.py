@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from stages.decoding.forward import cache_kwargs
+
 
 @dataclass
 class PrefillState:
@@ -80,9 +82,9 @@ def forward_step(
         inputs_embeds=inputs_embeds,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
+        **cache_kwargs(model, cache),
     )
     return out.logits.float(), torch.cat([valid, new_valid], dim=1)
 

@@ -1,10 +1,13 @@
-"""Generate stage on a tiny random Llama: batched generation, error rows, limits, and
-every compression method x prompt lookup on/off x greedy/sampling."""
+"""Generate stage on a tiny random Llama: batched generation, error rows, limits, every
+compression method x drafter (none, prompt lookup, suffix) x greedy/sampling, requests
+streamed through fewer slots than the batch, and several batches at once in one actor."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from method_cases import method_batches
+from method_cases import method_batches, request, text_stages
 
 from schemas.loading import spec_from_dict
 from schemas.output import OUTPUT_COLUMNS
@@ -91,7 +94,7 @@ def test_a_failing_row_does_not_fail_its_batch(stage, tokenizer):
 # ----------------------------------------------------------------------------- every method
 # GenerateStage across every registered compression method x prompt lookup on/off x
 # greedy/sampling, on the tiny windowed model of tests/method_cases.py.
-LOOKUP = {"lookup": {"method": "prompt_lookup"}, "plain": {"method": "none"}}
+LOOKUP = {"lookup": {"method": "prompt_lookup"}, "suffix": {"method": "suffix"}, "plain": {"method": "none"}}
 # Drafting at every n-gram match: the adaptive default may stop drafting on a slow
 # machine (it weighs measured step costs), so exactness is also checked on this one.
 ALWAYS_DRAFT = {"method": "prompt_lookup", "adaptive": False}
@@ -113,7 +116,8 @@ def stage_for(method_env):
     def get(method: str, lookup: str, sampling: str) -> GenerateStage:
         key = (method, lookup, sampling)
         if key not in built:
-            speculative = ALWAYS_DRAFT if lookup == "always" else LOOKUP[lookup]
+            speculative = {"always": ALWAYS_DRAFT, "suffix-always": {"method": "suffix", "adaptive": False}}.get(
+                lookup, LOOKUP.get(lookup))
             gen = {"speculative": speculative, "temperature": SAMPLING[sampling], "seed": 7}
             built[key] = GenerateStage(method_env.spec(method, max_new_tokens=8, **gen))
         return built[key]
@@ -123,7 +127,7 @@ def stage_for(method_env):
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("sampling", list(SAMPLING))
-@pytest.mark.parametrize("lookup", list(LOOKUP))
+@pytest.mark.parametrize("lookup", ["lookup", "plain"])
 @pytest.mark.parametrize("method", method_names())
 def test_every_method_with_and_without_lookup_greedy_and_sampling(
     method, lookup, sampling, stage_for, method_inputs
@@ -155,8 +159,141 @@ def test_every_method_with_and_without_lookup_greedy_and_sampling(
 def test_greedy_output_is_the_same_with_and_without_lookup(method, stage_for, method_inputs):
     batch = method_inputs[method]
     plain = batch_to_rows(stage_for(method, "plain", "greedy")(batch))
-    for variant in ("lookup", "always"):
+    for variant in ("lookup", "always", "suffix", "suffix-always"):
         lookup = batch_to_rows(stage_for(method, variant, "greedy")(batch))
         assert [o["output_text"] for o in lookup] == [o["output_text"] for o in plain]
         assert [o["output_tokens"] for o in lookup] == [o["output_tokens"] for o in plain]
     assert sum(o["draft_tokens"] for o in lookup) > 0  # speculation really ran
+
+
+# ----------------------------------------------------------------------------- the engine's queue
+TEXTS = ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe.", RIVER, "Elbe " * 30]
+
+
+def _slots_spec(method_env, case: str, **gen) -> dict:
+    spec = method_env.spec(case, max_new_tokens=8, **gen)
+    spec["resources"] = {**spec.get("resources", {}), "decode_slots": 2, "batch_size": 5}
+    return spec_from_dict(spec).model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def five(method_env) -> dict[str, dict]:
+    return method_batches(method_env, TEXTS)
+
+
+def _reference_texts(stage: GenerateStage, batch) -> list[str]:
+    """Plain greedy (reference.decode_plain, its own forward loop) on the method's own prefill."""
+    from stages.compression import method_for
+    from stages.decoding.config import decode_config_for
+
+    rows = batch_to_rows(batch)
+    parts = stage._prompt_parts(rows)
+    loaded = method_for(stage.spec.compression).load(stage.spec, stage.device)
+    cfg = decode_config_for(stage.spec.generation, loaded.tokenizer, loaded.model.generation_config)
+    plain = DecodeConfig(max_new_tokens=cfg.max_new_tokens, eos_ids=cfg.eos_ids)
+    texts = []
+    for p in parts:  # one row at a time: no padding in the reference
+        state = loaded.prefill([p]).state
+        toks = decode_plain(loaded.model, state, plain)[0].tokens
+        texts.append(loaded.tokenizer.decode(toks, skip_special_tokens=True))
+    return texts
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "suffix"])
+@pytest.mark.parametrize("case", [*method_names(), "autocompressor-kv"])
+def test_rows_stream_through_two_slots_and_equal_the_reference(method_env, five, case, drafter):
+    """Five requests through two KV slots (rows leave, newcomers are prefilled into their
+    slots): every method's rows equal plain greedy on the method's own prefill (fp32)."""
+    method = "autocompressor" if case == "autocompressor-kv" else case
+    stage = GenerateStage(_slots_spec(method_env, case, speculative={"method": drafter, "adaptive": False}))
+    rows = batch_to_rows(stage(five[method]))
+    assert [r["request_id"] for r in rows] == [f"r{i}" for i in range(len(TEXTS))]
+    assert all(r["error"] is None for r in rows), [r["error"] for r in rows]
+    assert [r["output_text"] for r in rows] == _reference_texts(stage, five[method])
+    assert stage.engine.cache.slots == 2 and stage.engine.stats.max_active == 2
+    for r in rows:
+        assert r["e2e_s"] >= r["ttft_s"] > 0 and r["device_s"] > 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_kv_autocompressor_keeps_every_fourth_token_of_each_segment(method_env, five):
+    from stages.autocompressor.kv_form import kept_offsets
+    from stages.autocompressor.prefill import document_segments
+
+    stage = GenerateStage(_slots_spec(method_env, "autocompressor-kv"))
+    rows = batch_to_rows(stage(five["autocompressor"]))
+    cfg = stage.spec.compression  # the chat prefix and question are not counted
+    segments = [document_segments(list(r["doc_ids"]), cfg.segment_tokens, cfg.target_tokens)
+                for r in batch_to_rows(five["autocompressor"])]
+    assert [r["context_tokens"] for r in rows] == [sum(len(kept_offsets(len(s), 4)) for s in segs) for segs in segments]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_batches_called_at_once_share_the_engine(method_env, five):
+    """Ray calls a generate actor for several batches at once: each call gets its own rows,
+    and the engine decodes rows of both calls together."""
+    spec = method_env.spec("none", max_new_tokens=8)
+    spec["resources"] = {**spec.get("resources", {}), "decode_slots": 4}
+    stage = GenerateStage(spec_from_dict(spec).model_dump(mode="json"))
+    rows = batch_to_rows(five["none"])
+    halves = [rows_to_batch(rows[:2]), rows_to_batch(rows[2:4])]
+    alone = [batch_to_rows(stage(h)) for h in halves]
+    got: dict[int, list] = {}
+    start = threading.Barrier(2)
+
+    def call(i: int) -> None:
+        start.wait()
+        got[i] = batch_to_rows(stage(halves[i]))
+
+    before = stage.engine.stats.max_active
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [[r["request_id"] for r in got[i]] for i in range(2)] == [["r0", "r1"], ["r2", "r3"]]
+    assert [[r["output_text"] for r in got[i]] for i in range(2)] == [[r["output_text"] for r in a] for a in alone]
+    assert before == 2 and stage.engine.stats.max_active > 2  # the two calls' rows shared steps
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", ["none", "finch"])
+def test_sampling_is_per_request(method_env, five, method):
+    """Sampled text depends on the request's seed, not on its batch (verify.py's keyed uniforms)."""
+    stage = GenerateStage(_slots_spec(method_env, method, temperature=0.9, seed=3))
+    rows = batch_to_rows(stage(five[method]))
+    assert all(r["error"] is None and 1 <= r["output_tokens"] <= 8 for r in rows)
+    alone = batch_to_rows(stage(rows_to_batch(batch_to_rows(five[method])[3:4])))
+    assert alone[0]["output_text"] == rows[3]["output_text"]
+    greedy = batch_to_rows(GenerateStage(_slots_spec(method_env, method))(five[method]))
+    assert [r["output_text"] for r in rows] != [r["output_text"] for r in greedy]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_error_rows_stay_rows(method_env):
+    stage = GenerateStage(_slots_spec(method_env, "none"))
+    reqs = [request(i, t) for i, t in enumerate(TEXTS[:3])]
+    reqs.append(request(3, None, error="read: f3 is empty"))
+    batch = batch_to_rows(text_stages(method_env.spec("none"))[0](rows_to_batch(reqs)))
+    batch[1]["doc_ids"] = [10**9]  # out of vocabulary: this request's prefill raises
+    rows = batch_to_rows(stage(rows_to_batch(batch)))
+    assert [r["request_id"] for r in rows] == ["r0", "r1", "r2", "r3"]
+    assert rows[0]["error"] is None and rows[2]["error"] is None
+    assert rows[1]["error"].startswith("generate: ") and rows[1]["output_text"] is None
+    assert rows[3]["error"] == "read: f3 is empty"
+
+
+def test_slots_and_memory_are_checked_in_the_spec(method_env):
+    spec = method_env.spec("none")
+    for bad, match in (
+        ({"decode_slots": 0}, "decode_slots"), ({"decode_slots": 300}, "decode_slots"),
+        ({"decode_slots": "many"}, "decode_slots"), ({"kv_memory_gb": -1}, "kv_memory_gb"),
+        ({"kv_memory_gb": float("inf")}, "kv_memory_gb"), ({"kv_memory_fraction": 1.5}, "kv_memory_fraction"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            spec_from_dict({**spec, "resources": {**spec["resources"], **bad}})
+    with pytest.raises(ValueError, match="engine"):  # one engine now: the old switch is an unknown key
+        spec_from_dict({**spec, "generation": {**spec["generation"], "engine": "dynamic"}})
+    ok = spec_from_dict({**spec, "resources": {**spec["resources"], "batch_size": 4, "decode_slots": 64}})
+    assert ok.resources.decode_slots == 64  # slots may exceed a batch: several batches share them

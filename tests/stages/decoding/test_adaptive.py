@@ -7,13 +7,13 @@ from stages.decoding.adaptive import AcceptanceModel, DraftLengths, StepCost, Tu
 
 def test_draft_length_grows_shrinks_pauses_and_probes():
     t = Tuning(k_init=4, grow=4, pause_below=0.1, pause_steps=3)
-    dl = DraftLengths(rows=1, k_max=16, tuning=t)
+    dl = DraftLengths(k_max=16, tuning=t)
     assert dl.allowed(0) == 4
     dl.update(0, drafted=4, accepted=4)  # full acceptance: grow
     assert dl.allowed(0) == 8
     dl.update(0, drafted=8, accepted=2)  # rejection: shrink to accepted + 1
     assert dl.allowed(0) == 3
-    floored = DraftLengths(rows=1, k_max=16, tuning=Tuning(k_init=8, k_floor=4))
+    floored = DraftLengths(k_max=16, tuning=Tuning(k_init=8, k_floor=4))
     floored.update(0, drafted=6, accepted=0)  # shrinks, but not below k_floor
     assert floored.allowed(0) == 4
     for _ in range(5):  # poor acceptance (8+ drafted tokens of evidence): pause
@@ -106,3 +106,36 @@ def test_width_on_buckets_and_padded_batches():
     assert choose_width(rows, [1] + [0] * 31, am, gpu, 1.05, candidates=(1, 2, 4, 8, 17), fed_rows=32) == 1
     # The same single row alone in a bucket of 1: cheap to widen, worth it.
     assert choose_width([16], [4], am, gpu, 1.05, candidates=(1, 2, 4, 8, 17), fed_rows=1) == 17
+
+
+def test_width_while_requests_wait_maximises_tokens_per_second():
+    """Continuous batching: a row that finishes early frees its slot for a waiting request,
+    so the slowest row does not decide; a wider step pays iff (rows + accepted) / cost grows."""
+    am = AcceptanceModel()
+    cost = StepCost(prior=(0.1, 0.0))  # a large fixed part: 0.1 s + 0.01 s per token fed
+    cost.observe(1, 0.11)
+    # Row 0 drafts on a 5-gram match (~2.3 tokens expected from 6); row 1 has most
+    # tokens left and nothing to draft. Draining, the batch ends with row 1, so row 0's
+    # tokens are worth only its marginal 0.01 s each: a plain step.
+    assert choose_width([6, 0], [5, 0], am, cost, 1.05, remaining=[10, 40]) == 1
+    # Requests waiting: row 0's accepted tokens are worth a step's cost per row (0.06 s):
+    # widening raises tokens per second.
+    assert choose_width([6, 0], [5, 0], am, cost, 1.05, remaining=[10, 40], refilling=True) > 1
+
+
+def test_draft_lengths_forget_rows_and_take_any_key():
+    dl = DraftLengths(k_max=8, tuning=Tuning(k_init=4))
+    assert dl.allowed(("call", 7)) == 4
+    dl.update(("call", 7), drafted=4, accepted=4)
+    assert dl.allowed(("call", 7)) == 8
+    dl.forget(("call", 7))
+    assert dl.allowed(("call", 7)) == 4  # a new row with the same key starts afresh
+
+
+def test_acceptance_is_learned_per_source_level():
+    am = AcceptanceModel(prior_weight=1.0, decay=1.0)
+    for _ in range(40):
+        am.update(("prompt", 3), drafted=4, accepted=4)
+        am.update(("outputs", 3), drafted=4, accepted=0)
+    assert am.rates(("prompt", 3))[0] > 0.9 > 0.1 > am.rates(("outputs", 3))[0]
+    assert am.expected(("outputs", 0), 4) == 0.0  # no match, no draft value

@@ -7,12 +7,14 @@ import copy
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import decode
+from stages.decoding.engine import Engine, Request
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
+from stages.decoding.stops import StopChecker, cut_text
+from stages.prompting import PromptParts
 
 
-def test_stop_string_inside_accepted_drafts(tiny_model, tiny_engine, tokenizer):
+def test_stop_string_inside_accepted_drafts(tiny_model, tokenizer):
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(300, 3000, (n,), generator=g).tolist() for n in (8, 15)]
     plain = DecodeConfig(max_new_tokens=20, eos_ids=frozenset({-1}))
@@ -30,8 +32,26 @@ def test_stop_string_inside_accepted_drafts(tiny_model, tiny_engine, tokenizer):
     state = prefill_full(tiny_model, prompts, 0)
     ref = decode_plain(tiny_model, copy.deepcopy(state), cfg, decode=tokenizer.decode)
     lookup = [p + r for p, r in zip(prompts, runs, strict=True)]  # drafts = the continuation
-    out = decode(tiny_engine, state, lookup, cfg, decode_text=tokenizer.decode)
+    eng = Engine(tiny_model, cfg, decode_text=tokenizer.decode, slots=2, expected_tokens=16)
+    out = [o.result for o in eng.run(Request(i, PromptParts([], p, []), lk) for i, (p, lk) in enumerate(zip(prompts, lookup)))]
     assert ref[row].finish_reason == "stop" and 3 < len(ref[row].tokens) < 17
     for a, b in zip(ref, out, strict=True):
         assert (b.tokens, b.finish_reason) == (a.tokens, a.finish_reason)
     assert out[row].accepted_tokens > 0
+
+
+def test_stop_checker_eos_length_and_text_cut():
+    stop = StopChecker(frozenset({9}), max_new_tokens=5)
+    assert stop.scan([1, 2, 9, 4], 0) == (3, "eos")  # EOS is kept, what follows it is not
+    assert stop.scan([1, 2, 3, 4, 5, 6], 2) == (5, "length")
+    assert stop.scan([1, 2], 0) == (2, None)
+    words = {1: "ab", 2: "c", 3: "END", 4: "x"}
+    text = StopChecker(frozenset(), 10, ("cEN",), decode=lambda ids: "".join(words[i] for i in ids))
+    assert text.scan([1, 2, 3, 4], 0) == (3, "stop")  # the token completing the string is kept
+    assert cut_text("abcENDx", ("cEN",)) == "ab"
+    try:
+        StopChecker(frozenset(), 4, ("x",))
+    except ValueError as e:
+        assert "decode function" in str(e)
+    else:
+        raise AssertionError("stop strings without a decode function must raise")

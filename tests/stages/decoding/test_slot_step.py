@@ -1,5 +1,6 @@
-"""The static step: buckets, compilation that holds (no recompiles after warm-up), and a
-compiled (inductor) step that decodes exactly like the eager one in fp32."""
+"""The step over KV slots: buckets, compilation that holds (no recompiles after warm-up,
+across refills, buckets and admissions), a span equal to the whole capacity, a prefill
+chunk equal to a full forward, and a compiled (inductor) step decoding like eager."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
+from stages.decoding.engine import Engine, Request
+from stages.decoding.forward import decode_view
 from stages.decoding.reference import decode_plain
-from stages.decoding.slot_engine import SlotEngine, compile_plan
-from stages.decoding.slot_step import batch_buckets, bucket, span_buckets, width_buckets
+from stages.decoding.slot_step import SlotStep, batch_buckets, bucket, span_buckets, width_buckets
+from stages.decoding.slots import SlotCache
 from stages.decoding.state import prefill_full
+from stages.prompting import PromptParts
 
 
 def test_buckets():
@@ -18,6 +22,7 @@ def test_buckets():
     assert batch_buckets(2) == (2,)
     assert batch_buckets(8) == (2, 4, 8)
     assert batch_buckets(6) == (2, 4, 6)
+    assert batch_buckets(256)[-1] == 256 and len(batch_buckets(256)) == 8
     assert width_buckets(0) == (1,)
     assert width_buckets(16) == (1, 4, 8, 17)
     assert width_buckets(8) == (1, 4, 9) and width_buckets(1) == (1, 2)
@@ -40,30 +45,32 @@ class CompileCounter:
         return gm.forward
 
 
+def _requests(prompts, lookups):
+    return [Request(i, PromptParts([], p, []), lk, seed=i) for i, (p, lk) in enumerate(zip(prompts, lookups, strict=True))]
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_no_recompilation_after_warm_up(tiny_model, greedy):
-    """100+ steps with varying row lengths, drafts, finishing rows and refills: the warm-up's
-    graphs are all the step ever needs (the property CUDA graph replay relies on)."""
+    """100+ steps with varying row lengths, drafts, finishing rows and admissions of newcomers:
+    the warm-up's graphs are all the step ever needs (the property CUDA graph replay relies on)."""
     torch._dynamo.reset()
     counter = CompileCounter()
-    eng = SlotEngine(tiny_model, slots=4, max_drafts=8, capacity=256, compile=True, compile_backend=counter,
-                     min_span=32)
-    eng.warm_up(greedy=greedy)
-    warm = counter.graphs
-    # Batch, width and span are symbolic: one graph per width class (1; >= 4), not one per
-    # (batch, width, span) bucket.
-    assert len(eng.batches) * len(eng.widths) == 6 and eng.step.spans == (32, 64, 128, 256) and warm == 2
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (16,), generator=g)]
-    # Lookups repeat each prompt so drafts of many lengths get proposed and rejected.
-    lookups = [p * 3 for p in prompts]
     cfg = DecodeConfig(
         max_new_tokens=60, eos_ids=frozenset({-1}), temperature=0.0 if greedy else 0.8,
         speculative="prompt_lookup", num_draft_tokens=8, adaptive=False, min_ngram=1, max_ngram=2,
     )
-    out, errors = eng.run(lookups, list(range(16)), lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
-    assert errors == [None] * 16 and all(len(r.tokens) == 60 for r in out)
-    assert eng.stats.steps >= 100 and eng.stats.refills > 1 and eng.stats.grows == 0
+    eng = Engine(tiny_model, cfg, slots=4, expected_tokens=120, compile=True, compile_backend=counter, min_span=32)
+    eng.warm_up(greedy=greedy)
+    warm = counter.graphs
+    # Batch, width and span are symbolic: one graph per width class (1; >= 4), not one per
+    # (batch, width, span) bucket.
+    assert eng.cache.capacity == 256 and span_buckets(256, 32) == (32, 64, 128, 256) and warm == 2
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(2, 60, (16,), generator=g)]
+    # Lookups repeat each prompt so drafts of many lengths get proposed and rejected.
+    out = eng.run(_requests(prompts, [p * 3 for p in prompts]))
+    assert all(o.error is None and len(o.result.tokens) == 60 for o in out)
+    assert eng.stats.steps >= 100 and eng.stats.relayouts == 0
     assert counter.graphs == warm, f"{counter.graphs - warm} recompilations after warm-up"
     torch._dynamo.reset()
 
@@ -73,18 +80,17 @@ def test_concrete_shapes_compile_once_each_and_never_again(tiny_model):
     (batch, width, span) shape once, and decoding after it compiles nothing."""
     torch._dynamo.reset()
     counter = CompileCounter()
-    eng = SlotEngine(tiny_model, slots=2, max_drafts=3, capacity=128, compile=True, compile_backend=counter,
-                     min_span=64)
-    eng.step.symbolic = False
-    eng.warm_up(greedy=True)
-    shapes = len(eng.batches) * len(eng.widths) * len(eng.step.spans)
-    assert (eng.batches, eng.widths, eng.step.spans) == ((2,), (1, 4), (64, 128)) and counter.graphs == shapes
-    prompts = [list(range(5, 30)), list(range(100, 160)), list(range(7, 12))]
     cfg = DecodeConfig(max_new_tokens=30, eos_ids=frozenset({-1}), speculative="prompt_lookup",
                        num_draft_tokens=3, adaptive=False)
-    out, errors = eng.run([p * 2 for p in prompts], [0] * 3,
-                          lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
-    assert errors == [None] * 3 and counter.graphs == shapes
+    eng = Engine(tiny_model, cfg, slots=2, expected_tokens=60, compile=True, compile_backend=counter, min_span=64)
+    eng.step_fn.symbolic = False
+    eng.warm_up(greedy=True)
+    spans = span_buckets(eng.cache.capacity, 64)
+    assert (batch_buckets(2), width_buckets(3), spans) == ((2,), (1, 4), (64, 128, 256))
+    assert counter.graphs == 1 * 2 * 3
+    prompts = [list(range(5, 30)), list(range(100, 160)), list(range(7, 12))]
+    out = eng.run(_requests(prompts, [p * 2 for p in prompts]))
+    assert all(o.error is None for o in out) and counter.graphs == 6
     torch._dynamo.reset()
 
 
@@ -94,17 +100,40 @@ def test_a_step_over_a_span_equals_the_step_over_the_whole_capacity(tiny_model):
     prompts = [list(range(5, 30)), list(range(100, 109))]
     logits, keys = [], []
     for span in (None, 32):
-        eng = SlotEngine(tiny_model, slots=2, max_drafts=3, capacity=200, min_span=32)
+        cache = SlotCache.for_model(tiny_model, slots=2, capacity=200)
+        step = SlotStep(decode_view(tiny_model), cache, min_span=32)
         state = prefill_full(tiny_model, prompts, 0)
         for row in range(2):
-            eng.cache.load(row, state, row)
+            cache.load(row, state, row)
         feed = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]])
-        logits.append(eng.step.step(feed, span))
-        keys.append(eng.cache.layers[0].keys.clone())
+        logits.append(step.step(feed, span))
+        keys.append(cache.layers[0].keys.clone())
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
     assert torch.equal(keys[0], keys[1])
     with pytest.raises(ValueError, match="span 300 outside 1..200"):
-        eng.step.step(feed, 300)
+        step.step(feed, 300)
+
+
+@pytest.mark.parametrize("chunks", [[25], [10, 10, 5], [1, 24]])
+def test_prefill_chunks_into_a_slot_equal_a_full_forward(tiny_model, chunks):
+    """The engine's own prefill: a prompt written into its slot chunk by chunk (the first
+    chunk on the causal kernel, later ones with the causal mask over earlier chunks) gives
+    the full forward's last logits and keys."""
+    prompt = torch.arange(5, 30)
+    with torch.inference_mode():
+        ref = tiny_model(prompt[None]).logits[0, -1]
+    state = prefill_full(tiny_model, [prompt.tolist()], 0)
+    cache = SlotCache.for_model(tiny_model, slots=3, capacity=64)
+    step = SlotStep(decode_view(tiny_model), cache)
+    writer = cache.row_writer(2)
+    done = 0
+    for n in chunks:
+        last = step.prefill(writer, prompt[done : done + n], done)
+        writer.commit(n, done + n)
+        done += n
+    torch.testing.assert_close(last, ref, rtol=1e-4, atol=1e-4)
+    assert cache.length.tolist() == [0, 0, 25] and cache.pos.tolist() == [0, 0, 25]
+    torch.testing.assert_close(cache.layers[1].keys[2, :, :25], state.cache.layers[1].keys[0], rtol=1e-5, atol=1e-5)
 
 
 def test_inductor_compiled_step_decodes_like_eager(tiny_model):
@@ -113,23 +142,9 @@ def test_inductor_compiled_step_decodes_like_eager(tiny_model):
     prompts = [list(range(5, 30)), list(range(100, 109))]
     cfg = DecodeConfig(max_new_tokens=10, eos_ids=frozenset({-1}))
     ref = decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)
-    eng = SlotEngine(tiny_model, slots=1, max_drafts=0, capacity=64, compile=True)
-    assert eng.step.compiled and "compiled" in eng.describe()
+    eng = Engine(tiny_model, cfg, slots=1, expected_tokens=30, compile=True)
+    assert eng.backend.compiled and "compiled" in eng.describe()
     eng.warm_up(greedy=True)
-    out, _ = eng.run(prompts, [0, 0], lambda idx: prefill_full(tiny_model, [prompts[i] for i in idx], 0), cfg)
-    assert [r.tokens for r in out] == [r.tokens for r in ref]
+    out = eng.run(_requests(prompts, prompts))
+    assert [o.result.tokens for o in out] == [r.tokens for r in ref]
     torch._dynamo.reset()
-
-
-def test_compile_choices_by_device(tiny_model):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
-    assert compile_plan("auto", cuda) == ("reduce-overhead", "inductor")
-    assert compile_plan(True, cpu) == (None, "inductor")
-    assert compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
-    assert SlotEngine(tiny_model, slots=2, compile="off").step.symbolic  # only cudagraphs turns it off
-    assert compile_plan("off", cuda) == (None, None)
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        compile_plan("cudagraphs", cpu)
-    with pytest.raises(ValueError, match="allowed: auto, inductor, cudagraphs, off"):
-        compile_plan("fast", cpu)

@@ -58,3 +58,29 @@ def test_step_writes_at_each_rows_length(tiny_model):
     assert keys.shape == (2, h, 8, d)
     written = (keys != 0).any(dim=(1, 3))  # [2, 8]
     assert written.tolist() == [[False, True, True] + [False] * 5, [False] * 3 + [True, True] + [False] * 3]
+
+
+def test_reshape_keeps_the_first_rows_and_refuses_what_does_not_fit(tiny_model, state):
+    cache = SlotCache.for_model(tiny_model, slots=3, capacity=16)
+    with torch.inference_mode():
+        cache.load(0, state, 1)
+        cache.load(1, state, 0)
+        before = cache.layers[1].values[:2, :, :7].clone()
+        cache.reshape(slots=5, capacity=8, keep=2)
+    assert (cache.slots, cache.capacity) == (5, 8) and cache.layers[0].keys.shape[:3] == (5, 2, 8)
+    assert cache.length.tolist() == [7, 3, 0, 0, 0] and cache.pos.tolist() == [7, 3, 0, 0, 0]
+    assert torch.equal(cache.layers[1].values[0, :, :7], before[0])
+    assert torch.equal(cache.layers[1].values[1, :, :3], before[1, :, :3])
+    with pytest.raises(ValueError, match="longer than the new capacity 4"):
+        cache.reshape(slots=5, capacity=4, keep=1)
+    with pytest.raises(ValueError, match="cannot keep 3 rows in 2 slots"):
+        cache.reshape(slots=2, capacity=8, keep=3)
+    assert cache.bytes_per_token == 2 * 2 * (16 + 16) * 4  # 2 layers x 2 KV heads x (K + V) x fp32
+
+
+def test_a_row_writer_commits_only_when_told(tiny_model):
+    cache = SlotCache.for_model(tiny_model, slots=2, capacity=16)
+    writer = cache.row_writer(1)
+    assert writer.get_seq_length() == 0
+    writer.commit(5, next_pos=9)
+    assert cache.length.tolist() == [0, 5] and cache.pos.tolist() == [0, 9] and writer.start == 5

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafting on hand-made sequences, and against a brute-force search."""
+"""The n-gram index behind prompt lookup, on hand-made sequences and against a brute-force search."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from stages.decoding.drafting import NgramIndex, propose_draft
+from stages.decoding.drafters.ngram_index import NgramIndex, Prefer
+
+
+def propose_draft(tokens: list[int], k: int, max_ngram: int, min_ngram: int = 1, prefer: Prefer = "latest") -> list[int]:
+    """One-shot drafting over ``tokens`` (a fresh index)."""
+    return NgramIndex(tokens, max_ngram, min_ngram, prefer).propose(k)
 
 
 def brute_force(tokens: list[int], k: int, max_n: int, min_n: int, prefer: str) -> list[int]:

@@ -1,23 +1,21 @@
-"""Step backends: the caller's model is never modified, the plan switch, and decoding
-through a backend (routed kernels, eager) equals the reference decoder token for token."""
+"""Step backends: the caller's model is never modified, the CPU kernel plan switch, the
+shapes each backend gives a step, and decoding through the CPU backend (routed kernels
+or stock) equals the reference decoder token for token."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 
-from stages.decoding import cpu_backend, linear_plan
+from stages.decoding import backends, linear_plan
 from stages.decoding.adaptive import step_indicator
-from stages.decoding.backend import EagerBackend
+from stages.decoding.backends import CpuBackend, CudaBackend, StepBackend, backend_for, compile_plan
 from stages.decoding.config import DecodeConfig
-from stages.decoding.cpu_backend import CpuBackend
-from stages.decoding.engine import decode
-from stages.decoding.engine_state import EngineState, backend_for
+from stages.decoding.engine import Engine, Request
 from stages.decoding.linear_plan import LinearPlan, RoutedLinear
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
+from stages.prompting import PromptParts
 
 # Every small M routed to the transposed kernel, odd M padded with zero rows.
 FORCED = LinearPlan({m: ("wxt", m + (m % 2)) for m in range(1, 17)}, {1: 1.0, 2: 1.1, 4: 1.2, 8: 2.0, 16: 3.0})
@@ -41,20 +39,22 @@ def prompts_and_runs(tiny_model):
     return prompts, runs
 
 
-def _pld(prompts, runs):
+def _pld_run(engine_kwargs, model, prompts, runs):
     """Greedy PLD whose lookup holds the model's own continuation, so drafts get verified."""
-    lookup = [p + r for p, r in zip(prompts, runs, strict=True)]
     cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative="prompt_lookup",
                        num_draft_tokens=4, max_ngram=3, adaptive=False)
-    return lookup, cfg
+    eng = Engine(model, cfg, slots=3, expected_tokens=16, **engine_kwargs)
+    reqs = [Request(i, PromptParts([], p, []), p + r) for i, (p, r) in enumerate(zip(prompts, runs, strict=True))]
+    return eng, [o.result for o in eng.run(reqs)]
 
 
 def test_the_callers_model_is_unchanged_during_and_after_decode(tiny_model, prompts_and_runs, monkeypatch):
-    monkeypatch.setattr(cpu_backend, "plan_for", lambda *a: FORCED)
+    monkeypatch.setattr(backends, "plan_for", lambda *a: FORCED)
     before = _fingerprint(tiny_model)
     weight = tiny_model.model.layers[0].mlp.down_proj.weight.detach().clone()
-    engine = EngineState(tiny_model)
-    view = engine.backend.view
+    backend = backend_for(tiny_model)
+    backend.warm_up()
+    view = backend.view
     assert view is not tiny_model and any(type(m) is RoutedLinear for m in view.modules())
     # The view shares every weight (nothing copied), tied embeddings stay tied.
     assert all(a is b for a, b in zip(view.parameters(), tiny_model.parameters(), strict=True))
@@ -62,8 +62,7 @@ def test_the_callers_model_is_unchanged_during_and_after_decode(tiny_model, prom
     seen = []  # the caller's model as the view runs its steps
     hook = view.model.layers[0].register_forward_pre_hook(lambda *_: seen.append(_fingerprint(tiny_model)))
     prompts, runs = prompts_and_runs
-    lookup, cfg = _pld(prompts, runs)
-    out = decode(engine, prefill_full(tiny_model, prompts, 0), lookup, cfg)
+    _, out = _pld_run({"backend": backend}, tiny_model, prompts, runs)
     hook.remove()
     assert seen and all(s == before for s in seen)
     assert _fingerprint(tiny_model) == before
@@ -74,41 +73,51 @@ def test_the_callers_model_is_unchanged_during_and_after_decode(tiny_model, prom
 @pytest.mark.parametrize("plan", [FORCED, None], ids=["routed", "stock"])
 def test_cpu_backend_decode_equals_reference(tiny_model, prompts_and_runs, monkeypatch, plan):
     """Greedy PLD through the CPU backend (routed kernels or none) equals plain greedy on stock kernels."""
-    monkeypatch.setattr(cpu_backend, "plan_for", lambda *a: plan)
+    monkeypatch.setattr(backends, "plan_for", lambda *a: plan)
     prompts, runs = prompts_and_runs
-    lookup, cfg = _pld(prompts, runs)
-    state = prefill_full(tiny_model, prompts, 0)
-    ref = decode_plain(tiny_model, copy.deepcopy(state), DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS))
-    engine = EngineState(tiny_model)
-    assert isinstance(engine.backend, CpuBackend) and engine.backend.plan is plan
-    out = decode(engine, state, lookup, cfg)
-    assert [r.tokens for r in out] == [r.tokens for r in ref]
+    eng, out = _pld_run({}, tiny_model, prompts, runs)
+    assert isinstance(eng.backend, CpuBackend) and eng.backend.plan is plan
+    assert [r.tokens for r in out] == runs
     assert sum(r.accepted_tokens for r in out) > 0  # drafts were verified through the backend
 
 
-def test_eager_backend_decode_equals_reference(tiny_model, prompts_and_runs):
-    """The backend non-CPU devices get today, run on the CPU: same tokens as the reference."""
-    prompts, runs = prompts_and_runs
-    lookup, cfg = _pld(prompts, runs)
-    state = prefill_full(tiny_model, prompts, 0)
-    ref = decode_plain(tiny_model, copy.deepcopy(state), DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS))
-    engine = EngineState(tiny_model, backend=EagerBackend(tiny_model, torch.device("cpu")))
-    out = decode(engine, state, lookup, cfg)
-    assert [r.tokens for r in out] == [r.tokens for r in ref]
-    assert isinstance(backend_for(tiny_model, torch.device("meta")), EagerBackend)
+def test_shapes_exact_when_eager_bucketed_when_compiled(tiny_model):
+    eager = StepBackend(tiny_model, torch.device("cpu"), compile="off")
+    assert (eager.batch(3, 8), eager.width(5, 16), eager.span(300, 1024), eager.widths(16)) == (3, 5, 300, None)
+    compiled = StepBackend(tiny_model, torch.device("cpu"), compile="inductor", min_span=256)
+    assert compiled.batch(3, 8) == 4 and compiled.width(5, 16) == 8 and compiled.span(300, 1024) == 512
+    assert compiled.widths(16) == (1, 4, 8, 17)
+    assert isinstance(backend_for(tiny_model, "cpu"), CpuBackend)
+    assert type(backend_for(tiny_model, "cpu", compile="inductor")) is StepBackend
+    assert isinstance(backend_for(tiny_model, "meta"), StepBackend)
+    assert CudaBackend.clock is not StepBackend.clock  # synchronises before reading the time
 
 
 def test_plan_switch_and_cost_model(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
     monkeypatch.setattr(linear_plan, "_MIN_WEIGHT_BYTES", 0)  # let the tiny model get a plan
-    on = EngineState(tiny_model)
-    plan = on.backend.plan
-    assert plan is not None and len(list((tmp_path / "linear_plans").glob("*.json"))) == 1
-    assert on.cost.shape(8) == plan.shape(8) and on.backend.cost_prior() == (0.02, 0.67)
+    on = backend_for(tiny_model)
+    on.warm_up()
+    assert on.plan is not None and len(list((tmp_path / "linear_plans").glob("*.json"))) == 1
+    assert on.cost_shape(8) == on.plan.shape(8) and on.cost_prior() == (0.02, 0.67)
     assert "linear plan" in on.describe()
     monkeypatch.setenv("LONGDOC_LINEAR_PLAN", "0")
-    off = EngineState(tiny_model)
-    assert off.backend.plan is None
-    assert not any(type(m) is RoutedLinear for m in off.backend.view.modules())
-    assert off.cost.shape(8) == step_indicator(8) and off.backend.cost_prior() == (0.06, 0.7)
+    off = backend_for(tiny_model)
+    off.warm_up()
+    assert off.plan is None
+    assert not any(type(m) is RoutedLinear for m in off.view.modules())
+    assert off.cost_shape(8) == step_indicator(8) and off.cost_prior() == (0.06, 0.7)
     assert "no plan" in off.describe()
+
+
+def test_compile_choices_by_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
+    assert compile_plan("auto", cuda) == ("reduce-overhead", "inductor")
+    assert compile_plan(True, cpu) == (None, "inductor")
+    assert compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
+    assert compile_plan("off", cuda) == (None, None)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        compile_plan("cudagraphs", cpu)
+    with pytest.raises(ValueError, match="allowed: auto, inductor, cudagraphs, off"):
+        compile_plan("fast", cpu)

@@ -1,9 +1,9 @@
-"""Prompt-lookup drafting: propose the tokens that followed the sequence's own suffix.
+"""An n-gram index over one growing token sequence: what followed the sequence's own suffix.
 
 Contract: ``NgramIndex(tokens, max_ngram, min_ngram, prefer)`` indexes one row's
 lookup sequence (the ORIGINAL document + prompt, never the compressed cache or the
 cut text) and grows with ``extend(new_tokens)`` as output is generated.
-``match(k)`` (what the engine calls) returns ``(draft, n)``: for n from
+``match(k)`` (what the prompt-lookup drafter calls) returns ``(draft, n)``: for n from
 ``max_ngram`` down to ``min_ngram``, the last n tokens of the sequence are looked
 up among the n-grams that occurred EARLIER in it, and the first match wins
 (longest suffix first). The draft is up to ``k`` tokens that followed that
@@ -22,7 +22,7 @@ sample-QA documents (64 tokens, 768-token documents, K=8, n-grams 3..1, every st
 drafting): QA accepted 126 of 862 drafts and needed 151 steps with latest, vs 114
 of 958 and 163 steps with earliest; summaries were a tie (181 accepted, 224 vs 223
 steps). With the adaptive engine, simulated speedups averaged 1.13x (latest) vs
-1.11x (earliest). ``pipeline/bench/decode.py --prefer`` compares them end to end.
+1.11x (earliest).
 
 Cost: O(max_ngram - min_ngram + 1) dict operations per appended token and per
 proposal; building the index over a document is one pass. No per-step scan of the
@@ -95,10 +95,3 @@ class NgramIndex:
             if start is not None:
                 return toks[start : min(start + k, size)], n
         return [], 0
-
-
-def propose_draft(
-    tokens: list[int], k: int, max_ngram: int, min_ngram: int = 1, prefer: Prefer = "latest"
-) -> list[int]:
-    """One-shot drafting over ``tokens`` (builds an index; for tests and one-off use)."""
-    return NgramIndex(tokens, max_ngram, min_ngram, prefer).propose(k)

@@ -1,0 +1,96 @@
+"""An engine on a thread of its own, fed by many callers: ``EngineService``.
+
+Why: a generate actor receives Ray Data batches one call at a time, and an engine
+that decoded one batch per call would drain between batches (its last rows decode
+alone while the next batch waits). The service keeps ONE engine running on a
+background thread; each call submits its requests and waits for their results, while
+requests of other calls (the actor takes several batches at once) join the same
+decode batch as slots free up. Only the job's last requests form a tail.
+
+Contract: ``EngineService(engine)`` starts the thread. ``generate(requests)`` (from
+any thread) submits the requests, blocks until each has finished, and returns one
+``Finished`` per request, in order; keys only need to be unique within the call.
+``close()`` stops the thread after the work in hand. If the engine itself raises (a
+bug or a broken device, not a failing request: those finish with their error), every
+waiting caller gets a ``Finished`` with that error, the service stops, and later
+calls raise ``EngineStopped``, so the actor's rows become error rows and Ray's retry
+policy decides what happens to the actor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+
+from stages.decoding.engine import Engine, Finished, Request
+
+
+class EngineStopped(RuntimeError):
+    """The service's engine stopped after an internal error (see the module contract)."""
+
+
+class EngineService:
+    """One engine stepping on a background thread (see the module docstring)."""
+
+    def __init__(self, engine: Engine, name: str = "longdoc-engine") -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[Request, Future]] = []
+        self._futures: dict[object, Future] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def generate(self, requests: Sequence[Request]) -> list[Finished]:
+        """Submit ``requests``, wait for all of them; their Finished, in order, keys as given."""
+        call = next(self._ids)
+        futures: list[Future] = []
+        with self._cond:
+            if self._error is not None or self._closed:
+                raise EngineStopped(f"the engine stopped: {self._error!r}" if self._error else "the service is closed")
+            for i, r in enumerate(requests):
+                fut: Future = Future()
+                self._inbox.append((replace(r, key=(call, i)), fut))
+                futures.append(fut)
+            self._cond.notify()
+        out = []
+        for r, fut in zip(requests, futures, strict=True):
+            done: Finished = fut.result()
+            out.append(Finished(r.key, done.result, done.error))
+        return out
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cond:
+                    while not self._inbox and engine.idle() and not self._closed:
+                        self._cond.wait()
+                    if self._closed and not self._inbox and engine.idle():
+                        return
+                    for request, fut in self._inbox:
+                        self._futures[request.key] = fut
+                        engine.submit(request)
+                    self._inbox.clear()
+                for f in engine.step():
+                    self._futures.pop(f.key).set_result(f)
+        except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
+            with self._cond:
+                self._error = e
+                pending = list(self._futures.values()) + [fut for _, fut in self._inbox]
+                self._futures.clear()
+                self._inbox.clear()
+            for fut in pending:
+                if not fut.done():
+                    fut.set_result(Finished(None, None, e))

@@ -1,0 +1,58 @@
+"""The drafter registry: every module is found, names are what the spec accepts, and a new
+drafter is one module (shown by adding one on the fly)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from schemas.generation_spec import SpeculativeSpec, speculative_methods
+from stages.decoding import drafters
+from stages.decoding.config import DecodeConfig
+from stages.decoding.drafters import NONE, drafter_for, drafter_names, registry
+from stages.decoding.drafters.prompt_lookup import PromptLookup
+from stages.decoding.drafters.suffix import SuffixDrafter
+
+
+def test_every_drafter_is_registered_and_the_spec_accepts_exactly_them():
+    assert dict(registry()) == {"prompt_lookup": PromptLookup, "suffix": SuffixDrafter}
+    assert drafter_names() == (NONE, "prompt_lookup", "suffix") == speculative_methods()
+    assert drafter_for(DecodeConfig(max_new_tokens=4, eos_ids=frozenset())) is None
+    made = drafter_for(DecodeConfig(max_new_tokens=4, eos_ids=frozenset(), speculative="suffix"))
+    assert isinstance(made, SuffixDrafter)
+    with pytest.raises(ValueError, match="allowed: none, prompt_lookup, suffix"):
+        SpeculativeSpec(method="medusa")
+
+
+def test_adding_a_drafter_is_adding_a_module(tmp_path, monkeypatch):
+    """A module dropped into the package is picked up by the registry and the spec."""
+    mod = tmp_path / "repeat_last.py"
+    mod.write_text(textwrap.dedent('''
+        from stages.decoding.drafters.base import Draft, Drafter
+
+        class RepeatLast(Drafter):
+            name = "repeat_last"
+            summary = "the last token again"
+
+            def __init__(self, config):
+                super().__init__(config)
+                self.last = {}
+
+            def begin(self, row, lookup_ids):
+                self.last[row] = lookup_ids[-1]
+
+            def extend(self, row, tokens):
+                self.last[row] = tokens[-1]
+
+            def propose(self, rows, limits):
+                return [Draft([self.last[r]] * k, 1) for r, k in zip(rows, limits)]
+    '''))
+    monkeypatch.setattr(drafters, "__path__", [*drafters.__path__, str(tmp_path)])
+    registry.cache_clear()
+    try:
+        assert "repeat_last" in registry() and SpeculativeSpec(method="repeat_last").method == "repeat_last"
+    finally:
+        registry.cache_clear()
+        sys.modules.pop("stages.decoding.drafters.repeat_last", None)

@@ -1,0 +1,350 @@
+"""The one engine against the reference decoder, on a tiny random Llama in fp32.
+
+Greedy output must equal reference.decode_plain token for token: with and without
+drafts (both drafters), with drafts accepted and rejected, whatever the slot count,
+memory budget, prefill chunking, admission order and arrival time of requests (later
+"Ray batches" join while earlier rows decode), for the engine's own chunked prefill
+and for a method's prefill (compressed caches with holes, decode steps run between its
+chunks). Failures stay per request; counts in = counts out.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from schemas.output import mean_accepted_per_step
+from stages.decoding.config import DecodeConfig
+from stages.decoding.engine import Engine, KvBudgetExceeded, Request
+from stages.decoding.memory import KvBudget
+from stages.decoding.reference import decode_plain
+from stages.decoding.slots import bytes_per_token, layer_shapes_of
+from stages.decoding.state import CompressedPrefill, prefill_full
+from stages.prompting import PromptParts
+
+NO_EOS = frozenset({-1})
+LENGTHS = (3, 11, 26, 7, 40, 5, 17)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, 2000, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tiny_model, prompts) -> list[list[int]]:
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS)
+    return [r.tokens for r in decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)]
+
+
+def _requests(prompts, lookups, seeds=None) -> list[Request]:
+    seeds = seeds or [0] * len(prompts)
+    return [Request(i, PromptParts([], list(p), []), list(lk), s) for i, (p, lk, s) in
+            enumerate(zip(prompts, lookups, seeds, strict=True))]
+
+
+def _budget(model, tokens: int) -> KvBudget:
+    """A KV budget of ``tokens`` tokens for ``model`` (fp32)."""
+    per = bytes_per_token(layer_shapes_of(model), torch.float32)
+    return KvBudget(per, tokens * per)
+
+
+@pytest.mark.parametrize("speculative", ["none", "prompt_lookup", "suffix"])
+# None: admitted by the memory budget; chunk 8: prompts prefill in several chunks.
+@pytest.mark.parametrize(("slots", "chunk"), [(1, 8), (3, 2048), (None, 8)])
+@pytest.mark.parametrize("lookup_kind", ["prompt", "oracle"])
+def test_greedy_identical_to_reference(tiny_model, prompts, plain_runs, speculative, slots, lookup_kind, chunk):
+    eos = plain_runs[1][4]  # ends row 1 early; others at other steps or the limit
+    cfg = DecodeConfig(
+        max_new_tokens=20, eos_ids=frozenset({eos}), speculative=speculative, num_draft_tokens=5, adaptive=False,
+    )
+    ref = decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)
+    assert len({len(r.tokens) for r in ref}) > 1, "rows should finish at different steps"
+    # "oracle": the lookup source holds the model's own continuation, so drafts get accepted.
+    lookups = [p + r if lookup_kind == "oracle" else list(p) for p, r in zip(prompts, plain_runs, strict=True)]
+    budget = _budget(tiny_model, 3 * 256) if slots is None else None
+    eng = Engine(tiny_model, cfg, slots=slots, budget=budget, expected_tokens=16, chunk_tokens=chunk)
+    out = eng.run(_requests(prompts, lookups))
+    assert [o.error for o in out] == [None] * len(prompts)
+    for a, b in zip(ref, out, strict=True):
+        assert (b.result.tokens, b.result.finish_reason) == (a.tokens, a.finish_reason)
+    assert eng.stats.max_active <= eng.cache.slots and eng.stats.rows_done == len(prompts)
+    if speculative != "none" and lookup_kind == "oracle":
+        assert sum(o.result.accepted_tokens for o in out) > 0
+
+
+def test_adaptive_drafting_keeps_greedy_output(tiny_model, prompts, plain_runs):
+    noise = torch.Generator().manual_seed(7)
+    # Half the rows look up their own continuation, half a scrambled one (rejections).
+    lookups = [p + r if i % 2 else p + r[::-1] + torch.randint(3, 2000, (10,), generator=noise).tolist()
+               for i, (p, r) in enumerate(zip(prompts, plain_runs, strict=True))]
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS, speculative="prompt_lookup", num_draft_tokens=8)
+    out = Engine(tiny_model, cfg, slots=4, expected_tokens=16).run(_requests(prompts, lookups))
+    assert [o.result.tokens for o in out] == plain_runs
+    assert sum(o.result.draft_tokens - o.result.accepted_tokens for o in out) > 0  # rejections happened
+
+
+def test_later_requests_join_while_earlier_ones_decode(tiny_model, prompts, plain_runs):
+    """What the generate actor does across Ray batches: the pool never drains in between."""
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS, speculative="prompt_lookup", num_draft_tokens=4)
+    eng = Engine(tiny_model, cfg, slots=4, expected_tokens=16, chunk_tokens=8)
+    reqs = _requests(prompts, [p + r for p, r in zip(prompts, plain_runs, strict=True)])
+    got, mixed = {}, False
+    for r in reqs[:3]:
+        eng.submit(r)
+    for _ in range(6):
+        for f in eng.step():
+            got[f.key] = f
+    assert eng.active and not got, "the first batch is still decoding"
+    for r in reqs[3:]:  # the next Ray batch arrives
+        eng.submit(r)
+    while not eng.idle():
+        keys = {row.waiting.request.key for row in eng.active}
+        mixed |= bool(keys & {0, 1, 2}) and bool(keys - {0, 1, 2})  # both batches decode together
+        for f in eng.step():
+            got[f.key] = f
+    assert mixed and sorted(got) == list(range(len(prompts)))
+    assert [got[i].result.tokens for i in range(len(prompts))] == plain_runs
+    assert eng.stats.max_active == 4
+
+
+def test_memory_budget_admission_with_mixed_lengths(tiny_model, plain_runs, prompts):
+    """A budget of 2 x 256 tokens: short rows run two at a time; a 300-token prompt needs a
+    512-token slot, waits until the others leave, then runs alone; one that no layout can
+    hold fails with KvBudgetExceeded; nothing else fails and nothing is allocated past it."""
+    g = torch.Generator().manual_seed(5)
+    long_prompt = torch.randint(3, 2000, (300,), generator=g).tolist()
+    huge_prompt = torch.randint(3, 2000, (600,), generator=g).tolist()
+    mixed = [prompts[0], long_prompt, prompts[1], huge_prompt, prompts[2], prompts[3]]
+    cfg = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, budget=_budget(tiny_model, 512), expected_tokens=16)
+    assert (eng.cache.slots, eng.cache.capacity) == (2, 256)
+    out = eng.run(_requests(mixed, mixed))
+    assert len(out) == len(mixed)  # counts in = counts out
+    assert isinstance(out[3].error, KvBudgetExceeded) and "KV budget" in str(out[3].error)
+    ok = [i for i in range(len(mixed)) if i != 3]
+    ref = decode_plain(tiny_model, prefill_full(tiny_model, [mixed[i] for i in ok], 0), cfg)
+    assert [out[i].result.tokens for i in ok] == [r.tokens for r in ref]
+    assert eng.stats.relayouts >= 1  # 2 x 256 -> 1 x 512 for the long row
+    assert eng.cache.slots * eng.cache.capacity <= 512
+    assert out[1].result.queue_s > 0  # it waited for memory
+
+
+def test_cpu_slots_grow_within_the_budget_as_rows_wait(tiny_model, prompts, plain_runs):
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, budget=_budget(tiny_model, 64 * 256), expected_tokens=16)
+    assert eng.cache.slots == 8  # CPU starts small (zero-filled memory is touched)
+    many = prompts * 3
+    out = eng.run(_requests(many, many))
+    assert [o.result.tokens for o in out] == plain_runs * 3
+    assert eng.cache.slots > 8 and eng.stats.max_active > 8
+
+
+def _method_prefill(model, holes: bool, calls: list):
+    """A method's prefill (like Finch's): whole prompts prefilled in one padded batch, then
+    (``holes``) a stretch of each long row dropped; calls on_chunk between 'chunks'."""
+
+    def prefill(parts: list[PromptParts], on_chunk=None) -> CompressedPrefill:
+        for _ in range(3):
+            if on_chunk is not None:
+                on_chunk()
+                calls.append(1)
+        state = prefill_full(model, [p.full_ids for p in parts], 0)
+        if holes:
+            with torch.inference_mode():
+                for j, p in enumerate(parts):
+                    if len(p.full_ids) > 20:
+                        state.valid[j, -15:-7] = False
+        kept = [int(state.valid[j].sum()) for j in range(len(parts))]
+        return CompressedPrefill(state, kept, [0.01] * len(parts))
+
+    return prefill
+
+
+@pytest.mark.parametrize("group_rows", [1, 3])
+def test_a_methods_prefill_with_holes_and_decode_steps_between_its_chunks(tiny_model, prompts, plain_runs, group_rows):
+    calls: list = []
+    prefill = _method_prefill(tiny_model, holes=True, calls=calls)
+    state = prefill([PromptParts([], p, []) for p in prompts])
+    cfg = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS, speculative="prompt_lookup", adaptive=False)
+    ref = decode_plain(tiny_model, copy.deepcopy(state.state), cfg)
+    calls.clear()
+    eng = Engine(tiny_model, cfg, prefill=prefill, slots=3, expected_tokens=16, group_rows=group_rows)
+    out = eng.run(_requests(prompts, [p + r for p, r in zip(prompts, plain_runs, strict=True)]))
+    assert [o.result.tokens for o in out] == [r.tokens for r in ref]
+    assert [o.result.tokens for o in out] != plain_runs  # the holes changed what the rows see
+    assert calls  # the engine was offered its decode steps between the method's chunks
+    if group_rows == 1:  # rows decoded while newcomers prefilled (a group of 3 fills every slot)
+        assert eng.stats.stall_s > 0
+    assert [o.result.context_tokens for o in out] == state.context_tokens
+    assert all(o.result.compress_s == 0.01 for o in out)
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5])
+def test_max_new_tokens_never_exceeded(tiny_model, prompts, plain_runs, max_new):
+    lookups = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
+    cfg = DecodeConfig(max_new_tokens=max_new, eos_ids=NO_EOS, speculative="prompt_lookup",
+                       num_draft_tokens=8, adaptive=False)
+    out = Engine(tiny_model, cfg, slots=3, expected_tokens=16).run(_requests(prompts, lookups))
+    for o, run in zip(out, plain_runs, strict=True):
+        assert o.result.tokens == run[:max_new] and o.result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("speculative", ["none", "prompt_lookup"])
+def test_a_request_samples_the_same_text_in_any_batch(tiny_model, prompts, plain_runs, speculative):
+    """Uniforms keyed by (seed, position): slots, batch mates and admission order do not matter."""
+    cfg = DecodeConfig(
+        max_new_tokens=14, eos_ids=NO_EOS, temperature=0.9, top_p=0.8, speculative=speculative, num_draft_tokens=4,
+    )
+    seeds = [11 + i for i in range(len(prompts))]
+    lookups = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
+    together = Engine(tiny_model, cfg, slots=3, expected_tokens=16).run(_requests(prompts, lookups, seeds))
+    order = list(reversed(range(len(prompts))))
+    alone = Engine(tiny_model, cfg, slots=1, expected_tokens=16, chunk_tokens=8).run(
+        _requests([prompts[i] for i in order], [lookups[i] for i in order], [seeds[i] for i in order])
+    )
+    assert [o.result.tokens for o in together] == [alone[order.index(i)].result.tokens for i in range(len(prompts))]
+    assert [o.result.tokens for o in together] != [r[:14] for r in plain_runs]  # it did sample
+    other = Engine(tiny_model, cfg, slots=3, expected_tokens=16).run(
+        _requests(prompts, lookups, [s + 1 for s in seeds]))
+    assert [o.result.tokens for o in other] != [o.result.tokens for o in together]  # the seed matters
+
+
+def test_a_failing_prefill_fails_only_its_request_after_its_retries(tiny_model, prompts):
+    broken = [list(p) for p in prompts]
+    broken[3] = [10**9]  # out of vocabulary: its prefill raises
+    cfg = DecodeConfig(max_new_tokens=6, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, slots=2, expected_tokens=16, max_retries=2)
+    out = eng.run(_requests(broken, broken))
+    assert out[3].result is None and isinstance(out[3].error, IndexError)
+    assert all(o.result is not None and len(o.result.tokens) == 6 for i, o in enumerate(out) if i != 3)
+    assert eng.stats.rows_done == len(prompts)
+
+
+def test_a_failing_step_sends_its_rows_back_and_they_finish(tiny_model, prompts, plain_runs, monkeypatch):
+    cfg = DecodeConfig(max_new_tokens=10, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, slots=3, expected_tokens=16, max_retries=1)
+    real, failed = eng.step_fn.greedy, []
+
+    def flaky(*args, **kwargs):
+        if eng.stats.steps == 4 and not failed:
+            failed.append(1)
+            raise RuntimeError("device hiccup")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(eng.step_fn, "greedy", flaky)
+    out = eng.run(_requests(prompts, prompts))
+    assert failed and [o.result.tokens for o in out] == [r[:10] for r in plain_runs]
+
+
+def test_stats_columns_consistent(tiny_model, prompts, plain_runs):
+    lookups = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
+    cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative="prompt_lookup", adaptive=False)
+    eng = Engine(tiny_model, cfg, slots=2, expected_tokens=16)
+    out = [o.result for o in eng.run(_requests(prompts, lookups))]
+    for r in out:
+        assert 0 <= r.accepted_tokens <= r.draft_tokens
+        assert len(r.tokens) == 16 and len(r.tokens) <= 1 + r.decode_steps + r.accepted_tokens
+        assert r.ttft_s > 0 and r.decode_s >= 0 and r.prefill_s > 0 and r.queue_s >= 0
+        assert mean_accepted_per_step(len(r.tokens), r.decode_steps) > 1.0
+    # Each row's device share adds up to the engine's busy time (prefills + steps).
+    total = sum(r.device_s for r in out)
+    assert total == pytest.approx(eng.stats.prefill_s + eng.stats.step_s, rel=1e-6)
+    assert eng.stats.tokens_out == sum(len(r.tokens) for r in out)
+
+
+def test_the_suffix_drafter_drafts_from_earlier_outputs(tiny_model, prompts, plain_runs):
+    """Rows whose prompts share nothing with their output still get accepted drafts once an
+    earlier row generated the same text: the outputs the run already wrote."""
+    same = [prompts[2]] * 4  # four requests with one prompt: the same greedy output
+    noise = torch.Generator().manual_seed(9)
+    lookups = [torch.randint(3, 2000, (30,), generator=noise).tolist() for _ in same]  # useless prompts
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS, speculative="suffix", num_draft_tokens=6, adaptive=False)
+    eng = Engine(tiny_model, cfg, slots=1, expected_tokens=16)
+    out = [o.result for o in eng.run(_requests(same, lookups))]
+    assert all(r.tokens == plain_runs[2] for r in out)
+    assert out[0].accepted_tokens < out[3].accepted_tokens  # the later rows drafted from the first
+    assert out[3].decode_steps < out[0].decode_steps
+
+
+def test_configure_needs_an_idle_engine_and_bad_settings_raise(tiny_model, prompts):
+    cfg = DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, slots=1, expected_tokens=16)
+    eng.submit(_requests(prompts, prompts)[0])
+    with pytest.raises(RuntimeError, match="idle"):
+        eng.configure(cfg)
+    with pytest.raises(ValueError, match="speculative method 'medusa'"):
+        Engine(tiny_model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS, speculative="medusa"), slots=1)
+    with pytest.raises(KvBudgetExceeded, match="holds no slot"):
+        Engine(tiny_model, cfg, budget=_budget(tiny_model, 100), expected_tokens=16)
+    with pytest.raises(ValueError, match="unique"):
+        Engine(tiny_model, cfg, slots=1, expected_tokens=16).run(_requests(prompts[:1], prompts[:1]) * 2)
+
+
+def test_a_model_with_sliding_windows_is_refused(tiny_llama_factory):
+    model = tiny_llama_factory(64, layer_types=["sliding_attention", "full_attention"])
+    if not getattr(model.config, "layer_types", None) or "sliding_attention" not in model.config.layer_types:
+        pytest.skip("this transformers version has no per-layer attention types for Llama")
+    with pytest.raises(ValueError, match="full attention"):
+        Engine(model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS), slots=2)
+
+
+# ----------------------------------------------------------------------------- per-actor state
+def _learned(eng: Engine) -> tuple:
+    """What an engine has learned: its step-cost fit and acceptance counts."""
+    c = eng.cost
+    return (c.coefficients(), [row[:] for row in c._xtx], c._xty[:],
+            {k: v[:] for k, v in eng.acceptance.first.items()}, {k: v[:] for k, v in eng.acceptance.cont.items()})
+
+
+def _pld(model, eng: Engine, prompts, runs) -> int:
+    """Greedy PLD with the model's own continuation as lookup (drafts accepted); accepted tokens."""
+    out = eng.run(_requests(prompts, [p + r for p, r in zip(prompts, runs, strict=True)]))
+    return sum(o.result.accepted_tokens for o in out)
+
+
+def _globals_snapshot() -> dict:
+    """Per stages.decoding module global: containers by value, everything else by identity."""
+    import importlib
+    import pkgutil
+
+    import stages.decoding
+    import stages.decoding.drafters
+
+    snap = {}
+    for pkg in (stages.decoding, stages.decoding.drafters):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            for name, value in vars(mod).items():
+                if isinstance(value, (dict, list, set, bytearray)):
+                    snap[(mod.__name__, name)] = (id(value), repr(value))
+                elif not name.startswith("__"):
+                    snap[(mod.__name__, name)] = id(value)
+    return snap
+
+
+def test_two_engines_learn_independently_and_module_globals_stay_as_they_were(tiny_llama_factory):
+    """DESIGN: what the engine learns (step cost, acceptance, drafter outputs) lives in the
+    engine its actor owns, never in module globals."""
+    a_model, b_model = tiny_llama_factory(3000, seed=1), tiny_llama_factory(3000, seed=2)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 2000, (n,), generator=g).tolist() for n in (6, 13)]
+    plain = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS)
+    cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative="suffix", num_draft_tokens=4, adaptive=False)
+    runs = {m: [r.tokens for r in decode_plain(m, prefill_full(m, prompts, 0), plain)] for m in (a_model, b_model)}
+    _globals_snapshot()  # imports every module first (a package gains its submodules as attributes)
+    before = _globals_snapshot()
+    a, b = (Engine(m, cfg, slots=2, expected_tokens=16) for m in (a_model, b_model))
+    fresh = _learned(b)
+    assert _pld(a_model, a, prompts, runs[a_model]) > 0
+    after_a = _learned(a)
+    assert after_a != fresh and _learned(b) == fresh  # b saw none of a's steps
+    assert len(a.drafter.outputs) == 2 and len(b.drafter.outputs) == 0
+    assert _pld(b_model, b, prompts, runs[b_model]) > 0
+    assert _learned(a) == after_a and _learned(b) != fresh
+    after = _globals_snapshot()
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert not changed, f"module globals changed: {sorted(changed)}"

@@ -1,0 +1,66 @@
+"""The engine on its own thread, fed by several callers at once (a generate actor taking
+several Ray batches): every caller gets its rows, in order, equal to plain greedy; the
+callers' requests share the decode batch; an engine error reaches every waiter."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from stages.decoding.config import DecodeConfig
+from stages.decoding.engine import Engine, Request
+from stages.decoding.reference import decode_plain
+from stages.decoding.service import EngineService, EngineStopped
+from stages.decoding.state import prefill_full
+from stages.prompting import PromptParts
+
+NO_EOS = frozenset({-1})
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (9,), generator=g)]
+
+
+def test_concurrent_callers_share_one_engine(tiny_model, prompts):
+    cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative="prompt_lookup")
+    ref = [r.tokens for r in decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), cfg)]
+    eng = Engine(tiny_model, cfg, slots=6, expected_tokens=16)
+    service = EngineService(eng)
+    batches = [list(range(0, 3)), list(range(3, 6)), list(range(6, 9))]  # three "Ray batches"
+    results: dict[int, list] = {}
+    start = threading.Barrier(len(batches))
+
+    def call(b: int) -> None:
+        start.wait()
+        reqs = [Request(key=i, parts=PromptParts([], prompts[i], []), lookup_ids=prompts[i]) for i in batches[b]]
+        results[b] = service.generate(reqs)
+
+    threads = [threading.Thread(target=call, args=(b,)) for b in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    service.close(timeout=60)
+    for b, idx in enumerate(batches):
+        assert [f.key for f in results[b]] == idx  # the caller's own keys, in its order
+        assert [f.result.tokens for f in results[b]] == [ref[i] for i in idx]
+    assert eng.stats.max_active > 3  # rows of different callers decoded together
+
+
+def test_an_engine_error_reaches_every_waiter_and_stops_the_service(tiny_model, prompts, monkeypatch):
+    cfg = DecodeConfig(max_new_tokens=8, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, slots=2, expected_tokens=16)
+
+    def broken_step():
+        raise RuntimeError("engine bug")
+
+    monkeypatch.setattr(eng, "step", broken_step)
+    service = EngineService(eng)
+    out = service.generate([Request(key="a", parts=PromptParts([], prompts[0], []), lookup_ids=prompts[0])])
+    assert out[0].key == "a" and out[0].result is None and "engine bug" in str(out[0].error)
+    with pytest.raises(EngineStopped, match="engine bug"):
+        service.generate([Request(key="b", parts=PromptParts([], prompts[1], []), lookup_ids=prompts[1])])
