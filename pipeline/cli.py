@@ -211,9 +211,8 @@ def _register_operations() -> None:
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
     bench_app.command(
         "decode",
-        help="Decoding throughput: our engine (greedy, prompt lookup) vs transformers "
-        "(dynamic; static + compiled) with the memory roofline (--suite systems), or the "
-        "CPU targets of issue 3 (--suite cpu-targets, the default without systems options).",
+        help="Decoding throughput: our engine (greedy, prompt lookup, suffix drafting) vs "
+        "transformers (dynamic; static + compiled; its prompt lookup) with the memory roofline.",
     )(bench_decode_command)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
     app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(

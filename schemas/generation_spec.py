@@ -90,6 +90,12 @@ class GenerationSpec(_Strict):
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
         default=(), description="Extra stop strings (EOS always stops); an empty one would stop at once."
     )
+    repeat_guard: int = Field(
+        default=0, ge=0, le=64,
+        description="Stop a row whose last N tokens repeat an earlier stretch of its own output (a small "
+        "model looping on a sentence), keeping the text before the repeat; 0 = off. The output is then "
+        "a prefix of plain greedy's, with or without speculation. 8-16 suits summaries.",
+    )
     # On by default: greedy output is identical to plain decoding, sampling keeps the
     # model's distribution, and adaptive drafting stops drafting where nothing matches.
     speculative: SpeculativeSpec = Field(

@@ -1,4 +1,4 @@
-"""Benchmark prompts: long-document summary requests cut to an exact token count.
+"""Benchmark prompts: long-document summary and question requests cut to an exact token count.
 
 Contract: ``summary_prompts(tokenizer, corpus, rows, prompt_tokens)`` returns ``rows``
 token lists, each exactly ``prompt_tokens`` long: the chat-template prompt of the
@@ -8,12 +8,28 @@ document i of the corpus (cycling when rows > documents); a document shorter tha
 its budget is continued with the next ones, so every row is real text that prompt
 lookup can copy from. ``corpus`` is a folder of .txt/.md files (jobs/corpus) or a
 JSONL file with a ``text`` field (jobs/sample-qa.jsonl).
+``qa_prompts(tokenizer, corpus, rows, prompt_tokens)``: the product's QA prompt (the
+default QA instruction and a question) around document i of a JSONL corpus with
+``questions`` and ``answers`` lists, the document cut so the prompt has exactly
+``prompt_tokens`` tokens; the question is the first whose answer survived the cut
+(else the first), so prompt lookup has something to copy.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+
+def _records(corpus: str) -> list[dict]:
+    path = Path(corpus)
+    if not path.is_file():
+        raise ValueError(f"--corpus {corpus!r}: the qa task needs a JSONL file with text, questions, answers")
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if r.get("text", "").strip() and r.get("questions")]
+    if not recs:
+        raise ValueError(f"--corpus {corpus!r} holds no documents with questions")
+    return recs
 
 
 def read_documents(corpus: str) -> list[str]:
@@ -62,6 +78,35 @@ def summary_prompts(tokenizer, corpus: str, rows: int, prompt_tokens: int) -> li
             ids += builder.encode_text("\n\n") + doc(j)
             j += 1
         prompt = builder.build(ids[:budget], DEFAULT_SUMMARY_INSTRUCTION, None).full_ids
+        assert len(prompt) == prompt_tokens, (len(prompt), prompt_tokens)
+        out.append(prompt)
+    return out
+
+
+def qa_prompts(tokenizer, corpus: str, rows: int, prompt_tokens: int) -> list[list[int]]:
+    """``rows`` QA prompts of exactly ``prompt_tokens`` tokens (see the module docstring)."""
+    from schemas.spec import DEFAULT_QA_INSTRUCTION
+    from stages.prompting import PromptBuilder
+
+    builder = PromptBuilder(tokenizer)
+    recs = _records(corpus)
+    out = []
+    for r in range(rows):
+        rec = recs[r % len(recs)]
+        ids = builder.encode_text(rec["text"])
+        pairs = list(zip(rec["questions"], rec.get("answers") or [], strict=False))
+        question = rec["questions"][0]
+        for q, a in pairs:
+            budget = prompt_tokens - builder.overhead_tokens(DEFAULT_QA_INSTRUCTION, q)
+            if budget > 0 and a in tokenizer.decode(ids[:budget]):
+                question = q
+                break
+        budget = prompt_tokens - builder.overhead_tokens(DEFAULT_QA_INSTRUCTION, question)
+        if budget < 1:
+            raise ValueError(f"--prompt-tokens {prompt_tokens} leaves no room for a document in a QA prompt")
+        while len(ids) < budget:  # a short document: repeat it (real text to copy from)
+            ids = ids + builder.encode_text("\n\n") + ids
+        prompt = builder.build(ids[:budget], DEFAULT_QA_INSTRUCTION, question).full_ids
         assert len(prompt) == prompt_tokens, (len(prompt), prompt_tokens)
         out.append(prompt)
     return out

@@ -1,37 +1,38 @@
-"""`longdoc bench decode --suite systems`: our engine vs transformers on one device, one run.
+"""`longdoc bench decode`: our engine vs transformers on one device, side by side in one run.
 
 Contract: ``run_systems(settings, on_batch)`` loads ``settings.model`` on
-``settings.device``, builds ``max(batch_sizes)`` summary prompts of exactly
-``prompt_tokens`` tokens (pipeline/bench/prompts.py), and for every batch size B
+``settings.device``, builds for every task (``summarize``: summary prompts of exactly
+``prompt_tokens`` tokens from a folder or JSONL corpus; ``qa``: question prompts over
+a JSONL corpus with questions, the document cut so the prompt has that length;
+pipeline/bench/prompts.py) ``max(batch_sizes)`` prompts, and for every batch size B
 runs the chosen systems (pipeline/bench/systems.py) on the first B prompts, each
-generating ``new_tokens`` tokens per row. It returns one JSON-able dict (layout in
-pipeline/bench/results.py) and calls ``on_batch(result_so_far)`` after every batch
-size, so a run cut short still leaves the sizes it finished.
+generating ``new_tokens`` tokens per row (or up to EOS with ``ignore_eos`` off). It
+returns one JSON-able dict (layout in pipeline/bench/results.py) and calls
+``on_batch(result_so_far)`` after every (task, batch size), so a run cut short still
+leaves what it finished.
 
-Per batch size and system: one warm-up call (``new_tokens // 4`` tokens; for
-hf-static-compiled the full call, which compiles), then one timed call. A system
-that raises (e.g. out of GPU memory) is recorded as ``status: error`` and the run
-goes on; a system not chosen is ``status: skipped`` with the reason.
+Per (task, batch size) and system: one warm-up call (``new_tokens // 4`` tokens; for
+hf-static-compiled the full call, which compiles), then one timed call. A system that
+raises (e.g. out of GPU memory) is recorded as ``status: error`` and the run goes on; a
+system not chosen, or hf-pld at a batch size above 1, is ``status: skipped`` with the reason.
+
+Our systems run on ONE engine for the whole run, as one generate actor has
+(stages/decoding/engine.py): fixed slots for the largest batch size, its CPU kernel
+plan measured and (CUDA) every step shape compiled before the first timed call; its
+seconds are the header's ``warm_up_s``, never part of a timed figure. A batch of B
+requests is submitted at once and decoded in B slots.
 
 Step cost of our loop: width 1 = the greedy run's decode seconds / steps. Verify
-widths w: our engine decoding the same rows with prompt lookup, drafting ``w - 1``
+widths w: the engine decoding the same rows with prompt lookup drafting ``w - 1``
 tokens every step (adaptive off) from the prompt + the greedy output (oracle drafts,
-so most are accepted and most steps run at width w), on an engine state of its own
-so it teaches the timed systems nothing; ms/step = decode seconds / steps, and the
-measured mean fed width is reported beside it.
+so most are accepted and most steps run at width w); ms/step = decode seconds /
+steps, and the measured mean fed width is reported beside it.
 
-Engine (``--engine``, pipeline/bench/slot_systems.py): ``static`` runs longdoc and
-longdoc-pld on stages.decoding.slot_engine.SlotEngine (continuous batching over
-static KV slots, steps compiled as CUDA graphs on CUDA): ONE engine for the whole
-run, as one generate actor has, with slots for the largest batch size and widths up
-to the widest step; it is made and warmed up (every step shape compiled) before the
-first batch, its seconds are the header's ``warm_up_s``, never part of a timed
-figure. The verify-width probe uses it too, with oracle drafts as above.
-``dynamic`` runs them on stages.decoding.engine.decode. ``auto``: static on CUDA,
-dynamic on CPU.
-
-Nightly-job figures (docs/hour, $/1k documents) per system and batch size are
-derived from the timed calls (pipeline/bench/nightly.py).
+Decode-only figures subtract the prefill: ours as the engine measured it, transformers'
+as one forward pass over the same padded batch (systems.hf_prefill_seconds). The CPU
+checks (``CPU_CHECKS``) compare decode-only tokens/s, as the project's CPU targets did.
+Nightly-job figures (docs/hour, $/1k documents) per system and batch size are derived
+from the timed calls (pipeline/bench/nightly.py).
 """
 
 from __future__ import annotations
@@ -48,28 +49,31 @@ import torch
 
 from pipeline.bench import roofline
 from pipeline.bench.nightly import FORMULA, nightly_figures
-from pipeline.bench.slot_systems import (
-    ENGINE_NOTES,
-    GREEDY,
-    PLD,
-    drafts_for,
-    resolve_engine,
-    run_slot,
-    warmed_slot_engine,
-    widest_step,
-)
 from pipeline.bench.systems import (
     SYSTEMS,
     Clock,
     Run,
     agreement,
     greedy_config,
+    hf_prefill_seconds,
     make_engine,
     pld_config,
     run_hf,
     run_longdoc,
 )
 from schemas.spec import CostSpec
+
+#: Our systems and the drafter each runs (None: plain greedy).
+OURS = {"longdoc": None, "longdoc-pld": "prompt_lookup", "longdoc-suffix": "suffix"}
+TASKS = ("summarize", "qa")
+#: The CPU comparisons, decode-only tokens/s measured side by side (PASS/FAIL lines).
+CPU_CHECKS = (
+    "longdoc >= hf-dynamic at B=1 and at the largest batch (every task)",
+    "longdoc-pld >= 1.1x hf-pld at B=1 (every task)",
+    "longdoc-pld >= 1.3x longdoc on QA at B=1",
+    "longdoc-pld >= 0.95x longdoc (every task and batch size)",
+    "greedy rows identical with and without speculation (every task and batch size)",
+)
 
 
 @dataclass(frozen=True)
@@ -83,16 +87,19 @@ class Settings:
     systems: tuple[str, ...] = SYSTEMS
     verify_widths: tuple[int, ...] = (2, 4, 8, 16)
     corpus: str = "jobs/corpus"
+    tasks: tuple[str, ...] = ("summarize",)
     ignore_eos: bool = True
     threads: int = 1
-    engine: str = "auto"  # auto | dynamic | static (slot_systems.resolve_engine)
-    compile: str = "auto"  # static engine: auto | inductor | cudagraphs | off (slot_engine.compile_plan)
+    compile: str = "auto"  # auto | inductor | cudagraphs | off (backends.compile_plan)
+    hf_pld_tokens: int = 10  # transformers' prompt_lookup_num_tokens for hf-pld
     usd_per_device_hour: float = CostSpec().usd_per_device_hour  # the spec's default price
     command: str = field(default="", compare=False)
 
 
 def check_settings(s: Settings) -> None:
     """ValueError naming the option and what is allowed."""
+    from stages.decoding.backends import compile_plan
+
     if s.device not in ("cpu", "cuda"):
         raise ValueError(f"--device {s.device!r} not supported; allowed: cpu, cuda")
     if s.device == "cuda" and not torch.cuda.is_available():
@@ -100,15 +107,16 @@ def check_settings(s: Settings) -> None:
     bad = [x for x in s.systems if x not in SYSTEMS]
     if bad or not s.systems:
         raise ValueError(f"--systems {','.join(s.systems)!r}: allowed: a comma list of {', '.join(SYSTEMS)}")
-    if not s.batch_sizes or min(s.batch_sizes) < 1:
-        raise ValueError(f"--batch-sizes {s.batch_sizes}: allowed: positive integers")
+    if not s.batch_sizes or min(s.batch_sizes) < 1 or max(s.batch_sizes) > 256:
+        raise ValueError(f"--batch-sizes {s.batch_sizes}: allowed: integers 1..256")
     if s.new_tokens < 2:
         raise ValueError(f"--new-tokens {s.new_tokens}: allowed: >= 2 (the first token comes from the prefill)")
     if any(w < 2 for w in s.verify_widths):
         raise ValueError(f"--verify-widths {s.verify_widths}: allowed: widths >= 2")
-    resolve_engine(s.engine, torch.device(s.device))
-    from stages.decoding.slot_engine import compile_plan
-
+    if not s.tasks or any(t not in TASKS for t in s.tasks):
+        raise ValueError(f"--tasks {','.join(s.tasks)!r}: allowed: a comma list of {', '.join(TASKS)}")
+    if s.hf_pld_tokens < 1:
+        raise ValueError(f"--hf-pld-tokens {s.hf_pld_tokens}: allowed: >= 1")
     try:
         compile_plan(s.compile, torch.device(s.device))
     except ValueError as e:
@@ -139,8 +147,8 @@ def _header(s: Settings, device: torch.device, model, clock: Clock) -> dict:
     nominal = roofline.nominal_bandwidth(name) if device.type == "cuda" else None
     params = sum(p.numel() for p in model.parameters())
     return {
-        "bench": "decode-systems",
-        "layout_version": 1,
+        "bench": "decode",
+        "layout_version": 2,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": s.command,
         "device": {
@@ -171,11 +179,15 @@ def _header(s: Settings, device: torch.device, model, clock: Clock) -> dict:
 def _notes(s: Settings, device: torch.device) -> list[str]:
     notes = [
         "tok/s = generated tokens / seconds of the whole call (prefill + decode); decode_tok_s "
-        "subtracts the batch's prefill (ours, measured; for HF systems the same prefill is assumed).",
-        "Prompts: long-document summary requests from the corpus, cut to exactly prompt_tokens tokens.",
+        "subtracts the batch's prefill (ours: measured by the engine; transformers': one forward "
+        "pass over the same padded batch, measured).",
+        "Prompts: summarize = long-document summary requests cut to exactly prompt_tokens tokens; "
+        "qa = a question over a document cut so the prompt has prompt_tokens tokens.",
         f"clock: {Clock(device).name}; one warm-up call per system and batch size "
         "(hf-static-compiled: the timed call is the 2nd, after compilation).",
-        ENGINE_NOTES[resolve_engine(s.engine, device)],
+        "Our systems run on one engine (stages/decoding/engine.py) made once, with fixed slots for "
+        "the largest batch size; its construction and warm-up (the CPU kernel plan, the compiled step "
+        "shapes on CUDA) is the header's warm_up_s, outside every timed figure.",
         "Agreement: rows of a system identical to longdoc greedy token for token, and the earliest token "
         "where a row diverges, in the model's dtype (exact in fp32; bf16 reductions depend on the verify "
         "width and the kernels, so there it is a measured figure).",
@@ -193,39 +205,35 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
     return notes
 
 
-def _system_record(run: Run, prefill_s: float | None, new_tokens: int, pld: bool) -> dict:
+def _system_record(run: Run, prefill_s: float | None, new_tokens: int, drafts: bool) -> dict:
     pre = run.prefill_s if run.prefill_s is not None else prefill_s
     decode_s = run.seconds - pre if pre is not None else None
     steps = run.steps or (new_tokens - 1)
     rec = {
-        "status": "ok", "tokens": run.generated, "seconds": run.seconds,
+        "status": "ok", "tokens": run.generated, "seconds": run.seconds, "prefill_s": pre,
         "tok_s": run.generated / run.seconds if run.seconds > 0 else None,
         "decode_tok_s": run.generated / decode_s if decode_s and decode_s > 0 else None,
         "ms_per_step": 1e3 * decode_s / steps if decode_s is not None and steps else None,
         "steps": steps,
     }
-    if pld:
+    if drafts:
         rec.update(drafted=run.drafted, accepted=run.accepted,
                    acceptance=run.accepted / run.drafted if run.drafted else 0.0)
     return rec
 
 
-def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, static=None) -> tuple[dict, dict[str, Run]]:
-    """Every chosen system on one batch: (record, runs by system). ``engine``: the dynamic
-    engine's state, or None; ``static``: the run's one SlotEngine (see the module docstring)."""
+def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run]]:
+    """Every chosen system on one batch: (record, runs by system). ``engine``: the run's one Engine."""
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     warm_n = max(2, n // 4)
     pad, eos_id = tok.pad_token_id, tok.eos_token_id
+
     def call(system: str, tokens: int) -> Run:
-        if static is not None and system in (GREEDY, PLD):
-            cfg = greedy_config(tokens, eos) if system == GREEDY else pld_config(tokens, eos)
-            return run_slot(static, model, prompts, cfg, pad, clock)
-        if system == "longdoc":
-            return run_longdoc(engine, model, prompts, greedy_config(tokens, eos), pad, clock)
-        if system == "longdoc-pld":
-            return run_longdoc(engine, model, prompts, pld_config(tokens, eos), pad, clock)
+        if system in OURS:
+            cfg = greedy_config(tokens, eos) if OURS[system] is None else pld_config(tokens, eos, method=OURS[system])
+            return run_longdoc(engine, prompts, cfg, clock)
         return run_hf(model, prompts, tokens, pad, eos_id, clock, static_compiled=system == "hf-static-compiled",
-                      ignore_eos=s.ignore_eos)
+                      ignore_eos=s.ignore_eos, prompt_lookup=s.hf_pld_tokens if system == "hf-pld" else 0)
 
     runs: dict[str, Run] = {}
     extra: dict[str, dict] = {}  # per system: wall seconds of the warm-up call, peak GPU memory
@@ -234,10 +242,11 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, static=N
         if system not in s.systems:
             rec["systems"][system] = {"status": "skipped", "reason": "not in --systems"}
             continue
+        if system == "hf-pld" and len(prompts) > 1:
+            rec["systems"][system] = {"status": "skipped", "reason": "transformers' prompt lookup: batch size 1 only"}
+            continue
         try:
             extra[system] = {}
-            if static is not None and system in (GREEDY, PLD):
-                extra[system]["engine"] = static.describe()
             t = time.perf_counter()
             call(system, n if system == "hf-static-compiled" else warm_n)
             extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
@@ -250,46 +259,31 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, static=N
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)
         _free(device)
-    prefill = next((runs[x].prefill_s for x in ("longdoc", "longdoc-pld") if x in runs), None)
-    rec["prefill_s"] = prefill
+    hf_prefill = None
+    if any(x in runs for x in SYSTEMS if x not in OURS):
+        hf_prefill = hf_prefill_seconds(model, prompts, pad, clock)
+    rec["prefill_s"] = next((runs[x].prefill_s for x in OURS if x in runs), None)
+    rec["hf_prefill_s"] = hf_prefill
     for system, run in runs.items():
-        rec["systems"][system] = _system_record(run, prefill, n, pld=system == "longdoc-pld") | extra[system]
+        rec["systems"][system] = _system_record(run, hf_prefill, n, drafts=OURS.get(system) is not None) | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
 
 
-def _step_costs(s: Settings, model, tok, prompts, greedy: Run | None, device, clock, kind: str,
-                static=None) -> dict:
-    """ms per step of our loop at width 1 and at the verify widths (see the module docstring).
-    ``kind``: static | dynamic; ``static``: the run's SlotEngine."""
+def _step_costs(s: Settings, tok, prompts, greedy: Run | None, engine, device, clock) -> dict:
+    """ms per step of our loop at width 1 and at the verify widths (see the module docstring)."""
     out: dict = {}
     if greedy is None or greedy.prefill_s is None:
         return out
     out["1"] = {"ms": 1e3 * (greedy.seconds - greedy.prefill_s) / greedy.steps, "mean_width": 1.0}
-    if not s.verify_widths:
-        return out
-    from stages.decoding.adaptive import Tuning
-
-    if kind == "dynamic":
-        probe = make_engine(model, device)
-        runner = run_longdoc
-    else:
-        probe = static
-        runner = run_slot
-    # Earliest match + k pad tokens after the greedy output: every emitted token's suffix
-    # matches inside the copied output with >= k tokens after it, so drafts are full length.
-    earliest = Tuning(prefer="earliest")
     eos = frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     for w in s.verify_widths:
+        # The greedy output + w pad tokens after the prompt: every emitted token's suffix
+        # matches in the copied output with >= w - 1 tokens after it, so drafts are full length.
         lookups = [p + t + [tok.pad_token_id] * w for p, t in zip(prompts, greedy.tokens, strict=True)]
-        if kind == "static" and w > widest_step(probe):
-            out[str(w)] = {"error": f"wider than the static engine's widest step ({widest_step(probe)})"}
-            continue
         try:
-            cfg = pld_config(s.new_tokens, eos, draft_tokens=w - 1)
-            runner(probe, model, prompts, pld_config(max(2, s.new_tokens // 4), eos, draft_tokens=w - 1),
-                   tok.pad_token_id, clock, lookups, earliest)
-            run = runner(probe, model, prompts, cfg, tok.pad_token_id, clock, lookups, earliest)
+            run_longdoc(engine, prompts, pld_config(max(2, s.new_tokens // 4), eos, draft_tokens=w - 1), clock, lookups)
+            run = run_longdoc(engine, prompts, pld_config(s.new_tokens, eos, draft_tokens=w - 1), clock, lookups)
             out[str(w)] = {
                 "ms": 1e3 * (run.seconds - run.prefill_s) / run.steps,
                 "mean_width": 1 + run.drafted / max(run.row_steps, 1),
@@ -308,10 +302,15 @@ def _derived(rec: dict, runs: dict[str, Run], s: Settings, model, bandwidth: flo
         rec["agreement_with_longdoc"] = {x: agreement(ref, r.tokens) for x, r in runs.items() if x != "longdoc"}
         rec["agreement_dtype"] = str(next(model.parameters()).dtype)  # exact in fp32; measured in bf16
     tok_s = {x: r["tok_s"] for x, r in rec["systems"].items() if r.get("status") == "ok"}
+    dec = {x: r["decode_tok_s"] for x, r in rec["systems"].items() if r.get("status") == "ok" and r.get("decode_tok_s")}
     base = tok_s.get("hf-static-compiled")
     rec["ratio_vs_hf_static_compiled"] = {x: v / base for x, v in tok_s.items()} if base else None
-    if "longdoc" in tok_s and "longdoc-pld" in tok_s:
-        rec["pld_over_greedy"] = tok_s["longdoc-pld"] / tok_s["longdoc"]
+    rec["decode_ratio_vs_hf_dynamic"] = {x: v / dec["hf-dynamic"] for x, v in dec.items()} if "hf-dynamic" in dec else None
+    for ours, key in (("longdoc-pld", "pld_over_greedy"), ("longdoc-suffix", "suffix_over_greedy")):
+        if "longdoc" in tok_s and ours in tok_s:
+            rec[key] = tok_s[ours] / tok_s["longdoc"]
+    if "longdoc-pld" in dec and "hf-pld" in dec:
+        rec["pld_over_hf_pld_decode"] = dec["longdoc-pld"] / dec["hf-pld"]
     w, kv = roofline.step_bytes(model, b, s.prompt_tokens + s.new_tokens // 2)
     rec["roofline"] = {
         "weights_tok_s": roofline.roofline_tok_s(b, w, 0, bandwidth),
@@ -321,9 +320,41 @@ def _derived(rec: dict, runs: dict[str, Run], s: Settings, model, bandwidth: flo
     rec["nightly"] = nightly_figures(rec, s.usd_per_device_hour)
 
 
+def cpu_checks(results: list[dict]) -> list[tuple[str, bool | None]]:
+    """(check, passed) for CPU_CHECKS over the records; None where this run measured too little."""
+
+    def dec(r: dict, x: str) -> float | None:
+        sys_ = r["systems"].get(x, {})
+        return sys_.get("decode_tok_s") if sys_.get("status") == "ok" else None
+
+    def every(pairs: list[tuple[float | None, float | None]], factor: float) -> bool | None:
+        got = [(a, b) for a, b in pairs if a is not None and b is not None]
+        return all(a >= factor * b for a, b in got) if got else None
+
+    largest = max((r["batch_size"] for r in results), default=1)
+    ident = [r.get("agreement_with_longdoc", {}).get("longdoc-pld", {}).get("rows_identical") for r in results]
+    ident = [x for x in ident if x is not None]
+    return list(zip(CPU_CHECKS, [
+        every([(dec(r, "longdoc"), dec(r, "hf-dynamic")) for r in results if r["batch_size"] in (1, largest)], 1.0),
+        every([(dec(r, "longdoc-pld"), dec(r, "hf-pld")) for r in results if r["batch_size"] == 1], 1.1),
+        every([(dec(r, "longdoc-pld"), dec(r, "longdoc")) for r in results
+               if r["batch_size"] == 1 and r.get("task") == "qa"], 1.3),
+        every([(dec(r, "longdoc-pld"), dec(r, "longdoc")) for r in results], 0.95),
+        all(x == 1.0 for x in ident) if ident else None,
+    ], strict=True))
+
+
+def _prompts(s: Settings, tok, task: str) -> list[list[int]]:
+    from pipeline.bench.prompts import qa_prompts, summary_prompts
+
+    rows = max(s.batch_sizes)
+    if task == "qa":
+        return qa_prompts(tok, s.corpus, rows, s.prompt_tokens)
+    return summary_prompts(tok, s.corpus, rows, s.prompt_tokens)
+
+
 def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> dict:
     """The whole comparison; see the module docstring."""
-    from pipeline.bench.prompts import summary_prompts
     from stages.model_loading import load_causal_lm
 
     check_settings(s)
@@ -333,39 +364,39 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     clock = Clock(device)
     t = time.perf_counter()
     model, tok = load_causal_lm(s.model, s.dtype, device)
-    print(f"# bench decode (systems): {s.model} on {device} loaded in {time.perf_counter() - t:.1f}s", flush=True)
+    print(f"# bench decode: {s.model} on {device} loaded in {time.perf_counter() - t:.1f}s", flush=True)
     result = _header(s, device, model, clock)
     bandwidth = result["device"]["bandwidth_measured_GBps"] * 1e9
-    prompts = summary_prompts(tok, s.corpus, max(s.batch_sizes), s.prompt_tokens)
-    kind = resolve_engine(s.engine, device)
-    result["engine_kind"] = kind
-    engine = make_engine(model, device) if kind == "dynamic" else None
-    static = None
-    if engine is not None:
-        result["engine"] = "dynamic: " + (engine.describe() if hasattr(engine, "describe") else type(engine).__name__)
-    elif GREEDY in s.systems or PLD in s.systems:
-        # One engine for every batch size and both systems, as one actor has: its slots
-        # hold the largest batch, its widths the widest step; batch and width are
-        # symbolic to the compiler, so its few graphs serve every run.
-        widest = max([drafts_for(PLD), *(w - 1 for w in s.verify_widths)])
-        static, warm_s = warmed_slot_engine(model, max(s.batch_sizes), widest, s.prompt_tokens, s.new_tokens, s.compile)
-        result["engine"] = f"static: {static.describe()}"
+    engine = None
+    if any(x in s.systems for x in OURS):
+        # One engine for every batch size and system, as one actor has: its slots hold the
+        # largest batch; its warm-up compiles the step shapes of the widest speculation.
+        first = pld_config(s.new_tokens, frozenset()) if any(OURS[x] for x in s.systems if x in OURS) else \
+            greedy_config(s.new_tokens, frozenset())
+        engine, warm_s = make_engine(model, first, max(s.batch_sizes), s.prompt_tokens + s.new_tokens, s.compile)
+        result["engine"] = engine.describe()
         result["warm_up_s"] = warm_s
-        print(f"# static engine {static.describe()} warmed up in {warm_s:.1f}s", flush=True)
-    for b in s.batch_sizes:
-        rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock, static)
-        rec["created_utc"] = result["created_utc"]
-        rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
-        rec["step_ms"] = _step_costs(s, model, tok, prompts[:b], runs.get("longdoc"), device, clock, kind, static)
-        _derived(rec, runs, s, model, bandwidth)
-        result["results"].append(rec)
-        for x, r in rec["systems"].items():
-            if r["status"] == "error":
-                result["systems"][x] = {"status": "error", "reason": f"B={b}: {r['error']}"}
-        del runs
-        _free(device)
-        if on_batch is not None:
-            on_batch(result)
+        print(f"# engine {engine.describe()} made and warmed up in {warm_s:.1f}s", flush=True)
+    for task in s.tasks:
+        prompts = _prompts(s, tok, task)
+        for b in s.batch_sizes:
+            rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
+            rec["task"] = task
+            rec["created_utc"] = result["created_utc"]
+            rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
+            rec["step_ms"] = (_step_costs(s, tok, prompts[:b], runs.get("longdoc"), engine, device, clock)
+                              if engine is not None and s.verify_widths else {})
+            _derived(rec, runs, s, model, bandwidth)
+            result["results"].append(rec)
+            for x, r in rec["systems"].items():
+                if r["status"] == "error":
+                    result["systems"][x] = {"status": "error", "reason": f"{task} B={b}: {r['error']}"}
+            del runs
+            _free(device)
+            if on_batch is not None:
+                on_batch(result)
+    if device.type == "cpu":
+        result["cpu_checks"] = [{"check": c, "passed": ok} for c, ok in cpu_checks(result["results"])]
     return result
 
 

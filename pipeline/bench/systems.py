@@ -1,28 +1,34 @@
-"""The decoders `longdoc bench decode --suite systems` compares, each run the same way.
+"""The decoders `longdoc bench decode` compares, each run the same way.
 
-Contract: every runner takes the model, a batch of prompts (token lists, all the same
-length in the bench) and the number of new tokens, generates greedily, and returns a
-``Run``: the generated ids per row and the seconds of the whole call (prefill +
-decode, what a caller waits for), measured with ``Clock``.
+Contract: every runner takes the model, a batch of prompts (token lists) and the
+number of new tokens, generates greedily, and returns a ``Run``: the generated ids
+per row, the seconds of the whole call (prefill + decode, what a caller waits for)
+and, where the system exposes it, the prefill's share, measured with ``Clock``.
 
-Systems (names are the JSON keys):
-- ``longdoc``: our engine, plain greedy: stages.decoding.state.prefill_full, then
-  stages.decoding.engine.decode with speculation off.
+Systems (names are the JSON keys, results.SYSTEMS):
+- ``longdoc``: our engine (stages/decoding/engine.py), plain greedy: the batch's
+  requests submitted at once, prefilled by the engine and decoded in its slots.
 - ``longdoc-pld``: the same with prompt lookup at the job spec's defaults
   (schemas.spec.SpeculativeSpec), drafting from the prompt and the output so far.
+- ``longdoc-suffix``: the same with the suffix drafter (prompt + earlier outputs).
 - ``hf-dynamic``: transformers ``generate`` with its default dynamic cache.
 - ``hf-static-compiled``: ``generate`` with ``cache_implementation="static"`` and
   transformers' automatic torch.compile of the decode step (CompileConfig; on CUDA
   mode "reduce-overhead" = CUDA graphs; on CPU inductor's default mode, which
-  transformers only does when asked). The caller times the 2nd call: the 1st
-  compiles.
+  transformers only does when asked). The caller times the 2nd call: the 1st compiles.
+- ``hf-pld``: ``generate`` with ``prompt_lookup_num_tokens`` (transformers' prompt
+  lookup; batch size 1 only, transformers' limit).
+Prefill: ours is measured inside the engine (its prefill seconds); transformers'
+``generate`` does not expose its prefill, so ``hf_prefill_seconds`` times one
+forward pass over the same padded batch (what generate runs first) for the
+decode-only figures.
 
 EOS: with ``ignore_eos`` every row generates exactly ``new_tokens`` tokens (ours: no
 EOS ids; HF: ``min_new_tokens``), so every system does the same work.
 
 Clock: on CUDA ``perf_counter`` after ``torch.cuda.synchronize``; on CPU with one
-torch thread this process's CPU time (the convention of pipeline/bench/decode.py:
-on a shared machine it leaves out time other processes hold the core), else wall.
+torch thread this process's CPU time (on a shared machine it leaves out time other
+processes hold the core), else wall.
 """
 
 from __future__ import annotations
@@ -75,45 +81,59 @@ def greedy_config(new_tokens: int, eos: frozenset[int]):
     return DecodeConfig(max_new_tokens=new_tokens, eos_ids=eos)
 
 
-def pld_config(new_tokens: int, eos: frozenset[int], draft_tokens: int | None = None, adaptive: bool = True):
-    """Prompt lookup at the spec's defaults; ``draft_tokens``/``adaptive`` override them."""
+def pld_config(
+    new_tokens: int, eos: frozenset[int], draft_tokens: int | None = None, adaptive: bool = True,
+    method: str = "prompt_lookup",
+):
+    """Speculation (``method``: a drafter) at the spec's defaults; ``draft_tokens``/``adaptive`` override them."""
     from schemas.spec import SpeculativeSpec
     from stages.decoding.config import DecodeConfig
 
     spec = SpeculativeSpec()
     return DecodeConfig(
-        max_new_tokens=new_tokens, eos_ids=eos, speculative="prompt_lookup",
+        max_new_tokens=new_tokens, eos_ids=eos, speculative=method,
         num_draft_tokens=draft_tokens or spec.num_draft_tokens, max_ngram=spec.max_ngram,
         min_ngram=spec.min_ngram, adaptive=adaptive if draft_tokens is None else False,
     )
 
 
-def make_engine(model, device: torch.device):
-    """The engine's per-actor state for ``model`` on ``device`` (warmed up: CPU kernel plan)."""
-    from stages.decoding.engine_state import EngineState
+def make_engine(model, config, slots: int, prompt_tokens: int, compile: str = "auto"):
+    """Our engine for the bench, as one actor has it: ``slots`` fixed slots sized for prompts
+    of ``prompt_tokens`` (+ the new tokens and the widest step), the CPU kernel plan
+    measured (or read) and, on CUDA, every step shape compiled now; wall seconds it took."""
+    from stages.decoding.engine import Engine
 
-    return EngineState(model, device)
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    engine = Engine(model, config, slots=slots, expected_tokens=prompt_tokens, compile=compile,
+                    chunk_tokens=max(prompt_tokens, 512))
+    engine.warm_up(greedy=config.greedy)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return engine, time.perf_counter() - t0
 
 
-def run_longdoc(
-    engine, model, prompts: list[list[int]], config, pad_id: int, clock: Clock,
-    lookups: list[list[int]] | None = None, tuning=None,
-) -> Run:
-    """Prefill the batch, then decode it with our engine. ``lookups``: what prompt lookup
-    drafts from (default: the prompts, as in the product); ``tuning``: adaptive.Tuning."""
-    from stages.decoding.engine import decode
-    from stages.decoding.state import prefill_full
+def run_longdoc(engine, prompts: list[list[int]], config, clock: Clock, lookups: list[list[int]] | None = None) -> Run:
+    """Generate for ``prompts`` on ``engine`` with ``config`` (all submitted at once).
+    ``lookups``: what the drafter reads (default: the prompts, as in the product).
+    A request that fails raises (the bench records the system as an error)."""
+    from stages.decoding.engine import Request
+    from stages.prompting import PromptParts
 
+    engine.configure(config)
+    before = engine.stats.prefill_s
+    reqs = [Request(i, PromptParts([], list(p), []), list((lookups or prompts)[i])) for i, p in enumerate(prompts)]
     t0 = clock()
-    state = prefill_full(model, prompts, pad_id)
+    done = engine.run(reqs)
     t1 = clock()
-    res = decode(engine, state, [list(x) for x in (lookups or prompts)], config, tuning=tuning)
-    t2 = clock()
+    failed = next((f.error for f in done if f.error is not None), None)
+    if failed is not None:
+        raise failed
+    res = [f.result for f in done]
     return Run(
-        tokens=[r.tokens for r in res], seconds=t2 - t0, prefill_s=t1 - t0,
+        tokens=[r.tokens for r in res], seconds=t1 - t0, prefill_s=engine.stats.prefill_s - before,
         steps=max(r.decode_steps for r in res), row_steps=sum(r.decode_steps for r in res),
-        drafted=sum(r.draft_tokens for r in res),
-        accepted=sum(r.accepted_tokens for r in res),
+        drafted=sum(r.draft_tokens for r in res), accepted=sum(r.accepted_tokens for r in res),
     )
 
 
@@ -137,9 +157,10 @@ def compile_config(device: torch.device):
 
 def run_hf(
     model, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_id: int, clock: Clock,
-    static_compiled: bool = False, ignore_eos: bool = True,
+    static_compiled: bool = False, ignore_eos: bool = True, prompt_lookup: int = 0,
 ) -> Run:
-    """One transformers ``generate`` call, greedy; see the module docstring."""
+    """One transformers ``generate`` call, greedy; ``prompt_lookup`` > 0: transformers'
+    prompt lookup with that many tokens (batch size 1); see the module docstring."""
     from transformers import GenerationConfig
 
     from stages.decoding.state import left_pad
@@ -150,7 +171,11 @@ def run_hf(
         max_new_tokens=new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id, eos_token_id=eos_id,
         min_new_tokens=new_tokens if ignore_eos else None,
     )
-    if static_compiled:
+    if prompt_lookup:
+        if len(prompts) != 1:
+            raise ValueError("transformers' prompt lookup runs at batch size 1 only")
+        gen = GenerationConfig(**kw, prompt_lookup_num_tokens=prompt_lookup, disable_compile=True)
+    elif static_compiled:
         gen = GenerationConfig(**kw, cache_implementation="static", compile_config=compile_config(device))
     else:
         gen = GenerationConfig(**kw, disable_compile=True)
@@ -164,6 +189,21 @@ def run_hf(
         cut = len(row) if ignore_eos else next((i + 1 for i, x in enumerate(row) if x == eos_id), len(row))
         outs.append(row[:cut])
     return Run(tokens=outs, seconds=t1 - t0)
+
+
+def hf_prefill_seconds(model, prompts: list[list[int]], pad_id: int, clock: Clock) -> float:
+    """Seconds of the prefill ``generate`` runs first: one forward over the padded batch."""
+    from transformers import DynamicCache
+
+    from stages.decoding.forward import cache_kwargs
+    from stages.decoding.state import left_pad
+
+    ids, real = left_pad(prompts, pad_id, next(model.parameters()).device)
+    t0 = clock()
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=real.long(), use_cache=True, logits_to_keep=1,
+              **cache_kwargs(model, DynamicCache(config=model.config)))
+    return clock() - t0
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -23,6 +23,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     stop_strings: tuple[str, ...] = ()
+    repeat_ngram: int = 0  # stops.StopChecker's repeat guard (0: off)
     # Speculation: "none" or a drafter's name (stages/decoding/drafters/).
     speculative: str = "none"
     num_draft_tokens: int = 8
@@ -57,6 +58,7 @@ def decode_config_for(generation: GenerationSpec, tokenizer: Any, generation_con
         temperature=generation.temperature,
         top_p=generation.top_p,
         stop_strings=tuple(generation.stop),
+        repeat_ngram=generation.repeat_guard,
         speculative=spec.method,
         num_draft_tokens=spec.num_draft_tokens,
         max_ngram=spec.max_ngram,
@@ -70,7 +72,7 @@ class RowResult:
     """One request's generation and its figures (seconds are wall time in the engine)."""
 
     tokens: list[int] = field(default_factory=list)  # generated ids, cut after the stop
-    finish_reason: str = "length"  # "eos" | "stop" | "length"
+    finish_reason: str = "length"  # "eos" | "stop" | "repeat" | "length"
     draft_tokens: int = 0
     accepted_tokens: int = 0
     decode_steps: int = 0  # forward passes after prefill this row took part in

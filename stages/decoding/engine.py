@@ -234,7 +234,8 @@ class Engine:
             raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
         self.config = config
         self.decode_text = decode_text
-        self.stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text)
+        self.stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode_text,
+                                   config.repeat_ngram)
         self.drafter: Drafter | None = drafter_for(config)
         self.k_max = config.num_draft_tokens if self.drafter is not None else 0
         self._widest = max(width_buckets(self.k_max)) if self.k_max else 1

@@ -41,7 +41,7 @@ def decode_plain(
     b = state.batch_size
     device = state.valid.device
     gens = make_generators(seeds or [0] * b, device)
-    stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode)
+    stopper = StopChecker(config.eos_ids, config.max_new_tokens, config.stop_strings, decode, config.repeat_ngram)
     results = [RowResult() for _ in range(b)]
     active = list(range(b))
     t0 = time.perf_counter()
@@ -58,6 +58,7 @@ def decode_plain(
                 first_token_at[r] = now
                 res.ttft_s = state.prefill_s + now
             keep, reason = stopper.scan(res.tokens, len(res.tokens) - 1)
+            del res.tokens[keep:]  # a repeat stop drops the repeated tokens
             if reason is None:
                 still.append(r)
             else:

@@ -6,7 +6,7 @@ import json
 
 from pipeline.bench.results import markdown, result_paths, write_results
 
-SYSTEMS = ["longdoc", "longdoc-pld", "hf-dynamic", "hf-static-compiled"]
+SYSTEMS = ["longdoc", "longdoc-pld", "hf-dynamic", "hf-static-compiled"]  # measured in these records
 
 
 def _record(b: int, created: str, static_ok: bool) -> dict:
@@ -47,9 +47,9 @@ def _result(created: str, sizes: list[int]) -> dict:
 
 def test_markdown_shows_every_system_errors_and_ratios():
     text = markdown(_result("2026-11-23T10:00:00Z", [1, 32]))
-    assert "| batch | longdoc | longdoc-pld | hf-dynamic | hf-static-compiled |" in text
-    assert "| 32 | 256.0 | 512.0 | 256.0 | error |" in text
-    assert "| 1 | 8.0 | 16.0 | 8.0 | 16.0 | 100.0 | 90.0 | 0.50 | 2.00 |" in text
+    assert "| batch | longdoc | longdoc-pld | longdoc-suffix | hf-dynamic | hf-static-compiled | hf-pld |" in text
+    assert "| 32 | 256.0 | 512.0 | – | 256.0 | error | – |" in text  # systems a record lacks: –
+    assert "| 1 | 8.0 | 16.0 | – | 8.0 | 16.0 | – | 100.0 | 90.0 | 0.50 | 2.00 |" in text
     assert "hf-static-compiled: error (B=32: OOM)" in text
     assert "50%; 3" in text  # hf-dynamic agreement: half the rows, first divergence at token 3
     assert "3350 GB/s nominal" in text
@@ -67,7 +67,7 @@ def test_merge_keeps_earlier_batch_sizes_of_the_same_setup(tmp_path):
     merged = json.loads(js.read_text())
     assert [(r["batch_size"], r["created_utc"][11:13]) for r in merged["results"]] == [(1, "10"), (8, "11"),
                                                                                          (32, "11")]
-    assert "Merged from earlier runs (--merge): B=1 (2026-11-23T10:00:00Z" in md.read_text()
+    assert "Merged from earlier runs (--merge): 1 (2026-11-23T10:00:00Z" in md.read_text()
     # Another model (or without --merge): the file holds this run only.
     other = _result("2026-11-23T12:00:00Z", [32])
     write_results(other, tmp_path)

@@ -55,3 +55,27 @@ def test_stop_checker_eos_length_and_text_cut():
         assert "decode function" in str(e)
     else:
         raise AssertionError("stop strings without a decode function must raise")
+
+
+def test_repeat_guard_cuts_a_loop_identically_with_and_without_drafts(tiny_model):
+    """A tiny model that loops (greedy on a repeated prompt): the guard stops each row where its
+    output first repeats itself, keeping a prefix of plain greedy's output, and prompt lookup
+    (which drafts exactly such repeats) stops at the same token."""
+    g = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(3, 50, (6,), generator=g).tolist() * 4 for _ in range(3)]
+    plain = DecodeConfig(max_new_tokens=40, eos_ids=frozenset({-1}))
+    runs = [r.tokens for r in decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), plain)]
+    guarded = DecodeConfig(max_new_tokens=40, eos_ids=frozenset({-1}), repeat_ngram=4)
+    ref = decode_plain(tiny_model, prefill_full(tiny_model, prompts, 0), guarded)
+    assert any(r.finish_reason == "repeat" for r in ref), "the tiny model should loop on these prompts"
+    for r, full in zip(ref, runs, strict=True):
+        assert full[: len(r.tokens)] == r.tokens  # a prefix of plain greedy
+        if r.finish_reason == "repeat":  # no 4-gram occurs twice in what is kept
+            grams = [tuple(r.tokens[i : i + 4]) for i in range(len(r.tokens) - 3)]
+            assert len(grams) == len(set(grams))
+    for method in ("none", "prompt_lookup", "suffix"):
+        cfg = DecodeConfig(max_new_tokens=40, eos_ids=frozenset({-1}), repeat_ngram=4, speculative=method,
+                           num_draft_tokens=6, adaptive=False)
+        eng = Engine(tiny_model, cfg, slots=2, expected_tokens=32)
+        out = eng.run(Request(i, PromptParts([], p, []), p + runs[i]) for i, p in enumerate(prompts))
+        assert [(o.result.tokens, o.result.finish_reason) for o in out] == [(r.tokens, r.finish_reason) for r in ref]
