@@ -11,13 +11,14 @@ stays full and only the last requests of a job form a tail. The engine knows not
 about tokenization beyond ``decode_text`` (for stop strings) and nothing about Ray.
 
 One iteration (``step``):
-1. admission (``_admit``): the waiting request at the head of the queue is admitted
-   when a slot is free and its KV tokens (``Request.kv_tokens`` + ``max_new_tokens``
-   + the widest step) fit a slot. A request larger than the slots makes the engine
-   change its layout (``KvBudget.layout``: fewer, longer slots within the same
-   memory) once enough rows have left; until then it waits, and so do the requests
-   behind it (first come, first served). A request no layout of the budget can hold
-   becomes an error (``KvBudgetExceeded``); nothing is allocated past the budget.
+1. admission (``_admit``, by the rules of scheduler.py): the waiting request at the
+   head of the queue is admitted when a slot is free and its KV tokens
+   (``Request.kv_tokens`` + ``max_new_tokens`` + the widest step) fit a slot. A
+   request larger than the slots makes the engine change its layout
+   (``KvBudget.layout``: fewer, longer slots within the same memory) once enough rows
+   have left; until then it waits, and so do the requests behind it (first come,
+   first served). A request no layout of the budget can hold becomes an error
+   (``KvBudgetExceeded``); nothing is allocated past the budget.
 2. prefill, chunked and interleaved with decoding: a text-compressed or whole prompt
    is prefilled by the engine itself, ``chunk_tokens`` per iteration, straight into
    its slot (slots.RowWriter); a method's own prefill (Finch, AutoCompressor: the
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -62,6 +62,7 @@ from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
 from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
 from stages.decoding.sampling import target_probs
+from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Waiting
 from stages.decoding.slot_step import width_buckets
 from stages.decoding.slots import RowWriter, SlotCache, bytes_per_token, layer_shapes_of
 from stages.decoding.state import CompressedPrefill
@@ -73,10 +74,6 @@ from stages.prompting import PromptParts
 #: whose cache the engine loads into slots. It may accept ``on_chunk``, a callable
 #: the engine runs decode steps through between the method's chunks.
 MethodPrefill = Callable[..., CompressedPrefill]
-
-
-class KvBudgetExceeded(ValueError):
-    """A request needs more KV slots than the engine's whole memory budget holds."""
 
 
 @dataclass
@@ -112,19 +109,11 @@ class EngineStats:
 
 
 @dataclass
-class _Waiting:
-    request: Request
-    submitted: float
-    attempts: int = 0
-    alone: bool = False  # a method prefill group failed: prefill this one by itself
-
-
-@dataclass
 class _Row:
     """One request occupying a slot (host-side mirror of its slot)."""
 
     rid: int  # engine row id (drafter and draft-length state key)
-    waiting: _Waiting
+    waiting: Waiting
     length: int = 0  # slots filled (== SlotCache.length[slot] once a step is applied)
     result: RowResult = field(default_factory=RowResult)
     first_at: float = 0.0
@@ -218,7 +207,8 @@ class Engine:
             n_slots = min(n_slots, 8)
         self.cache = SlotCache(shapes, n_slots, capacity, dtype, self.device)
         self.step_fn = self.backend.make_step(self.cache)
-        self.queue: deque[_Waiting] = deque()
+        self.scheduler = Scheduler(budget, self._need, self.group_rows,
+                                   grow_slots=self.device.type == "cpu" and slots is None)
         self.active: list[_Row] = []
         self.filling: _Filling | None = None
         self._finished: list[Finished] = []
@@ -228,7 +218,7 @@ class Engine:
     # ------------------------------------------------------------------ set-up
     def configure(self, config: DecodeConfig, decode_text: Callable[[list[int]], str] | None = None) -> None:
         """Decode with ``config`` from now on (only while idle: nothing queued or active)."""
-        if getattr(self, "queue", None) or getattr(self, "active", None):
+        if getattr(self, "scheduler", None) and not self.idle():
             raise RuntimeError("configure needs an idle engine")
         if config.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {config.max_new_tokens}")
@@ -259,14 +249,19 @@ class Engine:
 
     # ------------------------------------------------------------------ API
     def submit(self, request: Request) -> None:
-        self.queue.append(_Waiting(request, time.perf_counter()))
+        self.scheduler.push(Waiting(request, time.perf_counter()))
+
+    @property
+    def queue(self):
+        """The waiting requests (scheduler.Waiting), head first."""
+        return self.scheduler.queue
 
     def idle(self) -> bool:
-        return not (self.queue or self.active or self.filling)
+        return not (self.scheduler.queue or self.active or self.filling)
 
     def pending(self) -> int:
         """Requests queued, prefilling or decoding."""
-        return len(self.queue) + len(self.active) + (self.filling is not None)
+        return len(self.scheduler) + len(self.active) + (self.filling is not None)
 
     @torch.inference_mode()
     def step(self) -> list[Finished]:
@@ -301,66 +296,31 @@ class Engine:
         return kv_tokens + self.config.max_new_tokens + self._widest + 1
 
     def _admit(self) -> None:
-        """Start the head of the queue when it fits (see the module docstring, step 1)."""
-        while self.queue and self.filling is None:
-            head = self.queue[0]
-            kv = head.request.kv_tokens if head.request.kv_tokens is not None else len(head.request.parts)
-            need = self._need(kv)
-            if not self._make_room(need):
-                return
-            if self.prefill is None:
-                self._start_filling(self.queue.popleft())
-                return
-            free = self.cache.slots - len(self.active)
-            take = 1 if head.alone else min(free, self.group_rows)
-            group = [self.queue.popleft()]
-            while len(group) < take and self.queue and not self.queue[0].alone:
-                nxt = self.queue[0]
-                nkv = nxt.request.kv_tokens if nxt.request.kv_tokens is not None else len(nxt.request.parts)
-                if self._need(nkv) > self.cache.capacity:
-                    break
-                group.append(self.queue.popleft())
-            self._method_prefill(group)
-            return  # one group per iteration: the running rows get their step in between
+        """Carry out the scheduler's decisions until it starts a request or waits (step 1).
 
-    def _make_room(self, need: int) -> bool:
-        """True when a free slot of ``need`` tokens exists now (changing the layout if it
-        must and can); False when the head waits; a request that can never fit fails."""
-        busy = len(self.active)
-        if need <= self.cache.capacity and busy < self.cache.slots:
-            return True
-        if need <= self.cache.capacity and busy >= self.cache.slots:
-            # No free slot: more slots of the same capacity, if the budget holds them.
-            if self.budget.fixed_slots is None:
-                most, _ = self.budget.layout(self.cache.capacity) or (0, 0)
-                if most > self.cache.slots:
-                    self._relayout(min(most, 2 * self.cache.slots), self.cache.capacity)
-                    return True
-            return False
-        layout = self.budget.layout(need)
-        if layout is None:
-            w = self.queue.popleft()
-            self._fail(w, KvBudgetExceeded(
-                f"the request needs {need} KV tokens ({need * self.budget.bytes_per_token / 2**20:.0f} MiB), "
-                f"more than the engine's whole KV budget ({self.budget.describe()}); raise "
-                "resources.kv_memory_gb / kv_memory_fraction, or compress the context "
-                "(compression.target_tokens)"
-            ))
-            return False
-        slots, capacity = layout
-        if self.device.type == "cpu" and self.budget.fixed_slots is None:
-            slots = min(slots, max(8, busy + 1))
-        if busy + 1 > slots or (self.filling is not None):
-            return False  # wait until enough rows have left for the longer slots
-        self._relayout(slots, capacity)
-        return True
-
-    def _relayout(self, slots: int, capacity: int) -> None:
-        self.cache.reshape(slots, capacity, keep=len(self.active))
-        self.stats.relayouts += 1
+        One start per iteration (a prefill chunk or a method's group prefill), so the
+        running rows get their decode step in between.
+        """
+        while True:
+            cache = self.cache
+            d = self.scheduler.decide(len(self.active), cache.slots, cache.capacity, self.filling is not None,
+                                      own_prefill=self.prefill is None)
+            if isinstance(d, Relayout):
+                self.cache.reshape(d.slots, d.capacity, keep=len(self.active))
+                self.stats.relayouts += 1
+                continue
+            if isinstance(d, Reject):
+                self._fail(d.waiting, d.error)
+                continue
+            if isinstance(d, Admit):
+                if self.prefill is None:
+                    self._start_filling(d.group[0])
+                else:
+                    self._method_prefill(d.group)
+            return
 
     # ------------------------------------------------------------------ prefill
-    def _new_row(self, waiting: _Waiting) -> _Row:
+    def _new_row(self, waiting: Waiting) -> _Row:
         rid = self._next_rid
         self._next_rid += 1
         row = _Row(rid, waiting)
@@ -369,7 +329,7 @@ class Engine:
             self.drafter.begin(rid, waiting.request.lookup_ids)
         return row
 
-    def _start_filling(self, waiting: _Waiting) -> None:
+    def _start_filling(self, waiting: Waiting) -> None:
         row = self._new_row(waiting)
         slot = len(self.active)
         self.cache.free(slot)
@@ -406,7 +366,7 @@ class Engine:
             self.cache.free(f.slot)
         self._join(f.row, logits[None])
 
-    def _method_prefill(self, group: list[_Waiting]) -> None:
+    def _method_prefill(self, group: list[Waiting]) -> None:
         """A method's own prefill for ``group`` (decode steps run through on_chunk), then
         each row is loaded into a slot and joins the batch."""
         rows = [self._new_row(w) for w in group]
@@ -427,9 +387,11 @@ class Engine:
             row.result.context_tokens = compressed.context_tokens[j]
             row.result.compress_s = compressed.compress_s[j]
             n = int(state.valid[j].sum())
-            if self._need(n) > self.cache.capacity and not self._make_room(self._need(n)):
-                # Kept more than estimated and no longer layout fits now: queue it again alone.
-                self._drop(row, None, retry=True, alone=True)
+            if self._need(n) > self.cache.capacity:
+                # It kept more than its estimate: back to the queue with its true size (alone),
+                # where the scheduler makes room for it like for any long request.
+                row.waiting.request.kv_tokens = n
+                self._drop(row, None, retry=True, alone=True, count=False)
                 continue
             slot = len(self.active)
             try:
@@ -552,7 +514,7 @@ class Engine:
             width = choose_width(
                 [len(p) for p in props], levels, self.acceptance, self.cost, self.tuning.min_gain, remaining,
                 candidates=widths, fed_rows=self.backend.batch(len(active), self.cache.slots),
-                refilling=bool(self.queue) or self.filling is not None,
+                refilling=bool(self.scheduler.queue) or self.filling is not None,
             )
         return [p[: width - 1] for p in props], levels
 
@@ -597,20 +559,23 @@ class Engine:
         self.stats.tokens_out += len(row.result.tokens)
         self._finished.append(Finished(row.waiting.request.key, row.result))
 
-    def _drop(self, row: _Row, error: BaseException | None, retry: bool, alone: bool = False) -> None:
-        """A row failed before finishing: back to the queue (attempts + 1) or finished with ``error``."""
+    def _drop(
+        self, row: _Row, error: BaseException | None, retry: bool, alone: bool = False, count: bool = True
+    ) -> None:
+        """A row left before finishing: back to the queue (``count``: as a failed attempt) or,
+        out of attempts, finished with ``error``."""
         self.lengths.forget(row.rid)
         if self.drafter is not None:
             self.drafter.finish(row.rid, [])
         w = row.waiting
-        if retry and w.attempts < self.max_retries:
-            self.queue.append(_Waiting(w.request, w.submitted, w.attempts + 1, alone or w.alone))
+        if not count or (retry and w.attempts < self.max_retries):
+            self.scheduler.push(Waiting(w.request, w.submitted, w.attempts + int(count), alone or w.alone))
             return
         if error is None:
             error = RuntimeError("the row could not be placed in a slot")
         self._fail(w, error)
 
-    def _fail(self, waiting: _Waiting, error: BaseException) -> None:
+    def _fail(self, waiting: Waiting, error: BaseException) -> None:
         self.stats.rows_done += 1
         self._finished.append(Finished(waiting.request.key, None, error))
 

@@ -1,0 +1,139 @@
+"""Which waiting request the engine starts next, and when the slots must change: ``Scheduler``.
+
+Contract: the scheduler owns the queue of waiting requests (first come, first served)
+and decides, from the engine's state, one of:
+- ``Admit(group)``: start these requests now (a group of one for the engine's own
+  prefill; up to ``group_rows`` for a method's prefill, all fitting the slots);
+- ``Relayout(slots, capacity)``: lay the KV memory out as this many slots of this
+  capacity first (keeping the active rows), then ask again;
+- ``Reject(waiting, error)``: the head request can never run (it needs more KV tokens
+  than the whole budget holds); it leaves the queue;
+- ``Wait()``: nothing to start now (no free slot, or the head waits for rows to leave
+  so that longer slots fit the budget).
+It never allocates, prefills or touches a tensor: the engine carries the decision out.
+
+Rules (engine.py's module docstring, step 1): the head request needs ``need(kv_tokens)``
+slots (its prefilled KV tokens + max_new_tokens + the widest step). It is admitted when
+a slot is free and its capacity holds that; with no free slot, more slots of the same
+capacity are laid out when the budget holds them (``grow_slots``, doubling: on CPU,
+zero-filled memory is touched when allocated, so the engine starts small); a head
+longer than the slots waits until the active rows fit the budget's layout for it
+(fewer, longer slots), then that layout is made. The queue's order is kept: requests
+behind a waiting head wait too, so a long request is never starved.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+from stages.decoding.memory import KvBudget
+
+if TYPE_CHECKING:
+    from stages.decoding.engine import Request
+
+
+class KvBudgetExceeded(ValueError):
+    """A request needs more KV slots than the engine's whole memory budget holds."""
+
+
+@dataclass
+class Waiting:
+    """A request in the queue (and again after a failed attempt)."""
+
+    request: Request
+    submitted: float  # perf_counter at submission: queue and first-token times count from it
+    attempts: int = 0
+    alone: bool = False  # a method prefill group failed: prefill this one by itself
+
+    @property
+    def kv_tokens(self) -> int:
+        r = self.request
+        return r.kv_tokens if r.kv_tokens is not None else len(r.parts)
+
+
+@dataclass(frozen=True)
+class Admit:
+    group: list[Waiting]
+
+
+@dataclass(frozen=True)
+class Relayout:
+    slots: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    waiting: Waiting
+    error: KvBudgetExceeded
+
+
+@dataclass(frozen=True)
+class Wait:
+    pass
+
+
+Decision = Union[Admit, Relayout, Reject, Wait]  # noqa: UP007 - a runtime alias
+
+
+@dataclass
+class Scheduler:
+    """The queue and the admission rules (see the module docstring)."""
+
+    budget: KvBudget
+    need: Callable[[int], int]  # KV tokens after prefill -> slots a row needs to decode to its end
+    group_rows: int = 1
+    grow_slots: bool = False  # add slots (doubling, within the budget) as rows wait for one
+    queue: deque[Waiting] = field(default_factory=deque)
+
+    def push(self, waiting: Waiting) -> None:
+        self.queue.append(waiting)
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def decide(self, busy: int, slots: int, capacity: int, filling: bool, own_prefill: bool) -> Decision:
+        """The next decision for an engine with ``busy`` active rows in ``slots`` slots of
+        ``capacity`` tokens; ``filling``: its own prefill of a row is under way (one at a
+        time); ``own_prefill``: the engine prefills rows itself (groups of one)."""
+        if not self.queue or filling:
+            return Wait()
+        head = self.queue[0]
+        need = self.need(head.kv_tokens)
+        if need <= capacity:
+            if busy < slots:
+                return Admit(self._group(head, slots - busy, capacity, own_prefill))
+            if self.grow_slots and self.budget.fixed_slots is None:
+                most, _ = self.budget.layout(capacity) or (0, 0)
+                if most > slots:
+                    return Relayout(min(most, 2 * slots), capacity)
+            return Wait()
+        layout = self.budget.layout(need)
+        if layout is None:
+            self.queue.popleft()
+            return Reject(head, KvBudgetExceeded(
+                f"the request needs {need} KV tokens ({need * self.budget.bytes_per_token / 2**20:.0f} MiB), "
+                f"more than the engine's whole KV budget ({self.budget.describe()}); raise "
+                "resources.kv_memory_gb / kv_memory_fraction, or compress the context "
+                "(compression.target_tokens)"
+            ))
+        new_slots, new_capacity = layout
+        if self.grow_slots and self.budget.fixed_slots is None:
+            new_slots = min(new_slots, max(8, busy + 1))
+        if busy + 1 > new_slots:
+            return Wait()  # until enough rows have left for the longer slots
+        return Relayout(new_slots, new_capacity)
+
+    def _group(self, head: Waiting, free: int, capacity: int, own_prefill: bool) -> list[Waiting]:
+        """The head, plus (a method prefill) the next requests that fit the free slots."""
+        group = [self.queue.popleft()]
+        if own_prefill or head.alone:
+            return group
+        while len(group) < min(free, self.group_rows) and self.queue and not self.queue[0].alone:
+            if self.need(self.queue[0].kv_tokens) > capacity:
+                break
+            group.append(self.queue.popleft())
+        return group
