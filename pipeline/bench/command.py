@@ -8,8 +8,8 @@ jobs/results/bench-decode/.
 Defaults depend on the device:
 - CPU (a bare ``longdoc bench decode``): the embedded model on jobs/sample-qa.jsonl,
   summary and question prompts of 1024 tokens, 48 new tokens up to EOS, batch sizes
-  1,4,8, systems longdoc, longdoc-pld, longdoc-suffix, hf-dynamic, hf-pld, one torch
-  thread, and the CPU checks (decode-only ratios, PASS/FAIL).
+  1,4,8 (at least 4 rows per batch size), systems longdoc, longdoc-pld, longdoc-suffix,
+  hf-dynamic, hf-pld, one torch thread, and the CPU checks (decode-only ratios, PASS/FAIL).
 - CUDA (``--device cuda``): the GPU table, e.g. ``make bench-gpu``, which runs
     python3 -m pipeline.bench.command --device cuda --model random:llama-8b \\
         --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50
@@ -33,10 +33,10 @@ Opt = Optional  # noqa: UP045 - typer needs Optional
 PRESETS = {
     "cpu": {"model": None, "batch_sizes": "1,4,8", "prompt_tokens": 1024, "new_tokens": 48,
             "systems": "longdoc,longdoc-pld,longdoc-suffix,hf-dynamic,hf-pld", "corpus": "jobs/sample-qa.jsonl",
-            "tasks": "summarize,qa", "stop_at_eos": True, "verify_widths": ""},
+            "tasks": "summarize,qa", "stop_at_eos": True, "verify_widths": "", "min_rows": 4},
     "cuda": {"model": None, "batch_sizes": "1,8,32", "prompt_tokens": 1024, "new_tokens": 128,
              "systems": ",".join(SYSTEMS), "corpus": "jobs/corpus", "tasks": "summarize", "stop_at_eos": False,
-             "verify_widths": "2,4,8,16"},
+             "verify_widths": "2,4,8,16", "min_rows": 1},
 }
 
 
@@ -69,6 +69,7 @@ def bench_decode_command(
     corpus: Annotated[Opt[str], typer.Option(help="Documents: a folder of .txt or a JSONL (CPU jobs/sample-qa.jsonl; CUDA jobs/corpus).")] = None,  # noqa: E501
     threads: Annotated[int, typer.Option(help="CPU torch threads (0 = torch default; 1 is steadier on a shared machine).")] = 1,  # noqa: E501
     hf_pld_tokens: Annotated[int, typer.Option(help="transformers' prompt_lookup_num_tokens for hf-pld.")] = 10,
+    min_rows: Annotated[Opt[int], typer.Option(help="At batch size B, decode max(B, MIN_ROWS) prompts in batches of B (CPU 4; CUDA 1).")] = None,  # noqa: E501
 ) -> None:
     """Decoding throughput: our engine vs transformers (see the module docstring)."""
     from pipeline.bench.results import DEFAULT_OUT, check_lines, summary_lines, write_results
@@ -92,6 +93,7 @@ def bench_decode_command(
             verify_widths=_ints(pick(verify_widths, "verify_widths"), "--verify-widths"),
             corpus=pick(corpus, "corpus"), ignore_eos=not pick(stop_at_eos, "stop_at_eos"), threads=threads,
             command=command_line(), compile=compile, hf_pld_tokens=hf_pld_tokens,
+            min_rows=pick(min_rows, "min_rows"),
             usd_per_device_hour=CostSpec().usd_per_device_hour if usd_per_device_hour is None else usd_per_device_hour,
         )
         out_dir = out or DEFAULT_OUT

@@ -5,10 +5,10 @@ $/1k documents". Contract: ``nightly_figures(record, usd_per_device_hour)`` take
 batch-size record of `bench decode --suite systems` (pipeline/bench/suite.py) and
 returns, per system whose status is ok:
 
-- ``batch_s``: seconds of one batch of B documents = prefill_s + decode_s = B x
-  new_tokens / tok_s (the timed call: its prefill of B prompts of prompt_tokens
-  tokens, then new_tokens generated per row);
-- ``docs_per_hour`` = 3600 x B / batch_s (batches of B run back to back);
+- ``batch_s``: seconds of the timed call(s) for the record's ``rows`` documents (B, or
+  more in batches of B) = prefill_s + decode_s (their prefill of prompt_tokens-token
+  prompts, then new_tokens generated per row);
+- ``docs_per_hour`` = 3600 x rows / batch_s (batches of B run back to back);
 - ``device_hours_per_1k`` = 1000 / docs_per_hour;
 - ``usd_per_1k_docs`` = 1000 x schemas.output.cost_usd(device_s, usd_per_device_hour)
   with device_s = batch_s / B, the output column's per-row device seconds (its
@@ -37,7 +37,7 @@ def nightly_figures(record: dict, usd_per_device_hour: float) -> dict[str, dict]
     """Per ok system of one batch record: batch_s, docs_per_hour, device_hours_per_1k, usd_per_1k_docs."""
     if usd_per_device_hour < 0:
         raise ValueError(f"--usd-per-device-hour {usd_per_device_hour}: allowed: >= 0")
-    b = record["batch_size"]
+    b = record.get("rows", record["batch_size"])  # documents the timed seconds covered
     out: dict[str, dict] = {}
     for system, r in record["systems"].items():
         if r.get("status") != "ok" or not r.get("seconds"):

@@ -92,6 +92,7 @@ class Settings:
     threads: int = 1
     compile: str = "auto"  # auto | inductor | cudagraphs | off (backends.compile_plan)
     hf_pld_tokens: int = 10  # transformers' prompt_lookup_num_tokens for hf-pld
+    min_rows: int = 1  # at batch size B, decode max(B, min_rows) prompts in batches of B (steadier small B)
     usd_per_device_hour: float = CostSpec().usd_per_device_hour  # the spec's default price
     command: str = field(default="", compare=False)
 
@@ -115,6 +116,8 @@ def check_settings(s: Settings) -> None:
         raise ValueError(f"--verify-widths {s.verify_widths}: allowed: widths >= 2")
     if not s.tasks or any(t not in TASKS for t in s.tasks):
         raise ValueError(f"--tasks {','.join(s.tasks)!r}: allowed: a comma list of {', '.join(TASKS)}")
+    if s.min_rows < 1:
+        raise ValueError(f"--min-rows {s.min_rows}: allowed: >= 1")
     if s.hf_pld_tokens < 1:
         raise ValueError(f"--hf-pld-tokens {s.hf_pld_tokens}: allowed: >= 1")
     try:
@@ -222,6 +225,44 @@ def _system_record(run: Run, prefill_s: float | None, new_tokens: int, drafts: b
     return rec
 
 
+def _merge_runs(runs: list[Run]) -> Run:
+    """Consecutive batches of one system as one run: rows, seconds, steps and drafts added up."""
+    pre = [r.prefill_s for r in runs]
+    return Run(
+        tokens=[t for r in runs for t in r.tokens], seconds=sum(r.seconds for r in runs),
+        prefill_s=None if None in pre else sum(pre), steps=sum(r.steps for r in runs),
+        row_steps=sum(r.row_steps for r in runs), drafted=sum(r.drafted for r in runs),
+        accepted=sum(r.accepted for r in runs),
+    )
+
+
+def _one_size(s: Settings, model, tok, engine, prompts, b: int, device, clock) -> tuple[dict, dict[str, Run]]:
+    """Every chosen system at batch size ``b`` over ``prompts`` (consecutive batches of ``b``):
+    (record, runs by system, each the batches' sum)."""
+    batches = [prompts[i : i + b] for i in range(0, len(prompts) - b + 1, b)]
+    recs, parts = [], []
+    for batch in batches:
+        rec, runs = _one_batch(s, model, tok, engine, batch, device, clock)
+        recs.append(rec)
+        parts.append(runs)
+    runs = {x: _merge_runs([p[x] for p in parts]) for x in parts[0] if all(x in p for p in parts)}
+    first = recs[0]
+    rec = {"batch_size": b, "rows": b * len(batches), "systems": {}}
+    pre = [r["prefill_s"] for r in recs]
+    hf_pre = [r["hf_prefill_s"] for r in recs]
+    rec["prefill_s"] = None if None in pre else sum(pre)
+    rec["hf_prefill_s"] = None if None in hf_pre else sum(hf_pre)
+    for x in SYSTEMS:
+        if x in runs:
+            extra = {k: v for k, v in first["systems"][x].items() if k in ("first_call_s", "peak_memory_GB")}
+            rec["systems"][x] = _system_record(runs[x], rec["hf_prefill_s"], s.new_tokens,
+                                               drafts=OURS.get(x) is not None) | extra
+        else:
+            rec["systems"][x] = next((r["systems"][x] for r in recs if r["systems"][x]["status"] == "error"),
+                                     first["systems"][x])
+    return rec, runs
+
+
 def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run]]:
     """Every chosen system on one batch: (record, runs by system). ``engine``: the run's one Engine."""
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
@@ -237,7 +278,7 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
 
     runs: dict[str, Run] = {}
     extra: dict[str, dict] = {}  # per system: wall seconds of the warm-up call, peak GPU memory
-    rec: dict = {"batch_size": len(prompts), "systems": {}}
+    rec: dict = {"batch_size": len(prompts), "systems": {}}  # one batch; _one_size adds batches up
     for system in SYSTEMS:
         if system not in s.systems:
             rec["systems"][system] = {"status": "skipped", "reason": "not in --systems"}
@@ -268,6 +309,14 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
         rec["systems"][system] = _system_record(run, hf_prefill, n, drafts=OURS.get(system) is not None) | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
+
+
+def _first_batch_greedy(run: Run, b: int) -> Run:
+    """The greedy run's first batch as a Run with its mean step figures (for the width probe)."""
+    batches = max(1, len(run.tokens) // b)
+    return Run(tokens=run.tokens[:b], seconds=run.seconds / batches,
+               prefill_s=None if run.prefill_s is None else run.prefill_s / batches,
+               steps=max(1, run.steps // batches))
 
 
 def _step_costs(s: Settings, tok, prompts, greedy: Run | None, engine, device, clock) -> dict:
@@ -347,7 +396,7 @@ def cpu_checks(results: list[dict]) -> list[tuple[str, bool | None]]:
 def _prompts(s: Settings, tok, task: str) -> list[list[int]]:
     from pipeline.bench.prompts import qa_prompts, summary_prompts
 
-    rows = max(s.batch_sizes)
+    rows = max(max(s.batch_sizes), s.min_rows)
     if task == "qa":
         return qa_prompts(tok, s.corpus, rows, s.prompt_tokens)
     return summary_prompts(tok, s.corpus, rows, s.prompt_tokens)
@@ -380,11 +429,14 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     for task in s.tasks:
         prompts = _prompts(s, tok, task)
         for b in s.batch_sizes:
-            rec, runs = _one_batch(s, model, tok, engine, prompts[:b], device, clock)
+            rec, runs = _one_size(s, model, tok, engine, prompts[: max(b, s.min_rows)], b, device, clock)
             rec["task"] = task
             rec["created_utc"] = result["created_utc"]
             rec["longdoc_commit"] = result["versions"]["longdoc_commit"]
-            rec["step_ms"] = (_step_costs(s, tok, prompts[:b], runs.get("longdoc"), engine, device, clock)
+            greedy_first = None
+            if "longdoc" in runs:  # the probe re-decodes the first batch with its greedy output as drafts
+                greedy_first = _first_batch_greedy(runs["longdoc"], b)
+            rec["step_ms"] = (_step_costs(s, tok, prompts[:b], greedy_first, engine, device, clock)
                               if engine is not None and s.verify_widths else {})
             _derived(rec, runs, s, model, bandwidth)
             result["results"].append(rec)
