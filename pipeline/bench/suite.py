@@ -241,8 +241,8 @@ def _one_size(s: Settings, model, tok, engine, prompts, b: int, device, clock) -
     (record, runs by system, each the batches' sum)."""
     batches = [prompts[i : i + b] for i in range(0, len(prompts) - b + 1, b)]
     recs, parts = [], []
-    for batch in batches:
-        rec, runs = _one_batch(s, model, tok, engine, batch, device, clock)
+    for i, batch in enumerate(batches):
+        rec, runs = _one_batch(s, model, tok, engine, batch, device, clock, warm=i == 0)
         recs.append(rec)
         parts.append(runs)
     runs = {x: _merge_runs([p[x] for p in parts]) for x in parts[0] if all(x in p for p in parts)}
@@ -263,8 +263,9 @@ def _one_size(s: Settings, model, tok, engine, prompts, b: int, device, clock) -
     return rec, runs
 
 
-def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple[dict, dict[str, Run]]:
-    """Every chosen system on one batch: (record, runs by system). ``engine``: the run's one Engine."""
+def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, warm: bool = True) -> tuple[dict, dict[str, Run]]:
+    """Every chosen system on one batch: (record, runs by system). ``engine``: the run's one Engine;
+    ``warm``: make each system's warm-up call first (the first batch of a batch size)."""
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     warm_n = max(2, n // 4)
     pad, eos_id = tok.pad_token_id, tok.eos_token_id
@@ -288,9 +289,10 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock) -> tuple
             continue
         try:
             extra[system] = {}
-            t = time.perf_counter()
-            call(system, n if system == "hf-static-compiled" else warm_n)
-            extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
+            if warm:
+                t = time.perf_counter()
+                call(system, n if system == "hf-static-compiled" else warm_n)
+                extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runs[system] = call(system, n)
