@@ -64,7 +64,7 @@ bench-gpu:
 # pydantic's wheels for Python $(PACK_PY_VERSION) (the versions installed here).
 bench-gpu-pack: setup
 	mkdir -p $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
-	$(BIN)/python -c "from stages.random_models import random_tokenizer; random_tokenizer().save_pretrained('$(BENCH_DIR)/cache/models/smollm2-135m-instruct')"
+	$(BIN)/python -c "from stages.model_loading import load_tokenizer; load_tokenizer('random:tiny').save_pretrained('$(BENCH_DIR)/cache/models/smollm2-135m-instruct')"
 	rm -f $(BENCH_DIR)/wheels/*.whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(PACK_PY_VERSION) --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \

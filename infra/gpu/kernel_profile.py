@@ -13,14 +13,14 @@ from step_profile import engine_options  # this script's folder is on sys.path
 from torch.profiler import ProfilerActivity, profile
 
 from stages.decoding.slot_engine import SlotEngine
-from stages.random_models import build_random_causal_lm
+from stages.model_loading import load_causal_lm
 
 
 def main() -> None:
     ap = engine_options(__doc__)
     ap.add_argument("--width", type=int, default=1)
     a = ap.parse_args()
-    model, _ = build_random_causal_lm(a.model.removeprefix("random:"), getattr(torch, a.dtype), torch.device("cuda"))
+    model, _ = load_causal_lm(a.model, a.dtype, torch.device("cuda"))
     engine = SlotEngine(model, slots=a.slots, max_drafts=7, capacity=a.capacity, compile="off")
     feed = torch.zeros((a.slots, a.width), dtype=torch.long, device="cuda")
     n_fed = torch.full((a.slots,), a.width, dtype=torch.long, device="cuda")

@@ -25,7 +25,7 @@ import torch
 from stages.decoding.config import DecodeConfig
 from stages.decoding.slot_engine import SlotEngine
 from stages.decoding.state import prefill_full
-from stages.random_models import build_random_causal_lm
+from stages.model_loading import load_causal_lm
 
 
 def sync() -> None:
@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     dev = torch.device(a.device)
-    model, _ = build_random_causal_lm(a.model.removeprefix("random:"), getattr(torch, a.dtype), dev)
+    model, _ = load_causal_lm(a.model, a.dtype, dev)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = [torch.randint(10, vocab, (a.prompt_tokens,), generator=gen).tolist() for _ in range(a.slots)]
