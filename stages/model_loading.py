@@ -20,14 +20,15 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
+import io
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -105,7 +106,7 @@ def convert_once(target: Path, convert: Callable[[Path], None], marker: str = "m
     return target
 
 
-@contextmanager
+@contextlib.contextmanager
 def _exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock (flock) on ``path`` for the ``with`` block, waiting for it."""
     with open(path, "a+b") as f:
@@ -123,8 +124,11 @@ def _convert_embedded_gguf(folder: Path) -> None:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    # The GGUF reader draws a per-tensor progress bar on stderr (tqdm, no option to turn
+    # it off); in a Ray actor's log every redraw is a line, hundreds in all.
+    with contextlib.redirect_stderr(io.StringIO()):
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -133,3 +133,4 @@ def test_a_complete_folder_is_reused_without_the_lock(tmp_path):
 
     assert convert_once(target, never) == target
     assert not (tmp_path / ".m.lock").exists()
+
