@@ -213,7 +213,7 @@ def _register_operations() -> None:
         "decode",
         help="Decoding throughput: our engine (greedy, prompt lookup) vs transformers "
         "(dynamic; static + compiled) with the memory roofline (--suite systems), or the "
-        "CPU targets of issue 3 (--suite cpu-targets, the default without systems options).",
+        "CPU speed targets (--suite cpu-targets, the default without systems options).",
     )(bench_decode_command)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
     app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(

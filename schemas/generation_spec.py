@@ -1,8 +1,8 @@
 """Generation and resources settings of the job spec: model, decoding, speculation, actors.
 
-Split from schemas/spec.py (which re-exports every name) so each file stays one screenful
-of concerns; the same contract holds: frozen models, unknown keys refused, every field
-described.
+One concern of the job spec, the generating side (schemas/spec.py, the spec as a whole,
+re-exports every name); the same contract holds: frozen models, unknown keys refused,
+every field described.
 """
 
 from __future__ import annotations
