@@ -71,11 +71,6 @@ def output_root(spec: JobSpec, run_date: str) -> str:
     return spec.output.uri.replace("{job}", spec.name).replace("{run_date}", run_date)
 
 
-def completed_request_ids(root: str, run_date: str, retry_errors: str = "none") -> frozenset[str]:
-    """Request ids of the run date that a rerun skips (see stages.partition.DateScan.skip)."""
-    return scan_date(root, run_date).skip(retry_errors)
-
-
 def init_ray(address: str | None, spec: JobSpec) -> None:
     import ray
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.eval.nll import continuation_nll, read_documents, split_document, start_ids
+from pipeline.eval.nll import continuation_nll, read_eval_documents, split_document, start_ids
 from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
 from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.state import prefill_full
@@ -48,7 +48,7 @@ def main() -> None:
                              "float32", torch.device("cpu"))
     cfg = AutoCompressorCompression(checkpoint=a.checkpoint, segment_tokens=a.segment_tokens)
     start, pad = start_ids(tok), tok.pad_token_id
-    docs = read_documents(a.eval_set, a.limit)
+    docs = read_eval_documents(a.eval_set, a.limit)
     splits = []
     for doc_id, text in docs:
         ids = tok(text, add_special_tokens=False)["input_ids"]
