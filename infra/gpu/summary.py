@@ -6,7 +6,7 @@ cut short simply has no line) and prints one section per part:
   per batch size tok/s of each system, prompt lookup / greedy (target at B=8: >= 1.5x,
   never < 0.95x) and the rows where prompt lookup equals greedy (the dtype's agreement);
 - b: ``WORK/ac-run/train_log.csv`` (steps, first/last loss) and ``WORK/nll_heldout.json``
-  (jobs/results/autocompressor/nll_check.py; target: recovered >= 0.40 of the gap);
+  (pipeline/studies/autocompressor_heldout.py; target: recovered >= 0.40 of the gap);
 - c: ``WORK/finch-e2e.json`` (infra/gpu/finch_e2e.py; target <= 0.7x).
 
 Standard library only.  ``python3 infra/gpu/summary.py WORK``

@@ -31,3 +31,30 @@ def qa_set(tmp_path) -> Path:
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps(qa_record(f"doc-{i}", 3 + i)) + "\n" for i in range(2)))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_autocompressors(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """AutoCompressor checkpoints over the tiny model: ``vectors`` (3 summary vectors per
+    segment) and ``kv`` (every 4th key/value kept), untrained (random summary embeddings)."""
+    import torch
+
+    from stages.autocompressor.checkpoint import save_autocompressor
+    from stages.autocompressor.model import ACConfig, AutoCompressor
+    from stages.model_loading import load_causal_lm
+
+    lm, _ = load_causal_lm(str(tiny_model_dir))
+    summary = torch.randn(3, lm.config.hidden_size, generator=torch.Generator().manual_seed(4)) * 0.2
+    forms = {"vectors": AutoCompressor(lm, ACConfig(summary_length=3, accumulate_summary=True), summary),
+             "kv": AutoCompressor(lm, ACConfig(summary_length=1, summary_form="kv", kv_stride=4))}
+    return {name: save_autocompressor(ac, tmp_path_factory.mktemp(f"ac-{name}"), base_model=str(tiny_model_dir))
+            for name, ac in forms.items()}
+
+
+@pytest.fixture
+def pages(tmp_path) -> Path:
+    """Three held-out pages ({"id", "text"} per line), each a few hundred tokens."""
+    path = tmp_path / "heldout.jsonl"
+    path.write_text("".join(json.dumps({"id": f"page-{i}", "text": qa_record(f"p{i}", 2 + i)["text"]}) + "\n"
+                            for i in range(3)))
+    return path
