@@ -32,7 +32,8 @@ test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check pipeline stages schemas tests
+	# Every Python file of the repository: the product, its tests, and the infra scripts (jobs/ holds data only).
+	$(BIN)/ruff check pipeline stages schemas tests infra
 
 bench: setup
 	$(BIN)/longdoc bench decode

@@ -1,4 +1,4 @@
-"""Where does a static-engine decode step's time go? (GPU diagnosis for issue 12)
+"""Where does a static-engine decode step's time go? (GPU diagnosis of the decode step)
 
 For one random-weight model and each compile choice, on free slots of a warmed SlotEngine:
 - ``async_ms``: greedy steps issued back to back, one synchronize at the end (what the
@@ -11,6 +11,8 @@ For one random-weight model and each compile choice, on free slots of a warmed S
 
     python3 infra/gpu/step_profile.py --model random:smollm2-135m --dtype float32 \
         --slots 8 --capacity 1170 --compile cudagraphs,inductor --out step.json
+
+``--device cpu --compile off`` is a dry run on the CPU (what the CPU smoke test runs).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def api_calls(engine: SlotEngine, batch: int, width: int, n: int = 5) -> dict[st
     """CUDA runtime calls per bare step, by name (launch-like calls only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    cuda = [ProfilerActivity.CUDA] if engine.device.type == "cuda" else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
         bare_steps(engine, batch, width, n, host_sync=True)
     calls: dict[str, float] = {}
     for ev in prof.key_averages():
@@ -70,14 +73,14 @@ def engine_options(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = engine_options(__doc__)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--compile", default="cudagraphs,inductor")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script")
     ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = torch.device(a.device)
     model, _ = load_causal_lm(a.model, a.dtype, dev)
     gen = torch.Generator().manual_seed(0)
@@ -114,8 +117,10 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         report["runs"].append(run)
         del engine
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     a.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The GPU session's figures against issue 12's and 13's targets, as Markdown.
+"""The GPU session's figures against their targets (decode speed, AutoCompressor NLL, Finch), as Markdown.
 
 Reads what ``infra/gpu/session.sh`` leaves in its work folder (whatever is there: a part
 cut short simply has no line) and prints one section per part:
@@ -84,9 +84,9 @@ def finch_lines(work: Path) -> list[str]:
 def summary(work: str | Path) -> str:
     work = Path(work)
     out = ["# GPU session figures", ""]
-    for title, lines in (("a: bench decode, embedded model (issue 12)", decode_lines(work)),
-                         ("b: AutoCompressor on the GPU (issue 13)", train_lines(work)),
-                         ("c: Finch end to end (issue 12)", finch_lines(work))):
+    for title, lines in (("a: bench decode, embedded model", decode_lines(work)),
+                         ("b: AutoCompressor on the GPU", train_lines(work)),
+                         ("c: Finch end to end", finch_lines(work))):
         out += [f"## {title}", ""] + (lines or ["(no result)"]) + [""]
     return "\n".join(out)
 
