@@ -22,7 +22,7 @@ class SpeculativeSpec(_Strict):
         description="prompt_lookup: draft tokens copied from n-gram matches in the document, "
         "prompt and output so far, verified in one forward pass. none: plain decoding.",
     )
-    # Defaults measured with the adaptive engine (pipeline/bench/decode.py, issue 3):
+    # Defaults measured with the adaptive engine (`longdoc bench decode --suite cpu-targets`):
     # longer suffixes give a sharper acceptance signal; the engine shortens drafts itself.
     num_draft_tokens: int = Field(default=16, ge=1, le=64, description="Most draft tokens per step.")
     max_ngram: int = Field(default=6, ge=1, le=16, description="Longest suffix n-gram searched.")
