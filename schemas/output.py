@@ -54,6 +54,7 @@ INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
 ERROR_KINDS = (INPUT, RETRYABLE)
 
+
 @dataclass(frozen=True)
 class Column:
     """How one output column is stored and filled; its definition is ``doc``.
