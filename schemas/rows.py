@@ -7,7 +7,7 @@ grows column by column on the way to the output table::
     tokenize --> TokenizedRow    (stages/tokenize.py: TokenizeStage)
     text compression -> CompressedRow  (a method with runs_at tokenize or text_stage,
                                         stages/compression/; RetrievedRow for rag, bm25)
-    generate --> OutputRow       (stages/generate.py: GenerateStage; = schemas/output.py)
+    generate --> OutputRow       (stages/generate.py: GenerateStage; defined in schemas/output.py)
     write -----> Parquet         (stages/write.py)
 
 Each stage's signature names the row it takes and returns; each stage and method
@@ -24,6 +24,9 @@ hands the rows over as numpy batches; stages/rows.py converts.
 from __future__ import annotations
 
 from typing import TypedDict
+
+# The output row is defined once, with its column definitions, in schemas/output.py.
+from schemas.output import OutputRow as OutputRow
 
 
 class RequestRow(TypedDict):
@@ -69,51 +72,6 @@ class RetrievedRow(CompressedRow):
     retrieval_top_score: float | None
     retrieval_mean_score: float | None
     embedder_truncated_chunks: int | None  # rag only: chunks over the embedder's window
-
-
-class OutputRow(TypedDict):
-    """One row of the output table: exactly the columns of schemas.output.OUTPUT_SCHEMA
-    (their definitions are ``COLUMN_DOCS`` there); null where a failed row has none."""
-
-    run_id: str
-    run_date: str
-    job: str
-    doc_id: str
-    request_id: str
-    source_uri: str | None
-    task: str | None
-    prompt: str | None
-    reference: str | None
-    output_text: str | None
-    model: str | None
-    compression: str | None
-    speculative: str | None
-    doc_tokens: int | None
-    context_tokens: int | None
-    compression_ratio: float | None
-    prompt_tokens: int | None
-    output_tokens: int | None
-    draft_tokens: int | None
-    accepted_tokens: int | None
-    acceptance_rate: float | None
-    decode_steps: int | None
-    mean_accepted_per_step: float | None
-    compress_s: float | None
-    prefill_s: float | None
-    ttft_s: float | None
-    decode_s: float | None
-    e2e_s: float | None
-    device: str | None
-    device_s: float | None
-    cost_usd: float | None
-    error: str | None
-    error_kind: str | None
-    schema_version: int
-    retrieval_chunks: int | None
-    retrieved_chunks: int | None
-    retrieval_top_score: float | None
-    retrieval_mean_score: float | None
-    embedder_truncated_chunks: int | None
 
 
 #: What generate reads: a tokenized row, text-compressed or not.

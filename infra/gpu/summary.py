@@ -1,4 +1,4 @@
-"""The GPU session's figures against issue 12's and 13's targets, as Markdown.
+"""The GPU session's figures against their targets (decode speed, AutoCompressor NLL, Finch), as Markdown.
 
 Reads what ``infra/gpu/session.sh`` leaves in its work folder (whatever is there: a part
 cut short simply has no line) and prints one section per part:
@@ -6,7 +6,7 @@ cut short simply has no line) and prints one section per part:
   per batch size tok/s of each system, prompt lookup / greedy (target at B=8: >= 1.5x,
   never < 0.95x) and the rows where prompt lookup equals greedy (the dtype's agreement);
 - b: ``WORK/ac-run/train_log.csv`` (steps, first/last loss) and ``WORK/nll_heldout.json``
-  (jobs/results/autocompressor/nll_check.py; target: recovered >= 0.40 of the gap);
+  (pipeline/studies/autocompressor_heldout.py; target: recovered >= 0.40 of the gap);
 - c: ``WORK/finch-e2e.json`` (infra/gpu/finch_e2e.py; target <= 0.7x).
 
 Standard library only.  ``python3 infra/gpu/summary.py WORK``
@@ -84,9 +84,9 @@ def finch_lines(work: Path) -> list[str]:
 def summary(work: str | Path) -> str:
     work = Path(work)
     out = ["# GPU session figures", ""]
-    for title, lines in (("a: bench decode, embedded model (issue 12)", decode_lines(work)),
-                         ("b: AutoCompressor on the GPU (issue 13)", train_lines(work)),
-                         ("c: Finch end to end (issue 12)", finch_lines(work))):
+    for title, lines in (("a: bench decode, embedded model", decode_lines(work)),
+                         ("b: AutoCompressor on the GPU", train_lines(work)),
+                         ("c: Finch end to end", finch_lines(work))):
         out += [f"## {title}", ""] + (lines or ["(no result)"]) + [""]
     return "\n".join(out)
 

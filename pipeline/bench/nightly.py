@@ -1,7 +1,7 @@
 """Nightly-job figures derived from a bench batch: documents/hour and $ per 1,000 documents.
 
-Issue 12's target "a nightly job of 1,000 8k-token documents: report docs/hour and
-$/1k documents". Contract: ``nightly_figures(record, usd_per_device_hour)`` takes one
+What a nightly job of 1,000 long documents costs, from the decode bench's timed calls:
+documents/hour and $ per 1,000 documents (`longdoc bench job` measures a whole job). Contract: ``nightly_figures(record, usd_per_device_hour)`` takes one
 batch-size record of `bench decode --suite systems` (pipeline/bench/suite.py) and
 returns, per system whose status is ok:
 
@@ -28,8 +28,8 @@ FORMULA = (
     "docs/hour = 3600 x B / batch_s; device-hours per 1k docs = 1000 / (docs/hour); "
     "$/1k docs = 1000 x cost_usd(batch_s / B, usd_per_device_hour) = device-hours per 1k x usd_per_device_hour "
     "(schemas/output.py cost_usd, the cost_usd column's model: device_s x usd_per_device_hour / 3600). "
-    "Excludes model load and the one-off warm-up/compilation. Issue 12's nightly target is 8k-token "
-    "documents: run with --prompt-tokens 8192 for it."
+    "Excludes model load and the one-off warm-up/compilation. For a night of 8k-token documents run "
+    "with --prompt-tokens 8192."
 )
 
 

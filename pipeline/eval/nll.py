@@ -54,7 +54,7 @@ DEFAULT_QUERY_TOKENS = 32
 NO_CONTEXT = "no-context"
 
 
-def read_documents(eval_set: str, limit: int | None = None) -> list[tuple[str, str]]:
+def read_eval_documents(eval_set: str, limit: int | None = None) -> list[tuple[str, str]]:
     """(id, text) of the eval set's documents (JSONL fields id, text), first ``limit``."""
     import fsspec
 

@@ -32,7 +32,7 @@ from pipeline.eval.nll import (
     DEFAULT_NLL_BUDGETS,
     DEFAULT_QUERY_TOKENS,
     aggregate_nll,
-    read_documents,
+    read_eval_documents,
     run_nll,
 )
 from pipeline.eval.specs import (
@@ -126,7 +126,7 @@ def run_eval(
     wall: dict[tuple[str, int | None], float] = {}
     failed: dict[str, str] = {}
     scored_nll = run_nll(
-        nll_runs, specs, read_documents(eval_uri, limit), continuation_tokens=continuation_tokens,
+        nll_runs, specs, read_eval_documents(eval_uri, limit), continuation_tokens=continuation_tokens,
         query_tokens=query_tokens, failed=failed, progress=progress,
     ) if nll_runs else []  # fmt: skip
     meta = load_question_meta(eval_uri) if runs else {}

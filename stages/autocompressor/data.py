@@ -1,7 +1,7 @@
 """Training data for the AutoCompressor job: text files -> fixed-length token blocks.
 
 Contract: ``find_text_files(paths)`` lists .txt/.md/.jsonl files (folders searched
-recursively, sorted); ``read_documents`` yields one text per .txt/.md file or per JSONL
+recursively, sorted); ``read_training_texts`` yields one text per .txt/.md file or per JSONL
 line (its ``text_field``); ``token_blocks`` tokenizes the documents, joins them with EOS
 (documents shorter than a block then share one, as in the authors' pre-tokenized 6K-token
 RedPajama blocks) and cuts ``[N, block_tokens]`` int64 blocks, dropping the tail.
@@ -41,7 +41,7 @@ def find_text_files(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def read_documents(files: Sequence[Path], text_field: str = "text") -> Iterator[str]:
+def read_training_texts(files: Sequence[Path], text_field: str = "text") -> Iterator[str]:
     for f in files:
         if f.suffix in JSONL_SUFFIXES:
             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):

@@ -3,7 +3,7 @@
 Why a second form: the summary vectors of the paper (model.py) are fed back as input
 embeddings, and on the embedded SmolLM2-135M they learned to carry almost nothing of their
 own page (jobs/results/autocompressor/README.md). Summaries kept as every layer's keys and
-values carry much more: in the CPU probe (kv_probe.py, same held-out pages), the K/V of
+values carry much more: in the CPU probe (pipeline/studies/kv_summary_probe.py, same held-out pages), the K/V of
 every 10th page token, trained with a LoRA adapter for 600 steps, took the continuation's
 NLL from 2.951 (no context) to 2.639 against 2.304 with the full page. The adapter learns
 to pack each stretch of ``stride`` tokens into the position kept at its end.

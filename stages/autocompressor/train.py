@@ -323,7 +323,12 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
     """The whole job: base model + corpus -> trained AutoCompressor saved to cfg.out_dir."""
     from stages.autocompressor import resume
     from stages.autocompressor.checkpoint import save_autocompressor
-    from stages.autocompressor.data import batches, find_text_files, read_documents, token_blocks
+    from stages.autocompressor.data import (
+        batches,
+        find_text_files,
+        read_training_texts,
+        token_blocks,
+    )
     from stages.model_loading import load_causal_lm
 
     cfg.validate()
@@ -334,7 +339,7 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
     # Frozen base weights in the serving dtype (bf16 on GPU); the trainable LoRA and summary
     # parameters stay float32 (peft and the wrapper keep them so) under bf16 autocast.
     lm, tok = load_causal_lm(cfg.base_model, cfg.dtype, device)
-    blocks = token_blocks(read_documents(files), tok, cfg.block_tokens)
+    blocks = token_blocks(read_training_texts(files), tok, cfg.block_tokens)
     if cfg.grad_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ac = make_trainable(

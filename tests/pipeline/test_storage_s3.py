@@ -81,12 +81,12 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     assert "run_date" not in pq.read_schema(files[0], filesystem=fs).names
 
     # Resume on S3: a rerun of the date would skip exactly these requests.
-    from pipeline.runner import completed_request_ids
+    from stages.partition import scan_date
 
     with pytest.MonkeyPatch.context() as mp:
         for k, v in s3.env().items():
             mp.setenv(k, v)
-        done = completed_request_ids("s3://results/longdoc/s3job", DATE)
+        done = scan_date("s3://results/longdoc/s3job", DATE).skip("none")
     assert done == frozenset(table.column("request_id").to_pylist())
 
     # No object in the output bucket carries the secret (rows, summary, spec copy).

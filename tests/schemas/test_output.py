@@ -118,3 +118,70 @@ def test_retry_policy(kind, policy, retried):
 def test_retry_policy_rejects_unknown_values():
     with pytest.raises(ValueError, match="all, retryable, none"):
         output.is_retried("input", "some")
+
+
+# ----------------------------------------------------------------- the one definition
+def _spec():
+    from schemas.loading import spec_from_dict
+
+    return spec_from_dict({"name": "j", "input": {"uri": "/in"}, "task": {"kind": "qa", "questions": ["Q?"]},
+                           "compression": {"method": "truncate", "target_tokens": 64},
+                           "generation": {"speculative": {"method": "none"}}})
+
+
+REQUEST = {"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": "d", "request_id": "q",
+           "source_uri": "file:///in/d.txt", "task": "qa", "prompt": "Q?", "reference": "A",
+           "doc_tokens": 120, "doc_ids": [1, 2, 3], "text": "not an output column"}
+
+
+def test_everything_is_derived_from_the_output_row_definition():
+    """Schema, docs, identity columns and the builder's column groups all come from OutputRow."""
+    import typing
+
+    hints = typing.get_type_hints(output.OutputRow, include_extras=True)
+    assert list(hints) == output.OUTPUT_COLUMNS == output.OUTPUT_SCHEMA.names
+    assert output.IDENTITY_COLUMNS == ("run_id", "run_date", "job", "doc_id", "request_id", "schema_version")
+    assert output.OUTPUT_SCHEMA.field("schema_version").type == pa.int32()
+    assert output.OUTPUT_SCHEMA.field("doc_tokens").type == pa.int64()
+    assert output.OUTPUT_SCHEMA.field("acceptance_rate").type == pa.float64()
+    groups = (set(output.REQUEST_COLUMNS), set(output.SPEC_COLUMNS), set(output.FIGURE_COLUMNS),
+              {"error", "error_kind", "schema_version"})
+    assert set().union(*groups) == set(output.OUTPUT_COLUMNS)
+    assert sum(map(len, groups)) == len(output.OUTPUT_COLUMNS)  # each column filled by one source
+    assert set(output.IDENTITY_COLUMNS) - {"schema_version"} <= set(output.REQUEST_COLUMNS)
+
+
+def test_output_row_builds_success_rows_from_request_spec_and_figures():
+    row = output.output_row(_spec(), REQUEST, output_text="A.", output_tokens=3, context_tokens=64,
+                            retrieval_chunks=None)
+    assert list(row) == output.OUTPUT_COLUMNS
+    assert {k: row[k] for k in output.REQUEST_COLUMNS} == {k: REQUEST[k] for k in output.REQUEST_COLUMNS}
+    assert (row["model"], row["compression"], row["speculative"]) == ("embedded:smollm2-135m-instruct",
+                                                                       "truncate", "none")
+    assert (row["output_text"], row["output_tokens"], row["context_tokens"]) == ("A.", 3, 64)
+    assert row["error"] is None and row["error_kind"] is None and row["decode_s"] is None
+    assert row["schema_version"] == output.SCHEMA_VERSION
+    table = output.rows_to_table([row], output.FILE_SCHEMA)
+    assert table.column("doc_tokens").to_pylist() == [120]
+
+
+def test_output_row_builds_error_rows_and_keeps_an_upstream_kind():
+    spec = _spec()
+    row = output.output_row(spec, REQUEST, error="generate: boom", error_kind=output.RETRYABLE)
+    assert (row["error"], row["error_kind"], row["output_text"]) == ("generate: boom", output.RETRYABLE, None)
+    assert row["request_id"] == "q" and row["model"] == spec.generation.model
+    upstream = {**REQUEST, "error": "read: bad utf-8", "error_kind": output.INPUT}
+    assert output.output_row(spec, upstream, error=upstream["error"])["error_kind"] == output.INPUT
+    # A request that carries a kind but did not fail does not pass it on.
+    assert output.output_row(spec, {**REQUEST, "error_kind": output.INPUT})["error_kind"] is None
+    # Only what the read stage knows: identity and the question; the rest stays null.
+    read_only = {k: REQUEST[k] for k in ("run_id", "run_date", "job", "doc_id", "request_id", "prompt")}
+    row = output.output_row(spec, read_only, error="run: aborted", error_kind=output.RETRYABLE)
+    assert row["doc_tokens"] is None and row["source_uri"] is None and row["prompt"] == "Q?"
+
+
+def test_output_row_rejects_a_column_it_does_not_fill():
+    with pytest.raises(ValueError, match=r"output_txt not a figure column; allowed: output_text"):
+        output.output_row(_spec(), REQUEST, output_txt="typo")
+    with pytest.raises(ValueError, match="request_id not a figure column"):
+        output.output_row(_spec(), REQUEST, request_id="copied from the request, never passed")

@@ -1,6 +1,8 @@
-"""dtype "auto" by device and model size (issue 12's measured rule), and the size estimate."""
+"""Model loading: dtype "auto" by device and size, the size estimate, and the embedded model converted once."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +62,75 @@ def test_publish_keeps_a_complete_model(tmp_path):
     tmp, target = _dirs(tmp_path, {"model.safetensors": "first"}, {"model.safetensors": "second"})
     publish_model_dir(tmp, target)
     assert (target / "model.safetensors").read_text() == "first"
+
+
+# A child process: convert_once with a conversion that records who ran it.
+_CHILD = """
+import os, sys
+from pathlib import Path
+from stages.model_loading import convert_once
+
+target, log = Path(sys.argv[1]), Path(sys.argv[2])
+
+def convert(folder: Path) -> None:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_text(str(os.getpid()))
+
+print(convert_once(target, convert))
+"""
+
+
+def _lock_waiters(lock: Path) -> int:
+    """Processes blocked on a lock of ``lock``'s inode, as the kernel lists them (/proc/locks)."""
+    ino = lock.stat().st_ino
+    lines = Path("/proc/locks").read_text().splitlines()
+    return sum(1 for ln in lines if "->" in ln and any(f.endswith(f":{ino}") for f in ln.split()))
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks to see waiters")
+def test_two_processes_convert_once_and_the_second_reuses(tmp_path):
+    """Two real processes ask for the same model folder while a third holds the lock:
+    both block, then exactly one converts and the other reuses its folder."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+
+    target, log = tmp_path / "models" / "m", tmp_path / "conversions.log"
+    target.parent.mkdir()
+    lock = target.parent / ".m.lock"
+    repo = Path(__file__).resolve().parents[2]
+    with open(lock, "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(target), str(log)], cwd=repo,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        deadline = time.monotonic() + 120
+        while _lock_waiters(lock) < 2:  # the event: both children wait on the lock
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            assert time.monotonic() < deadline, "the children never waited on the lock"
+            time.sleep(0.05)
+        assert not log.exists()  # nobody converted while the lock was held
+        fcntl.flock(held, fcntl.LOCK_UN)
+    outs = [c.communicate(timeout=120) for c in children]
+    assert [c.returncode for c in children] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == [str(target)] * 2
+    converters = log.read_text().split()
+    assert len(converters) == 1  # converted once; the other process reused it
+    assert (target / "model.safetensors").read_text() == converters[0]
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".m-")]  # no temporary left
+
+
+def test_a_complete_folder_is_reused_without_the_lock(tmp_path):
+    target = tmp_path / "m"
+    target.mkdir()
+    (target / "model.safetensors").write_text("done")
+    from stages.model_loading import convert_once
+
+    def never(folder: Path) -> None:
+        raise AssertionError("converted a complete folder")
+
+    assert convert_once(target, never) == target
+    assert not (tmp_path / ".m.lock").exists()
+

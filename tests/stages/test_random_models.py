@@ -7,7 +7,7 @@ import torch
 
 from schemas.spec import RANDOM_MODEL_SHAPES, GenerationSpec
 from stages.model_loading import load_causal_lm, load_tokenizer
-from stages.random_models import SHAPES, build_random_causal_lm, random_config, shape_of
+from stages.random_models import SHAPES, random_config, shape_of
 
 
 def test_shapes_match_the_spec_list():
@@ -39,7 +39,7 @@ def test_llama_8b_config_is_llama_3_8b():
 def test_8b_is_built_directly_on_the_target_device_in_bf16():
     # The meta device allocates nothing: every parameter must be created there, in bf16
     # (a build that materialised fp32 weights first and cast/moved them would show here).
-    model, tok = build_random_causal_lm("random:llama-8b", torch.bfloat16, torch.device("meta"))
+    model, tok = load_causal_lm("random:llama-8b", "bfloat16", torch.device("meta"))
     params = list(model.parameters())
     assert {p.device.type for p in params} == {"meta"}
     assert {p.dtype for p in params} == {torch.bfloat16}
@@ -49,8 +49,8 @@ def test_8b_is_built_directly_on_the_target_device_in_bf16():
 
 def test_tiny_is_seeded_and_loads_through_load_causal_lm(tokenizer):
     model, tok = load_causal_lm("random:tiny")
-    again, _ = build_random_causal_lm("random:tiny", torch.float32, torch.device("cpu"), seed=0)
-    other, _ = build_random_causal_lm("random:tiny", torch.float32, torch.device("cpu"), seed=1)
+    again, _ = load_causal_lm("random:tiny", "float32", torch.device("cpu"), seed=0)
+    other, _ = load_causal_lm("random:tiny", "float32", torch.device("cpu"), seed=1)
     w = model.model.layers[0].mlp.up_proj.weight
     assert torch.equal(w, again.model.layers[0].mlp.up_proj.weight)
     assert not torch.equal(w, other.model.layers[0].mlp.up_proj.weight)

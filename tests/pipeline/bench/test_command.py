@@ -10,6 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from pipeline.bench.command import PRESETS
 from pipeline.bench.results import SYSTEMS
 from pipeline.cli import app
 
@@ -96,3 +97,12 @@ def test_option_errors_name_the_option():
     assert res.exit_code == 2 and "comma-separated integers" in res.output
     res = runner.invoke(app, ["bench", "decode", "--compile", "cudagraphs"])
     assert res.exit_code == 2 and "needs a CUDA device" in res.output
+
+
+def test_presets_name_only_known_systems_and_tasks():
+    from pipeline.bench.suite import TASKS
+
+    for device, preset in PRESETS.items():
+        assert set(preset["systems"].split(",")) <= set(SYSTEMS), device
+        assert set(preset["tasks"].split(",")) <= set(TASKS), device
+    assert "hf-static-compiled" not in PRESETS["cpu"]["systems"]  # minutes of CPU compilation for nothing

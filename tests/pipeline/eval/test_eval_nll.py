@@ -17,7 +17,7 @@ from pipeline.eval.nll import (
     NO_CONTEXT,
     aggregate_nll,
     continuation_nll,
-    read_documents,
+    read_eval_documents,
     run_nll,
     split_document,
     start_ids,
@@ -63,7 +63,7 @@ def direct_nll(model, context: list[int], cont: list[int]) -> float:
 
 
 def doc_split(tokenizer, eval_path):
-    _, text = read_documents(str(eval_path))[1]
+    _, text = read_eval_documents(str(eval_path))[1]
     return split_document(tokenizer(text, add_special_tokens=False)["input_ids"], C, 10**6)
 
 
@@ -110,7 +110,7 @@ def test_small_budget_differs_and_is_respected(eval_path, tmp_path, tiny_model_d
 
 
 def test_no_context_equals_direct(eval_path, tmp_path, tiny_model_dir, tokenizer) -> None:
-    docs = read_documents(str(eval_path))
+    docs = read_eval_documents(str(eval_path))
     job = spec(EvalRun("none", None), eval_path, tmp_path, tiny_model_dir)
     rows = run_nll([EvalRun("none", None)], {"none-full": job}, docs, continuation_tokens=C, query_tokens=Q)
     ref = {r["doc_id"]: r for r in rows if r["method"] == NO_CONTEXT}
@@ -144,7 +144,7 @@ def test_every_method_finite_and_within_budget(eval_path, tmp_path, tiny_model_d
             "autocompressor:compression.segment_tokens=64")  # fmt: skip
     specs = {r.tag: spec(r, eval_path, tmp_path, tiny_model_dir, *sets, ac=ac_checkpoint) for r in runs}
     failed: dict[str, str] = {}
-    rows = run_nll(runs, specs, read_documents(str(eval_path)), continuation_tokens=C, query_tokens=Q, failed=failed)
+    rows = run_nll(runs, specs, read_eval_documents(str(eval_path)), continuation_tokens=C, query_tokens=Q, failed=failed)
     assert not failed and len(rows) == 2 * (len(runs) + 1)  # + the no-context reference
     for r in rows:
         assert r["error"] is None, r

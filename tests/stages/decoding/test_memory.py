@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.decoding.memory import MAX_SLOTS, KvBudget, budget_bytes_for, round_up, step_reserve_bytes
+from stages.decoding.memory import (
+    MAX_SLOTS,
+    KvBudget,
+    budget_bytes_for,
+    round_up,
+    step_reserve_bytes,
+)
 
 
 def test_layouts_fill_the_budget_with_slots_of_the_needed_capacity():

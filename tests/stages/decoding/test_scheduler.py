@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from stages.decoding.engine import Request
 from stages.decoding.memory import KvBudget
-from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Wait, Waiting
+from stages.decoding.scheduler import (
+    Admit,
+    KvBudgetExceeded,
+    Reject,
+    Relayout,
+    Scheduler,
+    Wait,
+    Waiting,
+)
 from stages.prompting import PromptParts
 
 

@@ -12,6 +12,7 @@ from schemas.generation_spec import SpeculativeSpec, speculative_methods
 from stages.decoding import drafters
 from stages.decoding.config import DecodeConfig
 from stages.decoding.drafters import NONE, drafter_for, drafter_names, registry
+from stages.decoding.drafters.base import Draft, Drafter
 from stages.decoding.drafters.prompt_lookup import PromptLookup
 from stages.decoding.drafters.suffix import SuffixDrafter
 
@@ -56,3 +57,13 @@ def test_adding_a_drafter_is_adding_a_module(tmp_path, monkeypatch):
     finally:
         registry.cache_clear()
         sys.modules.pop("stages.decoding.drafters.repeat_last", None)
+
+
+def test_a_drafter_must_implement_propose_and_drafts_carry_a_level():
+    class Incomplete(Drafter):
+        name = "incomplete"
+        summary = "no propose"
+
+    with pytest.raises(TypeError, match="propose"):
+        Incomplete(DecodeConfig(max_new_tokens=4, eos_ids=frozenset()))
+    assert Draft.none() == Draft([], 0) and Draft([5], ("outputs", 2)).level == ("outputs", 2)

@@ -11,9 +11,10 @@ jobs/eval/*.jsonl, compared both by page id and by source path. A few further pa
 out of training for the NLL check (``HELDOUT``). Pages shorter than ``MIN_CHARS`` are skipped.
 
 Run from the repository root:
-    .venv/bin/python jobs/results/autocompressor/build_corpus.py --out out/ac-corpus
+    .venv/bin/python -m pipeline.corpus.autocompressor_corpus --out out/ac-corpus
 Writes ``<out>/train.jsonl`` and ``<out>/heldout.jsonl`` ({"id", "text"} per line) and
-jobs/results/autocompressor/pages.txt (one ``split<TAB>id<TAB>source`` line per page used).
+the page list ``--pages`` (default jobs/results/autocompressor/pages.txt, one
+``split<TAB>id<TAB>source`` line per page used), and returns the page counts.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from pipeline.corpus.build import DOC_ROOT, SOURCES
 from pipeline.corpus.rst import collect_labels, rst_to_text
 
-HERE = Path(__file__).parent
+PAGES = Path("jobs/results/autocompressor/pages.txt")
 MIN_CHARS = 2_000
 # Held out of training for the continuation-NLL check: prose pages, none in any eval set.
 HELDOUT = (
@@ -54,12 +55,13 @@ def eval_ids(root: Path) -> set[str]:
     return ids
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, int]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/ac-corpus"))
     ap.add_argument("--doc-root", type=Path, default=DOC_ROOT)
     ap.add_argument("--jobs", type=Path, default=Path("jobs"))
-    args = ap.parse_args()
+    ap.add_argument("--pages", type=Path, default=PAGES, help="where the list of pages used goes")
+    args = ap.parse_args(argv)
     excluded_ids = set(SOURCES) | eval_ids(args.jobs)
     excluded_paths = set(SOURCES.values())
     pages = sorted(
@@ -82,13 +84,14 @@ def main() -> None:
         with open(args.out / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for r in recs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    (HERE / "pages.txt").write_text("\n".join(listing) + "\n", encoding="utf-8")
+    args.pages.write_text("\n".join(listing) + "\n", encoding="utf-8")
     chars = {s: sum(len(r["text"]) for r in recs) for s, recs in rows.items()}
     print(
         f"train {len(rows['train'])} pages {chars['train']:,} chars; "
         f"heldout {len(rows['heldout'])} pages {chars['heldout']:,} chars; "
         f"excluded {len(excluded_ids)} ids -> {args.out}"
     )
+    return {split: len(recs) for split, recs in rows.items()}
 
 
 if __name__ == "__main__":

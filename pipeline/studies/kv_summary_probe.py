@@ -7,7 +7,7 @@ values (gist tokens, Mu et al. 2023; Activation Beacon, Zhang et al. 2024; 500xC
 Li et al. 2024), in one masked pass: ``[earlier (1024) with summary slots ; cont (256)]``,
 where the continuation attends to the summary slots and itself only, never to the
 earlier tokens. Same held-out pages, same targets (cont[1:], mean nats/token) and the same
-~10x budget as nll_check.py. Layouts (``--layout``):
+~10x budget as autocompressor_heldout.py. Layouts (``--layout``):
 - end:         K learned gist embeddings after the page (K = 1024 / stride).
 - interleaved: one learned gist embedding after every ``stride`` tokens (the beacon layout).
 - stride:      no gist; the keys/values of every ``stride``-th page token are kept.
@@ -16,7 +16,11 @@ Reported at each evaluation: ``own`` (the page's own earlier text) and ``other``
 held-out page's earlier text, same continuation); own = other means the summaries carry
 nothing of their page. ``--steps 0`` evaluates the untrained base model.
 
-    .venv/bin/python jobs/results/autocompressor/kv_probe.py --layout interleaved --steps 300
+    .venv/bin/python -m pipeline.studies.kv_summary_probe --layout interleaved --steps 300 --out out/kv
+
+Results: jobs/results/autocompressor/kv_probe_*.{csv,json} (README.md there, "Key/value
+summaries, a CPU probe"). ``--earlier``/``--cont`` change the 1024/256 split (the smoke test
+uses a small one).
 """
 
 from __future__ import annotations
@@ -37,16 +41,16 @@ from stages.model_loading import load_causal_lm
 EARLIER, CONT = 1024, 256
 
 
-def summary_slots(layout: str, stride: int) -> torch.Tensor:
-    """Which slots of the earlier part the continuation may read: [N] bool (N = 1024 + gists)."""
-    k = EARLIER // stride
+def summary_slots(layout: str, stride: int, earlier: int = EARLIER) -> torch.Tensor:
+    """Which slots of the earlier part the continuation may read: [N] bool (N = earlier + gists)."""
+    k = earlier // stride
     if layout == "end":
-        return torch.cat([torch.zeros(EARLIER, dtype=torch.bool), torch.ones(k, dtype=torch.bool)])
+        return torch.cat([torch.zeros(earlier, dtype=torch.bool), torch.ones(k, dtype=torch.bool)])
     if layout == "interleaved":  # every (stride + 1)-th slot is a gist, after its stride tokens
-        slots = torch.zeros(EARLIER + k, dtype=torch.bool)
+        slots = torch.zeros(earlier + k, dtype=torch.bool)
         slots[stride :: stride + 1] = True
         return slots
-    slots = torch.zeros(EARLIER, dtype=torch.bool)
+    slots = torch.zeros(earlier, dtype=torch.bool)
     slots[stride - 1 :: stride] = True
     return slots
 
@@ -56,7 +60,7 @@ def token_ids(tok, path: Path) -> list[list[int]]:
     return [tok(json.loads(line)["text"], add_special_tokens=False).input_ids for line in lines]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", choices=("end", "interleaved", "stride"), required=True)
     ap.add_argument("--stride", type=int, default=10, help="earlier tokens per summary slot")
@@ -71,24 +75,28 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way)")
     ap.add_argument("--batch", type=int, default=1, help="training windows per step")
     ap.add_argument("--out", type=Path, required=True, help="writes OUT.csv (loss per step), OUT.json")
-    a = ap.parse_args()
+    ap.add_argument("--model", default=EMBEDDED_MODEL)
+    ap.add_argument("--earlier", type=int, default=EARLIER, help="page tokens the summaries stand for")
+    ap.add_argument("--cont", type=int, default=CONT, help="continuation tokens scored")
+    a = ap.parse_args(argv)
+    earlier_n, cont_n = a.earlier, a.cont
     torch.manual_seed(0)
     random.seed(0)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
-    lm, tok = load_causal_lm(EMBEDDED_MODEL, "float32", dev)
+    lm, tok = load_causal_lm(a.model, "float32", dev)
     cache = a.corpus / "train_ids.pt"  # the training pages, tokenized once, EOS between pages
     if not cache.exists():
         flat = [t for page in token_ids(tok, a.corpus / "train.jsonl") for t in page + [tok.eos_token_id]]
         torch.save(torch.tensor(flat), cache)
     data = torch.load(cache)
-    held = [p for p in token_ids(tok, a.corpus / "heldout.jsonl") if len(p) >= EARLIER + CONT]
+    held = [p for p in token_ids(tok, a.corpus / "heldout.jsonl") if len(p) >= earlier_n + cont_n]
     from peft import LoraConfig, get_peft_model
 
     lm = get_peft_model(lm, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj"]))
     model = lm.get_base_model()
     embed = model.get_input_embeddings()
-    slots = summary_slots(a.layout, a.stride).to(dev)
+    slots = summary_slots(a.layout, a.stride, earlier_n).to(dev)
     n_gist = int(slots.sum()) if a.layout == "end" else 1
     start = embed.weight[tok(a.init_token, add_special_tokens=False).input_ids[0]].detach()
     gist = torch.nn.Parameter(start[None].repeat(n_gist, 1).clone())  # [G, H], on dev
@@ -98,14 +106,14 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine)
     n = slots.numel()
     is_gist = slots if a.layout != "stride" else torch.zeros(n, dtype=torch.bool, device=dev)
-    mask = torch.ones(n + CONT, n + CONT, dtype=torch.bool, device=dev).tril()
+    mask = torch.ones(n + cont_n, n + cont_n, dtype=torch.bool, device=dev).tril()
     mask[n:, :n] &= slots[None, :]  # the continuation reads the summary slots only
     mask = mask[None, None]
-    pos = torch.arange(n + CONT, device=dev)[None]
+    pos = torch.arange(n + cont_n, device=dev)[None]
 
     def inputs(earlier: list[int], cont: list[int]) -> torch.Tensor:
-        """One sequence's input embeddings: [n + CONT, H] (page with summary slots ; cont)."""
-        text = embed(torch.tensor(earlier, device=dev))  # [1024, H]
+        """One sequence's input embeddings: [n + cont, H] (page with summary slots ; cont)."""
+        text = embed(torch.tensor(earlier, device=dev))  # [earlier, H]
         x = torch.zeros(n, text.shape[1], device=dev).masked_scatter(~is_gist[:, None], text)
         if a.layout != "stride":
             x = torch.where(is_gist[:, None], torch.zeros_like(x), x)
@@ -114,19 +122,19 @@ def main() -> None:
 
     def cont_loss(pairs: list[tuple[list[int], list[int]]]) -> torch.Tensor:
         """Mean loss of cont[1:] over the batch, each cont reading its page's summary slots."""
-        x = torch.stack([inputs(e, c) for e, c in pairs])  # [B, n + CONT, H]
+        x = torch.stack([inputs(e, c) for e, c in pairs])  # [B, n + cont, H]
         b = x.shape[0]
         h = model.model(inputs_embeds=x, attention_mask=mask.expand(b, -1, -1, -1), position_ids=pos.expand(b, -1),
                         use_cache=False).last_hidden_state
-        logits = model.lm_head(h[:, n : n + CONT - 1]).float()  # [B, CONT - 1, V]
+        logits = model.lm_head(h[:, n : n + cont_n - 1]).float()  # [B, cont - 1, V]
         target = torch.tensor([c[1:] for _, c in pairs], device=dev)
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
     @torch.no_grad()
     def evaluate(step: int) -> dict:
         lm.eval()
-        own = [cont_loss([(p[:EARLIER], p[EARLIER : EARLIER + CONT])]).item() for p in held]
-        other = [cont_loss([(held[(i + 1) % len(held)][:EARLIER], p[EARLIER : EARLIER + CONT])]).item()
+        own = [cont_loss([(p[:earlier_n], p[earlier_n : earlier_n + cont_n])]).item() for p in held]
+        other = [cont_loss([(held[(i + 1) % len(held)][:earlier_n], p[earlier_n : earlier_n + cont_n])]).item()
                  for i, p in enumerate(held)]
         lm.train()
         row = {"step": step, "own": sum(own) / len(own), "other": sum(other) / len(other)}
@@ -140,9 +148,9 @@ def main() -> None:
             t0 = time.time()
             windows = []
             for _ in range(a.batch):
-                i = random.randrange(0, len(data) - EARLIER - CONT)
-                w = data[i : i + EARLIER + CONT].tolist()
-                windows.append((w[:EARLIER], w[EARLIER:]))
+                i = random.randrange(0, len(data) - earlier_n - cont_n)
+                w = data[i : i + earlier_n + cont_n].tolist()
+                windows.append((w[:earlier_n], w[earlier_n:]))
             loss = cont_loss(windows)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(lora + [gist], 1.0)
@@ -153,7 +161,9 @@ def main() -> None:
             log.flush()
             if step % a.eval_every == 0 or step == a.steps:
                 evals.append(evaluate(step))
-    Path(f"{a.out}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "evals": evals}, indent=2) + "\n")
+    result = {"args": {k: str(v) for k, v in vars(a).items()}, "evals": evals}
+    Path(f"{a.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 if __name__ == "__main__":

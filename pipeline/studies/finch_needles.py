@@ -9,12 +9,12 @@ normalised reference occurs in the answer (pipeline.eval.metrics ``contains``, a
 instruction). Time per row: compression + prefill seconds (CPU seconds of this
 process, one thread), decoding excluded.
 
-    OMP_NUM_THREADS=1 .venv/bin/python jobs/results/finch_needle_eval.py \
+    OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.finch_needles \
         --methods finch-heads-ee,finch-heads-kv --limit 12 --out /tmp/needle.json
 
 Methods: finch-paper (scoring paper, mode kv), finch-heads-kv, finch-heads-ee
 (scoring heads, mode kv / early_exit), rag (chunk 256, the embedded MiniLM),
-truncate (head_tail).
+truncate (head_tail). Results: jobs/results/2026-11-23-finch-heads-cpu.md.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MOD
 from stages.compression.finch import FinchCompression
 from stages.compression.rag import load_embedder, rag_contexts
 from stages.compression.truncate import truncate_ids
-from stages.decoding.config import DecodeConfig
+from stages.decoding.config import DecodeConfig, eos_ids_of
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
@@ -46,7 +46,9 @@ FINCH = {
 
 
 def questions(path: str, limit: int) -> list[dict]:
-    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    """The inserted-fact questions of an eval set (JSONL), by question index then document."""
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     out = []
     for qi in range(max(len(r["questions"]) for r in rows)):
         for r in rows:
@@ -56,28 +58,30 @@ def questions(path: str, limit: int) -> list[dict]:
     return out[:limit]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="finch-paper,finch-heads-kv,finch-heads-ee,rag,truncate")
     ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--target", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--model", default=EMBEDDED_MODEL)
+    ap.add_argument("--embedder", default=EMBEDDED_EMBEDDER, help="rag's embedder")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    methods = args.methods.split(",")
+    if bad := [m for m in methods if m not in (*FINCH, "rag", "truncate")]:
+        raise SystemExit(f"unknown methods {bad}; allowed: {', '.join((*FINCH, 'rag', 'truncate'))}")
     torch.set_num_threads(1)
-    model, tok = load_causal_lm(EMBEDDED_MODEL)
+    model, tok = load_causal_lm(args.model)
     builder = PromptBuilder(tok)
     pad = tok.pad_token_id
     bounds = sentence_boundaries(tok)
-    eos = {tok.eos_token_id}
-    gen_eos = model.generation_config.eos_token_id
-    eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
-    dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=frozenset(e for e in eos if e is not None))
+    dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=eos_ids_of(tok, model.generation_config))
     embedder = None
     results = []
-    for method in args.methods.split(","):
+    for method in methods:
         for q in questions(args.eval_set, args.limit):
             doc = builder.encode_text(q["text"])
             c0 = time.process_time()
@@ -88,15 +92,13 @@ def main() -> None:
                                       boundaries=bounds).state
             else:
                 if method == "rag":
-                    embedder = embedder or load_embedder(EMBEDDED_EMBEDDER)
+                    embedder = embedder or load_embedder(args.embedder)
                     res = rag_contexts([doc], [q["q"]], tokenizer=tok, embedder=embedder,
                                        target_tokens=args.target, chunk_tokens=256)[0]
                     assert not isinstance(res, BaseException), res
                     ctx = res.context_ids
-                elif method == "truncate":
-                    ctx = truncate_ids(doc, args.target, "head_tail")
                 else:
-                    raise SystemExit(f"unknown method {method!r}")
+                    ctx = truncate_ids(doc, args.target, "head_tail")
                 state = prefill_full(model, [builder.build(ctx, DEFAULT_QA_INSTRUCTION, q["q"]).full_ids], pad)
             cpu_s = time.process_time() - c0
             answer = tok.decode(decode_plain(model, state, dcfg)[0].tokens, skip_special_tokens=True)
@@ -106,13 +108,14 @@ def main() -> None:
             print(f"{method:15s} {q['doc']:22s} d={q['depth']:.2f} ok={ok:.0f} {cpu_s:6.1f}s  {answer[:60]!r}", flush=True)
     print(f"| method | contains@{args.target} | rows | CPU s per row (compress + prefill) |")
     print("|---|---:|---:|---:|")
-    for method in args.methods.split(","):
+    for method in methods:
         rows = [r for r in results if r["method"] == method]
         print(f"| {method} | {sum(r['contains'] for r in rows) / len(rows):.2f} | {len(rows)} | "
               f"{sum(r['cpu_s'] for r in rows) / len(rows):.1f} |")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
+    return results
 
 
 if __name__ == "__main__":

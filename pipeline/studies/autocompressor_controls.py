@@ -13,7 +13,9 @@ stages/autocompressor/prefill.py's conditioning), per eval document:
 - ac_none: the checkpoint with no document (the adapter alone).
 page-specific share = (ac_other - ac) / (no_context - full).
 
-    .venv/bin/python jobs/results/autocompressor/kv_eval_control.py --checkpoint DIR --out F.json
+    .venv/bin/python -m pipeline.studies.autocompressor_controls --checkpoint DIR --out F.json
+
+Results: jobs/results/autocompressor/kv_eval_control.json (README.md there).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.eval.nll import continuation_nll, read_documents, split_document, start_ids
+from pipeline.eval.nll import continuation_nll, read_eval_documents, split_document, start_ids
 from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
 from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.state import prefill_full
@@ -32,7 +34,7 @@ from stages.model_loading import load_causal_lm
 from stages.prompting import PromptParts
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
@@ -41,14 +43,14 @@ def main() -> None:
     ap.add_argument("--segment-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     lm, tok, ac = load_autocompressor(a.checkpoint, "float32", torch.device("cpu"))
     base, _ = load_causal_lm(json.loads((Path(a.checkpoint) / "autocompressor.json").read_text())["base_model"],
                              "float32", torch.device("cpu"))
     cfg = AutoCompressorCompression(checkpoint=a.checkpoint, segment_tokens=a.segment_tokens)
     start, pad = start_ids(tok), tok.pad_token_id
-    docs = read_documents(a.eval_set, a.limit)
+    docs = read_eval_documents(a.eval_set, a.limit)
     splits = []
     for doc_id, text in docs:
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -78,8 +80,9 @@ def main() -> None:
               "trunc_recovered": (mean["no_context"] - mean["trunc"]) / gap,
               "compression": sum(r["earlier"] for r in rows) / sum(r["kept"] for r in rows)}
     print(json.dumps({"mean": {k: round(v, 4) for k, v in mean.items()}, **{k: round(v, 3) for k, v in shares.items()}}))
-    a.out.write_text(json.dumps({"checkpoint": a.checkpoint, "eval_set": a.eval_set, "mean": mean, **shares,
-                                 "rows": rows}, indent=2) + "\n")
+    result = {"checkpoint": a.checkpoint, "eval_set": a.eval_set, "mean": mean, **shares, "rows": rows}
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 if __name__ == "__main__":

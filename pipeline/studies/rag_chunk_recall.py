@@ -1,17 +1,19 @@
-"""Answer recall of rag's kept context by chunk size, on the eval set (issue 13 item 2).
+"""Answer recall of rag's kept context by chunk size, on the eval set.
 
 For each of the eval set's questions: does the reference answer survive in the context
 rag keeps (pipeline.eval.metrics.contains on the decoded context: normalised substring)?
 Rows: auto chunk sizes (``chunk_tokens`` null at several window fractions) and fixed
 ``chunk_tokens``; columns: budgets. Also the mean chunk size and chunks the embedder cut.
 
-    OMP_NUM_THREADS=2 .venv/bin/python jobs/results/rag_chunk_recall.py [jobs/eval/qa-eval.jsonl]
+    OMP_NUM_THREADS=2 .venv/bin/python -m pipeline.studies.rag_chunk_recall [--eval-set jobs/eval/qa-eval.jsonl]
+
+Results: jobs/results/rag_chunk_recall.md (chose ``chunk_tokens: auto``, 0.5 of the window).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import torch
 
@@ -48,15 +50,28 @@ class CachedEmbedder:
         return self._get("c", texts, self.inner.embed_chunks)
 
 
-def main(path: str = "jobs/eval/qa-eval.jsonl") -> None:
-    tok = load_tokenizer(EMBEDDED_MODEL)
-    emb = CachedEmbedder(load_embedder(EMBEDDED_EMBEDDER, "cpu"))
-    docs = [json.loads(line) for line in open(path)]
-    configs = [(f"auto {f:g} of window", None, f) for f in AUTO] + [(f"fixed {c}", c, 1.0) for c in FIXED]
-    print("| chunk_tokens | mean chunk | cut by embedder | " + " | ".join(f"recall@{b}" for b in BUDGETS) + " |")
-    print("|---|---|---|" + "---|" * len(BUDGETS))
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
+    ap.add_argument("--model", default=EMBEDDED_MODEL, help="whose tokens the budgets count")
+    ap.add_argument("--embedder", default=EMBEDDED_EMBEDDER)
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    ap.add_argument("--auto", default=",".join(f"{f:g}" for f in AUTO), help="window fractions (chunk_tokens auto)")
+    ap.add_argument("--fixed", default=",".join(map(str, FIXED)), help="fixed chunk_tokens")
+    args = ap.parse_args(argv)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    tok = load_tokenizer(args.model)
+    emb = CachedEmbedder(load_embedder(args.embedder, "cpu"))
+    with open(args.eval_set, encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    configs = [(f"auto {float(f):g} of window", None, float(f)) for f in args.auto.split(",") if f] + [
+        (f"fixed {int(c)}", int(c), 1.0) for c in args.fixed.split(",") if c
+    ]
+    print("| chunk_tokens | mean chunk | cut by embedder | " + " | ".join(f"recall@{b}" for b in budgets) + " |")
+    print("|---|---|---|" + "---|" * len(budgets))
+    table = []
     for name, chunk, frac in configs:
-        hits = {b: 0 for b in BUDGETS}
+        hits = {b: 0 for b in budgets}
         n_q = n_chunks = n_cut = n_tok = 0
         for d in docs:
             ids = tok(d["text"], add_special_tokens=False)["input_ids"]
@@ -66,15 +81,19 @@ def main(path: str = "jobs/eval/qa-eval.jsonl") -> None:
             )
             n_chunks, n_cut, n_tok = n_chunks + len(chunks), n_cut + cut, n_tok + len(ids)
             n_q += len(d["questions"])
-            for b in BUDGETS:
+            for b in budgets:
                 res = rag_contexts([ids] * len(d["questions"]), d["questions"], tokenizer=tok, embedder=emb,
                                    target_tokens=b, chunk_tokens=chunk, window_fraction=frac)
                 for r, ans in zip(res, d["answers"]):
                     assert isinstance(r, RagResult), r
                     hits[b] += contains(tok.decode(r.context_ids, skip_special_tokens=True), ans) > 0
-        print(f"| {name} | {n_tok / n_chunks:.0f} | {n_cut}/{n_chunks} | "
-              + " | ".join(f"{hits[b] / n_q:.3f}" for b in BUDGETS) + " |", flush=True)
+        row = {"chunk_tokens": name, "mean_chunk": n_tok / n_chunks, "cut": n_cut, "chunks": n_chunks,
+               "recall": {b: hits[b] / n_q for b in budgets}}
+        table.append(row)
+        print(f"| {name} | {row['mean_chunk']:.0f} | {n_cut}/{n_chunks} | "
+              + " | ".join(f"{row['recall'][b]:.3f}" for b in budgets) + " |", flush=True)
+    return table
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

@@ -29,8 +29,11 @@ Question sets: ``eval`` = jobs/eval/qa-eval.jsonl (40), ``sample`` = jobs/sample
 native questions on 8 other documents: a held-out check), ``needles`` = the eval's 24 needle
 facts inserted at depths 0.2/0.5/0.8 into the 8 sample documents (held-out haystacks).
 
-    OMP_NUM_THREADS=1 .venv/bin/python jobs/results/finch_layout_eval.py --set eval \
+    OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.finch_layouts --set eval \
         --target 512 --variants doc,max,max_rel,rag --out /tmp/layout-eval-512.json
+
+Results: jobs/eval/results/2026-11-23-finch-sentences-relevance-cpu.md and
+2026-11-24-finch-relevance-floor-cpu.md.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from pipeline.eval.metrics import contains
 from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
 from stages.compression.finch import FinchCompression
 from stages.compression.rag import load_embedder, rag_contexts
-from stages.decoding.config import DecodeConfig
+from stages.decoding.config import DecodeConfig, eos_ids_of
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
@@ -61,12 +64,20 @@ VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last
 PASSAGE_TOKENS = 128
 
 
-def question_set(name: str) -> list[dict]:
+EVAL_SET = "jobs/eval/qa-eval.jsonl"
+SAMPLE_SET = "jobs/sample-qa.jsonl"
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def question_set(name: str, eval_set: str = EVAL_SET, sample_set: str = SAMPLE_SET) -> list[dict]:
     """Rows with id, text, questions, answers and kinds."""
     if name == "eval":
-        rows = [json.loads(line) for line in open("jobs/eval/qa-eval.jsonl", encoding="utf-8")]
-        return [{**r, "kinds": r["kind"]} for r in rows]
-    sample = [json.loads(line) for line in open("jobs/sample-qa.jsonl", encoding="utf-8")]
+        return [{**r, "kinds": r["kind"]} for r in read_jsonl(eval_set)]
+    sample = read_jsonl(sample_set)
     if name == "sample":
         return [{**r, "kinds": ["native"] * len(r["questions"])} for r in sample]
     if name == "needles":
@@ -152,28 +163,30 @@ def best_last(units: list[list[int]], score: dict[int, float]) -> list[int]:
     return [j for i, u in enumerate(units) if i != top for j in u] + units[top]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", default="eval")
+    ap.add_argument("--set", default="eval", help="eval, sample or needles (see the module docstring)")
     ap.add_argument("--target", type=int, default=512)
     ap.add_argument("--variants", default="doc,max,max_rel,rag")
     ap.add_argument("--out", required=True)
     ap.add_argument("--limit", type=int, default=0, help="stop after this many questions (0 = all)")
-    args = ap.parse_args()
+    ap.add_argument("--model", default=EMBEDDED_MODEL)
+    ap.add_argument("--embedder", default=EMBEDDED_EMBEDDER, help="rag's embedder")
+    ap.add_argument("--eval-set", default=EVAL_SET)
+    ap.add_argument("--sample-set", default=SAMPLE_SET, help="the documents of --set sample and needles")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
     names = args.variants.split(",")
     if bad := [n for n in names if n not in VARIANTS]:
         raise SystemExit(f"unknown variants {bad}; allowed: {', '.join(VARIANTS)}")
     torch.set_num_threads(1)
-    model, tok = load_causal_lm(EMBEDDED_MODEL)
+    model, tok = load_causal_lm(args.model)
     builder, bounds = PromptBuilder(tok), sentence_boundaries(tok)
-    embedder = load_embedder(EMBEDDED_EMBEDDER) if "rag" in names else None
-    eos = {tok.eos_token_id}
-    gen = model.generation_config.eos_token_id
-    eos |= set(gen) if isinstance(gen, (list, tuple)) else {gen}
-    dcfg = DecodeConfig(max_new_tokens=32, eos_ids=frozenset(e for e in eos if e is not None))
+    embedder = load_embedder(args.embedder) if "rag" in names else None
+    dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=eos_ids_of(tok, model.generation_config))
     cfg = FinchCompression(target_tokens=args.target, keep="tokens", order="document")
     results = []
-    for row in question_set(args.set):
+    for row in question_set(args.set, args.eval_set, args.sample_set):
         doc = builder.encode_text(row["text"])
         spans = sentence_spans(doc, bounds)
         for q, a, kind in zip(row["questions"], row["answers"], row["kinds"], strict=True):
@@ -213,6 +226,7 @@ def main() -> None:
         if rows:
             cells = " | ".join(f"{sum(r[n] for r in rows):.0f} ({sum(r[n + '_ev'] for r in rows):.0f})" for n in names)
             print(f"| {kind or 'all'} | {len(rows)} | {cells} |")
+    return results
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Continuation NLL with and without the AutoCompressor's summaries, on held-out pages.
 
-For each held-out document (build_corpus.py's ``heldout.jsonl``, in no eval set and not
+For each held-out document (pipeline/corpus/autocompressor_corpus.py's ``heldout.jsonl``, in no eval set and not
 trained on): ``earlier`` = its first E tokens, ``cont`` = the next C tokens; every condition
 scores cont[1:] (mean nats per token) so all share the same targets:
 - none:  cont alone (the base model; no context)
@@ -21,7 +21,9 @@ Reconstruction (what a summary holds of its own segment; the first segment of ea
 - rec:       its tokens scored after [its own summary ; marker] (reconstruction_loss)
 - rec_other: the same tokens after the NEXT document's first-segment summary
 
-    .venv/bin/python jobs/results/autocompressor/nll_check.py --checkpoint DIR
+    .venv/bin/python -m pipeline.studies.autocompressor_heldout --checkpoint DIR
+
+Results: jobs/results/autocompressor/nll_heldout*.json (README.md there names each command).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def nll(
         return ac(x, lengths, use_summaries=summaries, loss_from=from_).loss.item()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--docs", type=Path, default=Path("out/ac-corpus/heldout.jsonl"))
@@ -57,7 +59,7 @@ def main() -> None:
         "--dtype", default="float32", help="float32 or bfloat16: weights and activations of both models"
     )
     ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     ac, tok = load_own(args.checkpoint, args.dtype)
     base_lm, _ = load_causal_lm(
@@ -124,6 +126,7 @@ def main() -> None:
     )
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""Reading an output table back (pipeline/report/load.py): committed rows of every run
+date with the run_date column from the folder, nothing staged or hidden, and one summary
+per run with the recorded wall time when the run wrote one."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.report.load import list_output_files, load_output, run_summaries
+from schemas.loading import spec_from_dict
+from schemas.output import FILE_SCHEMA, OUTPUT_SCHEMA, output_row, rows_to_table
+from stages.partition import commit_date
+from stages.write import staged_file_name, staging_dir, write_bytes_atomic, write_table_atomic
+
+SPEC = spec_from_dict({"name": "j", "input": {"uri": "/in"}, "task": {"kind": "summarize"}})
+
+
+def _rows(run_id: str, run_date: str, n: int, failed: int = 0) -> list[dict]:
+    rows = []
+    for i in range(n):
+        req = {"run_id": run_id, "run_date": run_date, "job": "j", "doc_id": f"d{i}", "request_id": f"{run_date}-{i}"}
+        if i < failed:
+            rows.append(output_row(SPEC, req, error="generate: boom", error_kind="retryable"))
+        else:
+            rows.append(output_row(SPEC, req, output_text="ok", output_tokens=10, prompt_tokens=100,
+                                   e2e_s=1.0, device_s=2.0, cost_usd=0.01))
+    return rows
+
+
+def _stage(root: str, rows: list[dict]) -> None:
+    run_date, run_id = rows[0]["run_date"], rows[0]["run_id"]
+    name = staged_file_name([r["request_id"] for r in rows])
+    write_table_atomic(rows_to_table(rows, FILE_SCHEMA), f"{staging_dir(root, run_date)}/{run_id}/{name}")
+
+
+def test_committed_rows_of_every_date_come_back_with_their_run_date(tmp_path):
+    root = str(tmp_path / "out")
+    _stage(root, _rows("r1", "2026-01-01", 3, failed=1))
+    commit_date(root, "2026-01-01", "r1")
+    _stage(root, _rows("r2", "2026-01-02", 2))
+    commit_date(root, "2026-01-02", "r2")
+    _stage(root, _rows("r3", "2026-01-03", 4))  # staged, never committed: not rows yet
+    (tmp_path / "out" / "run_date=2026-01-01" / ".half-written.parquet").write_bytes(b"not parquet")
+
+    _, files = list_output_files(root)
+    assert [d for d, _ in files] == ["2026-01-01", "2026-01-02"]
+    table = load_output(root)
+    assert table.schema.equals(OUTPUT_SCHEMA, check_metadata=False)
+    assert sorted(table.column("run_date").to_pylist()) == ["2026-01-01"] * 3 + ["2026-01-02"] * 2
+    assert table.column("error").null_count == 4
+
+
+def test_no_output_yet_is_an_empty_table(tmp_path):
+    table = load_output(str(tmp_path / "nothing"))
+    assert table.num_rows == 0 and table.schema.equals(OUTPUT_SCHEMA)
+
+
+def test_one_summary_per_run_on_wall_time_when_recorded(tmp_path):
+    root = str(tmp_path / "out")
+    _stage(root, _rows("r1", "2026-01-01", 4, failed=1))
+    commit_date(root, "2026-01-01", "r1")
+    _stage(root, _rows("r2", "2026-01-02", 2))
+    commit_date(root, "2026-01-02", "r2")
+    write_bytes_atomic(json.dumps({"summary": {"wall_s": 10.0}}).encode(), f"{root}/_runs/2026-01-01/r1.json")
+
+    summaries = run_summaries(root, load_output(root))
+    assert [(s["run_date"], s["run_id"]) for s in summaries] == [("2026-01-01", "r1"), ("2026-01-02", "r2")]
+    first, second = summaries
+    assert (first["rows"], first["failed"], first["throughput_basis"], first["wall_s"]) == (4, 1, "wall", 10.0)
+    assert first["output_tokens_per_s"] == 30 / 10.0  # the 3 ok rows' tokens over the recorded wall time
+    assert (second["throughput_basis"], second["device_s"]) == ("device", 4.0)
