@@ -32,7 +32,7 @@ def _records(corpus: str) -> list[dict]:
     return recs
 
 
-def read_documents(corpus: str) -> list[str]:
+def read_corpus_texts(corpus: str) -> list[str]:
     """Texts of a folder of .txt/.md files (sorted by name) or of a JSONL file's ``text`` field."""
     path = Path(corpus)
     if path.is_dir():
@@ -59,7 +59,7 @@ def summary_prompts(tokenizer, corpus: str, rows: int, prompt_tokens: int) -> li
             f"--prompt-tokens {prompt_tokens} leaves no room for a document: the summary "
             f"prompt alone takes {prompt_tokens - budget} tokens"
         )
-    texts = read_documents(corpus)
+    texts = read_corpus_texts(corpus)
     encoded: dict[int, list[int]] = {}
 
     def doc(i: int) -> list[int]:

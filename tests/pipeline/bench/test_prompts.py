@@ -1,4 +1,4 @@
-"""Benchmark prompts: summary requests cut to an exact token count."""
+"""Benchmark prompts: summary and question requests cut to an exact token count."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.bench.prompts import read_documents, summary_prompts
+from pipeline.bench.prompts import read_corpus_texts, summary_prompts
 
 
 def test_prompts_have_exactly_the_asked_length(tokenizer):
@@ -29,8 +29,23 @@ def test_short_documents_are_continued_and_rows_cycle(tokenizer, tmp_path):
 def test_jsonl_corpus_and_bad_input(tokenizer, tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text(json.dumps({"id": "x", "text": "some text here"}) + "\n")
-    assert read_documents(str(path)) == ["some text here"]
+    assert read_corpus_texts(str(path)) == ["some text here"]
     with pytest.raises(ValueError, match="--corpus"):
-        read_documents(str(tmp_path / "missing"))
+        read_corpus_texts(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="--prompt-tokens 10"):
         summary_prompts(tokenizer, str(path), rows=1, prompt_tokens=10)
+
+
+def test_qa_prompts_have_the_exact_length_and_a_question_whose_answer_survived(tokenizer, tmp_path):
+    from pipeline.bench.prompts import qa_prompts
+
+    text = "Filler sentence about nothing. " * 60 + "The secret colour is teal. " + "More filler text here. " * 60
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"id": "d", "text": text, "questions": ["Which animal?", "What is the secret colour?"],
+                                "answers": ["a cat", "teal"]}) + "\n")
+    [prompt] = qa_prompts(tokenizer, str(path), 1, 700)
+    assert len(prompt) == 700
+    decoded = tokenizer.decode(prompt)
+    assert "What is the secret colour?" in decoded and "teal" in decoded
+    with pytest.raises(ValueError, match="needs a JSONL file"):
+        qa_prompts(tokenizer, str(tmp_path), 1, 700)
