@@ -47,6 +47,14 @@ def packed_gqa_sdpa(
         # a compiled step keeps one graph for every span.
         span = attention_mask.shape[-1]
         key, value = key[:, :, :span], value[:, :, :span]
+        if (
+            query.shape[2] == 1 and attention_mask.device.type == "cpu"
+            and not torch.compiler.is_compiling() and bool(attention_mask.all())
+        ):
+            # One token per row, every key in the span visible (rows of equal length, e.g.
+            # batch 1): SDPA without a mask runs a faster kernel (~4-15% of a CPU step's
+            # attention). Eager CPU only: the check reads the mask on the host.
+            attention_mask = None
     b, hq, t, d = query.shape
     hkv = key.shape[1]
     rep = hq // hkv
