@@ -26,7 +26,8 @@ What is not claimed: agreement in bf16, or on a GPU in any dtype. There the engi
 compiled steps and CUDA kernels reorder reductions (and a step's width and batch size
 change the order), so near-tied logits can flip and rows diverge after some token; that
 agreement is measured, not assumed: ``longdoc bench decode`` reports it per
-configuration (its agreement figures). The repeat guard (``generation.repeat_guard``,
+configuration and dtype (``agreement_with_longdoc``: the share of rows identical to
+transformers' greedy output and the first token where the others diverge). The repeat guard (``generation.repeat_guard``,
 off by default) is left off here: ``generate`` has no such rule, so it cannot be an
 oracle for it (tests/stages/decoding/test_engine_stops.py covers it). Stop strings
 likewise (transformers' ``stop_strings`` cut differently: it keeps the text up to the
