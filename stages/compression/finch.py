@@ -195,7 +195,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
         pad = tok.pad_token_id
         bounds = sentence_boundaries(tok) if config.keep == "sentences" else None
-        similarity = _similarity(config, tok, device)
+        similarity = prompt_similarity(config, tok, device)
         return Loaded(model, tok, lambda parts: finch_prefill(
             model, parts, config, pad, boundaries=bounds, similarity=similarity))
 
@@ -216,7 +216,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         keep = config.target_tokens
         pad = loaded.tokenizer.pad_token_id
         bounds = sentence_boundaries(loaded.tokenizer) if config.keep == "sentences" else None
-        similarity = _similarity(config, loaded.tokenizer, device)
+        similarity = prompt_similarity(config, loaded.tokenizer, device)
 
         def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
             if not 1 <= query_tokens < min(keep, len(earlier_ids)):
@@ -236,8 +236,10 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         return loaded, condition
 
 
-def _similarity(config: FinchCompression, tokenizer, device: torch.device):
-    """The question-sentence similarity of evidence fused (None for evidence heads)."""
+def prompt_similarity(config: FinchCompression, tokenizer, device: torch.device):
+    """The question-sentence similarity ``finch_prefill`` needs for ``evidence: fused``
+    (stages.finch.fusion.make_similarity over ``config.embedder``, loaded on ``device``);
+    None for evidence heads. ``config`` resolved (FinchCompression.resolved)."""
     if config.evidence != "fused":
         return None
     from stages.embedding import load_embedder

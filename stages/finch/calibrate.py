@@ -15,8 +15,9 @@ Contract:
   over the document tokens) that falls on the answer span. Uniform attention scores
   len(answer) / len(doc).
 - ``calibrate_heads(model, tokenizer, texts, config, name)``: the ``top_k`` heads by
-  that share, as a HeadSet keyed by ``model_fingerprint``, with the figures in
-  ``info``. One full forward per prompt: about a minute on CPU for SmolLM2-135M.
+  that share (over all prompts, echoed and paraphrased), as a HeadSet keyed by
+  ``model_fingerprint``, with the figures in ``info`` (``heads_share_by_style``: the
+  chosen heads' summed share on each question style). One full forward per prompt: about a minute on CPU for SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -184,7 +185,10 @@ def calibrate_heads(model, tokenizer, texts: list[str], config: CalibrationConfi
     t0 = time.perf_counter()
     prompts = needle_prompts(PromptBuilder(tokenizer), texts, config.prompts,
                              config.haystack_tokens, config.seed, config.paraphrased)
-    share = answer_share(model, prompts)
+    styled = {"echoed": [p for i, p in enumerate(prompts) if not is_paraphrased(i, config.paraphrased)],
+              "paraphrased": [p for i, p in enumerate(prompts) if is_paraphrased(i, config.paraphrased)]}
+    by_style = {k: answer_share(model, v) for k, v in styled.items() if v}  # [L, H] each
+    share = sum(by_style[k] * len(styled[k]) for k in by_style) / len(prompts)
     heads = pick_heads(share, config.top_k, config.max_depth)
     ranked = pick_heads(share, min(32, share.numel()))
     uniform = sum((p.answer[1] - p.answer[0]) / len(p.parts.context_ids) for p in prompts) / len(prompts)
@@ -197,6 +201,9 @@ def calibrate_heads(model, tokenizer, texts: list[str], config: CalibrationConfi
         "max_depth": config.max_depth,
         "uniform_share": round(uniform, 5),
         "top": [[la, h, round(float(share[la, h]), 4)] for la, h in ranked],
+        # The chosen heads' summed answer share on each question style: how much of the
+        # heads' attention finds a fact asked in its own words vs in other words.
+        "heads_share_by_style": {k: round(float(sum(v[la, h] for la, h in heads)), 4) for k, v in by_style.items()},
         "seconds": round(time.perf_counter() - t0, 1),
     }
     return HeadSet(model=name, fingerprint=model_fingerprint(model), heads=heads, info=info)
