@@ -211,12 +211,12 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         from stages.finch.spans import sentence_boundaries
         from stages.prompting import PromptParts
 
-        loaded = self.load(job, device)
-        config = self.config(job).resolved(job.task.kind)
+        heads_job = job.model_copy(update={"compression": self.config(job).model_copy(update={"evidence": "heads"})})
+        loaded = self.load(heads_job, device)  # no embedder: LM scoring reads the heads' evidence
+        config = self.config(heads_job).resolved(job.task.kind)
         keep = config.target_tokens
         pad = loaded.tokenizer.pad_token_id
         bounds = sentence_boundaries(loaded.tokenizer) if config.keep == "sentences" else None
-        similarity = prompt_similarity(config, loaded.tokenizer, device)
 
         def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
             if not 1 <= query_tokens < min(keep, len(earlier_ids)):
@@ -225,12 +225,13 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
                     f"{keep} and the earlier text's {len(earlier_ids)} tokens"
                 )
             doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
-            # The continuation follows the text it continues: document order always.
-            cfg = config.model_copy(
-                update={"target_tokens": keep - query_tokens, "order": "document", "min_relevance": 0.0}
-            )
+            # The continuation follows the text it continues: document order always, the
+            # whole budget, and the heads' evidence (the query is text, not a question an
+            # embedder could match a sentence to).
+            cfg = config.model_copy(update={"target_tokens": keep - query_tokens, "order": "document",
+                                            "min_relevance": 0.0})
             res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad,
-                                boundaries=bounds, similarity=similarity)
+                                boundaries=bounds)
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 
         return loaded, condition
