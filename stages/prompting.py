@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _PLACEHOLDER = "\u27e6LONGDOC_DOCUMENT\u27e7"
+QUESTION_LABEL = "Question: "  # the question's line in the user turn
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,19 @@ def user_message(instruction: str, question: str | None) -> str:
     """The user turn with the document placeholder; the question (qa) comes last."""
     body = f"Document:\n{_PLACEHOLDER}\n\n{instruction}"
     if question:
-        body += f"\n\nQuestion: {question}"
+        body += f"\n\n{QUESTION_LABEL}{question}"
     return body
+
+
+def query_text(tokenizer, query_ids: list[int]) -> str:
+    """What a prompt asks, as text: the question of a qa prompt (the rest of the line after
+    the last ``QUESTION_LABEL``), else the decoded query without special tokens (the
+    instruction of a summary)."""
+    text = tokenizer.decode(list(query_ids), skip_special_tokens=True)
+    head, sep, tail = text.rpartition(QUESTION_LABEL)
+    if sep:
+        return tail.split("\n", 1)[0].strip()
+    return text.strip()
 
 
 def render_template(tokenizer, instruction: str, question: str | None) -> tuple[str, str]:

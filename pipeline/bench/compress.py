@@ -3,10 +3,12 @@
 One process, one model (the embedded SmolLM2 by default), one long document per
 size built by concatenating the real texts of ``--corpus`` (jobs/corpus/*.txt,
 sorted) and cutting at exactly N tokens. Every method prefills the same prompt
-(chat prefix + document + a summary instruction) for one row and is measured on:
+(chat prefix + document + the summary instruction, or with ``--task qa`` the qa
+instruction and ``QA_QUESTION``) for one row and is measured on:
 
-- time: seconds of the whole prefill (Finch's chunk passes and final query pass;
-  the full prefill's single pass), as wall seconds and as CPU seconds of this
+- time: seconds of the whole prefill (Finch's chunk passes, for qa its fused
+  evidence (the embedder reading every sentence: the embedder is loaded before, as
+  an actor loads it), and its final pass; the full prefill's single pass), as wall seconds and as CPU seconds of this
   process (all threads). On a shared CPU machine the wall clock mostly measures
   how long the process waited for a core; the ratios use CPU seconds there
   (wall seconds on GPU, where the CPU only launches kernels);
@@ -35,6 +37,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+#: The question of ``--task qa`` (any question: the cost does not depend on its words).
+QA_QUESTION = "What does the document say about handling errors?"
 
 
 def corpus_tokens(corpus: str, n_tokens: int, builder) -> list[int]:
@@ -101,18 +106,24 @@ def bench_compress(
     threads: Annotated[
         int, typer.Option(help="torch CPU threads; 1 avoids OpenMP stalls on a shared machine, 0 = torch default.")
     ] = 1,
+    task: Annotated[
+        str, typer.Option(help="summarize (the summary instruction) or qa (a question; Finch's qa settings).")
+    ] = "summarize",
 ) -> None:
     """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
     import torch
 
-    from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION
-    from stages.compression.finch import FinchCompression
+    from schemas.spec import DEFAULT_QA_INSTRUCTION, DEFAULT_SUMMARY_INSTRUCTION
+    from stages.compression.finch import FinchCompression, prompt_similarity
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
     from stages.finch.spans import sentence_boundaries
     from stages.model_loading import load_causal_lm, pick_device
     from stages.prompting import PromptBuilder
 
+    if task not in ("summarize", "qa"):
+        raise typer.BadParameter(f"--task {task!r}: allowed summarize, qa")
+    instruction, question = (DEFAULT_QA_INSTRUCTION, QA_QUESTION) if task == "qa" else (DEFAULT_SUMMARY_INSTRUCTION, None)
     if threads > 0:
         torch.set_num_threads(threads)
     device = pick_device(num_gpus)
@@ -127,15 +138,16 @@ def bench_compress(
     bounds = sentence_boundaries(tok)  # for keep: sentences (the early-exit default)
     all_ids = corpus_tokens(corpus, max(doc_sizes), builder)
     # Warm up kernels and allocator once so the first row is not an outlier.
-    warm = builder.build(all_ids[:600], DEFAULT_SUMMARY_INSTRUCTION, None)
+    warm = builder.build(all_ids[:600], instruction, question)
     prefill_full(lm, [warm.full_ids], pad)
-    warm_cfg = FinchCompression(target_tokens=128, chunk_tokens=256).resolved("summarize")
-    finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds)
+    warm_cfg = FinchCompression(target_tokens=128, chunk_tokens=256).resolved(task)
+    similarity = prompt_similarity(warm_cfg, tok, device)  # None unless evidence fused (qa)
+    finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds, similarity=similarity)
 
     on_gpu = device.type == "cuda"
     rows: list[list[str]] = []
     for n in doc_sizes:
-        parts = builder.build(all_ids[:n], DEFAULT_SUMMARY_INSTRUCTION, None)
+        parts = builder.build(all_ids[:n], instruction, question)
         full = None
         if len(parts) <= window:
             full = measure(lambda p=parts: prefill_full(lm, [p.full_ids], pad), device)
@@ -147,11 +159,13 @@ def bench_compress(
             configs += [(target_list[0], c) for c in sweep if c != chunk]
         for target, c in configs:
             cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
-                                   scoring=scoring, mode=mode).resolved("summarize")  # as a job runs it
-            m = measure(lambda p=parts, cfg=cfg: finch_prefill(lm, [p], cfg, pad, boundaries=bounds), device)
+                                   scoring=scoring, mode=mode).resolved(task)  # as a job runs it
+            sim = similarity if cfg.evidence == "fused" else None
+            m = measure(lambda p=parts, cfg=cfg, sim=sim: finch_prefill(
+                lm, [p], cfg, pad, boundaries=bounds, similarity=sim), device)
             rows.append(_row(n, f"finch t={target} c={c}", m, full, on_gpu))
-    overhead = builder.overhead_tokens(DEFAULT_SUMMARY_INSTRUCTION, None)
-    print(f"model={model} device={device} threads={torch.get_num_threads()} window={window} "
+    overhead = builder.overhead_tokens(instruction, question)
+    print(f"model={model} task={task} device={device} threads={torch.get_num_threads()} window={window} "
           f"head_mode={head_mode} scoring={scoring} mode={mode} prompt overhead={overhead} tokens; "
           f"ratios use {'wall' if on_gpu else 'CPU'} seconds")
     print("| doc tokens | method | wall s | CPU s | peak MiB | time vs full | peak vs full |")

@@ -1,4 +1,4 @@
-"""Rebuild the sample corpus, the sample QA file and the eval set under ``jobs/``.
+"""Rebuild the sample corpus, the sample QA file and the eval sets under ``jobs/``.
 
 Tooling, not runtime: ``python -m pipeline.corpus.build --out jobs`` reads the reST
 sources that Debian's ``python3.11-doc`` package installs (``apt-get install -y
@@ -8,8 +8,12 @@ python3.11-doc``), converts the pages listed in ``SOURCES`` to plain text
 - ``<out>/corpus/<doc_id>.txt``: one document per file;
 - ``<out>/sample-qa.jsonl``: hand-written questions for a few short documents
   (``pipeline.corpus.qa.SAMPLE_QA``);
-- ``<out>/eval/qa-eval.jsonl``: longer documents with inserted facts at set depths
-  plus native questions (``pipeline.corpus.eval_records``).
+- ``<out>/eval/<part file>``: for each part of the eval (tuning, report, held-out
+  paraphrased: ``pipeline.corpus.eval_records.PARTS``), longer documents with inserted
+  facts at set depths plus native questions, each question labelled with its style.
+
+``--from-corpus`` skips the reST step and builds the QA files from the committed
+``<out>/corpus/`` (no Debian package needed: how the questions are edited).
 
 The output is deterministic: same Debian package, same bytes. Every answer is checked
 to be a literal substring of its text, and every document's length in tokens of the
@@ -24,7 +28,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.corpus.eval_records import build_eval_records
+from pipeline.corpus.eval_records import PARTS, build_part
 from pipeline.corpus.qa import SAMPLE_QA
 from pipeline.corpus.rst import collect_labels, rst_to_text
 
@@ -125,28 +129,42 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def write_all(out: Path, doc_root: Path = DOC_ROOT) -> dict[str, int]:
-    """Write corpus, sample QA and eval set under ``out``; return doc id -> token count."""
+def read_corpus(corpus_dir: Path) -> dict[str, str]:
+    """Doc id -> text of the committed corpus files (``<doc_id>.txt``)."""
+    texts = {p.stem: p.read_text("utf-8") for p in sorted(corpus_dir.glob("*.txt"))}
+    missing = sorted(set(SOURCES) - set(texts))
+    if missing:
+        raise ValueError(f"corpus folder {str(corpus_dir)!r} lacks {missing}; rebuild it without --from-corpus")
+    return texts
+
+
+def write_all(out: Path, doc_root: Path = DOC_ROOT, from_corpus: bool = False) -> dict[str, int]:
+    """Write corpus (unless ``from_corpus``), sample QA and the eval parts under ``out``;
+    return doc id -> token count."""
     from stages.model_loading import load_tokenizer
 
     tok = load_tokenizer(TOKENIZER)
-    corpus = build_corpus(doc_root)
+    corpus = read_corpus(out / "corpus") if from_corpus else build_corpus(doc_root)
     counts = {d: len(tok(t, add_special_tokens=False).input_ids) for d, t in corpus.items()}
     bad = {d: n for d, n in counts.items() if not TOKEN_RANGE[0] <= n <= TOKEN_RANGE[1]}
     if bad:
         raise ValueError(f"documents outside {TOKEN_RANGE} tokens: {bad}")
-    corpus_dir = out / "corpus"
-    corpus_dir.mkdir(parents=True, exist_ok=True)
-    for stale in corpus_dir.glob("*.txt"):
-        if stale.stem not in corpus:
-            stale.unlink()
-    for doc_id, text in corpus.items():
-        (corpus_dir / f"{doc_id}.txt").write_text(text, encoding="utf-8")
-    sample, evalset = sample_qa_records(corpus), build_eval_records(corpus)
+    if not from_corpus:
+        corpus_dir = out / "corpus"
+        corpus_dir.mkdir(parents=True, exist_ok=True)
+        for stale in corpus_dir.glob("*.txt"):
+            if stale.stem not in corpus:
+                stale.unlink()
+        for doc_id, text in corpus.items():
+            (corpus_dir / f"{doc_id}.txt").write_text(text, encoding="utf-8")
+    sample = sample_qa_records(corpus)
+    parts = {part.file: build_part(corpus, part) for part in PARTS.values()}
     _check_lengths(tok, sample, SAMPLE_TOKENS, "sample QA")
-    _check_lengths(tok, evalset, EVAL_TOKENS, "eval")
+    for file, records in parts.items():
+        _check_lengths(tok, records, EVAL_TOKENS, f"eval ({file})")
     _write_jsonl(out / "sample-qa.jsonl", sample)
-    _write_jsonl(out / "eval" / "qa-eval.jsonl", evalset)
+    for file, records in parts.items():
+        _write_jsonl(out / "eval" / file, records)
     return counts
 
 
@@ -155,8 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("jobs"), help="output folder")
     parser.add_argument("--doc-root", type=Path, default=DOC_ROOT,
                         help="folder of the Python docs' reST sources (*.rst.txt)")
+    parser.add_argument("--from-corpus", action="store_true",
+                        help="build the QA files from the committed <out>/corpus/ (no reST sources needed)")
     args = parser.parse_args(argv)
-    counts = write_all(args.out, args.doc_root)
+    counts = write_all(args.out, args.doc_root, args.from_corpus)
     total = sum(counts.values())
     print(f"{len(counts)} documents, {min(counts.values())}-{max(counts.values())} tokens, "
           f"{total} in total -> {args.out}")

@@ -3,8 +3,11 @@
 Questions are data, not code: ``questions.json`` beside this module holds
 - ``sample_qa``: doc id -> [{question, answer}] for the sample QA job (2k-4k-token documents);
 - ``native_qa``: doc id -> [{question, answer}] answerable only from an eval document's text;
-- ``needles``: [{sentence, question, answer}], invented facts inserted into eval documents
-  (no model can know them; each answer is distinctive and absent from the corpus).
+- ``needles``: [{sentence, question, answer}], invented facts inserted into the tuning part
+  of the eval, each question echoing its sentence (no model can know them; each answer is
+  distinctive and absent from the corpus);
+- ``facts``: part (tuning, report, heldout) -> question style (pipeline.corpus.styles) ->
+  [{sentences, question, answer}], further invented facts, the answer in the last sentence.
 Every answer is a literal substring of the text ``pipeline.corpus.rst`` produces (the build
 re-checks this). Order is kept: the eval build samples needles by position with a fixed seed.
 Read by ``pipeline.corpus.build`` and ``pipeline.corpus.eval_records`` only.
@@ -31,3 +34,11 @@ NATIVE_QA: dict[str, list[tuple[str, str]]] = _pairs(_DATA["native_qa"])
 NEEDLES: list[tuple[str, str, str]] = [
     (n["sentence"], n["question"], n["answer"]) for n in _DATA["needles"]
 ]
+#: part -> style -> [(sentences, question, answer)]: the further facts of each eval part.
+FACTS: dict[str, dict[str, list[tuple[tuple[str, ...], str, str]]]] = {
+    part: {
+        style: [(tuple(f["sentences"]), f["question"], f["answer"]) for f in facts]
+        for style, facts in styles.items()
+    }
+    for part, styles in _DATA["facts"].items()
+}

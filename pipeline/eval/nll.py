@@ -9,8 +9,9 @@ Contract:
   tokens, the earlier text the tokens before it, capped to the last ``max_earlier`` (so
   that the full-context row fits the model's window: max_position_embeddings - C - start).
   Every method sees the same split (same tokenizer -> same ids).
-- Conditioning is the method's own hook, ``CompressionMethod.scoring_condition``
-  (stages/compression/base.py; nobody here branches on method types): a start token
+- Conditioning is pipeline.eval.conditioning.condition_for (the method's own
+  ``ConditionsContinuations`` if it implements one, else the default; nobody here
+  branches on method types): a start token
   (BOS, else EOS; kept whole, not counted) plus the earlier text compressed at the run's
   settings. ``none`` is the whole earlier text (full context); the reference row
   ``no-context`` (this module) conditions on the start token only.
@@ -40,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pipeline.eval.conditioning import condition_for
 from pipeline.eval.specs import EvalRun
 from stages.compression import method_for, registry
 
@@ -180,7 +182,7 @@ def run_nll(
     for run in runs:
         job = specs[run.tag]
         try:
-            loaded, condition = method_for(job.compression).scoring_condition(job, device)
+            loaded, condition = condition_for(method_for(job.compression), job, device)
         except Exception as e:  # noqa: BLE001 - one broken method must not sink the others
             failed[f"nll:{run.tag}"] = f"{type(e).__name__}: {e}"
             rows += [_row(run, d, error=f"nll: {failed[f'nll:{run.tag}']}") for d, _ in docs]

@@ -7,7 +7,9 @@ Contract:
 - ``run_eval`` runs each spec with ``pipeline.runner.run_job``, reads the rows back,
   scores them (pipeline.eval.table) and writes, under ``{out}/{eval_id}/``:
   summary.md / summary.csv / summary.json (per method and budget, plus breakdowns by
-  question kind and answer depth), scored.csv (one line per request) and eval.png.
+  question style, kind and answer depth), scored.csv (one line per request) and
+  eval.png. The printed table shows every method per question style
+  (pipeline.eval.table.per_style, "contains").
   A run that raises is reported and skipped; the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
   a resumed run reports no wall time per request (``-``; its e2e_s still counts).
@@ -46,6 +48,7 @@ from pipeline.eval.table import (
     SUMMARY_COLUMNS,
     aggregate,
     breakdown,
+    per_style,
     score_rows,
     to_markdown,
     write_csv,
@@ -53,7 +56,9 @@ from pipeline.eval.table import (
 
 DEFAULT_BUDGETS = (512, 1024)
 METRIC_NAMES = ("qa", "nll")
-DEFAULT_EVAL_SET = "jobs/eval/qa-eval.jsonl"
+# The report part: figures are reported on it; defaults are tuned on qa-tuning.jsonl
+# (pipeline/corpus/eval_records.py PARTS, jobs/README.md).
+DEFAULT_EVAL_SET = "jobs/eval/qa-report.jsonl"
 
 
 @dataclass
@@ -64,6 +69,7 @@ class EvalResult:
     by_kind: list[dict[str, Any]]
     by_depth: list[dict[str, Any]]
     scored: list[dict[str, Any]]
+    by_style: list[dict[str, Any]] = field(default_factory=list)
     scored_nll: list[dict[str, Any]] = field(default_factory=list)
     failed_runs: dict[str, str] = field(default_factory=dict)  # run tag -> error
 
@@ -151,14 +157,15 @@ def run_eval(
             wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
         scored += score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta)
     result = EvalResult(
-        eval_id,
-        out_dir,
-        aggregate(scored, wall) + aggregate_nll(scored_nll),
-        breakdown(scored, "kind"),
-        breakdown(scored, "depth_bin"),
-        scored,
-        scored_nll,
-        failed,
+        eval_id=eval_id,
+        out_dir=out_dir,
+        summary=aggregate(scored, wall) + aggregate_nll(scored_nll),
+        by_kind=breakdown(scored, "kind"),
+        by_depth=breakdown(scored, "depth_bin"),
+        scored=scored,
+        by_style=per_style(scored),
+        scored_nll=scored_nll,
+        failed_runs=failed,
     )
     _write(result, eval_uri, runs)
     return result
@@ -181,6 +188,8 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
         "runs": [r.tag for r in runs],
         "failed_runs": result.failed_runs,
         "summary": result.summary,
+        "by_style": result.by_style,
+        "by_style_detail": breakdown(result.scored, "style"),
         "by_kind": result.by_kind,
         "by_depth": result.by_depth,
     }
@@ -197,6 +206,8 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
 def render_markdown(result: EvalResult) -> str:
     title = "QA and continuation-NLL eval" if result.scored_nll else "QA eval"
     parts = [f"## {title} {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
+    if result.by_style:
+        parts += ["", "### contains by question style", "", to_markdown(result.by_style)]
     if result.by_kind:
         parts += ["", "### by question kind", "", to_markdown(result.by_kind)]
     if result.failed_runs:
@@ -208,7 +219,7 @@ def render_markdown(result: EvalResult) -> str:
 
 def eval_command(
     eval_set: Annotated[
-        str, typer.Option(help="QA eval set (JSONL: id, text, questions, answers[, depths, kind]).")
+        str, typer.Option(help="QA eval set (JSONL: id, text, questions, answers[, depths, kind, style]); default: the report part.")
     ] = DEFAULT_EVAL_SET,
     target_tokens: Annotated[
         list[int] | None,

@@ -14,7 +14,7 @@ Contract:
   set per run by the eval, so unscoped overrides of them are refused.
 - ``build_eval_spec`` makes one run's JobSpec: the eval set as qa JSONL (fields id,
   text, questions, answers), the method at the budget, output at ``run_dir``.
-- ``load_question_meta`` reads each question's ``kind`` and ``depths`` entry.
+- ``load_question_meta`` reads each question's ``kind``, ``style`` and ``depths`` entry.
 Bad values raise ValueError naming the value and what is allowed.
 """
 
@@ -123,7 +123,7 @@ def build_eval_spec(
 
 
 def load_question_meta(eval_set: str) -> QuestionMeta:
-    """(doc id, question) -> {kind, depth} from the eval set's parallel lists, if present."""
+    """(doc id, question) -> {kind, style, depth} from the eval set's parallel lists, if present."""
     import fsspec
 
     meta: QuestionMeta = {}
@@ -134,10 +134,10 @@ def load_question_meta(eval_set: str) -> QuestionMeta:
             rec = json.loads(line)
             qs = rec.get("questions") or []
             qs = [qs] if isinstance(qs, str) else qs
-            kinds, depths = rec.get("kind"), rec.get("depths")
+            lists = {"kind": rec.get("kind"), "style": rec.get("style"), "depth": rec.get("depths")}
             for i, q in enumerate(qs):
                 meta[(str(rec.get("id")), str(q))] = {
-                    "kind": kinds[i] if isinstance(kinds, list) and i < len(kinds) else kinds,
-                    "depth": depths[i] if isinstance(depths, list) and i < len(depths) else None,
+                    name: (v[i] if i < len(v) else None) if isinstance(v, list) else (None if name == "depth" else v)
+                    for name, v in lists.items()
                 }
     return meta

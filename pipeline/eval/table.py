@@ -3,7 +3,7 @@
 Contract:
 - ``score_rows(method, target_tokens, rows, meta)`` turns the pipeline's output rows
   (schemas/output.py columns) of one run into scored rows: the run's method and
-  budget, the question's ``kind`` and ``depth`` from the eval set, and every metric
+  budget, the question's ``kind``, ``style`` and ``depth`` from the eval set, and every metric
   of pipeline.eval.metrics. Error rows score 0 (a failure is a wrong answer) and
   keep their ``error``.
 - ``aggregate(scored)`` -> one summary dict per (method, target_tokens), task "qa", in
@@ -11,7 +11,11 @@ Contract:
   cost figures (compression_ratio, context_tokens, compress_s, e2e_s) over the
   successful rows only, since failed rows have none.
 - ``breakdown(scored, key)`` -> accuracy per (method, budget, key value), for
-  ``kind`` or ``depth_bin``.
+  ``kind``, ``style`` or ``depth_bin``.
+- ``per_style(scored, metric)`` -> one row per (method, budget): ``metric`` per question
+  style (pipeline.corpus.styles; the styles present, in STYLE_ORDER) and over all
+  questions, each style's count of distinct questions in its column name
+  (``echoed (n=38)``): every method read per style side by side.
 ``target_tokens`` is None for methods that take no budget (none, autocompressor).
 The summary table (``SUMMARY_COLUMNS``) also holds the ``task`` "nll" rows of
 pipeline.eval.nll.aggregate_nll (its ``nll``/``gap_recovered`` columns; QA metrics blank).
@@ -44,7 +48,8 @@ SUMMARY_COLUMNS = (
 )
 DEPTH_BINS = 5
 
-QuestionMeta = dict[tuple[str, str], dict[str, Any]]  # (doc_id, question) -> {kind, depth}
+QuestionMeta = dict[tuple[str, str], dict[str, Any]]  # (doc_id, question) -> {kind, style, depth}
+STYLE_ORDER = ("echoed", "paraphrased", "two_sentence")  # pipeline.corpus.styles.STYLES
 
 
 def depth_bin(depth: float | None) -> str | None:
@@ -75,6 +80,7 @@ def score_rows(
                 "reference": ref,
                 "output_text": r.get("output_text"),
                 "kind": info.get("kind"),
+                "style": info.get("style"),
                 "depth": info.get("depth"),
                 "depth_bin": depth_bin(info.get("depth")),
                 **metrics,
@@ -131,6 +137,29 @@ def breakdown(scored: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]
             continue
         entry = {"method": method, "target_tokens": budget, key: value, "n": len(rows)}
         entry.update({m: _mean(r[m] for r in rows) for m in METRICS})
+        out.append(entry)
+    return out
+
+
+def per_style(scored: Sequence[dict[str, Any]], metric: str = "contains") -> list[dict[str, Any]]:
+    """``metric`` per (method, budget) and question style, plus ``all`` (see the contract).
+
+    A column's count is the distinct questions of that style in ``scored``, so every row
+    has the same columns; a run without a question of a style shows None there."""
+    questions: dict[str, set[tuple[Any, Any]]] = {}
+    for r in scored:
+        if r.get("style") is not None:
+            questions.setdefault(r["style"], set()).add((r.get("doc_id"), r.get("question")))
+    styles = [s for s in STYLE_ORDER if s in questions] + sorted(set(questions) - set(STYLE_ORDER))
+    if not styles:
+        return []
+    every = {(r.get("doc_id"), r.get("question")) for r in scored}
+    out = []
+    for (method, budget), rows in _groups(scored).items():
+        entry: dict[str, Any] = {"method": method, "target_tokens": budget}
+        for s in styles:
+            entry[f"{s} (n={len(questions[s])})"] = _mean(r[metric] for r in rows if r.get("style") == s)
+        entry[f"all (n={len(every)})"] = _mean(r[metric] for r in rows)
         out.append(entry)
     return out
 

@@ -36,6 +36,9 @@ def calibrate_heads_command(
         typer.Option(help="File stems of --corpus not to use (e.g. documents of an eval set); repeatable."),
     ] = None,
     prompts: Annotated[int, typer.Option(help="Synthetic needle prompts.")] = 32,
+    paraphrased: Annotated[
+        float, typer.Option(help="Share of the needles asked in other words than their fact (0-1).")
+    ] = 0.0,
     haystack_tokens: Annotated[int, typer.Option(help="Haystack length per prompt, in tokens.")] = 1500,
     top_k: Annotated[int, typer.Option(help="Heads kept.")] = 8,
     max_depth: Annotated[float, typer.Option(help="Only layers below this fraction of the depth may select.")] = 0.8,
@@ -59,7 +62,7 @@ def calibrate_heads_command(
     try:
         texts = read_texts(corpus, exclude or [])
         cfg = CalibrationConfig(prompts=prompts, haystack_tokens=haystack_tokens, top_k=top_k,
-                                seed=seed, max_depth=max_depth)
+                                seed=seed, max_depth=max_depth, paraphrased=paraphrased)
         lm, tok = load_causal_lm(model, device=pick_device(num_gpus))
         heads = calibrate_heads(lm, tok, texts, cfg, name=model)
     except ValueError as e:
@@ -71,5 +74,6 @@ def calibrate_heads_command(
     typer.echo(f"model {model} fingerprint {heads.fingerprint}: heads (layer, head) "
                f"{', '.join(f'L{la}H{h}' for la, h in heads.heads)} "
                f"(answer share {heads.info['top'][0][2]:.3f} best vs uniform {heads.info['uniform_share']:.4f}; "
+               f"chosen heads' share by question style {heads.info['heads_share_by_style']}; "
                f"{heads.info['seconds']} s)")
     typer.echo(f"written: {path}")

@@ -39,10 +39,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from stages.decoding.state import CompressedPrefill, PrefillState, forward_step
+from stages.kv.model_parts import decoder
+from stages.kv.slots import keep_slots, stack_rows
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:
@@ -84,16 +85,9 @@ def kv_forward(ac: AutoCompressor, ids: torch.Tensor, segment_lengths: Sequence[
     b, t = ids.shape
     mask = kv_block_mask(segment_lengths, ac.config.kv_stride, ids.device)[None, None].expand(b, 1, t, t)
     pos = torch.arange(t, device=ids.device)[None].expand(b, t)
-    out = ac.lm.get_decoder()(inputs_embeds=ac.embed(ids), attention_mask=mask, position_ids=pos, use_cache=False)
+    out = decoder(ac.lm)(inputs_embeds=ac.embed(ids), attention_mask=mask, position_ids=pos, use_cache=False)
     loss_sum, n = ac.next_token_loss(out.last_hidden_state, ids, loss_from)
     return SegmentLoss(loss_sum, n, ac.empty_softprompt(b))
-
-
-def _keep_slots(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only the cache slots ``keep`` ([S'] long, ascending) in every layer."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(2, keep)
-        layer.values = layer.values.index_select(2, keep)
 
 
 def _feed(lm, cache: DynamicCache, ids: list[int], pos0: int) -> torch.Tensor:
@@ -128,26 +122,8 @@ def compress_row(
         logits = _feed(lm, cache, list(seg), pos)
         pos += len(seg)
         keep = list(range(before)) + [before + o for o in kept_offsets(len(seg), stride)]
-        _keep_slots(cache, torch.tensor(keep, dtype=torch.long, device=lm.device))
+        keep_slots(cache, torch.tensor(keep, dtype=torch.long, device=lm.device))
     return cache, pos, logits
-
-
-def _stack_rows(lm, caches: list[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
-    """Right-align per-row caches (batch 1 each) into one batch. Returns (cache, valid [B, S])."""
-    lengths = [c.get_seq_length() for c in caches]
-    width, dev = max(lengths), lm.device
-    valid = torch.zeros((len(caches), width), dtype=torch.bool, device=dev)
-    for r, n in enumerate(lengths):
-        valid[r, width - n :] = True
-    out = DynamicCache(config=lm.config)
-    for i in range(len(caches[0].layers)):
-        keys, values = [], []
-        for c, n in zip(caches, lengths, strict=True):
-            k, v = c.layers[i].keys, c.layers[i].values  # [1, H_kv, n, D]
-            keys.append(F.pad(k, (0, 0, width - n, 0)))
-            values.append(F.pad(v, (0, 0, width - n, 0)))
-        out.update(torch.cat(keys), torch.cat(values), i)
-    return out, valid
 
 
 @torch.inference_mode()
@@ -180,7 +156,7 @@ def kv_prefill(ac: AutoCompressor, parts: list[PromptParts], rows: list[list[lis
         caches.append(cache)
         next_pos.append(pos)
         last.append(logits)
-    cache, valid = _stack_rows(ac.lm, caches)
+    cache, valid = stack_rows(caches, ac.lm.config)
     dev = ac.lm.device
     state = PrefillState(
         cache=cache,

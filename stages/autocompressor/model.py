@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.decoding.state import positions_from_real, step_mask
+from stages.kv.model_parts import decoder
 
 PositionScheme = Literal["contiguous", "text_only"]
 SummaryScale = Literal["none", "embedding_rms", "centered"]
@@ -229,7 +230,7 @@ class AutoCompressor(nn.Module):
         is_text = torch.cat([~ones(p), ones(length), ~ones(k)], dim=1)
         pos = position_ids(real, is_text, self.config.position_scheme)
         mask = step_mask(real[:, :0], real)  # [B, 1, T, T]: causal over real slots
-        out = self.lm.get_decoder()(
+        out = decoder(self.lm)(
             inputs_embeds=x, attention_mask=mask, position_ids=pos, use_cache=False
         )
         h = out.last_hidden_state
@@ -312,7 +313,7 @@ class AutoCompressor(nn.Module):
         real = torch.ones(b, x.shape[1], dtype=torch.bool, device=ids.device)
         is_text = torch.cat([~real[:, :k], real[:, k:]], dim=1)
         pos = position_ids(real, is_text, self.config.position_scheme)
-        out = self.lm.get_decoder()(
+        out = decoder(self.lm)(
             inputs_embeds=x, attention_mask=step_mask(real[:, :0], real), position_ids=pos,
             use_cache=False,
         )  # fmt: skip

@@ -1,7 +1,8 @@
 """Compression methods, one module each, found by scanning this package.
 
-Contract: every module here except ``base`` defines one ``CompressionMethod``
-subclass (stages/compression/base.py) and its settings model. ``registry()`` imports
+Contract: every module here except the interfaces (``INTERFACES``: ``base``, the
+method contract, and ``lm_scoring``, an optional eval interface) defines one
+``CompressionMethod`` subclass (stages/compression/base.py) and its settings model. ``registry()`` imports
 the modules (pkgutil, no hand-written list) and returns one instance per method,
 keyed by name, in display order; adding a method is adding a module (and its test).
 Importing this package loads the registry, so the settings models are registered
@@ -25,6 +26,7 @@ from types import MappingProxyType
 from schemas.compression import CompressionSpec
 from stages.compression.base import CompressionMethod
 
+INTERFACES = ("base", "lm_scoring")  # modules that define contracts, not methods
 __all__ = ["CompressionMethod", "budgeted_names", "method_for", "method_names", "methods_table", "registry"]
 
 
@@ -33,7 +35,7 @@ def registry() -> Mapping[str, CompressionMethod]:
     """name -> method, every module of this package scanned, in (order, name) order."""
     found: dict[str, CompressionMethod] = {}
     for info in pkgutil.iter_modules(__path__):
-        if info.name == "base" or info.name.startswith("_"):
+        if info.name in INTERFACES or info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         classes = [

@@ -23,6 +23,8 @@ from stages.compression.base import CompressionMethod, Loaded
 if TYPE_CHECKING:
     import torch
 
+    from stages.prompting import PromptParts
+
 
 class AutoCompressorCompression(CompressionSpec):
     """Compress the document into learned summary vectors, used as a soft prompt."""
@@ -80,3 +82,10 @@ class AutoCompressorMethod(CompressionMethod):
         lm, tok, ac = load_autocompressor(self.checkpoint(job), job.generation.dtype, device)
         pad = tok.pad_token_id
         return Loaded(lm, tok, lambda parts: autocompressor_prefill(ac, parts, config, pad))
+
+    def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
+        """An upper bound before the checkpoint is read: the prompt with the document part it
+        reads (summaries are shorter than their text; the engine corrects it after the prefill)."""
+        target = self.config(job).target_tokens
+        doc = len(parts.context_ids) if target is None else min(target, len(parts.context_ids))
+        return len(parts.prefix_ids) + doc + len(parts.query_ids) + 1  # + the first segment's BOS

@@ -17,14 +17,13 @@ Where a method runs (``runs_at``):
 Text compression (tokenize, text_stage) adds ``context_ids``/``context_tokens``/
 ``compress_s`` to the row (schemas/rows.CompressedRow); a prefill strategy reports
 its ``context_tokens``/``compress_s`` through ``CompressedPrefill``.
-LM scoring (`longdoc eval --metrics nll`) conditions through ``scoring_condition``: by
-default the method's own text compression and prefill; a method whose state differs
-from "compressed earlier text" (finch keeps its query in the cache) overrides it.
+Eval-only behaviour is not part of this contract: a method that conditions the eval's
+LM scoring its own way implements the optional ``ConditionsContinuations``
+(stages/compression/lm_scoring.py).
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,9 +48,6 @@ WHERE: Mapping[str, str] = MappingProxyType(
 CONTEXT_COLUMNS = ("context_ids", "context_tokens", "compress_s")
 
 Prefill = Callable[[list["PromptParts"]], "CompressedPrefill"]
-#: LM scoring (``CompressionMethod.scoring_condition``): (start_ids, earlier_ids,
-#: query_tokens) -> CompressedPrefill whose state's next token is the continuation's first.
-Condition = Callable[[list[int], list[int], int], "CompressedPrefill"]
 
 
 @dataclass(frozen=True)
@@ -158,58 +154,3 @@ class CompressionMethod(ABC):
         """
         target = getattr(job.compression, "target_tokens", None)
         return int(target) + 192 if target else 2048
-
-    # ------------------------------------------------------------------ LM scoring (eval --nll)
-    def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:
-        """Load the model and a conditioner for continuation NLL (pipeline/eval/nll.py).
-
-        ``condition(start_ids, earlier_ids, query_tokens)`` conditions ``loaded.model``
-        on ``start_ids`` (kept whole, not counted) plus ``earlier_ids`` (a document's
-        earlier text) compressed by this method at the job's settings, and on nothing
-        else; the returned state's ``last_logits`` predict the continuation's first
-        token and ``forward_step`` continues it. ``context_tokens`` = entries (or
-        summary vectors) derived from ``earlier_ids``, ``compress_s`` = seconds.
-        The query for query-guided methods is the text of the last ``query_tokens``
-        tokens of ``earlier_ids`` (no question exists in LM scoring; see nll.py).
-        Default: ``scoring_context``'s ids, then this method's own prefill with an
-        empty query (full prefill for text methods and none; summary vectors of the
-        whole earlier text for a prefill method that compresses ``context_ids``).
-        """
-        from stages.decoding.state import CompressedPrefill
-        from stages.prompting import PromptParts
-
-        loaded = self.load(job, device)
-        context = self.scoring_context(job)
-
-        def condition(start_ids: list[int], earlier_ids: list[int], query_tokens: int) -> CompressedPrefill:
-            query = loaded.tokenizer.decode(list(earlier_ids[-query_tokens:]))
-            t0 = time.perf_counter()
-            ctx = context(list(earlier_ids), query)
-            text_s = time.perf_counter() - t0
-            res = loaded.prefill([PromptParts(list(start_ids), ctx, [])])
-            return CompressedPrefill(res.state, res.context_tokens, [text_s + res.compress_s[0]])
-
-        return loaded, condition
-
-    def scoring_context(self, job: JobSpec) -> Callable[[list[int], str], list[int]]:
-        """(doc_ids, query) -> the ids this method's text compression keeps, outside the
-        pipeline: ``compress_ids`` (tokenize), the stage class on a one-row batch whose
-        question is ``query`` (text_stage; a row error raises ValueError), or the whole
-        document (prefill: the prefill strategy compresses it)."""
-        if self.runs_at == "tokenize":
-            config = self.config(job)
-            return lambda ids, query: self.compress_ids(config, ids)
-        if self.runs_at == "prefill":
-            return lambda ids, query: list(ids)
-        from stages.rows import batch_to_rows, rows_to_batch
-
-        stage = self.stage_class()(job.model_dump(mode="json"))
-
-        def run_stage(ids: list[int], query: str) -> list[int]:
-            row = {"request_id": "nll", "doc_ids": ids, "question": query, "instruction": query}
-            out = batch_to_rows(stage(rows_to_batch([row])))[0]
-            if out.get("error"):
-                raise ValueError(f"{self.name}: {out['error']}")
-            return list(out["context_ids"])
-
-        return run_stage

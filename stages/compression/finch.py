@@ -15,16 +15,27 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, model_validator
 
 from schemas.compression import CompressionSpec
-from schemas.spec import JobSpec
-from stages.compression.base import CompressionMethod, Condition, Loaded
+from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
+from stages.compression.base import CompressionMethod, Loaded
+from stages.compression.lm_scoring import Condition, ConditionsContinuations
 
 # Finch's min_relevance for qa (auto): kept sentences scoring below this fraction of the
 # best one are dropped. Chosen among 0 / 0.3 / 0.5 on the eval set (0.3 and 0.5 tied) and
 # the held-out sets broke the tie (jobs/eval/results/2026-11-24-finch-relevance-floor-cpu.md).
 AUTO_MIN_RELEVANCE = 0.5
+# Finch's fused evidence for qa: weight of the embedder's sentence similarity, and how
+# sentences are cut. Chosen on the tuning part of the eval (jobs/eval/qa-tuning.jsonl).
+AUTO_SIMILARITY_WEIGHT = 0.5
+AUTO_SENTENCE_SPLIT = "prose"
+AUTO_NEXT_SENTENCE = False
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+
+    from stages.decoding.state import CompressedPrefill
+    from stages.prompting import PromptParts
 
 
 class FinchCompression(CompressionSpec):
@@ -88,6 +99,35 @@ class FinchCompression(CompressionSpec):
         f"{AUTO_MIN_RELEVANCE} for task.kind qa, 0 for summaries (and in mode kv).",
     )
 
+    evidence: Literal["auto", "heads", "fused"] = Field(
+        default="auto",
+        description="keep sentences (mode early_exit): which sentences the model reads. heads: the "
+        "retrieval heads' scores of the chunked pass; fused: those scores fused per sentence with "
+        "the embedder's similarity between the question and the sentence, so a question that asks "
+        "in other words than the document still finds its sentence; auto: fused for task.kind qa, "
+        "heads for summaries.",
+    )
+    embedder: str = Field(
+        default=EMBEDDED_EMBEDDER,
+        description="evidence fused: sentence-transformers model (id, path or the embedded one).",
+    )
+    similarity_weight: float = Field(
+        default=AUTO_SIMILARITY_WEIGHT, ge=0, le=1,
+        description="evidence fused: weight of the embedder's similarity next to the heads' score "
+        "(0 = heads only, 1 = the embedder only).",
+    )
+    next_sentence: bool = Field(
+        default=AUTO_NEXT_SENTENCE,
+        description="evidence fused: each chosen sentence brings the next sentence of its paragraph "
+        "along (within the budget): an answer often follows the sentence that names its subject.",
+    )
+    sentence_split: Literal["lines", "prose"] = Field(
+        default=AUTO_SENTENCE_SPLIT,
+        description="keep sentences: lines = every line break ends a sentence; prose = a line "
+        "wrapped inside a paragraph goes on (hard-wrapped text read in whole sentences; code "
+        "lines and blank lines still end one).",
+    )
+
     def resolved(self, task_kind: str) -> FinchCompression:
         """These settings with ``auto`` resolved for a job of ``task_kind`` (qa | summarize).
 
@@ -102,7 +142,11 @@ class FinchCompression(CompressionSpec):
         floor = self.min_relevance
         if floor == "auto":
             floor = AUTO_MIN_RELEVANCE if early and task_kind == "qa" else 0.0
-        return self.model_copy(update={"keep": keep, "order": order, "min_relevance": floor})
+        evidence = self.evidence
+        if evidence == "auto":
+            evidence = "fused" if keep == "sentences" and task_kind == "qa" else "heads"
+        return self.model_copy(update={"keep": keep, "order": order, "min_relevance": floor,
+                                       "evidence": evidence})
 
     @property
     def relevance_floor(self) -> float:
@@ -127,10 +171,15 @@ class FinchCompression(CompressionSpec):
             raise ValueError(f"min_relevance needs mode early_exit (got mode {self.mode}); allowed: min_relevance 0")
         if self.keep == "sentences" and self.mode != "early_exit":
             raise ValueError(f"keep sentences needs mode early_exit (got mode {self.mode}); allowed: keep tokens")
+        if self.evidence == "fused" and (self.mode != "early_exit" or self.keep == "tokens"):
+            raise ValueError(
+                f"evidence fused scores whole sentences: it needs mode early_exit and keep sentences "
+                f"(got mode {self.mode}, keep {self.keep}); allowed: evidence heads"
+            )
         return self
 
 
-class FinchMethod(CompressionMethod):
+class FinchMethod(CompressionMethod, ConditionsContinuations):
     name = "finch"
     spec_model = FinchCompression
     summary = "the sentences the question's retrieval heads attend to most, read chunk by chunk (for qa only the strongest, best evidence last)"
@@ -151,7 +200,17 @@ class FinchMethod(CompressionMethod):
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
         pad = tok.pad_token_id
         bounds = sentence_boundaries(tok) if config.keep == "sentences" else None
-        return Loaded(model, tok, lambda parts: finch_prefill(model, parts, config, pad, boundaries=bounds))
+        similarity = prompt_similarity(config, tok, device)
+        def prefill(parts: list[PromptParts], on_chunk: Callable[[], None] | None = None) -> CompressedPrefill:
+            return finch_prefill(model, parts, config, pad, boundaries=bounds, similarity=similarity,
+                                 on_chunk=on_chunk)
+
+        return Loaded(model, tok, prefill)
+
+    def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
+        """The prompt around the document plus at most ``target_tokens`` of it (the cap)."""
+        target = self.config(job).resolved(job.task.kind).target_tokens
+        return len(parts.prefix_ids) + min(target, len(parts.context_ids)) + len(parts.query_ids)
 
     def scoring_condition(self, job: JobSpec, device: torch.device) -> tuple[Loaded, Condition]:
         """LM scoring: Finch's question sits in its cache, so the query (the last
@@ -165,8 +224,9 @@ class FinchMethod(CompressionMethod):
         from stages.finch.spans import sentence_boundaries
         from stages.prompting import PromptParts
 
-        loaded = self.load(job, device)
-        config = self.config(job).resolved(job.task.kind)
+        heads_job = job.model_copy(update={"compression": self.config(job).model_copy(update={"evidence": "heads"})})
+        loaded = self.load(heads_job, device)  # no embedder: LM scoring reads the heads' evidence
+        config = self.config(heads_job).resolved(job.task.kind)
         keep = config.target_tokens
         pad = loaded.tokenizer.pad_token_id
         bounds = sentence_boundaries(loaded.tokenizer) if config.keep == "sentences" else None
@@ -178,11 +238,25 @@ class FinchMethod(CompressionMethod):
                     f"{keep} and the earlier text's {len(earlier_ids)} tokens"
                 )
             doc, query = list(earlier_ids[:-query_tokens]), list(earlier_ids[-query_tokens:])
-            # The continuation follows the text it continues: document order always.
-            cfg = config.model_copy(
-                update={"target_tokens": keep - query_tokens, "order": "document", "min_relevance": 0.0}
-            )
-            res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad, boundaries=bounds)
+            # The continuation follows the text it continues: document order always, the
+            # whole budget, and the heads' evidence (the query is text, not a question an
+            # embedder could match a sentence to).
+            cfg = config.model_copy(update={"target_tokens": keep - query_tokens, "order": "document",
+                                            "min_relevance": 0.0})
+            res = finch_prefill(loaded.model, [PromptParts(list(start_ids), doc, query)], cfg, pad,
+                                boundaries=bounds)
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 
         return loaded, condition
+
+
+def prompt_similarity(config: FinchCompression, tokenizer, device: torch.device):
+    """The question-sentence similarity ``finch_prefill`` needs for ``evidence: fused``
+    (stages.finch.fusion.make_similarity over ``config.embedder``, loaded on ``device``);
+    None for evidence heads. ``config`` resolved (FinchCompression.resolved)."""
+    if config.evidence != "fused":
+        return None
+    from stages.embedding import load_embedder
+    from stages.finch.fusion import make_similarity
+
+    return make_similarity(load_embedder(config.embedder, device), tokenizer)

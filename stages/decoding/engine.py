@@ -175,6 +175,7 @@ class Engine:
         self.tuning = tuning or Tuning()
         self.prefill = prefill
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
+        self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
         self.group_rows = max(1, group_rows)
         self.chunk_tokens = chunk_tokens or (4096 if self.device.type == "cuda" else 2048)
         self.max_retries = max_retries
@@ -370,6 +371,7 @@ class Engine:
         """A method's own prefill for ``group`` (decode steps run through on_chunk), then
         each row is loaded into a slot and joins the batch."""
         rows = [self._new_row(w) for w in group]
+        self._interleaved_s = 0.0
         t0 = self.backend.clock()
         try:
             parts = [w.request.parts for w in group]
@@ -404,10 +406,15 @@ class Engine:
     def _between_chunks(self) -> None:
         """A method prefill's on_chunk: one decode step of the running rows."""
         if self.active:
+            t0 = self.backend.clock()
             self._guarded_decode_step()
+            self._interleaved_s += self.backend.clock() - t0
 
     def _account_prefill(self, t0: float, rows: list[_Row]) -> None:
-        spent = self.backend.clock() - t0
+        """Charge the prefill since ``t0`` to ``rows`` (and to stall_s when rows were
+        decoding), less the decode steps its ``on_chunk`` ran in between."""
+        spent = self.backend.clock() - t0 - self._interleaved_s
+        self._interleaved_s = 0.0
         self.stats.prefill_s += spent
         if self.active:
             self.stats.stall_s += spent

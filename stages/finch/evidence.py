@@ -9,7 +9,7 @@ retrieval heads and one shared selection.
 Score of document candidate c for one batch row (candidates: the document slots of
 the cache, kept entries and the block's chunk, in document order):
 
-    m[h, s]  = sum_{j in P} n_j * a[h, j, s]     (scoring.py's per-head mass, before
+    m[h, s]  = sum_{j in P} n_j * a[h, j, s]     (paper_scores.py's per-head mass, before
                                                   the sum over heads)
     e[h, c]  = m[h, c] / sum_{c' valid} m[h, c'] (each head's mass over the document
                                                   candidates only, so a head that

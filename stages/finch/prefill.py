@@ -17,8 +17,8 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
 2. For chunk i (``chunk_tokens`` document tokens per row): feed the block
    ``[chunk_i ; P]`` on top of the cache, positions contiguous after the cache.
    The pass is the model's normal forward (SDPA), with one pre-hook per attention
-   module projecting P's rows to queries (scoring.py).
-3. Score the kept entries and the chunk's entries by P's attention (selector.py):
+   module projecting P's rows to queries (stages/kv/queries.py).
+3. Score the kept entries and the chunk's entries by P's attention (strategies.py):
    scoring="heads" (default) sums the calibrated retrieval heads' attention, each
    head normalised over the document, pooled over ``pool_window`` tokens, into one
    selection shared by all layers (evidence.py, heads.py); scoring="paper" sums
@@ -26,7 +26,7 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    weighted by its number of attended slots; head_mode="kv_group": per KV head).
 4. Keep the top ``kept_i`` of them (schedule.py: ``floor(T * n_i / N)``, ending at
    exactly T), drop P's entries, restore document order and rotate the kept keys
-   to contiguous positions (select.py, rope.py).
+   to contiguous positions (compaction.py, stages/kv/rope.py).
 5. mode="kv": after the last chunk, prefill P on the compressed cache for
    ``last_logits``. mode="early_exit" (GemFilter, Shi et al. 2024): steps 2-4 run
    only the layers up to the deepest selecting head, and the kept document tokens
@@ -37,7 +37,11 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    order="relevance" lays the kept runs (or sentences) out least relevant first,
    by the last pass's scores, so the best evidence ends next to the question, and
    min_relevance > 0 drops the runs (sentences) scoring below that fraction of the
-   best one: the budget is a cap (order.py).
+   best one: the budget is a cap (order.py). evidence="fused" (keep sentences)
+   instead scores every sentence of the document by the heads' best kept token and
+   by an embedder's similarity to the question, and reads the best sentences that
+   fit the budget, with the same floor and order (fusion.py): a question in other
+   words than its answer's sentence still finds it.
 
 Batching: rows have their own documents, budgets and schedules; blocks are
 left-padded, a row whose document is exhausted rides along with an all-padding
@@ -45,12 +49,14 @@ block and keeps its entries unchanged. Memory: during a pass each layer holds at
 most ``Lp + target + chunk + |P|`` slots (Lp, |P|: the batch's widest prefix and
 query), asserted at every step; positions never exceed
 ``prefix + min(target + chunk, len(doc)) + |P|``, so documents far longer than the
-model's context window work.
+model's context window work. Fused evidence adds one embedding vector per sentence
+(384 floats with MiniLM; the embedder reads the sentences in batches) and no slots.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,6 +64,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
+from stages.decoding.forward import cache_kwargs
 from stages.decoding.state import (
     CompressedPrefill,
     PrefillState,
@@ -67,15 +74,22 @@ from stages.decoding.state import (
     prefill_full,
     step_mask,
 )
+from stages.finch.compaction import gather_layer, make_plan, select_indices
+from stages.finch.fusion import (
+    Similarity,
+    choose_sentences,
+    fuse,
+    head_evidence,
+    similarity_evidence,
+)
 from stages.finch.heads import HeadSet, find_heads
 from stages.finch.order import lay_out
-from stages.finch.rope import rotary_module
 from stages.finch.schedule import chunk_spans, kept_after_chunks
-from stages.finch.scoring import QueryCapture
-from stages.finch.select import gather_layer, make_plan, select_indices
-from stages.finch.selector import PassView, make_selector
 from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
-from stages.finch.support import attention_modules, check_inputs, check_supported
+from stages.finch.strategies import PassView, make_selector
+from stages.finch.support import check_inputs, check_supported
+from stages.kv.model_parts import attention_modules, decoder, rotary_module
+from stages.kv.queries import QueryCapture
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
@@ -115,8 +129,8 @@ def _prefill_prefix(base, cache: DynamicCache, prefixes: list[list[int]], pad_id
         input_ids=ids,
         attention_mask=step_mask(empty, real),
         position_ids=positions_from_real(real),
-        past_key_values=cache,
         use_cache=True,
+        **cache_kwargs(base, cache),
     )
     return real, real.long().sum(dim=1)
 
@@ -185,7 +199,7 @@ def _carried(kept_score: torch.Tensor, cand_valid: torch.Tensor) -> torch.Tensor
 
 
 def _pass_view(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
-    """What the selector sees of this pass (selector.PassView)."""
+    """What the selector sees of this pass (strategies.PassView)."""
     return PassView(
         queries=capture.queries,
         keys=[layer.keys for layer in cache.layers],
@@ -233,6 +247,8 @@ def finch_prefill(
     trace: list[FinchStep] | None = None,
     heads: HeadSet | None | object = _AUTO,
     boundaries: Boundaries | None = None,
+    similarity: Similarity | None = None,
+    on_chunk: Callable[[], None] | None = None,
 ) -> CompressedPrefill:
     """Compress each row's document into ``min(target, len(doc))`` KV entries per layer.
 
@@ -241,9 +257,16 @@ def finch_prefill(
     for scoring="heads" (default: the model's calibrated set, ``find_heads``; None =
     uncalibrated, every head). ``boundaries``: the tokenizer's sentence boundaries, needed by
     ``keep: sentences`` (spans.sentence_boundaries; the method's load computes them).
+    ``similarity``: the question-sentence similarity, needed by ``evidence: fused``
+    (fusion.make_similarity; the method's load builds it with the embedder).
+    ``on_chunk``: called after each chunk pass (the decode engine runs a step of its other
+    rows there, so a long document's compression does not stall them); its time is not
+    counted in ``compress_s``.
     """
     if config.keep == "sentences" and boundaries is None:
         raise ValueError("finch keep sentences needs the tokenizer's sentence-ending ids (boundaries)")
+    if config.evidence == "fused" and similarity is None:
+        raise ValueError("finch evidence fused needs a question-sentence similarity (an embedder)")
     check_supported(model)
     check_inputs(model, parts, config)
     t0 = time.perf_counter()
@@ -254,7 +277,7 @@ def finch_prefill(
     early = config.mode == "early_exit"
     if early and all(len(p.context_ids) <= config.target_tokens for p in parts):
         return _prefill_kept(model, parts, [list(range(len(p.context_ids))) for p in parts], pad_id, t0, 0.0)
-    base = getattr(model, model.base_model_prefix)
+    base = decoder(model)
     attn = attention_modules(model)
     inv_freq = rotary_module(model).inv_freq
     b = len(parts)
@@ -287,7 +310,7 @@ def finch_prefill(
         mask = step_mask(valid, blk.real)  # [B, 1, T, S + T]
         with capture.capturing(blk.p_rows), _first_layers(base, run_layers):
             base(input_ids=blk.ids, attention_mask=mask, position_ids=pos,
-                 past_key_values=cache, use_cache=True)
+                 use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]
         assert slots <= bound, f"Finch cache grew to {slots} slots, bound {bound}"
         new_kept = torch.tensor(
@@ -325,25 +348,26 @@ def finch_prefill(
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
         compress_s += time.perf_counter() - ts
+        if on_chunk is not None:
+            on_chunk()
     if early:
         del cache
         scores = _kept_scores(doc_index[0], kept_score, kept)
         kept_tokens = [list(sc) for sc in scores]  # ascending document indices (slot order)
-        spans = None
         if config.keep == "sentences":
-            spans = [sentence_spans(p.context_ids, boundaries) for p in parts]
+            ts = time.perf_counter()
+            join = config.sentence_split == "prose"
+            spans = [sentence_spans(p.context_ids, boundaries, join_lines=join) for p in parts]
+            if config.evidence == "fused":
+                kept_tokens = _fused_text(parts, spans, scores, config, similarity)
+            else:
+                kept_tokens = _head_text(parts, spans, kept_tokens, kept.tolist(), scores, config)
+            compress_s += time.perf_counter() - ts
+        else:
             kept_tokens = [
-                snap_to_sentences(k, sp, int(n), sc)
-                for k, sp, n, sc in zip(kept_tokens, spans, kept.tolist(), scores, strict=True)
+                k if len(k) >= len(p.context_ids) else lay_out(k, None, sc, config.order, config.relevance_floor)
+                for k, p, sc in zip(kept_tokens, parts, scores, strict=True)
             ]
-        # A document that fits the budget is read whole, in order, as when every row
-        # fits (the early return above): a row's text must not depend on its batch.
-        kept_tokens = [
-            k if len(k) >= len(p.context_ids)
-            else lay_out(k, spans[row] if spans else None, scores[row], config.order,
-                         config.relevance_floor)
-            for row, (k, p) in enumerate(zip(kept_tokens, parts, strict=True))
-        ]
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
@@ -362,6 +386,37 @@ def finch_prefill(
         context_tokens=kept.tolist(),
         compress_s=[compress_s / b] * b,
     )
+
+
+def _head_text(parts, spans, kept_tokens, kept, scores, config) -> list[list[int]]:
+    """evidence heads: whole sentences around the heads' picks (spans.snap_to_sentences),
+    laid out by order.lay_out. A document that fits the budget is read whole, in order,
+    as when every row fits: a row's text must not depend on its batch."""
+    out = []
+    for k, sp, n, sc, p in zip(kept_tokens, spans, kept, scores, parts, strict=True):
+        if n >= len(p.context_ids):
+            out.append(list(range(len(p.context_ids))))
+            continue
+        snapped = snap_to_sentences(k, sp, int(n), sc)
+        out.append(lay_out(snapped, sp, sc, config.order, config.relevance_floor))
+    return out
+
+
+def _fused_text(parts, spans, scores, config, similarity) -> list[list[int]]:
+    """evidence fused: sentences by the heads' and the embedder's evidence (fusion.py)."""
+    out: list[list[int] | None] = [None] * len(parts)
+    todo = [r for r, p in enumerate(parts) if len(p.context_ids) > config.target_tokens]
+    for r, p in enumerate(parts):
+        if r not in todo:
+            out[r] = list(range(len(p.context_ids)))
+    if todo:
+        views = similarity([parts[r] for r in todo], [spans[r] for r in todo])
+        for r, view in zip(todo, views, strict=True):
+            fused = fuse(head_evidence(spans[r], scores[r]), similarity_evidence(view.cosine, view.content),
+                         config.similarity_weight)
+            out[r] = choose_sentences(spans[r], fused, config.target_tokens, config.relevance_floor,
+                                      config.order, view.follows if config.next_sentence else None)
+    return [o if o is not None else [] for o in out]
 
 
 def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id: int,

@@ -9,10 +9,15 @@ chose keeps the answer with its cue, and gives the model whole sentences to read
 Contract:
 - ``sentence_boundaries(tokenizer)``: the token classes that end sentences: ``breaks``
   (text contains a newline), ``ends`` (text ends in ``.``, ``!`` or ``?`` once
-  trailing spaces are stripped) and ``opens`` (text starts with whitespace).
-- ``sentence_spans(ids, boundaries)``: ``[start, end)`` of each sentence of ``ids``;
-  a sentence ends after a break, or after an end token followed by an opening token,
-  a break or the end of ``ids`` (so "3.1" and "e.g" do not end sentences).
+  trailing spaces are stripped), ``opens`` (text starts with whitespace) and
+  ``newlines`` (text is exactly one newline: a line wrap, if the next line goes on).
+- ``sentence_spans(ids, boundaries, join_lines=False)``: ``[start, end)`` of each
+  sentence of ``ids``; a sentence ends after a break, or after an end token followed
+  by an opening token, a break or the end of ``ids`` (so "3.1" and "e.g" do not end
+  sentences). ``join_lines``: a single newline followed by a token that neither opens
+  with whitespace nor breaks (wrapped prose, not an indented code line or a blank
+  line) continues the sentence, up to ``MAX_JOINED`` tokens: hard-wrapped text is
+  read in sentences, not in lines.
 - ``snap_to_sentences(kept, spans, budget, score=None)``: exactly ``min(budget, n_doc)``
   ascending document indices: whole sentences holding kept tokens, best first, each
   taken while it fits the budget; the rest of the budget goes to the kept tokens
@@ -26,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _ENDS = (".", "!", "?")
+MAX_JOINED = 96  # a joined sentence breaks at its next newline past this many tokens
 
 
 @dataclass(frozen=True)
@@ -35,29 +41,38 @@ class Boundaries:
     breaks: frozenset[int]
     ends: frozenset[int]
     opens: frozenset[int]
+    newlines: frozenset[int] = frozenset()
 
 
 def sentence_boundaries(tokenizer) -> Boundaries:
     """Classify every token id of ``tokenizer`` (see the module contract)."""
-    breaks, ends, opens = set(), set(), set()
+    breaks, ends, opens, newlines = set(), set(), set(), set()
     for i in range(len(tokenizer)):
         text = tokenizer.decode([i])
+        if text == "\n":
+            newlines.add(i)
         if "\n" in text:
             breaks.add(i)
         elif text.rstrip().endswith(_ENDS):
             ends.add(i)
         if text[:1].isspace():
             opens.add(i)
-    return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens))
+    return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens), frozenset(newlines))
 
 
-def sentence_spans(ids: list[int], boundaries: Boundaries) -> list[tuple[int, int]]:
+def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = False) -> list[tuple[int, int]]:
     """[start, end) per sentence of ``ids``; they tile ``range(len(ids))``."""
     b = boundaries
     spans, start = [], 0
     for i, tok in enumerate(ids):
         nxt = ids[i + 1] if i + 1 < len(ids) else None
-        if tok in b.breaks or (tok in b.ends and (nxt is None or nxt in b.opens or nxt in b.breaks)):
+        wrapped = (
+            join_lines and tok in b.newlines and nxt is not None and nxt not in b.opens
+            and nxt not in b.breaks and i + 1 - start < MAX_JOINED
+        )
+        if (tok in b.breaks and not wrapped) or (
+            tok in b.ends and (nxt is None or nxt in b.opens or nxt in b.breaks)
+        ):
             spans.append((start, i + 1))
             start = i + 1
     if start < len(ids):

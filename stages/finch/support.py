@@ -12,20 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
-from stages.finch.rope import check_rope
+from stages.kv.model_parts import attention_modules
+from stages.kv.rope import check_rope
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
     from stages.compression.finch import FinchCompression
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-def attention_modules(model) -> list[torch.nn.Module]:
-    base = getattr(model, model.base_model_prefix)
-    return [layer.self_attn for layer in base.layers]
 
 
 def check_supported(model) -> None:

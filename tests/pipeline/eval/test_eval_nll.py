@@ -13,6 +13,7 @@ import pytest
 import torch
 from tiny_models import one_torch_thread
 
+from pipeline.eval.conditioning import condition_for
 from pipeline.eval.nll import (
     NO_CONTEXT,
     aggregate_nll,
@@ -68,7 +69,7 @@ def doc_split(tokenizer, eval_path):
 
 
 def scored(job, start, earlier, cont):
-    loaded, condition = method_for(job.compression).scoring_condition(job, torch.device("cpu"))
+    loaded, condition = condition_for(method_for(job.compression), job, torch.device("cpu"))
     cond = condition(start, earlier, Q)
     nll = continuation_nll(loaded.model, cond.state, cont)
     return loaded.model, cond, nll
@@ -114,7 +115,7 @@ def test_no_context_equals_direct(eval_path, tmp_path, tiny_model_dir, tokenizer
     job = spec(EvalRun("none", None), eval_path, tmp_path, tiny_model_dir)
     rows = run_nll([EvalRun("none", None)], {"none-full": job}, docs, continuation_tokens=C, query_tokens=Q)
     ref = {r["doc_id"]: r for r in rows if r["method"] == NO_CONTEXT}
-    loaded, _ = method_for(job.compression).scoring_condition(job, torch.device("cpu"))
+    loaded, _ = condition_for(method_for(job.compression), job, torch.device("cpu"))
     for doc_id, text in docs:
         cont = tokenizer(text, add_special_tokens=False)["input_ids"][-C:]
         want = direct_nll(loaded.model, start_ids(tokenizer), cont)

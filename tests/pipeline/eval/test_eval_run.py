@@ -28,6 +28,7 @@ def eval_set(tmp_path):
             "answers": ["4417", "old library"],
             "depths": [0.5, 0.0],
             "kind": ["inserted", "native"],
+            "style": ["echoed", "paraphrased"],
         },
         {
             "id": "doc-b",
@@ -36,6 +37,7 @@ def eval_set(tmp_path):
             "answers": ["312"],
             "depths": [0.98],
             "kind": ["inserted"],
+            "style": ["echoed"],
         },
     ]
     p = tmp_path / "qa-eval.jsonl"
@@ -57,11 +59,16 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "| qa | truncate | 64 | 3 | 0 |" in res.output and "| qa | rag | 64 | 3 | 0 |" in res.output
+    assert "### contains by question style" in res.output
+    assert "| method | target_tokens | echoed (n=2) | paraphrased (n=1) | all (n=3) |" in res.output
 
     d = out / "e1"
     summary = json.loads((d / "summary.json").read_text())
     assert summary["runs"] == ["truncate-64", "rag-64"] and summary["failed_runs"] == {}
     assert [s["n"] for s in summary["summary"]] == [3, 3]
+    assert [(r["method"], r["target_tokens"]) for r in summary["by_style"]] == [("truncate", 64), ("rag", 64)]
+    styles = {(r["method"], r["style"]): r["n"] for r in summary["by_style_detail"]}
+    assert styles[("rag", "echoed")] == 2 and styles[("rag", "paraphrased")] == 1
     kinds = {(r["method"], r["kind"]): r["n"] for r in summary["by_kind"]}
     assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1,
                      ("rag", "inserted"): 2, ("rag", "native"): 1}  # fmt: skip

@@ -95,10 +95,10 @@ def test_load_question_meta(tmp_path) -> None:
     p = tmp_path / "e.jsonl"
     recs = [
         {"id": "a", "text": "t", "questions": ["q1", "q2"], "answers": ["x", "y"],
-         "depths": [0.1, 0.9], "kind": ["inserted", "native"]},
+         "depths": [0.1, 0.9], "kind": ["inserted", "native"], "style": ["echoed", "paraphrased"]},
         {"id": 7, "text": "t", "questions": "q3", "answers": "z"},
     ]  # fmt: skip
     p.write_text("\n".join(json.dumps(r) for r in recs) + "\n\n")
     meta = load_question_meta(str(p))
-    assert meta[("a", "q2")] == {"kind": "native", "depth": 0.9}
-    assert meta[("7", "q3")] == {"kind": None, "depth": None}
+    assert meta[("a", "q2")] == {"kind": "native", "style": "paraphrased", "depth": 0.9}
+    assert meta[("7", "q3")] == {"kind": None, "style": None, "depth": None}

@@ -13,15 +13,16 @@ from pipeline.eval.table import (
     aggregate,
     breakdown,
     depth_bin,
+    per_style,
     score_rows,
     to_markdown,
     write_csv,
 )
 
 META = {
-    ("d1", "What is the code?"): {"kind": "inserted", "depth": 0.12},
-    ("d1", "Who wrote it?"): {"kind": "native", "depth": 0.95},
-    ("d2", "What is the code?"): {"kind": "inserted", "depth": 0.5},
+    ("d1", "What is the code?"): {"kind": "inserted", "style": "echoed", "depth": 0.12},
+    ("d1", "Who wrote it?"): {"kind": "native", "style": "paraphrased", "depth": 0.95},
+    ("d2", "What is the code?"): {"kind": "inserted", "style": "echoed", "depth": 0.5},
 }
 
 
@@ -88,6 +89,24 @@ def test_breakdowns_by_kind_and_depth() -> None:
     depths = {r["depth_bin"] for r in breakdown(scored_rows(), "depth_bin")}
     assert depths == {"0.0-0.2", "0.4-0.6", "0.8-1.0"}
     assert depth_bin(1.0) == "0.8-1.0" and depth_bin(None) is None
+
+
+def test_per_style_puts_every_method_beside_each_style() -> None:
+    table = per_style(scored_rows())
+    assert [(r["method"], r["target_tokens"]) for r in table] == [
+        ("none", None), ("truncate", 512), ("truncate", 1024), ("rag", 512),
+    ]  # fmt: skip
+    columns = ["method", "target_tokens", "echoed (n=2)", "paraphrased (n=1)", "all (n=3)"]
+    assert all(list(r) == columns for r in table)  # distinct questions per style, every row
+    rag = table[3]
+    assert rag["echoed (n=2)"] == pytest.approx(0.5)  # d1 right, d2 an error row
+    assert rag["paraphrased (n=1)"] == 1.0 and rag["all (n=3)"] == pytest.approx(2 / 3)
+    trunc = table[1]  # ran one echoed question only: no paraphrased figure
+    assert trunc["echoed (n=2)"] == 0.0 and trunc["paraphrased (n=1)"] is None
+    assert per_style([dict(r, style=None) for r in scored_rows()]) == []  # an unstyled set
+    md = to_markdown(table).splitlines()
+    assert md[0] == "| " + " | ".join(columns) + " |"
+    assert md[5] == "| rag | 512 | 0.500 | 1.000 | 0.667 |"
 
 
 def test_markdown_and_csv(tmp_path) -> None:

@@ -33,7 +33,7 @@ def test_cli_writes_a_head_set_finch_finds(tmp_path, monkeypatch, tiny_model_dir
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path / "cache"))
     corpus = _corpus(tmp_path)
     args = ["calibrate-heads", "--model", str(tiny_model_dir), "--corpus", str(corpus),
-            "--exclude", "held-out", "--prompts", "3", "--haystack-tokens", "200",
+            "--exclude", "held-out", "--prompts", "3", "--paraphrased", "0.34", "--haystack-tokens", "200",
             "--top-k", "3", "--max-depth", "1.0", "--threads", "1"]
     result = CliRunner().invoke(_app(), args)
     assert result.exit_code == 0, result.output
@@ -42,6 +42,7 @@ def test_cli_writes_a_head_set_finch_finds(tmp_path, monkeypatch, tiny_model_dir
     data = json.loads(written[0].read_text())
     assert data["model"] == str(tiny_model_dir) and len(data["heads"]) == 3
     assert data["info"]["excluded"] == ["held-out"] and data["info"]["prompts"] == 3
+    assert set(data["info"]["heads_share_by_style"]) == {"echoed", "paraphrased"}  # 2 echoed, 1 paraphrased
     assert data["fingerprint"] in result.output
 
     from stages.finch.heads import find_heads

@@ -9,8 +9,10 @@ from planted import HEAD, doc_with_marker, planted_model
 
 from stages.finch.calibrate import (
     PLACES,
+    TEMPLATES,
     NeedlePrompt,
     answer_share,
+    is_paraphrased,
     needle_prompts,
     pick_heads,
 )
@@ -66,3 +68,23 @@ def test_needle_prompts_mark_the_answer_tokens(tokenizer) -> None:
     with pytest.raises(ValueError, match="haystack_tokens"):
         needle_prompts(builder, ["too short"], n=1, haystack_tokens=400, seed=0)
 
+
+
+def test_paraphrased_needles_share_only_the_place_with_their_fact(tokenizer) -> None:
+    from pipeline.corpus.styles import style_of
+
+    for statement, echoed, other_words in TEMPLATES:
+        fact = statement.format(place="Porto", value="X123")
+        assert style_of(echoed.format(place="Porto"), [fact], "X123") == "echoed"
+        assert style_of(other_words.format(place="Porto"), [fact], "X123") == "paraphrased"
+    builder = PromptBuilder(tokenizer)
+    text = "\n".join(f"Line {i} of a plain haystack about nothing in particular." for i in range(300))
+    plain = needle_prompts(builder, [text], n=6, haystack_tokens=400, seed=3)
+    half = needle_prompts(builder, [text], n=6, haystack_tokens=400, seed=3, paraphrased=0.5)
+    assert [is_paraphrased(i, 0.5) for i in range(6)] == [False, True, False, True, False, True]
+    for i, (a, b) in enumerate(zip(plain, half, strict=True)):
+        # Same haystack, fact and answer span; only the question's words change.
+        assert a.parts.context_ids == b.parts.context_ids and a.answer == b.answer
+        assert (a.parts.query_ids != b.parts.query_ids) == is_paraphrased(i, 0.5)
+    with pytest.raises(ValueError, match="paraphrased"):
+        needle_prompts(builder, [text], n=1, haystack_tokens=400, seed=0, paraphrased=1.5)

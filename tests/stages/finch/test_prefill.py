@@ -127,3 +127,36 @@ def test_bad_inputs_raise() -> None:
         finch_prefill(model, random_parts([(4, 500, 4)]), FinchCompression(target_tokens=48, chunk_tokens=32), 0)
     with pytest.raises(ValueError, match="query_ids"):
         finch_prefill(model, random_parts([(4, 10, 0)]), FinchCompression(target_tokens=8, chunk_tokens=16), 0)
+
+
+@pytest.mark.parametrize("variant", ["heads-shared-kv", "paper-sum"])
+def test_on_chunk_runs_between_passes_and_changes_nothing(variant: str) -> None:
+    """The decode engine's hook: called once per chunk pass, the result as without it."""
+    model = tiny("llama", seed=2)
+    parts = random_parts(ROWS, seed=6)
+    cfg = FinchCompression(target_tokens=24, chunk_tokens=16, **VARIANTS[variant])
+    calls: list[int] = []
+    trace: list[FinchStep] = []
+    hooked = finch_prefill(model, parts, cfg, 0, trace=trace, on_chunk=lambda: calls.append(1))
+    plain = finch_prefill(model, parts, cfg, 0)
+    assert len(calls) == len(trace) > 1
+    torch.testing.assert_close(hooked.state.last_logits, plain.state.last_logits)
+    assert hooked.context_tokens == plain.context_tokens
+
+
+def test_kv_tokens_is_the_prompt_with_at_most_the_budget() -> None:
+    """What the engine admits a Finch row by: prefix + min(target, doc) + query, an upper
+    bound of the KV entries its prefill leaves."""
+    from schemas.spec import JobSpec
+    from stages.compression import registry
+
+    job = JobSpec.model_validate({"name": "k", "input": {"uri": "/tmp/x"}, "output": {"uri": "/tmp/y"},
+                                  "task": {"kind": "qa", "questions": ["q?"]},
+                                  "compression": {"method": "finch", "target_tokens": 24, "chunk_tokens": 16}})
+    method = registry()["finch"]
+    short, long_ = random_parts([(3, 10, 4), (3, 100, 4)], seed=1)
+    assert method.kv_tokens(job, short) == 3 + 10 + 4
+    assert method.kv_tokens(job, long_) == 3 + 24 + 4
+    model = tiny("llama", seed=2)
+    out = finch_prefill(model, [long_], FinchCompression(target_tokens=24, chunk_tokens=16), 0)
+    assert int(out.state.valid[0].sum()) <= method.kv_tokens(job, long_)

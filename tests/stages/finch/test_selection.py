@@ -16,7 +16,8 @@ from finch_testlib import KV_VARIANTS, VARIANTS, random_parts, tiny
 
 from stages.compression.finch import FinchCompression
 from stages.finch.prefill import finch_prefill
-from stages.finch.rope import rerotate, rotary_module
+from stages.kv.model_parts import rotary_module
+from stages.kv.rope import rerotate
 
 
 def reference_scores(model, parts, head_mode: str) -> tuple[list[torch.Tensor], list]:

@@ -1,11 +1,6 @@
-"""Score cache entries by the attention the prompt's queries give them.
+"""The Finch paper's score of cache entries: the attention the prompt's queries give them.
 
-Capture: a forward pre-hook on every attention module projects the layer's input
-at the prompt rows (the last ``p_rows`` of the block) with the layer's own
-``q_proj`` and rotates it with the layer's own cos/sin. Only those rows are
-projected, so the main pass keeps running the model's fast attention kernel
-(SDPA / flash): no eager attention over the whole sequence, no
-``output_attentions``.
+The prompt's queries come from stages.kv.queries.QueryCapture during the chunk pass.
 
 Score (one layer, one batch row), after the pass has appended the block's keys:
 
@@ -26,54 +21,7 @@ the query heads sharing KV head g (head_mode="kv_group", G = H_kv).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
-
-from stages.finch.rope import rotate_half
-
-
-class QueryCapture:
-    """Holds the prompt rows' post-RoPE queries per layer: ``queries[l]`` is [B, H, P, D]
-    for each captured layer l (``layers``, default all)."""
-
-    def __init__(self, attn_modules: list[torch.nn.Module], layers: list[int] | None = None) -> None:
-        self.modules = attn_modules
-        self.layers = list(range(len(attn_modules))) if layers is None else list(layers)
-        self.p_rows = 0
-        self.queries: dict[int, torch.Tensor] = {}
-
-    def _hook(self, layer: int):
-        def pre_hook(module, args, kwargs):
-            if self.p_rows == 0:
-                return None
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            cos, sin = kwargs["position_embeddings"]
-            h = hidden[:, -self.p_rows :]  # [B, P, hidden]
-            b, p, _ = h.shape
-            q = module.q_proj(h).view(b, p, -1, module.head_dim).transpose(1, 2)  # [B, H, P, D]
-            c = cos[:, -self.p_rows :][:, None]  # [B, 1, P, D]
-            s = sin[:, -self.p_rows :][:, None]
-            self.queries[layer] = q * c + rotate_half(q) * s
-            return None
-
-        return pre_hook
-
-    @contextmanager
-    def capturing(self, p_rows: int):
-        """Capture the last ``p_rows`` rows of each of ``layers`` during one forward pass."""
-        self.p_rows = p_rows
-        self.queries = {}
-        handles = [
-            self.modules[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
-            for i in self.layers
-        ]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
-            self.p_rows = 0
 
 
 def prompt_scores(

@@ -1,4 +1,4 @@
-"""Rotary position embeddings for Finch: rotate cached keys to new positions.
+"""Rotary position embeddings: rotate cached keys to new positions.
 
 RoPE rotates each (i, i + D/2) pair of a head vector by angle ``p * inv_freq[i]``;
 rotations compose additively, so a key cached at position ``p_old`` becomes the key
@@ -9,7 +9,8 @@ divided by the factor), ``llama3`` (per-frequency scaling) and ``yarn`` (its
 magnitude scale ``attention_scaling`` is already in the cached key, so the extra
 rotation uses unit-magnitude cos/sin). ``dynamic`` NTK and ``longrope`` change the
 frequencies with the sequence length, so a cached key cannot be moved by a fixed
-rotation; those are rejected by ``check_rope``.
+rotation; those are rejected by ``check_rope``. Finch moves the entries it keeps to
+contiguous positions this way.
 
 Convention (Llama, Mistral, Qwen2 in transformers): the frequency vector is
 duplicated, ``emb = cat(freqs, freqs)``, and ``x' = x * cos + rotate_half(x) * sin``.
@@ -18,6 +19,8 @@ duplicated, ``emb = cat(freqs, freqs)``, and ``x' = x * cos + rotate_half(x) * s
 from __future__ import annotations
 
 import torch
+
+from stages.kv.model_parts import rotary_module
 
 #: RoPE variants whose angle is ``position * fixed inv_freq`` (see module docstring).
 POSITION_LINEAR_ROPE = ("default", "linear", "llama3", "yarn")
@@ -29,7 +32,7 @@ def check_rope(model) -> None:
     rope_type = getattr(rotary, "rope_type", "default")
     if rope_type not in POSITION_LINEAR_ROPE:
         raise ValueError(
-            f"Finch cannot re-rotate keys for rope_type {rope_type!r} (its frequencies change "
+            f"cannot re-rotate keys for rope_type {rope_type!r} (its frequencies change "
             f"with the sequence length); supported rope types: {', '.join(POSITION_LINEAR_ROPE)}"
         )
     head_dim = int(getattr(model.config.get_text_config(), "head_dim", 0) or 0) or (
@@ -39,17 +42,9 @@ def check_rope(model) -> None:
     n_freq = int(rotary.inv_freq.shape[-1])
     if 2 * n_freq != head_dim:
         raise ValueError(
-            f"Finch needs RoPE over the whole head (head_dim {head_dim}), but the model "
-            f"rotates {2 * n_freq} dims (partial_rotary_factor < 1 is not supported)"
+            f"re-rotating keys needs RoPE over the whole head (head_dim {head_dim}), but the "
+            f"model rotates {2 * n_freq} dims (partial_rotary_factor < 1 is not supported)"
         )
-
-
-def rotary_module(model) -> torch.nn.Module:
-    base = getattr(model, model.base_model_prefix)
-    rotary = getattr(base, "rotary_emb", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        raise ValueError(f"{type(model).__name__} has no rotary embedding Finch can use")
-    return rotary
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from finch_testlib import tiny
+from tiny_models import tiny_causal_lm
 
-from stages.finch.rope import rerotate, rotary_module
-from stages.finch.support import check_supported
+from stages.kv.model_parts import rotary_module
+from stages.kv.rope import check_rope, rerotate
+
+
+def tiny(family: str = "llama", dtype: torch.dtype = torch.float64, **overrides):
+    return tiny_causal_lm(512, family, 0, dtype, **overrides)
+
 
 ROPES = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},
@@ -25,7 +30,7 @@ ROPES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rerotated_keys_equal_keys_at_new_positions(rope: str, dtype: torch.dtype) -> None:
     model = tiny("llama", dtype=torch.float32, rope_parameters=ROPES[rope])
-    check_supported(model)
+    check_rope(model)
     attn = model.model.layers[0].self_attn
     rotary = rotary_module(model)
     g = torch.Generator().manual_seed(0)
@@ -50,4 +55,4 @@ def test_rerotated_keys_equal_keys_at_new_positions(rope: str, dtype: torch.dtyp
 def test_dynamic_rope_is_rejected() -> None:
     model = tiny("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(ValueError, match="dynamic"):
-        check_supported(model)
+        check_rope(model)

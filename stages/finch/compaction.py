@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.finch.rope import rerotate
+from stages.kv.rope import rerotate
+from stages.kv.slots import gather_slots
 
 
 @dataclass
@@ -82,13 +83,9 @@ def gather_layer(
     from ``select_indices``; cand_pos: [B, C] long, each candidate's current RoPE
     position. Returns keys, values of shape [B, H_kv, Lp + K', D].
     """
-    b, h_kv, _, d = keys.shape
+    b, h_kv = keys.shape[:2]
     idx = idx.expand(b, h_kv, idx.shape[-1])  # G = 1 shares one selection across heads
-    cand_k = keys[:, :, prefix_width:]
-    cand_v = values[:, :, prefix_width:]
-    gidx = idx[..., None].expand(b, h_kv, idx.shape[-1], d)
-    sel_k = cand_k.gather(2, gidx)  # [B, Hkv, K', D]
-    sel_v = cand_v.gather(2, gidx)
+    sel_k, sel_v = gather_slots(keys[:, :, prefix_width:], values[:, :, prefix_width:], idx)  # [B, Hkv, K', D]
     old_pos = cand_pos[:, None].expand(b, h_kv, cand_pos.shape[-1]).gather(2, idx)  # [B, Hkv, K']
     delta = torch.where(plan.slot_valid[:, None], plan.new_pos[:, None] - old_pos, 0)
     if bool((delta != 0).any()):

@@ -7,7 +7,7 @@ cache with the block appended) to the candidate indices each layer keeps,
 
 - scoring="paper": the Finch paper. Each layer ranks by its own prompt attention
   summed over all heads (head_mode="sum", G = 1) or per KV group (G = H_kv);
-  no pooling (scoring.py).
+  no pooling (paper_scores.py).
 - scoring="heads", selection="shared": one selection for every layer, from the
   selecting heads' normalised, pooled mass (evidence.py). The heads are the model's
   calibrated retrieval heads (heads.py), or every head of every layer when the
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.finch.compaction import Plan, select_indices
 from stages.finch.evidence import fill_empty_groups, group_heads, head_mass, normalise, pool_valid
 from stages.finch.heads import HeadSet, all_heads
-from stages.finch.scoring import prompt_scores
-from stages.finch.select import Plan, select_indices
+from stages.finch.paper_scores import prompt_scores
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Selector(ABC):
 
 
 def _attn(model) -> list[torch.nn.Module]:
-    from stages.finch.support import attention_modules
+    from stages.kv.model_parts import attention_modules
 
     return attention_modules(model)
 

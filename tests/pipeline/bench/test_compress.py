@@ -1,0 +1,34 @@
+"""`longdoc bench compress`: Finch vs full prefill side by side, for summaries and for qa."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from pipeline.bench.compress import bench_compress
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("compress")(bench_compress)
+    app.command("noop")(lambda: None)  # two commands keep the subcommand name
+    return app
+
+
+@pytest.mark.parametrize("task", ["summarize", "qa"])
+def test_bench_compress_prints_ratios(task, tiny_model_dir):
+    args = ["compress", "--model", str(tiny_model_dir), "--sizes", "400", "--targets", "64",
+            "--chunk", "128", "--sweep-chunks", "", "--task", task]
+    res = CliRunner().invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    assert f"task={task}" in res.output
+    rows = [line for line in res.output.splitlines() if line.startswith("| 400 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["full prefill", "finch t=64 c=128"]
+    assert rows[0].rstrip(" |").endswith("1.00x | 1.00x")  # full vs itself
+    assert rows[1].split(" | ")[5].endswith("x")  # Finch's time vs full
+
+
+def test_bench_compress_rejects_an_unknown_task(tiny_model_dir):
+    res = CliRunner().invoke(_app(), ["compress", "--model", str(tiny_model_dir), "--task", "chat"])
+    assert res.exit_code != 0 and "summarize, qa" in res.output

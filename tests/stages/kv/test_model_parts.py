@@ -1,0 +1,36 @@
+"""Decoder, attention and rotary access, also through a PEFT wrapper."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from stages.kv.model_parts import attention_modules, decoder, rotary_module
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_parts_of_each_family(family):
+    model = tiny_causal_lm(512, family, 0, torch.float32)
+    base = decoder(model)
+    assert base is model.model
+    assert attention_modules(model) == [layer.self_attn for layer in model.model.layers]
+    assert rotary_module(model) is model.model.rotary_emb
+
+
+def test_decoder_sees_through_a_peft_wrapper():
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_causal_lm(512, "llama", 0, torch.float32)
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    # The prefix attribute of the wrapper is the whole causal LM, not its decoder.
+    assert getattr(wrapped, wrapped.base_model_prefix) is not model.model
+    assert decoder(wrapped) is model.model
+    assert len(attention_modules(wrapped)) == 2
+
+
+def test_no_rotary_is_an_error():
+    model = tiny_causal_lm(512, "llama", 0, torch.float32)
+    del model.model.rotary_emb
+    with pytest.raises(ValueError, match="no rotary embedding"):
+        rotary_module(model)
