@@ -74,6 +74,27 @@ def ray_head(
     RAY_AUTH_MODE=token and RAY_AUTH_TOKEN); None disables it explicitly, so the
     result never depends on a stray ~/.ray/auth_token (which Ray would pick up).
     """
+    for attempt in range(3):
+        try:
+            cm = _start_head(num_cpus, token, env)
+            head = cm.__enter__()
+        except _StartTimedOut:
+            if attempt == 2:
+                raise
+            continue  # Ray gives a raylet 30 s to register (hard-coded); a loaded machine can miss it
+        try:
+            yield head
+        finally:
+            cm.__exit__(None, None, None)
+        return
+
+
+class _StartTimedOut(RuntimeError):
+    """`ray start` gave up waiting for its raylet to register (a loaded machine)."""
+
+
+@contextmanager
+def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None) -> Iterator[RayHead]:
     # Unix socket paths under the temp dir must stay short (< 108 bytes).
     temp_dir = Path(tempfile.mkdtemp(prefix="ldray", dir="/tmp"))
     gcs_port, dash_port = free_port(), free_port()
@@ -102,9 +123,14 @@ def ray_head(
                                 start_new_session=True)
     head = RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}", temp_dir, proc.pid)
     try:
-        _wait_http(f"{head.dashboard_url}/api/version", proc, log, 120, token)
-        # The Jobs API answers only once the head's job agent is registered.
-        _wait_http(f"{head.dashboard_url}/api/jobs/", proc, log, 60, token)
+        try:
+            _wait_http(f"{head.dashboard_url}/api/version", proc, log, 120, token)
+            # The Jobs API answers only once the head's job agent is registered.
+            _wait_http(f"{head.dashboard_url}/api/jobs/", proc, log, 60, token)
+        except RuntimeError as e:
+            if "timed out during startup" in str(e):
+                raise _StartTimedOut(str(e)) from None
+            raise
         yield head
     finally:
         _stop(proc)
@@ -151,13 +177,21 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return full_env
 
 
-def alive_nodes(head: RayHead) -> list[dict]:
-    """The cluster's alive nodes as the GCS sees them (resources_total per node)."""
+def alive_nodes(head: RayHead, timeout_s: float = 120) -> list[dict]:
+    """The cluster's alive nodes as the GCS sees them (resources_total per node).
+
+    A loaded dashboard drops a request now and then: asked again until ``timeout_s``."""
     from ray.util.state import list_nodes
 
-    return [n.__dict__ if hasattr(n, "__dict__") else dict(n)
-            for n in list_nodes(address=head.dashboard_url, detail=True, limit=100)
-            if n.state == "ALIVE"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            nodes = list_nodes(address=head.dashboard_url, detail=True, limit=100)
+            return [n.__dict__ if hasattr(n, "__dict__") else dict(n) for n in nodes if n.state == "ALIVE"]
+        except Exception:  # noqa: BLE001 - ServerUnavailable, ConnectionError
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @contextmanager
@@ -166,15 +200,13 @@ def ray_worker(
     num_cpus: int = 1,
     resources: dict[str, float] | None = None,
     env: dict[str, str] | None = None,
-    preexec_fn=None,
 ) -> Iterator[RayWorker]:
     """Join a worker node to ``head`` (no token auth); yield it once the GCS has it alive;
     stop exactly its processes.
 
     ``resources``: custom resources of the node (e.g. ``{"gen_node": 1}`` so only the
-    actors asking for it land here). ``preexec_fn`` runs in the node's first process
-    before exec: limits set there (``resource.setrlimit``) hold for every process of the
-    node, its Ray workers included.
+    actors asking for it land here; tests/worker_limits limits the memory of the Ray
+    workers of a node offering ``oom_node``).
     """
     temp_dir = Path(tempfile.mkdtemp(prefix="ldwrk", dir="/tmp"))
     resources = dict(resources or {})
@@ -186,23 +218,33 @@ def ray_worker(
         f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        f"--labels={json.dumps({'longdoc-test-node': temp_dir.name})}",  # how the GCS names it
     ]
-    before = {n["node_id"] for n in alive_nodes(head)}
     log = temp_dir / "worker.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env),
-                                start_new_session=True, preexec_fn=preexec_fn)
+    proc = None
     try:
-        deadline = time.monotonic() + 120
-        while not {n["node_id"] for n in alive_nodes(head)} - before:  # event: the GCS has it
-            if proc.poll() is not None:
+        for attempt in range(3):
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env),
+                                        start_new_session=True)
+            deadline = time.monotonic() + 120
+            while not [n for n in alive_nodes(head)  # event: the GCS has this node alive
+                       if (n.get("labels") or {}).get("longdoc-test-node") == temp_dir.name]:
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker node not alive after 120 s:\n{log.read_text()[-3000:]}")
+                time.sleep(0.2)  # polling the GCS for the event above
+            else:
+                break
+            # Ray gives a raylet 30 s to register (hard-coded); a loaded machine can miss
+            # that: start the node again.
+            if "timed out during startup" not in log.read_text() or attempt == 2:
                 raise RuntimeError(f"ray start (worker) exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker node not alive after 120 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)  # polling the GCS for the event above
         yield RayWorker(temp_dir, proc.pid, resources)
     finally:
-        _stop(proc)
+        if proc is not None:
+            _stop(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
