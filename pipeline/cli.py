@@ -91,7 +91,24 @@ def validate(
         typer.echo("error: missing SPEC (or pass --schema)", err=True)
         raise typer.Exit(2)
     job = _load(spec, set_)
+    _check_local_input(job, spec)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+
+
+def _check_local_input(job, spec_path: str) -> None:
+    """A local input (no {run_date}) is listed as `run` will list it: a folder without
+    files of the format, or one holding a FIFO or a device, is refused here too (exit 2).
+    Remote inputs are left to `run`: their credentials may exist only where it runs."""
+    uri = job.input.uri
+    if "{" in uri or ("://" in uri and not uri.startswith("file://")):
+        return
+    from stages.read import list_shards
+
+    try:
+        list_shards(job.input, "")
+    except ValueError as e:
+        typer.echo(f"job spec {spec_path} cannot run here:\n  - {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

@@ -19,14 +19,23 @@ before any model loads.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
+
+import pyarrow as pa
 
 from schemas.rows import OutputRow, RequestRow, columns
 from schemas.spec import JobSpec
 from stages.compression import method_for
 from stages.generate import GenerateStage
-from stages.read import Document, expand_requests, generation_fingerprint, list_shards, read_shard
+from stages.read import (
+    Document,
+    document_table,
+    expand_requests,
+    generation_fingerprint,
+    read_shard,
+)
 from stages.tokenize import TokenizeStage
 
 
@@ -95,13 +104,32 @@ def generate_batches_in_flight(spec: JobSpec) -> int:
 
 
 class _ReadDocuments:
-    """flat_map fn: one shard path -> document rows (errors become rows too)."""
+    """map_batches fn: a batch of shard rows (``shard``, ``index``) -> document tables.
 
-    def __init__(self, spec: JobSpec, root_uri: str) -> None:
-        self.inp, self.root_uri = spec.input, root_uri
+    Yields each shard's documents as it reads them (errors become rows too) and, once the
+    batch is read, records its requests in the run's ledger (stages/ledger.py): what the
+    runner needs when Ray aborts, without reading the input again.
+    """
 
-    def __call__(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        return [vars(d) for d in read_shard(item["shard"], self.inp, self.root_uri)]
+    def __init__(self, spec: JobSpec, root_uri: str, output_root: str, run_id: str, run_date: str) -> None:
+        self.spec, self.root_uri = spec, root_uri
+        self.output_root, self.run_id, self.run_date = output_root, run_id, run_date
+        self.fingerprint = generation_fingerprint(spec)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        from stages.ledger import write_block
+
+        indices = batch.column("index").to_pylist()
+        recorded: list[dict[str, Any]] = []
+        for index, shard in zip(indices, batch.column("shard").to_pylist()):
+            docs = read_shard(shard, self.spec.input, self.root_uri)
+            for doc_index, doc in enumerate(docs):
+                for req in expand_requests(doc, self.spec, self.run_id, self.run_date, self.fingerprint):
+                    recorded.append({"shard": index, "doc": doc_index, **{
+                        k: req[k] for k in ("request_id", "doc_id", "source_uri", "prompt", "question", "reference")}})
+            if docs:
+                yield document_table(docs)
+        write_block(self.output_root, self.run_date, self.run_id, indices, recorded)
 
 
 class _ExpandRequests:
@@ -112,8 +140,11 @@ class _ExpandRequests:
         self.fingerprint = generation_fingerprint(spec)
 
     def __call__(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
-        # Every Document field, error_kind included (a storage failure stays retryable).
+        # Every Document field, error_kind included (a storage failure stays retryable);
+        # list columns arrive as lists or arrays depending on the block format.
         d = Document(**{f.name: doc[f.name] for f in fields(Document) if f.name in doc})
+        d.questions = list(d.questions if d.questions is not None else [])
+        d.answers = list(d.answers if d.answers is not None else [])
         reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
         return [r for r in reqs if r["request_id"] not in self.skip]
 
@@ -124,12 +155,12 @@ def build_plan(
     run_date: str,
     output_root: str,
     skip: frozenset[str],
-    shards: list[str] | None = None,
+    shards: list[str],
 ):
     """Return (dataset of per-row figures, number of shards).
 
-    ``shards``: the input files, when the caller listed them already (the runner lists
-    them before starting Ray, so a missing prefix fails without a cluster).
+    ``shards``: the input files as the runner listed them, once, before starting Ray
+    (stages.read.list_shards); the plan reads exactly these and never lists again.
     """
     with warnings.catch_warnings():
         # Ray 2.60 deprecates **ray_remote_args but names no parameter for actor
@@ -145,7 +176,7 @@ def _build_plan(
     run_date: str,
     output_root: str,
     skip: frozenset[str],
-    shards: list[str] | None,
+    shards: list[str],
 ):
     import ray.data
 
@@ -153,12 +184,13 @@ def _build_plan(
     from stages.write import WriteStage
 
     check_chain(stage_chain(spec))
-    shards = list_shards(spec.input, run_date) if shards is None else shards
     spec_json = spec.model_dump(mode="json")
     res = spec.resources
     root_uri = resolve_uri(spec.input.uri, run_date)
-    ds = ray.data.from_items([{"shard": s} for s in shards], override_num_blocks=max(1, min(len(shards), 200)))
-    ds = ds.flat_map(_ReadDocuments(spec, root_uri))
+    items = [{"shard": s, "index": i} for i, s in enumerate(shards)]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(shards), 200)))
+    ds = ds.map_batches(_ReadDocuments(spec, root_uri, output_root, run_id, run_date),
+                        batch_size=None, batch_format="pyarrow")
     if spec.input.limit:
         ds = ds.limit(spec.input.limit)
     ds = ds.flat_map(_ExpandRequests(spec, run_id, run_date, skip))

@@ -1,14 +1,12 @@
 """What `longdoc run` prints while it runs: one progress line, and Ray kept quiet.
 
 Contract:
-- ``estimate_requests(spec, n_shards, run_date, skipped)`` returns the number of rows
-  the run will write when it can be known cheaply *before* reading the corpus, else
-  None. Known: text corpora (one document per file, so the file listing is the
-  count), JSONL up to ``input.limit`` lines or ``COUNT_BYTES_MAX`` bytes, Parquet
-  footers of up to ``COUNT_FILES_MAX`` files; questions per document must not come
-  from the data (``qa`` with ``input.question_field`` is unknown). Requests already
-  written (``skipped``) are subtracted. Never a full pass over a big corpus: a count
-  that costs as much as the read is not worth an ETA.
+- ``estimate_requests(spec, n_shards, skipped)`` returns the number of rows the run
+  will write when the file listing alone tells it (text corpora: one document per
+  file; questions per document not from the data), else None. It never reads the
+  input: the runner learns the total of a JSONL or Parquet corpus from the read
+  stage's ledger once every file is read (``ledger_total``; stages/ledger.py).
+  Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
   ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA``. On a terminal it is
   one line redrawn in place (carriage return); otherwise (cluster job logs) a plain
@@ -30,65 +28,29 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-import fsspec
-
 from schemas.spec import JobSpec
 
-COUNT_BYTES_MAX = 64 * 1024 * 1024  # a JSONL count reads the files: only small corpora
-COUNT_FILES_MAX = 64  # a Parquet count reads one footer per file
 DEFAULT_INTERVAL_S = 30.0  # one log line per half minute keeps cluster logs short
 RAY_LOGS_ENV = "LONGDOC_RAY_LOGS"
 
 
 # ----------------------------------------------------------------------------- totals
-def estimate_requests(spec: JobSpec, n_shards: int, run_date: str, skipped: int = 0) -> int | None:
-    """Rows this run will write, or None when only a read of the corpus could tell."""
+def estimate_requests(spec: JobSpec, n_shards: int, skipped: int = 0) -> int | None:
+    """Rows this run will write, or None when only the read stage can tell (see above)."""
     inp = spec.input
+    if inp.format != "text":
+        return None  # documents per file live in the data: the ledger tells, once read
     if spec.task.kind == "summarize":
         per_doc = 1
-    elif inp.format != "text" and inp.question_field:
-        return None  # questions per document live in the data
     else:
         per_doc = max(1, len(spec.task.questions))  # a qa doc without questions: 1 error row
-    docs = _count_documents(spec, n_shards, run_date)
-    if docs is None:
-        return None
-    if inp.limit is not None:
-        docs = min(docs, inp.limit)
+    docs = n_shards if inp.limit is None else min(n_shards, inp.limit)
     return max(docs * per_doc - skipped, 0)
 
 
-def _count_documents(spec: JobSpec, n_shards: int, run_date: str) -> int | None:
-    inp = spec.input
-    if inp.format == "text":
-        return n_shards
-    from stages.read import list_shards
-
-    if inp.format == "parquet":
-        if n_shards > COUNT_FILES_MAX:
-            return None
-        import pyarrow.parquet as pq
-
-        total = 0
-        for path in list_shards(inp, run_date):
-            try:
-                with fsspec.open(path, "rb") as f:
-                    total += pq.ParquetFile(f).metadata.num_rows
-            except Exception:  # an unreadable file becomes one error row
-                total += 1
-        return total
-    # JSONL: one document per non-blank line; stop at the limit or the byte budget.
-    total = read = 0
-    for path in list_shards(inp, run_date):
-        with fsspec.open(path, "rb") as f:
-            for line in f:
-                read += len(line)
-                if read > COUNT_BYTES_MAX:
-                    return None
-                total += bool(line.strip())
-                if inp.limit is not None and total >= inp.limit:
-                    return total
-    return total
+def ledger_total(requests: list[dict[str, Any]], skip: frozenset[str]) -> int:
+    """Rows a run writes: its requests (``Ledger.requests``) not already done, each once."""
+    return len({r["request_id"] for r in requests} - skip)
 
 
 # ----------------------------------------------------------------------------- the line
@@ -127,16 +89,9 @@ class RunProgress:
         self.rows = self.failed = self.tokens = 0
 
     @classmethod
-    def for_run(cls, spec: JobSpec, run_date: str, n_shards: int, skipped: int,
-                enabled: bool = True) -> RunProgress:
-        """A progress line for a run, with the total when it is cheap to know."""
-        total = None
-        if enabled:
-            try:
-                total = estimate_requests(spec, n_shards, run_date, skipped)
-            except Exception:  # a count is a nicety: never let it fail the run
-                total = None
-        return cls(total, enabled=enabled)
+    def for_run(cls, spec: JobSpec, n_shards: int, skipped: int, enabled: bool = True) -> RunProgress:
+        """A progress line for a run, with the total when the file listing tells it."""
+        return cls(estimate_requests(spec, n_shards, skipped) if enabled else None, enabled=enabled)
 
     def line(self) -> str:
         el = max(self.clock() - self.t0, 1e-9)

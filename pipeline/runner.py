@@ -12,6 +12,17 @@ exactly one row in the output table (written now or by an earlier run of the dat
   staged by a crashed run are published at the start of the next one.
 - The run summary JSON lands atomically at ``{output}/_runs/{run_date}/{run_id}.json``
   (pipeline/report/summary.py ``run_summary`` lists its fields).
+- The input is listed once (``stages.read.list_shards``, before Ray starts) and read
+  once (the read stage); the abort path and the progress total take the run's requests
+  from the read stage's ledger (stages/ledger.py), never from the input again.
+- An input row repeated exactly (same id, text and question: the same request_id) is
+  one request: it gets one row, published once, counted once (``duplicates`` in the
+  summary counts the repeats dropped).
+- A generate pool that no node can take (a GPU or custom resource the cluster lacks)
+  fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
+  written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
+  actor (an abort like the others: retryable rows, status failed, the message names
+  the resource and what the nodes have).
 """
 
 from __future__ import annotations
@@ -37,7 +48,10 @@ from schemas.output import (
     rows_to_table,
 )
 from schemas.spec import JobSpec
+from stages.ledger import clear as clear_ledger
+from stages.ledger import read_ledger
 from stages.partition import commit_date, scan_date
+from stages.read import list_shards
 from stages.write import (
     TEXT_COLUMNS,
     staged_file_name,
@@ -47,6 +61,7 @@ from stages.write import (
 )
 
 log = logging.getLogger("longdoc")
+LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
 
 
 @dataclass
@@ -71,33 +86,62 @@ def output_root(spec: JobSpec, run_date: str) -> str:
     return spec.output.uri.replace("{job}", spec.name).replace("{run_date}", run_date)
 
 
-def init_ray(address: str | None, spec: JobSpec) -> None:
+def actor_resources(spec: JobSpec) -> dict[str, float]:
+    """What Ray must find on one node for one generate actor (CPU, GPU, custom resources)."""
+    res = spec.resources
+    need = {"CPU": float(res.num_cpus), **{k: float(v) for k, v in res.custom_resources.items()}}
+    if res.num_gpus > 0:
+        need["GPU"] = float(res.num_gpus)
+    return need
+
+
+def check_embedded_fits(spec: JobSpec) -> None:
+    """On the embedded Ray (this machine, nothing will be added): ValueError naming what an
+    actor needs that no node has, before anything is read or written."""
+    import ray
+
+    from pipeline.watchdog import describe_unschedulable
+
+    nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+    need = actor_resources(spec)
+    if not any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
+        raise ValueError(describe_unschedulable(need, nodes, 0.0).replace(
+            "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)"))
+
+
+def init_ray(address: str | None, spec: JobSpec) -> bool:
+    """Connect to (or start) Ray; True when this call started an embedded Ray."""
     import ray
 
     from pipeline.progress import quiet_native_stderr, quiet_python_loggers
 
     if ray.is_initialized():
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     env = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
         quiet_native_stderr()
-        return
+        return False
     # Embedded Ray: logical CPUs are a scheduling budget, not cores. Give every actor
     # pool its slot plus room for read/write tasks, so pools never wait on each other.
     res = spec.resources
     max_actors = res.actors if isinstance(res.actors, int) else res.actors[1]
     logical = max(os.cpu_count() or 1, int(max_actors * res.num_cpus + res.compress_actors + 2) + 1)
+    # The spec's custom resources exist on the embedded node, so a spec written for a
+    # cluster (actors pinned to labelled nodes) runs unchanged on one machine.
+    custom = {k: float(v) * max_actors for k, v in res.custom_resources.items()}
     ray.init(
         num_cpus=logical,
+        resources=custom or None,
         include_dashboard=False,
         runtime_env={"env_vars": env},
         log_to_driver=True,
         logging_level=logging.WARNING,
     )
     quiet_native_stderr()  # after ray.init: Ray's own processes must not inherit the filter
+    return True
 
 
 def run_job(
@@ -113,28 +157,32 @@ def run_job(
     ``retry_errors``: which error rows already written for the date are retried
     (``all`` | ``retryable`` (error_kind retryable) | ``none``).
     """
-    import ray.data
-
-    from pipeline.plan import build_plan
-    from pipeline.progress import RunProgress, quiet_issue_detectors, ray_logs_wanted
-    from pipeline.watchdog import PoolWatchdog, guarded
-    from stages.read import list_shards
-
     if retry_errors not in RETRY_POLICIES:
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
     started_at = _now_iso()
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
     root = output_root(spec, run_date)
+    # The input is listed here, once, and the list handed on (plan, progress, abort path).
+    # First of all: a missing prefix, bad credentials or a FIFO fail before Ray starts or
+    # anything is written.
+    shards = list_shards(spec.input, run_date)
+
+    import ray.data
+
+    from pipeline.plan import build_plan
+    from pipeline.progress import RunProgress, ledger_total, quiet_issue_detectors, ray_logs_wanted
+    from pipeline.watchdog import PoolWatchdog, guarded
+
     # Rows a crashed earlier run left staged are published first: staging then holds
     # only this run's blocks, and the skip set below sees every row ever written.
     commit_date(root, run_date, run_id)
+    clear_ledger(root, run_date)  # a crashed run's ledger describes another run's requests
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
-    # Listing the input first: a missing prefix or bad credentials fail before Ray starts.
-    shards = list_shards(spec.input, run_date)
-    init_ray(address, spec)
+    if init_ray(address, spec):
+        check_embedded_fits(spec)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
@@ -145,6 +193,7 @@ def run_job(
         # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
         # prefills on a shared core). Deadlines belong to the scheduler (RayJob
         # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
+        # A pool that can never be placed is the watchdog's (resources.schedule_timeout_s).
         ctx.execution_no_progress_timeout_s = -1
     t0 = time.perf_counter()
     ds, n_shards = build_plan(spec, run_id, run_date, root, skip, shards)
@@ -152,31 +201,46 @@ def run_job(
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}")
     parts: list[pa.Table] = []
-    done = failed = out_tokens = 0
+    seen_ids: set[str] = set()
+    done = failed = out_tokens = duplicates = 0
     abort: BaseException | None = None
-    bar = RunProgress.for_run(spec, run_date, n_shards, len(skip), enabled=progress)
-    watchdog = PoolWatchdog()
+    bar = RunProgress.for_run(spec, n_shards, len(skip), enabled=progress)
+    watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
+                            required=actor_resources(spec))
+    next_ledger_look = time.monotonic()
 
     def iterate() -> None:
-        nonlocal done, failed, out_tokens
+        nonlocal done, failed, out_tokens, duplicates, next_ledger_look
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             watchdog.progress()
+            ids = batch.column("request_id").to_pylist()
+            fresh = [i for i, rid in enumerate(ids) if rid not in seen_ids]
+            if len(fresh) < len(ids):  # an input row repeated exactly: one request, one row
+                duplicates += len(ids) - len(fresh)
+                batch = batch.take(fresh)
+            seen_ids.update(ids)
             parts.append(batch)
             done += batch.num_rows
             failed += batch.num_rows - batch.column("error").null_count
             out_tokens += int(sum(v for v in batch.column("output_tokens").to_pylist() if v))
+            if bar.enabled and bar.total is None and time.monotonic() >= next_ledger_look:
+                # The total of a JSONL/Parquet corpus: known once the read stage has read it all.
+                next_ledger_look = time.monotonic() + LEDGER_LOOK_S
+                ledger = read_ledger(root, run_date, run_id)
+                if ledger.complete(n_shards):
+                    bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
             bar.update(done, failed, out_tokens)
 
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
-        # a dead actor pool into an abort like the ones Ray raises itself.
+        # a dead actor pool, or on one no node can take, into an abort like Ray's own.
         guarded(watchdog, iterate)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
-        missing = write_missing_as_errors(spec, root, run_date, run_id, abort)
+        missing = write_missing_as_errors(spec, root, run_date, run_id, abort, shards)
         parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
     stale: frozenset[str] = frozenset()
     if abort is None:
@@ -186,6 +250,7 @@ def run_job(
         produced = {rid for t in parts for rid in t.column("request_id").to_pylist()}
         stale = frozenset(set(before.rows) - skip - produced)
     commit = commit_date(root, run_date, run_id, stale=stale)
+    clear_ledger(root, run_date)
     wall = time.perf_counter() - t0
     figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
     # The date as a whole (this run plus earlier runs it resumed or healed): a rerun
@@ -195,41 +260,27 @@ def run_job(
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
                    retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                    started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
-                   files_written=commit["files_written"], versions=package_versions())
+                   files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
     write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                        f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json")
     return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)
 
 
-def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException) -> pa.Table:
-    """Stage a retryable error row for every request of the date that has no row.
+def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException,
+                            shards: list[str]) -> pa.Table:
+    """Stage a retryable error row for every request of the run that has no row.
 
-    Reads the input again on the driver (documents one file at a time, identity
-    columns only kept) because the requests never reached the driver; runs only when
-    Ray aborted the run. Returns the staged rows (FILE_SCHEMA).
+    The requests come from the read stage's ledger (stages/ledger.py), with one
+    placeholder per input file it had not finished: the input is not read again.
+    Runs only when the run aborted. Returns the staged rows (FILE_SCHEMA).
     """
-    from stages.read import (
-        expand_requests,
-        generation_fingerprint,
-        list_shards,
-        read_shard,
-        resolve_uri,
-    )
-
     have = set(scan_date(root, run_date).rows)
     reason = f"run aborted before this request was written ({type(err).__name__}: {_reason(err)})"
-    fingerprint = generation_fingerprint(spec)
-    root_uri = resolve_uri(spec.input.uri, run_date)
-    rows, n_docs = [], 0
-    for shard in list_shards(spec.input, run_date):
-        for doc in read_shard(shard, spec.input, root_uri):
-            if spec.input.limit is not None and n_docs >= spec.input.limit:
-                break
-            n_docs += 1
-            for req in expand_requests(doc, spec, run_id, run_date, fingerprint):
-                if req["request_id"] not in have:
-                    have.add(req["request_id"])
-                    rows.append(output_row(spec, req, error=f"run: {reason}", error_kind=RETRYABLE))
+    rows = []
+    for req in read_ledger(root, run_date, run_id).requests(spec, shards, run_id, run_date):
+        if req["request_id"] not in have:
+            have.add(req["request_id"])
+            rows.append(output_row(spec, req, error=f"run: {reason}", error_kind=RETRYABLE))
     table = rows_to_table(rows, FILE_SCHEMA)
     if rows:
         name = staged_file_name([r["request_id"] for r in rows])

@@ -8,7 +8,10 @@ Imports nothing of the project.
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
+import reprlib
 
 #: URI schemes the readers and writers support (a plain path has none).
 URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
@@ -16,9 +19,20 @@ INPUT_PLACEHOLDERS = ("run_date",)
 OUTPUT_PLACEHOLDERS = ("job", "run_date")
 
 #: A job name: it becomes a folder ({job}), a Ray submission id and a Kubernetes name.
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}\Z")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel = 80, 80, 3
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
+
+
+def shown(value: object) -> str:
+    """A user's value for an error message: its repr, cut while it is built (reprlib), so a
+    5 MB string or a YAML alias bomb costs no more than a short value."""
+    return _SHOWN.repr(value)
 
 
 class FieldError(ValueError):
@@ -44,23 +58,41 @@ def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
         scheme = m.group(1)
         if scheme not in URI_SCHEMES:
             raise ValueError(
-                f"{uri!r} has unsupported scheme {scheme + '://'!r}; allowed: "
+                f"{shown(uri)} has unsupported scheme {scheme + '://'!r}; allowed: "
                 + ", ".join(s + "://" for s in URI_SCHEMES) + " or a plain path"
             )
         if not m.group(2):
-            raise ValueError(f"{uri!r} is malformed: write {scheme}://... (two slashes)")
+            raise ValueError(f"{shown(uri)} is malformed: write {scheme}://... (two slashes)")
     names = _PLACEHOLDER_RE.findall(uri)
     unknown = [n for n in names if n not in placeholders]
     if unknown:
         raise ValueError(
-            f"{uri!r} has unknown placeholder {{{unknown[0]}}}; allowed: "
+            f"{shown(uri)} has unknown placeholder {{{unknown[0]}}}; allowed: "
             + ", ".join("{" + p + "}" for p in placeholders)
         )
     if "{" in _PLACEHOLDER_RE.sub("", uri) or "}" in _PLACEHOLDER_RE.sub("", uri):
         raise ValueError(
-            f"{uri!r} has an unbalanced brace; placeholders look like "
+            f"{shown(uri)} has an unbalanced brace; placeholders look like "
             + ", ".join("{" + p + "}" for p in placeholders)
         )
     return uri
 
 
+
+
+def location(uri: str) -> str:
+    """``uri`` as a comparable location: one spelling per place, found without any I/O.
+
+    A plain path or ``file://`` URI becomes an absolute, normalised path (``..``, ``.``
+    and doubled slashes resolved lexically; relative paths against the current folder);
+    ``gcs://`` becomes ``gs://``; a remote URI keeps its scheme with its path normalised.
+    Symlinks are not followed (that needs the filesystem: schemas.loading.check_environment).
+    """
+    m = _SCHEME_RE.match(uri)
+    scheme = m.group(1) if m and (len(m.group(1)) > 1 or m.group(2)) else None
+    if scheme in (None, "file"):
+        path = uri[len("file://"):] if scheme == "file" else uri
+        return posixpath.normpath(os.path.abspath(os.path.expanduser(path)))
+    rest = uri[m.end():] if m else uri
+    scheme = "gs" if scheme == "gcs" else scheme
+    return f"{scheme}://" + posixpath.normpath("/" + rest).lstrip("/")

@@ -17,7 +17,9 @@ import functools
 import importlib
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAdapter
+from pydantic import Field, GetJsonSchemaHandler, TypeAdapter
+
+from schemas.spec_base import _Strict
 
 #: The package whose modules define the compression methods (stages/compression/). The
 #: spec cannot import it (schemas import nothing of the project), so it is loaded by
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAda
 COMPRESSION_PLUGINS = "stages.compression"
 
 
-class CompressionSpec(BaseModel):
+class CompressionSpec(_Strict):
     """Base of every compression method's settings; one subclass per method.
 
     A subclass declares ``method: Literal["<name>"] = "<name>"`` and is registered
@@ -34,8 +36,7 @@ class CompressionSpec(BaseModel):
     ``JobSpec.compression`` accepts exactly the methods that exist.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+    # _Strict: frozen, unknown keys refused, numbers finite, no booleans or >64-bit integers.
     method: str = Field(description="Compression method name.")
     _by_method: ClassVar[dict[str, type[CompressionSpec]]] = {}
 

@@ -6,7 +6,11 @@ wrong and what is allowed). Paths are the ones the user writes in YAML: pydantic
 internal labels (the discriminator tag of a union member, a scalar union member's
 type name, ``function-after[...]``) are dropped, and a model validator's
 ``FieldError`` extends the path with the field it is about, so no line reads
-``<root>: Value error``. Imports only schemas.spec.
+``<root>: Value error``. A type error on a bounded field says the bounds too
+(``got 1e+30; allowed: an integer, >= 1, <= 100000``). At most ``MAX_PROBLEMS`` lines
+are listed (then how many more), and a bad value is shown through a bounded repr:
+a huge or deeply aliased value (a YAML alias bomb) costs no more than a short one.
+Imports only schemas/ modules.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import types
 import typing
 from typing import Any
 
+import annotated_types
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from schemas.checks import FieldError
+from schemas.checks import FieldError, shown
 from schemas.spec import JobSpec
 
 #: pydantic error type -> what is allowed (constraint values come from the error's ctx).
@@ -30,6 +36,7 @@ _ALLOWED = {
     "int_parsing": "an integer",
     "int_type": "an integer",
     "int_from_float": "an integer",
+    "int_parsing_size": "an integer",
     "float_parsing": "a number",
     "float_type": "a number",
     "bool_parsing": "true or false",
@@ -43,6 +50,12 @@ _ALLOWED = {
     "string_too_short": "at least {min_length} character(s)",
     "string_too_long": "at most {max_length} character(s)",
 }
+#: Type errors whose "allowed" also names the field's bounds (ge/gt/le/lt).
+_TYPE_KINDS = frozenset(
+    ("int_parsing", "int_type", "int_from_float", "int_parsing_size", "float_parsing", "float_type")
+)
+#: Lines listed for one spec; a spec with thousands of mistakes is not read line by line.
+MAX_PROBLEMS = 25
 
 
 def _members(annotation: Any) -> list[type[BaseModel]]:
@@ -75,6 +88,7 @@ class _Where:
 
     def __init__(self, loc: tuple, extra_key: bool) -> None:
         self.path: list[str] = []
+        self.field: FieldInfo | None = None  # the field the path ends in, when a model field
         self.model: type[BaseModel] | None = JobSpec
         self.union: list[type[BaseModel]] = []  # alternatives of the last field, when a union
         self.discriminator = "method"
@@ -84,7 +98,7 @@ class _Where:
                 continue
             if isinstance(el, int):
                 self.path.append(f"[{el}]")
-                self.model = None
+                self.model, self.field = None, None
                 continue
             if self.model is None and self.union:
                 chosen = [m for m in self.union if _tag(m, self.discriminator) == el]
@@ -94,6 +108,7 @@ class _Where:
             if self.model is not None and el in self.model.model_fields:
                 info = self.model.model_fields[el]
                 self.path.append(el)
+                self.field = info
                 members = _members(info.annotation)
                 if len(members) == 1 and _alternatives(members[0]):
                     members = _alternatives(members[0])  # a base class whose subclasses register
@@ -110,8 +125,21 @@ class _Where:
 
 
 def _got(value: Any) -> str:
-    text = repr(value)
+    """A short repr (schemas.checks.shown): cut while it is built, never rendered whole."""
+    text = shown(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bounds(field: FieldInfo | None) -> str:
+    """``, >= 1, <= 100000`` from a field's constraints (empty when it has none)."""
+    if field is None:
+        return ""
+    parts = []
+    for m in field.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if isinstance(m, getattr(annotated_types, attr.capitalize())):
+                parts.append(f"{sign} {getattr(m, attr)}")
+    return "".join(f", {p}" for p in parts)
 
 
 def _extra_message(where: _Where) -> str:
@@ -159,9 +187,11 @@ def _message(e: dict[str, Any], where: _Where) -> tuple[str, str | None]:
         return str(err) if err is not None else e["msg"], None
     if kind in _ALLOWED:
         try:
-            return f"got {_got(value)}", _ALLOWED[kind].format(**ctx)
+            allowed = _ALLOWED[kind].format(**ctx)
         except (KeyError, IndexError):
-            pass
+            allowed = None
+        if allowed is not None:
+            return f"got {_got(value)}", allowed + (_bounds(where.field) if kind in _TYPE_KINDS else "")
     return f"{e['msg']} (got {_got(value)})", None
 
 
@@ -170,7 +200,10 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid job spec {source}:"]
     merged: dict[str, tuple[str, list[str]]] = {}  # path -> (got, allowed...) of scalar unions
     order: list[str] = []
-    for e in err.errors():
+    total = err.error_count()
+    for e in err.errors(include_url=False):
+        if len(order) >= MAX_PROBLEMS:
+            break
         where = _Where(tuple(e["loc"]), extra_key=e["type"] == "extra_forbidden")
         msg, allowed = _message(e, where)
         path = where.dotted() or "(top level)"
@@ -187,4 +220,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             got, allowed = merged[item]
             item = f"{item}: {got}; allowed: {' or '.join(allowed)}"
         lines.append(f"  - {item}")
+    shown = sum(len(v[1]) for v in merged.values()) + len(order) - len(merged)
+    if total > shown:
+        lines.append(f"  ... and {total - shown} more problem(s) not listed; fix these first")
     return "\n".join(lines)

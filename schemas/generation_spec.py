@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.checks import FieldError
+from schemas.checks import FieldError, shown
 from schemas.spec_base import EMBEDDED_MODEL, RANDOM_MODEL_SHAPES, _Strict, check_embedded_name
 
 # ----------------------------------------------------------------------------- generation
@@ -110,19 +110,23 @@ class GenerationSpec(_Strict):
             raise ValueError(f"is empty; allowed: {EMBEDDED_MODEL}, a Hugging Face id or a local path")
         if v.startswith("random:") and v[len("random:") :] not in RANDOM_MODEL_SHAPES:
             raise ValueError(
-                f"unknown random model {v!r}; allowed: "
+                f"unknown random model {shown(v)}; allowed: "
                 + ", ".join("random:" + s for s in RANDOM_MODEL_SHAPES)
             )
         return check_embedded_name(v, "model")
 
 
 # ----------------------------------------------------------------------------- resources
+#: The most actors a pool may have: far above a real cluster, below what overflows Ray.
+MAX_ACTORS = 10_000
+
+
 class ResourcesSpec(_Strict):
     actors: int | tuple[int, int] = Field(
         default=1,
         description="Generate actor pool size, or [min, max] for an autoscaling pool.",
     )
-    batch_size: int = Field(default=4, ge=1, description="Requests per generate batch.")
+    batch_size: int = Field(default=4, ge=1, le=100_000, description="Requests per generate batch.")
     decode_slots: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = Field(
         default="auto",
         description="Rows the engine decodes together. auto: as many as their KV tokens fit in the memory "
@@ -138,14 +142,28 @@ class ResourcesSpec(_Strict):
         description="KV cache memory per generate actor as a fraction of the GPU memory free after the "
         "weights load, or of the RAM available on CPU. Default: 0.85 on a GPU, 0.25 on CPU.",
     )
-    num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs per generate actor (0 on CPU).")
-    num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs per generate actor.")
-    compress_actors: int = Field(default=1, ge=1, description="Actor pool size of text compression stages.")
+    num_gpus: float = Field(default=0.0, ge=0.0, le=64, description="GPUs per generate actor (0 on CPU).")
+    num_cpus: float = Field(default=1.0, gt=0.0, le=1024, description="CPUs per generate actor.")
+    compress_actors: int = Field(
+        default=1, ge=1, le=MAX_ACTORS, description="Actor pool size of text compression stages."
+    )
     compress_num_gpus: float = Field(
-        default=0.0, ge=0.0, description="GPUs per compression actor (may be fractional)."
+        default=0.0, ge=0.0, le=64, description="GPUs per compression actor (may be fractional)."
     )
     max_retries: int = Field(
-        default=2, ge=0, description="Retries of a failing request before it becomes an error row."
+        default=2, ge=0, le=100, description="Retries of a failing request before it becomes an error row."
+    )
+    custom_resources: dict[Annotated[str, Field(min_length=1, max_length=200)], Annotated[float, Field(gt=0, le=1e6)]] = Field(
+        default_factory=dict,
+        description="Ray custom resources each generate actor needs, e.g. {gpu_pool: 1} to place the "
+        "actors only on nodes started with `ray start --resources '{\"gpu_pool\": 4}'`. The embedded "
+        "Ray (no --address) is given them, so the same spec runs on a laptop.",
+    )
+    schedule_timeout_s: float = Field(
+        default=600.0, gt=0, le=7 * 24 * 3600,
+        description="Seconds the generate actors may wait for a node with their resources (GPUs, "
+        "custom_resources) while no batch completes; then the run aborts naming the missing resource "
+        "and what the cluster has. Long enough for an autoscaler to add a node.",
     )
 
     @field_validator("kv_memory_gb")
@@ -159,10 +177,10 @@ class ResourcesSpec(_Strict):
     @classmethod
     def _actors_valid(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
         if isinstance(v, int):
-            if v < 1:
-                raise ValueError(f"actors must be >= 1, got {v}")
+            if not 1 <= v <= MAX_ACTORS:
+                raise ValueError(f"got {v}; allowed: 1 to {MAX_ACTORS}, or [min, max]")
         else:
             lo, hi = v
-            if not 1 <= lo <= hi:
-                raise ValueError(f"actors [min, max] needs 1 <= min <= max, got {list(v)}")
+            if not 1 <= lo <= hi <= MAX_ACTORS:
+                raise ValueError(f"actors [min, max] needs 1 <= min <= max <= {MAX_ACTORS}, got {list(v)}")
         return v

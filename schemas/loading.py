@@ -13,8 +13,12 @@ error naming the key and its line, never a silent override.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import io
+import os
 import re
+import stat
 import sys
 from datetime import date
 from pathlib import Path
@@ -23,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from schemas.checks import shown
 from schemas.errors import format_validation_error
 from schemas.spec import JobSpec
 
@@ -31,7 +36,17 @@ class SpecError(ValueError):
     """A job spec (file or override) is invalid; the message names each field path."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+#: A job spec file larger than this is refused unread: real specs are a few KB, and PyYAML
+#: builds Python objects for every node (a 5 MB spec takes seconds before any check).
+MAX_SPEC_BYTES = 256 << 10
+#: Keys one YAML mapping may hold: a spec section has a few dozen fields at most, and
+#: reporting 100k unknown keys one by one took 15 s and printed 11 MB.
+MAX_MAPPING_KEYS = 1000
+#: The C parser when PyYAML was built with libyaml (10-100x faster), else the pure one.
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_BaseLoader):  # type: ignore[misc, valid-type]
     """SafeLoader that refuses a mapping holding the same key twice (PyYAML keeps the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -44,7 +59,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None,
-                    f"duplicate key {key!r} (line {line}; first on line {seen[key]}); "
+                    f"duplicate key {shown(key)} (line {line}; first on line {seen[key]}); "
                     "allowed: each key once per mapping",
                     key_node.start_mark,
                 )
@@ -52,40 +67,109 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _NamedText(io.StringIO):
+    """The YAML text with a ``name``: the C parser's marks cite it ("in FILE, line N")."""
+
+    def __init__(self, text: str, name: str) -> None:
+        super().__init__(text)
+        self.name = name
+
+
+def _check_sizes(node: yaml.Node | None, name: str) -> None:
+    """Refuse a mapping of more than MAX_MAPPING_KEYS keys before any object is built."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:  # an alias is the same node object: visited once
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            if len(n.value) > MAX_MAPPING_KEYS:
+                raise SpecError(
+                    f"{name}, line {n.start_mark.line + 1}: a mapping of {len(n.value)} keys; "
+                    f"allowed: at most {MAX_MAPPING_KEYS} (a spec section has a few dozen fields)"
+                )
+            stack.extend(v for kv in n.value for v in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
+#: Characters YAML does not allow in a stream (PyYAML's reader refuses the same set).
+_NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+
+
+def _bad_character(text: str, pos: int, name: str) -> SpecError:
+    """A bad character (NUL, a control code) named by line and column, not by offset."""
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return SpecError(
+        f"{name}, line {line}, column {col}: character U+{ord(text[pos]):04X} is not allowed "
+        "in YAML; allowed: printable text (remove it, or write it as an escape in a "
+        'double-quoted string, e.g. "\\0")'
+    )
+
+
 def parse_yaml(text: str, name: str = "<string>") -> Any:
-    """``yaml.safe_load`` that raises on duplicate mapping keys; errors cite ``name``."""
-    loader = _UniqueKeyLoader(text)
-    loader.name = name  # marks ("in FILE, line N") name the file, not "<unicode string>"
+    """``yaml.safe_load`` that raises on duplicate mapping keys; errors cite ``name``.
+
+    SpecError (not a YAMLError) for what PyYAML would take long over or report badly:
+    a mapping over MAX_MAPPING_KEYS, a bad character (by line and column), an integer
+    too long for Python to read.
+    """
+    bad = _NON_PRINTABLE.search(text)
+    if bad:
+        raise _bad_character(text, bad.start(), name)
+    loader = _UniqueKeyLoader(_NamedText(text, name))
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        _check_sizes(node, name)
+        return None if node is None else loader.construct_document(node)
+    except SpecError:
+        raise
+    except ValueError as e:  # int("1" * 5000): Python's limit on digits, not a YAMLError
+        raise SpecError(f"job spec {shown(name)}: {e}; allowed: numbers of at most 19 digits") from None
     finally:
         loader.dispose()
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with each ``dotted.key=value`` override applied."""
-    out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    out = copy.deepcopy(data) if data else {}  # keeps shared (aliased) values shared
     for item in overrides:
         if "=" not in item:
-            raise SpecError(f"--set {item!r}: must look like dotted.key=value")
+            raise SpecError(f"--set {shown(item)}: must look like dotted.key=value")
         key, raw = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise SpecError(f"--set {item!r}: empty key; allowed: dotted.key=value")
+            raise SpecError(f"--set {shown(item)}: empty key; allowed: dotted.key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as e:
-            raise SpecError(f"--set {item!r}: value is not valid YAML ({e})") from e
+            value = parse_yaml(raw, name=f"--set {key}") if raw.strip() else ""
+        except (yaml.YAMLError, SpecError) as e:
+            raise SpecError(f"--set {shown(item)}: value is not valid YAML ({e})") from e
         node = out
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
             nxt = node.get(p)
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
-                raise SpecError(f"--set {item!r}: {p!r} is a value, not a section")
+                whole = ".".join(parts[: i + 1])
+                raise SpecError(
+                    f"--set {shown(item)}: {whole} is a value ({shown(nxt)}), not a section; "
+                    f"allowed: set the whole value, e.g. --set {whole}={_flow(nxt)}"
+                )
             node = nxt
         node[parts[-1]] = value
     return out
+
+
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML (flow style), for a command-line example."""
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    except yaml.YAMLError:
+        return "VALUE"
+    text = text.removesuffix("...").strip()
+    return text if len(text) <= 80 else "VALUE"
 
 
 def spec_from_dict(data: dict[str, Any], source: str = "<dict>") -> JobSpec:
@@ -97,17 +181,39 @@ def spec_from_dict(data: dict[str, Any], source: str = "<dict>") -> JobSpec:
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"job spec {str(path)!r} not found")
+    name = shown(str(path))
+    try:
+        st = p.stat()
+    except OSError:
+        raise SpecError(f"job spec {name} not found") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"job spec {name} is a folder; allowed: a YAML file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, /dev/zero never end it
+        raise SpecError(f"job spec {name} is {_file_kind(st.st_mode)}; allowed: a regular YAML file")
+    if st.st_size > MAX_SPEC_BYTES:
+        raise SpecError(
+            f"job spec {name} is {st.st_size} bytes; allowed: at most {MAX_SPEC_BYTES} "
+            "(long texts such as questions belong in the input data)"
+        )
     try:
         data = parse_yaml(p.read_text(encoding="utf-8"), name=str(path))
     except yaml.YAMLError as e:
-        raise SpecError(f"job spec {str(path)!r} is not valid YAML: {e}") from None
+        raise SpecError(f"job spec {name} is not valid YAML: {e}") from None
     except UnicodeDecodeError as e:
-        raise SpecError(f"job spec {str(path)!r} is not UTF-8 text (byte {e.start})") from None
+        raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start})") from None
     if not isinstance(data, dict):
-        raise SpecError(f"job spec {str(path)!r} must be a YAML mapping at the top level")
+        raise SpecError(f"job spec {name} must be a YAML mapping at the top level")
     return spec_from_dict(apply_overrides(data, overrides or []), source=str(path))
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for refusals of FIFOs, devices, sockets)."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 # ----------------------------------------------------------------------------- environment
@@ -146,7 +252,7 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
             module, extra = _SCHEME_PACKAGES[scheme]
             if not _module_available(module):
                 problems.append(
-                    f"{field}: {uri!r} needs the {module} package, which is not installed; "
+                    f"{field}: {shown(uri)} needs the {module} package, which is not installed; "
                     f"install longdoc[{extra}] (pip install 'longdoc[{extra}]')"
                 )
     if not local_paths:
@@ -156,8 +262,19 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
         uri = uri.replace("{run_date}", run_date)
     if _scheme(uri) in (None, "file") and "{" not in uri:
         path = Path(uri.removeprefix("file://")).expanduser()
-        if not path.exists():
-            problems.append(f"input.uri: {uri!r} does not exist; allowed: an existing file or folder")
+        try:
+            st = path.stat()  # follows symlinks: a .jsonl link to /dev/zero is a device
+        except OSError:
+            st = None
+        if st is None:
+            problems.append(f"input.uri: {shown(uri)} does not exist; allowed: an existing file or folder")
+        elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            # A FIFO blocks the reader for ever and /dev/zero never ends: refused, not read.
+            problems.append(
+                f"input.uri: {shown(uri)} is {_file_kind(st.st_mode)}; allowed: a regular file or a folder"
+            )
+        else:
+            problems += _output_aliases_input(spec, path, run_date)
     models = [("generation.model", spec.generation.model)]
     models += [(f"compression.{k}", v) for k, v in spec.compression if k in ("checkpoint", "embedder")]
     for field, value in models:
@@ -165,15 +282,36 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
             path = Path(value.removeprefix("file://")).expanduser()
             if not path.exists():
                 problems.append(
-                    f"{field}: local path {value!r} does not exist; allowed: an existing "
+                    f"{field}: local path {shown(value)} does not exist; allowed: an existing "
                     "directory, a Hugging Face id, or an embedded: name"
                 )
     return problems
 
 
+def _output_aliases_input(spec: JobSpec, input_path: Path, run_date: str | None) -> list[str]:
+    """The output resolving (symlinks followed) to the input or a place inside it.
+
+    JobSpec already refuses the same location spelled differently (``file://``, ``..``);
+    only this machine's filesystem knows that ``out`` is a symlink into the corpus.
+    """
+    out = spec.output.uri.replace("{job}", spec.name)
+    if run_date is not None:
+        out = out.replace("{run_date}", run_date)
+    if _scheme(out) not in (None, "file") or "{" in out:
+        return []
+    real_in = os.path.realpath(input_path)
+    real_out = os.path.realpath(Path(out.removeprefix("file://")).expanduser())
+    if real_out == real_in or real_out.startswith(real_in.rstrip("/") + "/"):
+        return [
+            f"output.uri: {shown(spec.output.uri)} resolves to {shown(real_out)}, the input.uri "
+            f"{shown(spec.input.uri)} or inside it (through a symlink); allowed: a location outside the input"
+        ]
+    return []
+
+
 # ----------------------------------------------------------------------------- run values
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}\Z")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}\Z")
 
 
 def check_run_date(value: str, option: str = "--date") -> str:
@@ -184,7 +322,7 @@ def check_run_date(value: str, option: str = "--date") -> str:
         date.fromisoformat(value)
     except ValueError:
         raise SpecError(
-            f"{option}: {value!r} is not a calendar date; allowed: YYYY-MM-DD, e.g. 2026-01-31"
+            f"{option}: {shown(value)} is not a calendar date; allowed: YYYY-MM-DD, e.g. 2026-01-31"
         ) from None
     return value
 
@@ -193,7 +331,7 @@ def check_run_id(value: str, option: str = "--run-id") -> str:
     """``value`` if it is safe as one path segment (it names files and folders), else SpecError."""
     if not _RUN_ID_RE.match(value) or value.startswith(".") or ".." in value:
         raise SpecError(
-            f"{option}: {value!r} is not allowed; allowed: 1-128 of A-Z a-z 0-9 . _ - "
+            f"{option}: {shown(value)} is not allowed; allowed: 1-128 of A-Z a-z 0-9 . _ - "
             "(no leading '.', no '..')"
         )
     return value

@@ -21,6 +21,8 @@ from schemas.checks import (
     OUTPUT_PLACEHOLDERS,
     FieldError,
     check_uri,
+    location,
+    shown,
 )
 from schemas.compression import (
     CompressionJsonSchema,
@@ -49,6 +51,13 @@ FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".json"),
     "parquet": (".parquet",),
 }
+#: Upper bounds: far above any real use, below what overflows Ray, the OS or a read buffer.
+MAX_DOCUMENTS = 10**12
+MAX_DOC_BYTES_LIMIT = 2**31  # one read holds the document: 2 GiB is already absurd for an LLM
+MAX_DOC_TOKENS_LIMIT = 100_000_000
+#: An instruction or question is part of every prompt: 100k characters (~25k tokens) already
+#: fills the context of most models, and a longer one can never fit.
+MAX_PROMPT_CHARS = 100_000
 
 
 class InputSpec(_Strict):
@@ -75,17 +84,19 @@ class InputSpec(_Strict):
         "copied to the output's reference column for evaluation.",
     )
     limit: int | None = Field(
-        default=None, ge=1, description="Read at most this many documents (in listing order)."
+        default=None, ge=1, le=MAX_DOCUMENTS, description="Read at most this many documents (in listing order)."
     )
     max_doc_bytes: int = Field(
         default=DEFAULT_MAX_DOC_BYTES,
         ge=1,
+        le=MAX_DOC_BYTES_LIMIT,
         description="A document (a text file, a JSONL line, a Parquet text value) over this many "
         "bytes becomes an error row without being read whole. Default 8 MiB.",
     )
     max_doc_tokens: int = Field(
         default=DEFAULT_MAX_DOC_TOKENS,
         ge=1,
+        le=MAX_DOC_TOKENS_LIMIT,
         description="A document over this many generator tokens becomes an error row: the "
         "n-gram lookup index (~0.6 KB per token) and the token ids grow with it. Default 200000.",
     )
@@ -96,6 +107,20 @@ class InputSpec(_Strict):
         return check_uri(v, INPUT_PLACEHOLDERS)
 
     @model_validator(mode="after")
+    def _fields_need_records(self) -> InputSpec:
+        # A text file is one document with no fields: a question field would silently give
+        # every row "document has no question".
+        if self.format == "text":
+            for name in ("question_field", "answer_field"):
+                if getattr(self, name):
+                    raise FieldError(
+                        name,
+                        f"got {shown(getattr(self, name))}, but format text has no fields (a file is "
+                        "one document); allowed: format jsonl or parquet, or task.questions",
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _format_matches_file(self) -> InputSpec:
         # A URI naming one file with another format's suffix is a mix-up caught here;
         # a folder (or an unknown suffix) is left to the reader.
@@ -104,7 +129,7 @@ class InputSpec(_Strict):
             if fmt != self.format and name.endswith(suffixes) and not name.endswith(FORMAT_SUFFIXES[self.format]):
                 raise FieldError(
                     "format",
-                    f"is {self.format!r} but input.uri names a {suffixes[0]} file ({name!r}); "
+                    f"is {shown(self.format)} but input.uri names a {suffixes[0]} file ({shown(name)}); "
                     f"allowed for {self.format}: {', '.join(FORMAT_SUFFIXES[self.format])} "
                     f"(set input.format: {fmt})",
                 )
@@ -118,10 +143,11 @@ class TaskSpec(_Strict):
     )
     instruction: str | None = Field(
         default=None,
+        max_length=MAX_PROMPT_CHARS,
         description="Summary instruction (summarize) or answering preamble (qa). "
         "Default depends on kind.",
     )
-    questions: tuple[str, ...] = Field(
+    questions: tuple[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)], ...] = Field(
         default=(),
         description="Questions asked of every document (qa), in addition to input.question_field.",
     )
@@ -156,6 +182,7 @@ class CostSpec(_Strict):
     usd_per_device_hour: float = Field(
         default=0.0,
         ge=0.0,
+        le=1_000_000.0,
         description="Price of one device hour: per GPU hour on GPU, per CPU-node hour on CPU.",
     )
 
@@ -185,7 +212,7 @@ class JobSpec(_Strict):
         # The name becomes a folder ({job}), a Ray submission id and a Kubernetes name.
         if not NAME_RE.match(v) or v.startswith("."):
             raise ValueError(
-                f"got {v!r}; allowed: a path-safe word of 1-100 A-Z a-z 0-9 . _ - (no leading '.')"
+                f"got {shown(v)}; allowed: a path-safe word of 1-100 A-Z a-z 0-9 . _ - (no leading '.')"
             )
         return v
 
@@ -201,14 +228,26 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _output_apart_from_input(self) -> JobSpec:
-        # Writing into the corpus would make the next run read its own output.
-        out = self.output.uri.replace("{job}", self.name).rstrip("/")
-        inp = self.input.uri.rstrip("/")
-        if out == inp or out.startswith(inp + "/"):
+        # Writing into the corpus would make the next run read its own output. Compared as
+        # locations, not strings: `file://` prefixes, `..`, `./`, doubled slashes and the
+        # gcs:// alias of gs:// all name the same place (symlinks: check_environment).
+        out = location(self.output.uri.replace("{job}", self.name))
+        inp = location(self.input.uri)
+        if out == inp or out.startswith(inp.rstrip("/") + "/"):
             raise FieldError(
                 "output.uri",
-                f"{self.output.uri!r} is the input.uri {self.input.uri!r} or inside it; "
+                f"{shown(self.output.uri)} is the input.uri {shown(self.input.uri)} or inside it; "
                 "allowed: a location outside the input",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cudagraphs_need_a_gpu(self) -> JobSpec:
+        if self.generation.compile == "cudagraphs" and self.resources.num_gpus == 0:
+            raise FieldError(
+                "generation.compile",
+                "got 'cudagraphs', which captures CUDA graphs, but resources.num_gpus is 0 (the "
+                "actors run on CPU); allowed on CPU: auto, inductor, off (or set resources.num_gpus)",
             )
         return self
 
@@ -224,7 +263,7 @@ class JobSpec(_Strict):
                 if value:
                     raise FieldError(
                         field,
-                        f"got {value!r}, but task.kind summarize reads no questions or answers; "
+                        f"got {shown(value)}, but task.kind summarize reads no questions or answers; "
                         "allowed: set task.kind: qa, or remove it",
                     )
         return self
@@ -234,7 +273,7 @@ class JobSpec(_Strict):
         if self.input.answer_field and not self.input.question_field:
             raise FieldError(
                 "input.answer_field",
-                f"{self.input.answer_field!r} pairs answers with the questions of "
+                f"{shown(self.input.answer_field)} pairs answers with the questions of "
                 "input.question_field, which is not set; allowed: set both, or neither",
             )
         return self

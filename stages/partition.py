@@ -15,6 +15,8 @@ committed request exactly once:
 2. the other staged rows are new requests: they are compacted into one file per
    ``target_bytes`` (not one per block) named ``part-{run_id}-{digest}.parquet``;
 3. only then are the staged files deleted.
+Each request is published once even when a block holds it twice (an input row repeated
+exactly: same id, text and question give the same request_id): the first row is kept.
 A crash before 3 leaves staged files behind: the next run commits them first (so no
 request is lost), and re-committing a row that is already committed is a no-op.
 One run of a date at a time (two concurrent runs of one date are not supported).
@@ -150,8 +152,17 @@ def _staged_winners(fs, staged: list[str]) -> dict[str, RowState]:
 
 
 def _take(fs, path: str, ids: set[str]) -> pa.Table:
+    """The rows of ``ids`` in one file, each request once (an input row repeated exactly
+    is one request: a block may hold it twice, the table holds it once)."""
     t = read_file(fs, path)
-    return t.filter(pc.is_in(t.column("request_id"), pa.array(sorted(ids), pa.string())))
+    t = t.filter(pc.is_in(t.column("request_id"), pa.array(sorted(ids), pa.string())))
+    return _first_per_request(t)
+
+
+def _first_per_request(t: pa.Table) -> pa.Table:
+    seen: set[str] = set()
+    keep = [i for i, rid in enumerate(t.column("request_id").to_pylist()) if not (rid in seen or seen.add(rid))]
+    return t if len(keep) == t.num_rows else t.take(keep)
 
 
 def _sorted(t: pa.Table) -> pa.Table:

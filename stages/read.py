@@ -2,7 +2,11 @@
 
 Contract:
 - ``list_shards(input_spec, run_date)`` (driver side, cheap) returns the files to
-  read, sorted, or raises ValueError naming the URI when nothing is there.
+  read, sorted, or raises ValueError naming the URI when nothing is there or when a
+  local entry is not a regular file (a FIFO would block the reader for ever, a link to
+  /dev/zero never end). The runner calls it ONCE per run and hands the list on: the
+  plan, the progress line and the abort path use that list, and nothing reads the
+  input but the read stage (stages/ledger.py records what it read).
 - ``iter_shard(path, input_spec, root_uri)`` yields one ``Document`` per document in
   the file, streaming: a text file is one document; JSONL is read in 1 MiB blocks
   and split into lines; Parquet is read batch by batch (row groups), only the spec's
@@ -13,6 +17,8 @@ Contract:
   file, line/row and field or limit, and ``error_kind`` ``input`` (final). A file
   that cannot be opened or breaks off mid-read yields an error Document of kind
   ``retryable`` (storage: a rerun may succeed).
+- ``DOCUMENT_SCHEMA`` is the Arrow schema of documents between the read stage and
+  request expansion (``document_table`` builds it).
 - ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
   on each document's token count.
 - ``expand_requests(doc, spec, run_id, run_date)`` returns one request row per
@@ -24,11 +30,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.output import INPUT, RETRYABLE
@@ -50,6 +59,23 @@ class Document:
     error_kind: str | None = None  # schemas.output.INPUT | RETRYABLE when error is set
 
 
+#: Documents as the read stage hands them on (text can exceed 2 GiB per batch: large_string).
+DOCUMENT_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string()),
+    pa.field("source_uri", pa.string()),
+    pa.field("text", pa.large_string()),
+    pa.field("questions", pa.list_(pa.string())),
+    pa.field("answers", pa.list_(pa.string())),
+    pa.field("error", pa.string()),
+    pa.field("error_kind", pa.string()),
+])
+
+
+def document_table(docs: list[Document]) -> pa.Table:
+    """``docs`` as one table of DOCUMENT_SCHEMA."""
+    return pa.Table.from_pylist([vars(d) for d in docs], schema=DOCUMENT_SCHEMA)
+
+
 def _bad(doc_id: str, path: str, error: str, kind: str = INPUT) -> Document:
     return Document(doc_id, path, None, error=error, error_kind=kind)
 
@@ -65,15 +91,35 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     if not fs.exists(root):
         raise ValueError(f"input.uri {uri!r} does not exist")
     if fs.isfile(root):
-        paths = [root]
+        entries = {root: fs.info(root)}
     else:
         suffixes = FORMAT_SUFFIXES[inp.format]
-        paths = sorted(p for p in fs.find(root) if p.lower().endswith(suffixes))
-        if not paths:
+        entries = {p: info for p, info in fs.find(root, detail=True).items() if p.lower().endswith(suffixes)}
+        if not entries:
             raise ValueError(
-                f"input.uri {uri!r} has no {inp.format} files (looked for {', '.join(suffixes)})"
+                f"input.uri {uri!r} has no {inp.format} files (looked for {', '.join(suffixes)} "
+                "in the folder and below)"
             )
-    return [_unstrip(fs, p) for p in paths]
+    for path, info in entries.items():
+        # fsspec's local filesystem types FIFOs, devices and sockets "other" (links followed).
+        if info.get("type", "file") not in ("file", "directory"):
+            raise ValueError(
+                f"input.uri: {path!r} is not a regular file ({_kind(path)}); allowed: regular "
+                "files (a FIFO blocks the reader, a device never ends)"
+            )
+    return [_unstrip(fs, p) for p in sorted(p for p, i in entries.items() if i.get("type") != "directory")]
+
+
+def _kind(path: str) -> str:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "unreadable"
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def _unstrip(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -89,12 +135,27 @@ def iter_shard(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
     """The documents of one file, streamed (see the module contract)."""
     reader = {"text": _text_documents, "jsonl": _jsonl_documents, "parquet": _parquet_documents}
     where = path
+    special = _special_local_file(path)
+    if special:  # replaced by a FIFO or a device since it was listed: never opened
+        yield _bad(path, path, f"read: {path} is {special}, not a regular file")
+        return
     try:
         for doc in reader[inp.format](path, inp, root_uri):
             where = doc.source_uri if doc.doc_id == path else f"{path} after {doc.doc_id!r}"
             yield doc
     except Exception as e:  # storage failure: one retryable error document, the job goes on
         yield _bad(path, path, f"read: cannot read {where}: {type(e).__name__}: {e}", RETRYABLE)
+
+
+def _special_local_file(path: str) -> str | None:
+    """What ``path`` is when it is a local non-regular file (FIFO, device, socket), else None."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    try:
+        mode = os.stat(path.removeprefix("file://")).st_mode
+    except OSError:
+        return None  # the reader reports it (missing: a storage error)
+    return None if stat.S_ISREG(mode) else _kind(path.removeprefix("file://"))
 
 
 def _over_bytes(size: int, inp: InputSpec, what: str) -> str:
@@ -118,7 +179,7 @@ def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docume
         yield _bad(doc_id, path, _over_bytes(size, inp, path))
         return
     with fs.open(bare, "rb") as f:
-        data = f.read(inp.max_doc_bytes + 1)  # the size may be unknown or have grown
+        data = _read_at_most(f, inp.max_doc_bytes + 1)  # the size may be unknown or have grown
     if len(data) > inp.max_doc_bytes:
         yield _bad(doc_id, path, _over_bytes(len(data), inp, f"{path} (at least)"))
         return
@@ -131,6 +192,16 @@ def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docume
         yield _bad(doc_id, path, f"read: {path} is empty")
         return
     yield Document(doc_id, path, text)
+
+
+def _read_at_most(f: BinaryIO, limit: int, block: int = _BLOCK) -> bytes:
+    """Up to ``limit`` bytes of ``f``, read in blocks: ``f.read(limit)`` would allocate all
+    of ``limit`` up front (a 2 GiB buffer for every small file under a raised limit)."""
+    parts, n = [], 0
+    while n < limit and (chunk := f.read(min(block, limit - n))):
+        parts.append(chunk)
+        n += len(chunk)
+    return b"".join(parts)
 
 
 def iter_lines(f: BinaryIO, limit: int, block: int = _BLOCK) -> Iterator[tuple[int, bytes | None, int]]:
@@ -227,7 +298,8 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
         return _bad(doc_id, path, f"read: {where}: missing field {inp.id_field!r}")
     questions = _as_list(rec.get(inp.question_field)) if inp.question_field else []
     answers = _as_list(rec.get(inp.answer_field)) if inp.answer_field else []
-    return Document(doc_id, path, text, questions=[str(q) for q in questions], answers=answers)
+    return Document(doc_id, path, text, questions=[str(q) for q in questions],
+                    answers=[None if a is None else str(a) for a in answers])
 
 
 def _as_list(v: Any) -> list:
@@ -294,7 +366,10 @@ def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fi
         if not pairs:
             pairs = [(None, None)]
             if base["error"] is None:
-                base["error"] = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question"
+                field = spec.input.question_field
+                why = (f": its field {field!r} (input.question_field) is missing, null or empty, and "
+                       "task.questions is empty") if field else ""
+                base["error"] = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question{why}"
                 base["error_kind"] = INPUT
     rows = []
     for question, answer in pairs:

@@ -1,15 +1,20 @@
-"""A real local Ray head (GCS, raylet, dashboard + Jobs API) for cluster tests.
+"""A real local Ray cluster for cluster tests: a head (GCS, raylet, dashboard + Jobs API)
+and worker nodes (a raylet joined with ``ray start --address``), all on this machine.
 
 Why not ``ray start`` + ``ray stop --force``: ``ray stop`` kills every Ray process on
 the machine by name, including other test sessions' clusters. Instead the head runs
 as ``ray start --head --block`` in its own session; SIGTERM to that one process makes
 Ray drain and stop exactly the processes it spawned. A private ``--temp-dir`` keeps
 its address out of /tmp/ray, so a concurrent ``ray.init()`` elsewhere never attaches
-to it, and every port is picked free (outside Ray's worker port range).
+to it, and every port is picked free (outside Ray's worker port range). A worker node
+(``ray_worker``) is started and stopped the same way, with its own temp dir and ports;
+``kill_raylet`` SIGKILLs its raylet, as a lost machine (a preempted spot node) looks to
+the rest of the cluster.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -69,6 +74,27 @@ def ray_head(
     RAY_AUTH_MODE=token and RAY_AUTH_TOKEN); None disables it explicitly, so the
     result never depends on a stray ~/.ray/auth_token (which Ray would pick up).
     """
+    for attempt in range(3):
+        try:
+            cm = _start_head(num_cpus, token, env)
+            head = cm.__enter__()
+        except _StartTimedOut:
+            if attempt == 2:
+                raise
+            continue  # Ray gives a raylet 30 s to register (hard-coded); a loaded machine can miss it
+        try:
+            yield head
+        finally:
+            cm.__exit__(None, None, None)
+        return
+
+
+class _StartTimedOut(RuntimeError):
+    """`ray start` gave up waiting for its raylet to register (a loaded machine)."""
+
+
+@contextmanager
+def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None) -> Iterator[RayHead]:
     # Unix socket paths under the temp dir must stay short (< 108 bytes).
     temp_dir = Path(tempfile.mkdtemp(prefix="ldray", dir="/tmp"))
     gcs_port, dash_port = free_port(), free_port()
@@ -97,9 +123,14 @@ def ray_head(
                                 start_new_session=True)
     head = RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}", temp_dir, proc.pid)
     try:
-        _wait_http(f"{head.dashboard_url}/api/version", proc, log, 120, token)
-        # The Jobs API answers only once the head's job agent is registered.
-        _wait_http(f"{head.dashboard_url}/api/jobs/", proc, log, 60, token)
+        try:
+            _wait_http(f"{head.dashboard_url}/api/version", proc, log, 120, token)
+            # The Jobs API answers only once the head's job agent is registered.
+            _wait_http(f"{head.dashboard_url}/api/jobs/", proc, log, 60, token)
+        except RuntimeError as e:
+            if "timed out during startup" in str(e):
+                raise _StartTimedOut(str(e)) from None
+            raise
         yield head
     finally:
         _stop(proc)
@@ -115,3 +146,128 @@ def _stop(proc: subprocess.Popen) -> None:
             # Last resort: the head's own process group (it was started in a new session).
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+#: Head settings that make a lost node noticed in seconds rather than ~30 s (GCS health
+#: checks of each raylet: period x failures); pass as ``ray_head(env=FAST_NODE_DEATH)``.
+FAST_NODE_DEATH = {
+    "RAY_health_check_initial_delay_ms": "1000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+
+@dataclass(frozen=True)
+class RayWorker:
+    temp_dir: Path
+    pid: int  # the `ray start --block` process (its session leads the node's processes)
+    resources: dict
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    full_env = dict(os.environ)
+    full_env["PATH"] = f"{VENV_BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    full_env["RAY_USAGE_STATS_ENABLED"] = "0"
+    full_env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    full_env.pop("RAY_ADDRESS", None)
+    full_env.pop("RAY_AUTH_TOKEN", None)
+    full_env["RAY_AUTH_MODE"] = "disabled"
+    full_env.update(extra or {})
+    return full_env
+
+
+def alive_nodes(head: RayHead, timeout_s: float = 120) -> list[dict]:
+    """The cluster's alive nodes as the GCS sees them (resources_total per node).
+
+    A loaded dashboard drops a request now and then: asked again until ``timeout_s``."""
+    from ray.util.state import list_nodes
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            nodes = list_nodes(address=head.dashboard_url, detail=True, limit=100)
+            return [n.__dict__ if hasattr(n, "__dict__") else dict(n) for n in nodes if n.state == "ALIVE"]
+        except Exception:  # noqa: BLE001 - ServerUnavailable, ConnectionError
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@contextmanager
+def ray_worker(
+    head: RayHead,
+    num_cpus: int = 1,
+    resources: dict[str, float] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[RayWorker]:
+    """Join a worker node to ``head`` (no token auth); yield it once the GCS has it alive;
+    stop exactly its processes.
+
+    ``resources``: custom resources of the node (e.g. ``{"gen_node": 1}`` so only the
+    actors asking for it land here; tests/worker_limits limits the memory of the Ray
+    workers of a node offering ``oom_node``).
+    """
+    temp_dir = Path(tempfile.mkdtemp(prefix="ldwrk", dir="/tmp"))
+    resources = dict(resources or {})
+    cmd = [
+        str(VENV_BIN / "ray"), "start", f"--address={head.gcs_address}", "--block",
+        "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
+        f"--resources={json.dumps(resources)}", "--object-store-memory=200000000",
+        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        f"--labels={json.dumps({'longdoc-test-node': temp_dir.name})}",  # how the GCS names it
+    ]
+    log = temp_dir / "worker.log"
+    proc = None
+    try:
+        for attempt in range(3):
+            with open(log, "wb") as fh:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env),
+                                        start_new_session=True)
+            deadline = time.monotonic() + 120
+            while not [n for n in alive_nodes(head)  # event: the GCS has this node alive
+                       if (n.get("labels") or {}).get("longdoc-test-node") == temp_dir.name]:
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker node not alive after 120 s:\n{log.read_text()[-3000:]}")
+                time.sleep(0.2)  # polling the GCS for the event above
+            else:
+                break
+            # Ray gives a raylet 30 s to register (hard-coded); a loaded machine can miss
+            # that: start the node again.
+            if "timed out during startup" not in log.read_text() or attempt == 2:
+                raise RuntimeError(f"ray start (worker) exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        yield RayWorker(temp_dir, proc.pid, resources)
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of the direct children of ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if ppid == pid:
+            out.append((int(entry.name), comm))
+    return out
+
+
+def kill_raylet(worker: RayWorker) -> int:
+    """SIGKILL the worker node's raylet (its Ray workers and actors die with it); its pid."""
+    raylets = [pid for pid, comm in _children(worker.pid) if comm == "raylet"]
+    assert len(raylets) == 1, f"expected one raylet under {worker.pid}, found {raylets}"
+    os.kill(raylets[0], signal.SIGKILL)
+    return raylets[0]

@@ -62,10 +62,11 @@ MAX_RAYJOB_NAME = 47  # KubeRay v1.6: RayCluster names <= 53, a RayJob's cluster
 MAX_RAYCRONJOB_NAME = 41  # the controller names each run's RayJob <cron name>-<5 chars>
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUALIFIED = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_QUALIFIED = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+_INT32_MAX = 2**31 - 1
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?\Z")
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,14 @@ def _check(opts: RenderOptions) -> None:
     check_timezone(opts.timezone, "--timezone")
     for name, value in (("--ttl-seconds", opts.ttl_seconds), ("--deadline-seconds", opts.deadline_seconds),
                         ("--backoff-limit", opts.backoff_limit)):
-        if value < 0:
-            raise ValueError(f"{name} {value}: allowed: a whole number >= 0")
+        if not 0 <= value <= _INT32_MAX:  # Kubernetes stores these as 32-bit integers
+            raise ValueError(f"{name} {value}: allowed: a whole number from 0 to {_INT32_MAX}")
+    if not -366 <= opts.date_offset_days <= 366:
+        raise ValueError(f"--date-offset-days {opts.date_offset_days}: allowed: -366 to 366 (days)")
+    f = opts.max_failed_fraction
+    # Written into the nightly entrypoint: a value `longdoc run` refuses would fail every night.
+    if f is not None and not (math.isfinite(f) and 0.0 <= f <= 1.0):
+        raise ValueError(f"--max-failed-fraction: got {f}; allowed: 0 to 1")
     for s in opts.secrets:
         if len(s) > 253 or not _DNS1123_SUBDOMAIN.match(s):
             raise ValueError(f"--secret {s!r} is not a Secret name (lowercase DNS-1123 subdomain)")

@@ -26,7 +26,7 @@ FIELDS = (
     ("month", 1, 12, _MONTHS),
     ("day of week", 0, 6, _DAYS),
 )
-_NUM = re.compile(r"^\d+$")
+_NUM = re.compile(r"^[0-9]+\Z")
 
 
 def check_cron(expr: str, option: str = "--schedule") -> str:

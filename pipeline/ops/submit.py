@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache"]
 _PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_JOBS_ADDRESS = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?\Z")
 
 AddressOpt = Annotated[
     str | None,
@@ -119,6 +120,21 @@ def _local_path_notes(uris: dict[str, str]) -> list[str]:
     return notes
 
 
+def check_jobs_address(address: str) -> str:
+    """``address`` if it is an HTTP(S) URL (the Jobs API of a Ray dashboard), else ValueError.
+
+    Without a scheme Ray's client takes ``HOST:PORT`` for a GCS address and dials it for
+    20 s and more before failing; a typo must fail at once.
+    """
+    if not _JOBS_ADDRESS.match(address):
+        hint = f" (did you mean http://{address}?)" if "://" not in address and address.strip() else ""
+        raise ValueError(
+            f"--address {address!r} is not the Jobs API's URL{hint}; allowed: http://HOST:PORT or "
+            "https://HOST:PORT, the Ray dashboard's address (port 8265 by default)"
+        )
+    return address
+
+
 def _client(address: str | None) -> JobSubmissionClient:
     from ray.job_submission import JobSubmissionClient
 
@@ -126,6 +142,11 @@ def _client(address: str | None) -> JobSubmissionClient:
         typer.echo("error: no cluster: pass --address http://HOST:8265 or set "
                    "RAY_API_SERVER_ADDRESS", err=True)
         raise typer.Exit(2)
+    try:
+        check_jobs_address(address)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
     from ray.exceptions import AuthenticationError
 
     try:
@@ -190,6 +211,8 @@ def submit(
 
     overrides = list(overrides or [])
     try:
+        if address:
+            check_jobs_address(address)
         run_date = resolve_run_date(run_date)
         if run_id is not None:
             check_run_id(run_id)
@@ -197,7 +220,7 @@ def submit(
         sid = submission_id_for(job.name, run_date, suffix)
         env_vars = _env_vars(list(env or []))
         if max_failed_fraction is not None and not 0.0 <= max_failed_fraction <= 1.0:
-            raise ValueError(f"--max-failed-fraction {max_failed_fraction} must be in [0, 1]")
+            raise ValueError(f"--max-failed-fraction: got {max_failed_fraction}; allowed: 0 to 1")
         rel = spec.name if working_dir is None else _relative_spec(spec, working_dir)
     except (SpecError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import subprocess
@@ -11,8 +10,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.progress import (
@@ -21,6 +18,7 @@ from pipeline.progress import (
     RunProgress,
     _DropHarmless,
     estimate_requests,
+    ledger_total,
     quiet_issue_detectors,
 )
 from schemas.loading import spec_from_dict
@@ -127,35 +125,24 @@ def _spec(tmp_path: Path, fmt: str, **over) -> object:
 
 
 def test_estimate_text_corpus_counts_files_minus_done(tmp_path):
-    (tmp_path / "in").mkdir()
-    for i in range(5):
-        (tmp_path / "in" / f"d{i}.txt").write_text(f"doc {i}")
-    assert estimate_requests(_spec(tmp_path, "text"), 5, "2026-01-01") == 5
-    assert estimate_requests(_spec(tmp_path, "text", input__limit=3), 5, "2026-01-01", skipped=1) == 2
+    assert estimate_requests(_spec(tmp_path, "text"), 5) == 5
+    assert estimate_requests(_spec(tmp_path, "text", input__limit=3), 5, skipped=1) == 2
     qa = _spec(tmp_path, "text", task__kind="qa", task__questions=["a?", "b?"])
-    assert estimate_requests(qa, 5, "2026-01-01") == 10
+    assert estimate_requests(qa, 5) == 10
 
 
-def test_estimate_jsonl_counts_lines_and_stops_at_the_limit(tmp_path):
-    (tmp_path / "in").mkdir()
-    for f in range(2):
-        lines = [json.dumps({"id": f"{f}-{i}", "text": "t"}) for i in range(4)]
-        (tmp_path / "in" / f"s{f}.jsonl").write_text("\n".join(lines) + "\n\n")  # blank lines skipped
-    assert estimate_requests(_spec(tmp_path, "jsonl"), 2, "2026-01-01") == 8
-    assert estimate_requests(_spec(tmp_path, "jsonl", input__limit=5), 2, "2026-01-01") == 5
-    # questions per document come from the data: unknown without reading it all
-    qa = _spec(tmp_path, "jsonl", task__kind="qa", input__question_field="qs")
-    assert estimate_requests(qa, 2, "2026-01-01") is None
+def test_estimate_never_reads_the_input(tmp_path):
+    """JSONL and Parquet documents per file live in the data: no estimate before the read
+    stage's ledger tells (the input folder does not even exist here: nothing is opened)."""
+    for fmt in ("jsonl", "parquet"):
+        assert estimate_requests(_spec(tmp_path, fmt), 2) is None
+        qa = _spec(tmp_path, fmt, task__kind="qa", input__question_field="qs")
+        assert estimate_requests(qa, 2) is None
 
 
-def test_estimate_parquet_reads_footers_only(tmp_path, monkeypatch):
-    (tmp_path / "in").mkdir()
-    for f, n in enumerate((3, 7)):
-        pq.write_table(pa.table({"id": [str(i) for i in range(n)], "text": ["t"] * n}),
-                       tmp_path / "in" / f"p{f}.parquet")
-    assert estimate_requests(_spec(tmp_path, "parquet"), 2, "2026-01-01") == 10
-    monkeypatch.setattr("pipeline.progress.COUNT_FILES_MAX", 1)
-    assert estimate_requests(_spec(tmp_path, "parquet"), 2, "2026-01-01") is None  # too many files
+def test_ledger_total_counts_each_new_request_once():
+    reqs = [{"request_id": r} for r in ("a", "b", "b", "c")]  # "b": an input row repeated exactly
+    assert ledger_total(reqs, frozenset({"c"})) == 2
 
 
 # ----------------------------------------------------------------------------- Ray noise

@@ -121,3 +121,18 @@ def test_stale_error_rows_are_dropped_and_a_file_of_only_stale_rows_removed(tmp_
     # Dropping is idempotent: a second commit with the same stale ids changes nothing.
     again = commit_date(str(tmp_path), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
     assert again["dropped"] == 0 and sorted(_visible(tmp_path)) == sorted(seen)
+
+
+def test_a_request_staged_twice_in_one_block_is_published_once(tmp_path):
+    """An input row repeated exactly (same id, text, question: the same request_id) reaches
+    the writer twice, even inside one block: the table holds the request once."""
+    rows = _rows(range(3))
+    _stage(tmp_path, "r1", rows + [dict(rows[1])])
+    commit_date(str(tmp_path), DATE, "r1")
+    assert sorted(_visible(tmp_path)) == ["q000", "q001", "q002"]
+    # ...and a retry that stages it twice again replaces it in place, once.
+    again = _rows([1], run_id="r2")
+    _stage(tmp_path, "r2", again + again)
+    commit_date(str(tmp_path), DATE, "r2")
+    visible = _visible(tmp_path)
+    assert len(visible) == 3 and visible["q001"]["output_text"] == "answer 1 by r2"

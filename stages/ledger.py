@@ -1,0 +1,148 @@
+"""The run's request ledger: which requests the input holds, recorded by the read stage.
+
+Why: the input is listed once per run (the driver, before Ray starts) and read once
+(the read stage, in Ray). When Ray aborts a run, every request without a row must
+still get one (a retryable error row), and the progress line wants the run's total:
+both come from this ledger, never from reading the input again.
+
+Layout: ``{root}/_ledger/{run_date}/{run_id}/shards-{first:06d}.parquet``, one file per
+read batch (a block of shards; at most ~200 per run), written atomically by the read
+stage after it has read every shard of the batch. A file holds the identity columns
+(``LEDGER_SCHEMA``: no text) of every request of its shards, in input order, and the
+indices of the shards it covers in its metadata (a shard without documents has no
+row but is still covered). Readers skip ``_`` folders; the runner removes the date's
+ledger at the start and at the end of a run (one run of a date at a time).
+
+Contract:
+- ``write_block(root, run_date, run_id, shard_indices, requests)`` records a batch.
+- ``read_ledger(root, run_date, run_id)`` returns a ``Ledger``: the shards covered and
+  their request rows.
+- ``Ledger.requests(spec, shards, run_id, run_date)`` lists the run's requests in input
+  order with ``input.limit`` applied by document: the recorded rows of every covered
+  shard, and for a shard the read stage never finished one placeholder request per
+  prompt (its doc id is the file, like a file that failed to read: a complete rerun
+  reads the file and drops the placeholder as stale, see pipeline/runner.py).
+- ``Ledger.complete(n_shards)``: every shard is covered (the total is known).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.output import RETRYABLE
+from schemas.spec import JobSpec
+from stages.read import Document, expand_requests, generation_fingerprint
+from stages.write import write_table_atomic
+
+#: Identity of a request (what an error row needs besides the spec), and where it sits in
+#: the input: ``shard`` (index in the run's listing) and ``doc`` (document index in the shard).
+LEDGER_SCHEMA = pa.schema([
+    pa.field("shard", pa.int64()),
+    pa.field("doc", pa.int64()),
+    pa.field("request_id", pa.string()),
+    pa.field("doc_id", pa.string()),
+    pa.field("source_uri", pa.string()),
+    pa.field("prompt", pa.large_string()),
+    pa.field("question", pa.large_string()),
+    pa.field("reference", pa.large_string()),
+])
+_SHARDS_KEY = b"longdoc.shards"
+
+
+def ledger_root(root: str, run_date: str) -> str:
+    return f"{root.rstrip('/')}/_ledger/{run_date}"
+
+
+def ledger_dir(root: str, run_date: str, run_id: str) -> str:
+    return f"{ledger_root(root, run_date)}/{run_id}"
+
+
+def write_block(root: str, run_date: str, run_id: str, shard_indices: list[int],
+                requests: list[dict[str, Any]]) -> None:
+    """Record the requests of the shards ``shard_indices`` (rows with LEDGER_SCHEMA's keys)."""
+    table = pa.Table.from_pylist(requests, schema=LEDGER_SCHEMA)
+    meta = {_SHARDS_KEY: json.dumps(sorted(shard_indices)).encode()}
+    table = table.replace_schema_metadata(meta)
+    write_table_atomic(table, f"{ledger_dir(root, run_date, run_id)}/shards-{min(shard_indices):06d}.parquet")
+
+
+def clear(root: str, run_date: str) -> None:
+    """Remove every ledger of ``run_date`` (a crashed run's, or this run's once done)."""
+    fs, path = fsspec.core.url_to_fs(ledger_root(root, run_date))
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+@dataclass
+class Ledger:
+    """What the read stage recorded for one run."""
+
+    shards: set[int] = field(default_factory=set)
+    table: pa.Table = field(default_factory=LEDGER_SCHEMA.empty_table)
+    files: int = 0
+
+    def complete(self, n_shards: int) -> bool:
+        return len(self.shards) >= n_shards
+
+    def requests(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str) -> list[dict[str, Any]]:
+        """The run's requests in input order, ``input.limit`` applied (see the module docstring).
+
+        Rows carry the request columns an output row needs (identity, prompt, question,
+        reference, task, instruction), no text.
+        """
+        by_shard: dict[int, list[dict[str, Any]]] = {}
+        for row in self.table.sort_by([("shard", "ascending"), ("doc", "ascending")]).to_pylist():
+            by_shard.setdefault(row["shard"], []).append(row)
+        base = {"run_id": run_id, "run_date": run_date, "job": spec.name, "task": spec.task.kind,
+                "instruction": spec.task.resolved_instruction}
+        fingerprint = generation_fingerprint(spec)
+        budget = spec.input.limit  # documents still inside input.limit; None: no limit (or unknown)
+        out: list[dict[str, Any]] = []
+        for index, path in enumerate(shards):
+            if budget is not None and budget <= 0:
+                break
+            if index not in self.shards:
+                placeholder = Document(path, path, None, error="run aborted before this file was read",
+                                       error_kind=RETRYABLE)
+                for req in expand_requests(placeholder, spec, run_id, run_date, fingerprint):
+                    out.append({k: req[k] for k in (*base, "request_id", "doc_id", "source_uri",
+                                                    "prompt", "question", "reference")})
+                budget = None  # its document count is unknown: no later request may be left out
+                continue
+            last_doc = None
+            for row in by_shard.get(index, []):
+                if row["doc"] != last_doc:
+                    if budget is not None:
+                        if budget <= 0:
+                            break
+                        budget -= 1
+                    last_doc = row["doc"]
+                out.append({**base, **{k: row[k] for k in ("request_id", "doc_id", "source_uri",
+                                                           "prompt", "question", "reference")}})
+        return out
+
+
+def read_ledger(root: str, run_date: str, run_id: str) -> Ledger:
+    """Every file the read stage has written so far for ``run_id``."""
+    fs, path = fsspec.core.url_to_fs(ledger_dir(root, run_date, run_id))
+    ledger = Ledger()
+    if not fs.exists(path):
+        return ledger
+    tables = []
+    for name in sorted(fs.find(path)):
+        if not name.endswith(".parquet") or name.rsplit("/", 1)[-1].startswith("."):
+            continue  # a temporary file of a write in progress
+        with fs.open(name, "rb") as fh:
+            t = pq.read_table(fh)
+        ledger.shards.update(json.loads((t.schema.metadata or {})[_SHARDS_KEY]))
+        tables.append(t.replace_schema_metadata(None).cast(LEDGER_SCHEMA))
+        ledger.files += 1
+    if tables:
+        ledger.table = pa.concat_tables(tables)
+    return ledger

@@ -1,0 +1,121 @@
+"""What a cluster cannot give: memory an actor needs, a resource no node has.
+
+- Out of memory: a worker node whose Ray workers may hold only 2000 MB of private memory
+  (RLIMIT_DATA, set from outside the product at each worker's start: tests/worker_limits) hosts the
+  generate actors (custom resource ``oom_node``); the model (Llama-3.2-1B's shape, random
+  weights: 5 GB in fp32) does not fit there, so the actor's allocation fails for real. The run ends
+  (no hang), every request has exactly one row, retryable, naming the failure.
+- Unschedulable on a cluster: a pool asking for a resource no node offers fails after
+  ``resources.schedule_timeout_s`` with a message naming the resource and what the
+  nodes have; its requests are retryable rows.
+- Unschedulable on the embedded Ray (this machine, nothing will be added): refused at
+  once, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from ray_head import VENV_BIN, ray_head, ray_worker
+from worker_limits import job_config_env
+
+DATE = "2026-08-01"
+N_DOCS = 6
+# Above what a Ray worker holds with torch and a tiny model loaded (~1.75 GB of private
+# memory, measured), far below a 1B-parameter model in fp32 (~5 GB).
+WORKER_DATA_MB = 2000
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_AUTH_MODE"] = "disabled"
+    env.update(extra)
+    return env
+
+
+def _spec(tmp_path: Path, name: str, model: str, resources: dict) -> Path:
+    corpus = tmp_path / f"corpus-{name}"
+    corpus.mkdir()
+    for i in range(N_DOCS):
+        (corpus / f"d{i}.txt").write_text(f"Document {i} is about the river {i}. " * 15)
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": name,
+        "input": {"uri": str(corpus)},
+        "generation": {"model": model, "max_new_tokens": 8},
+        "resources": {"batch_size": 2, "num_cpus": 1, **resources},
+        "output": {"uri": str(tmp_path / f"out-{name}")},
+    }))
+    return spec
+
+
+def _rows(out: Path) -> list[dict]:
+    cols = ["request_id", "error", "error_kind"]
+    return [r for f in sorted((out / f"run_date={DATE}").glob("*.parquet"))
+            for r in pq.read_table(f, columns=cols).to_pylist()]
+
+
+def _summary(out: Path) -> dict:
+    (path,) = (out / "_runs" / DATE).glob("*.json")
+    return json.loads(path.read_text())["summary"]
+
+
+@pytest.fixture(scope="module")
+def head():
+    with ray_head(num_cpus=3) as h:
+        yield h
+
+
+@pytest.mark.slow
+def test_an_actor_out_of_memory_gives_retryable_rows_and_the_run_ends(head, tmp_path):
+    spec = _spec(tmp_path, "oom", "random:llama-1b",
+                 {"custom_resources": {"oom_node": 1}, "schedule_timeout_s": 300})
+    with ray_worker(head, num_cpus=1, resources={"oom_node": 1}) as node:
+        t = time.monotonic()
+        r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--address", head.gcs_address,
+                            "--date", DATE], env=_env(**job_config_env(WORKER_DATA_MB, node.temp_dir)),
+                           capture_output=True, text=True, timeout=900)  # the bound is the hang check
+    took = time.monotonic() - t
+    out = tmp_path / "out-oom"
+    assert r.returncode == 1 and "run aborted" in r.stderr, r.stdout[-2000:] + r.stderr[-3000:]
+    rows = _rows(out)
+    assert len(rows) == N_DOCS and len({x["request_id"] for x in rows}) == N_DOCS
+    assert {x["error_kind"] for x in rows} == {"retryable"}
+    assert all("allocate memory" in x["error"] or "MemoryError" in x["error"] for x in rows), rows[0]["error"]
+    s = _summary(out)
+    assert s["status"] == "failed" and s["date_rows"] == N_DOCS == s["date_errors_by_kind"]["retryable"]
+    print(f"\nout of memory: run ended after {took:.0f}s with {N_DOCS} retryable rows: {rows[0]['error'][:200]}")
+
+
+@pytest.mark.slow
+def test_a_pool_no_node_can_take_fails_within_the_bound_naming_the_resource(head, tmp_path):
+    spec = _spec(tmp_path, "nogpu", "random:tiny", {"num_gpus": 0.5, "schedule_timeout_s": 10})
+    t = time.monotonic()
+    r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--address", head.gcs_address,
+                        "--date", DATE], env=_env(), capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - t
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    msg = r.stderr
+    assert "PoolUnschedulable" in msg and "missing on every node: GPU 0.5" in msg, msg[-3000:]
+    assert "resources.schedule_timeout_s" in msg and "CPU 3" in msg  # what the cluster has
+    rows = _rows(tmp_path / "out-nogpu")
+    assert len(rows) == N_DOCS and {x["error_kind"] for x in rows} == {"retryable"}
+    print(f"\nunschedulable: run ended after {took:.0f}s (schedule_timeout_s 10): "
+          f"{next(ln for ln in msg.splitlines() if 'PoolUnschedulable' in ln)[:300]}")
+
+
+def test_the_embedded_ray_refuses_a_pool_it_cannot_place_at_once(tmp_path):
+    spec = _spec(tmp_path, "local", "random:tiny", {"custom_resources": {}, "num_gpus": 1})
+    r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--date", DATE, "--quiet"],
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "on this machine (embedded Ray)" in r.stderr and "missing on every node: GPU 1" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out-local").exists()  # nothing written
