@@ -269,7 +269,7 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
     variants=$(night_variants) || return 2
     args=(--model random:tiny --synthetic-docs "${NIGHT_DOCS_DRY:-4}" --doc-tokens 256 --set resources.num_gpus=0
           --set generation.max_new_tokens=4 --set generation.dtype=auto --set resources.num_cpus=1
-          --peer-batch-sizes 1,2 --runs 1 --sides "$NIGHT_SIDES" --merge)
+          --peer-batch-sizes 1,2 --runs 1 --sides "$NIGHT_SIDES" --merge --runner local)  # as on the GPU machine: no Ray
   fi
   # shellcheck disable=SC2086
   run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job infra/gpu/night-job.yaml \
@@ -286,7 +286,7 @@ part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 req
               --set generation.max_new_tokens=128 --usd-per-device-hour 2.50)
   ((DRY)) && args=(--synthetic-docs 4 --doc-tokens 256 --set generation.max_new_tokens=8)
   run_capped night-pld "${NIGHT_PLD_S:-300}" "${1:-0}" "$PY" -m pipeline.bench.job jobs/sample-summarize.yaml \
-    "${args[@]}" --set compression.method=none --set input.limit=null \
+    "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
     --sides longdoc --runs 2 --out "$WORK/night-pld"
   pack night.tar.gz night-roofline night-job night-pld

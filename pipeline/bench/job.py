@@ -588,9 +588,25 @@ def _notes(s: JobBenchSettings, p: Prepared) -> list[str]:
     return notes
 
 
+def _stop_on_sigterm():
+    """SIGTERM (e.g. ``timeout``) unwinds like Ctrl-C, so a running side is stopped with its
+    tree; returns a function that puts the previous handler back."""
+    import signal
+    import threading
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
     """Run the bench (see the module docstring); returns (result, JSON path, Markdown path)."""
     specs = check_settings(s)
+    restore = _stop_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="longdoc-bench-job-"))
     ok = False
     try:
@@ -663,6 +679,7 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
         ok = True
         return result, js, md
     finally:
+        restore()
         if ok and not s.keep_temp:
             shutil.rmtree(tmp, ignore_errors=True)
         elif not ok:

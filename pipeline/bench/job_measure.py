@@ -167,8 +167,12 @@ def run_measured(
                     rc = popen.wait()
                     break
     finally:
-        if popen.poll() is None:  # interrupted: stop what we started
-            popen.kill()
+        if popen.poll() is None:  # interrupted: stop what we started, descendants first
+            for p in [*seen.values(), *_tree(root)][::-1]:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
             popen.wait()
     m.wall_s = time.perf_counter() - p0
     m.t_end = time.time()
