@@ -284,7 +284,7 @@ part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 req
   rm -rf "$WORK/night-pld"
   local args=(--synthetic-docs 64 --doc-tokens 2048 --set resources.num_gpus=1 --set resources.batch_size=16
               --set generation.max_new_tokens=128 --usd-per-device-hour 2.50)
-  ((DRY)) && args=(--synthetic-docs 4 --doc-tokens 256 --set generation.max_new_tokens=8)
+  ((DRY)) && args=(--synthetic-docs 4 --doc-tokens 256 --set generation.max_new_tokens=8 --runner local)
   run_capped night-pld "${NIGHT_PLD_S:-300}" "${1:-0}" "$PY" -m pipeline.bench.job jobs/sample-summarize.yaml \
     "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \

@@ -16,8 +16,10 @@ threads, as Ray calls an actor, so the engine's slots stay full across batches. 
 finished batch is staged by WriteStage and the date is committed at the end
 (stages.partition.commit_date): the output table has `longdoc run`'s layout and rows.
 The timeline JSON holds wall-clock stamps (``time.time()``): ``t_start``,
-``t_generate_ready`` (model loaded, engine warmed up), ``t_first_submit`` (the first
-request reached the engine), ``t_last_written`` (the last batch staged),
+``t_generate_ready`` (model loaded, engine warmed up), ``t_first_start`` (the first
+document's tokenization began: its compression counts, as in a row's ``e2e_s``),
+``t_first_submit`` (the first request reached the engine), ``t_last_written`` (the last
+batch staged),
 ``t_committed``; seconds ``generate_init_s``, ``tokenize_init_s``, ``text_stage_init_s``,
 ``tokenize_s`` and ``text_stage_s`` (spent on the main thread while the engine decodes),
 ``engine`` (EngineStats as a dict, plus its describe()), ``rows`` and ``failed``.
@@ -95,7 +97,7 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
                batch_size=spec.resources.batch_size)
     tokenize_s = text_s = 0.0
     rows = failed = 0
-    t_first_submit = None
+    t_first_start = t_first_submit = None
     t_last_written = time.time()
 
     def written(fut: Future) -> None:
@@ -109,6 +111,7 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
     with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="generate-call") as pool:
         for chunk in _batches(requests, spec.resources.batch_size):
             t0 = time.time()
+            t_first_start = t_first_start or t0
             batch = tokenize(rows_to_batch(chunk))
             tokenize_s += time.time() - t0
             if text_stage is not None:
@@ -128,7 +131,7 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
     generate.service.close()
     commit = commit_date(root, run_date, run_id)
     rec.update(
-        t_first_submit=t_first_submit, t_last_written=t_last_written, t_committed=time.time(),
+        t_first_start=t_first_start, t_first_submit=t_first_submit, t_last_written=t_last_written, t_committed=time.time(),
         tokenize_s=tokenize_s, text_stage_s=text_s, rows=rows, failed=failed, commit=commit, output=root,
         engine={**asdict(generate.engine.stats), "describe": generate.engine.describe()},
     )

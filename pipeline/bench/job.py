@@ -416,10 +416,11 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
         steady, where = _ray_steady(m, watch, rows)
     else:
         tl = json.loads(timeline_path.read_text())
-        steady = tl["t_last_written"] - tl["t_first_submit"] if tl.get("t_first_submit") else None
+        steady = tl["t_last_written"] - tl["t_first_start"] if tl.get("t_first_start") else None
         eng = tl["engine"]
         where = {"generate_init_s (model load + warm-up)": tl["generate_init_s"],
-                 "first_row_start_s": tl["t_first_submit"] - m.t_start if tl.get("t_first_submit") else None,
+                 "first_row_start_s": tl["t_first_start"] - m.t_start if tl.get("t_first_start") else None,
+                 "first_submit_s": tl["t_first_submit"] - m.t_start if tl.get("t_first_submit") else None,
                  "tokenize_s": tl["tokenize_s"], "text_stage_s": tl["text_stage_s"],
                  "engine_prefill_s": eng["prefill_s"], "engine_step_s": eng["step_s"], "engine_stall_s": eng["stall_s"],
                  "engine_steps": eng["steps"], "engine_max_active": eng["max_active"],
@@ -565,7 +566,7 @@ def _notes(s: JobBenchSettings, p: Prepared) -> list[str]:
         "every document, Parquet write); steady = first document started to last written.",
         "longdoc steady state (ray runner): the earliest row start (a staged block's write time minus its rows' "
         "e2e_s, blocks dated while the run goes) to the last block written (the last progress line); "
-        "inprocess runner: its own stamps (first request submitted to the engine, last batch staged).",
+        "inprocess runner: its own stamps (first batch's tokenization began, last batch staged).",
         "peer: pipeline/bench/peer.py (imports only torch, transformers, pyarrow): the chat template around "
         "'Document:\\n<text>\\n\\n<instruction>', the same prompt token ids as longdoc's; truncate -> the same "
         "head/tail cut; any other method -> the whole document; batched greedy generate, left padding, rows stop "
