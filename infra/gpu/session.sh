@@ -207,7 +207,9 @@ part_c_compress() {  # prefill-only table of `longdoc bench compress` at 8000 to
 # and the tokenizer files (.bench/cache) travel. No Ray on the machine: `bench job` runs
 # our side in one process (pipeline/bench/inprocess.py, --runner auto).
 NIGHT_DOCS=${NIGHT_DOCS:-1000}
-NIGHT_DOC_TOKENS=${NIGHT_DOC_TOKENS:-8192}
+# 8000, not 8192: prompt (~40 tokens) + 128 new tokens must fit Llama-3-8B's 8192 positions,
+# or method none's rows are refused as too long for the model (on both engines' terms).
+NIGHT_DOC_TOKENS=${NIGHT_DOC_TOKENS:-8000}
 NIGHT_TARGET=${NIGHT_TARGET:-1024}
 NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch rag}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}

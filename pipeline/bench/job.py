@@ -430,7 +430,8 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
     fig = side_figures(len(ok), len(rows) - len(ok), m.wall_s, steady, [r["e2e_s"] for r in ok], usd,
                        {"rss": m.peak_rss_bytes, "pss": m.peak_pss_bytes, "gpu": m.peak_gpu_bytes})
     fig.update(run=k, load_avg=round(load, 2), processes=m.peak_processes, strays=m.strays, where=where,
-               rows=len(rows), runner="ray" if ray else "inprocess")
+               rows=len(rows), runner="ray" if ray else "inprocess",
+               first_error=next((r["error"] for r in rows if r["error"] is not None), None))
     return fig, rows
 
 
@@ -633,7 +634,8 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
                 runs_by_side.setdefault(name, []).append(fig)
                 last_rows[name] = rows
                 echo(f"# run {k} {name}: wall {fig['wall_s']:.1f} s, steady {fig['steady_s'] or 0:.1f} s, "
-                     f"{fig['docs']} docs, {fig['failed']} failed")
+                     f"{fig['docs']} docs, {fig['failed']} failed"
+                     + (f" (first error: {fig['first_error'][:300]})" if fig["first_error"] else ""))
             for peer in run_peers:
                 fig, rows = run_peer(s, p, peer, k, probes[peer]["best"], usd)
                 runs_by_side.setdefault(peer, []).append(fig)
