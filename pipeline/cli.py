@@ -216,6 +216,7 @@ def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
     from pipeline.bench.command import bench_decode_command
     from pipeline.bench.compress import bench_compress
+    from pipeline.bench.job import bench_job_command
     from pipeline.eval.runner import eval_command
     from pipeline.ops.render import render
     from pipeline.ops.submit import logs, status, submit
@@ -232,6 +233,7 @@ def _register_operations() -> None:
         "transformers (dynamic; static + compiled; its prompt lookup) with the memory roofline.",
     )(bench_decode_command)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
+    bench_app.command("job", help="The whole job end to end vs the transformers script a user would write instead.")(bench_job_command)  # noqa: E501
     app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(
         eval_command
     )

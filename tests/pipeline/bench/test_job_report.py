@@ -1,0 +1,97 @@
+"""Figures, ratios, targets and files of the bench job (pure functions, no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bench.job_report import (
+    finish,
+    markdown,
+    medians,
+    merge_previous,
+    quantile,
+    side_figures,
+    summary_lines,
+    throughput,
+    write_results,
+)
+
+
+def test_throughput_and_cost_per_thousand_documents():
+    dph, usd = throughput(10, 36.0, 2.5)
+    assert dph == pytest.approx(1000.0)
+    assert usd == pytest.approx(2.5)  # 1,000 documents = one device hour
+    assert throughput(0, 10.0, 1.0) == (None, None)
+
+
+def test_quantiles_and_medians():
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert quantile([1.0, 2.0], 0.95) == pytest.approx(1.95)
+    assert quantile([], 0.5) is None
+    runs = [side_figures(4, 0, w, w / 2, [1.0, 2.0], 1.0, {"rss": 2**30}) for w in (10.0, 30.0, 20.0)]
+    m = medians(runs)
+    assert m["runs"] == 3 and m["wall_s"] == 20.0 and m["steady_s"] == 10.0 and m["peak_rss_gb"] == 1.0
+    assert m["peak_gpu_gb"] is None
+
+
+def _result(device="cpu", sides=None, walls=None):
+    sides = sides or {"longdoc": {"kind": "longdoc", "method": "truncate", "speculative": "prompt_lookup",
+                                  "peer": "peer", "what": "x"},
+                      "peer": {"kind": "peer", "what": "y"}}
+    walls = walls or {"longdoc": 50.0, "peer": 100.0}
+    runs = {s: [dict(side_figures(10, 0, w, w / 2, [1.0], 1.0, {}), run=1, load_avg=1.0)] for s, w in walls.items()}
+    r = {"layout_version": 1, "device": {"type": device, "name": "dev", "file_name": device},
+         "settings": {"spec_name": "s", "model": "m", "docs": 10, "max_new_tokens": 4, "synthetic_docs": None,
+                      "doc_tokens": None, "dtype": "float32", "docs_label": "10 docs", "runs": 1, "runner": "ray",
+                      "usd_per_device_hour": 1.0},
+         "sides": {k: v for k, v in sides.items() if k in walls}, "runs_by_side": runs,
+         "summary": {s: medians(v) for s, v in runs.items()}, "agreement": {}, "peer_probe": {},
+         "command": "longdoc bench job s.yaml", "created_utc": "t", "versions": {"longdoc_commit": "abc"},
+         "host": {"cpus": 2, "load_avg_start": [1], "load_avg_end": [1]}, "notes": ["n"]}
+    finish(r)
+    return r
+
+
+def test_cpu_target_is_twice_the_peer_whole_process():
+    r = _result()
+    assert r["ratios"]["longdoc"]["vs_peer"] == {"peer": "peer", "wall": 2.0, "steady": 2.0}
+    [t] = r["targets"]
+    assert t["pass"] is True and t["value"] == 2.0
+    assert any(line.startswith("PASS longdoc: documents/hour >= 1.5x") for line in summary_lines(r))
+    slow = _result(walls={"longdoc": 100.0, "peer": 90.0})
+    assert slow["targets"][0]["pass"] is False
+
+
+def test_gpu_targets_finch_over_none_and_peer_and_pld_over_greedy():
+    sides = {"none": {"kind": "longdoc", "method": "none", "speculative": "none", "peer": "peer", "what": ""},
+             "finch-1k": {"kind": "longdoc", "method": "finch", "speculative": "none", "peer": "peer", "what": ""},
+             "pld": {"kind": "longdoc", "method": "none", "speculative": "prompt_lookup", "peer": "peer", "what": ""},
+             "peer": {"kind": "peer", "what": ""}}
+    r = _result("cuda", sides, {"none": 90.0, "finch-1k": 30.0, "pld": 60.0, "peer": 80.0})
+    got = {t["name"].split(":")[0] + " " + t["name"].split(">= ")[1].split(" ")[1]: (t["value"], t["pass"])
+           for t in r["targets"]}
+    assert got["finch-1k none's"] == (pytest.approx(3.0), True)
+    assert got["finch-1k the"] == (pytest.approx(80 / 30), True)
+    assert got["pld none's"] == (pytest.approx(1.5), True)
+    # A side that did not run makes its target "not measured", never a FAIL.
+    r = _result("cuda", sides, {"finch-1k": 30.0})
+    assert [t["pass"] for t in r["targets"]] == [None]
+    assert any(line.startswith("NOT MEASURED finch-1k") for line in summary_lines(r))
+
+
+def test_merge_keeps_earlier_sides_of_the_same_settings(tmp_path):
+    first = _result(walls={"peer": 100.0})
+    js, _, _ = write_results(first, tmp_path)
+    second = _result(walls={"longdoc": 50.0})
+    merged = merge_previous(second, js)
+    assert set(merged["summary"]) == {"longdoc", "peer"}
+    assert merged["ratios"]["longdoc"]["vs_peer"]["wall"] == 2.0
+    other = _result(walls={"longdoc": 50.0})
+    other["settings"] = dict(other["settings"], max_new_tokens=8)
+    assert set(merge_previous(other, js)["summary"]) == {"longdoc"}  # other settings: not merged
+    js2, md2, written = write_results(second, tmp_path, merge=True)
+    assert js2 == js and set(json.loads(js.read_text())["summary"]) == {"longdoc", "peer"}
+    assert "| longdoc |" in md2.read_text() and "| peer |" in md2.read_text()
+    assert "## Every run" in markdown(written)
