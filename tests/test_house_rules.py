@@ -92,3 +92,15 @@ def test_product_code_names_no_issue_numbers():
              if _ISSUE.search(p.read_text(encoding="utf-8"))}
     assert not cited - ISSUE_REFERENCES, f"say what, not which ticket: {sorted(cited - ISSUE_REFERENCES)}"
     assert not ISSUE_REFERENCES - cited, f"clean now, drop them: {sorted(ISSUE_REFERENCES - cited)}"
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test files by basename (rootdir mode, no __init__.py): two files of
+    one name in different folders stop the whole collection."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "same test file name twice (rename one): " + "; ".join(clashes)
