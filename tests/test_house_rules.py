@@ -23,7 +23,7 @@ PRODUCT = ("stages", "pipeline")
 # Modules without a test of their own in the mirrored folder today.
 UNTESTED = {
     "stages.autocompressor.data", "stages.compression.autocompressor", "stages.compression.finch",
-    "stages.compression.none", "stages.finch.scoring", "stages.finch.select", "stages.finch.selector",
+    "stages.compression.none",
     "pipeline.corpus.tables", "pipeline.bench.compress",
 }  # fmt: skip
 # Product files that still cite an issue number.

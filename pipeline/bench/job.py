@@ -208,6 +208,7 @@ class Prepared:
     tmp: Path
     specs: dict[str, dict]  # side name -> spec data (output.uri set per run)
     methods: dict[str, str]
+    same_context: dict[str, bool]  # side name -> the peer reads the very context its method keeps
     speculative: dict[str, str]
     peer_of: dict[str, str | None]
     peers: dict[str, dict]  # peer name -> {truncate, keep, requests, what}
@@ -260,12 +261,12 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     # One peer per distinct context: truncate -> the same cut; any other method -> the whole document.
     peers: dict[str, dict] = {}
     peer_of: dict[str, str | None] = {}
-    methods, speculative, keys = {}, {}, {}
+    methods, same_context, speculative, keys = {}, {}, {}, {}
     for v, sp in zip(s.variants, out_specs, strict=True):
         c = sp.compression
         methods[v.name] = c.method
         speculative[v.name] = sp.generation.speculative.method
-        keys[v.name] = ("truncate", c.target_tokens, c.keep) if c.method == "truncate" else ("full",)
+        keys[v.name], same_context[v.name] = _peer_context(c)
     distinct = list(dict.fromkeys(keys.values()))
     for key in distinct:
         name = "peer" if len(distinct) == 1 else ("peer-full" if key == ("full",) else f"peer-truncate-{key[1]}-{key[2]}")
@@ -278,7 +279,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     write_requests(records, tmp / "requests.jsonl")
     model_args, dtype = _peer_model(first.generation.model, first.generation.dtype, device, tmp)
     return Prepared(
-        tmp=tmp, specs=datas, methods=methods, speculative=speculative, peer_of=peer_of, peers=peers, device_type=device.type,
+        tmp=tmp, specs=datas, methods=methods, same_context=same_context, speculative=speculative, peer_of=peer_of, peers=peers, device_type=device.type,
         device_name=_device_name(device), dtype=dtype, peer_model_args=model_args, requests=len(records),
         bad_docs=bad, docs_label=docs_label, threads=max(1, int(first.resources.num_cpus)),
         spec_name=first.name, max_new_tokens=first.generation.max_new_tokens,
@@ -299,9 +300,10 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
     from stages.model_loading import embedded_model_dir, resolve_dtype
 
     if name.startswith("random:"):
-        from stages.random_models import random_config, random_tokenizer
+        from stages.model_loading import load_tokenizer
+        from stages.random_models import random_config
 
-        tok = random_tokenizer()
+        tok = load_tokenizer(name)  # random:<shape> models share the embedded tokenizer
         cfg = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         cfg.save_pretrained(tmp / "random-config")
         tok.save_pretrained(tmp / "tokenizer")
@@ -484,6 +486,23 @@ def run_peer(s: JobBenchSettings, p: Prepared, peer: str, k: int, batch: int, us
     return fig, rows
 
 
+def _peer_context(c) -> tuple[tuple, bool]:
+    """(the peer's context key, whether the peer reads the very context the method keeps).
+
+    A method that cuts at tokenize time (no model) -> the same head/tail cut of
+    ``target_tokens`` (key ("truncate", target, keep)); any other -> the whole document
+    (key ("full",)), the same context only for the method whose prefill is the plain
+    full prefill (it keeps the whole document)."""
+    from stages.compression import method_for
+    from stages.compression.base import CompressionMethod
+
+    method = method_for(c)
+    if method.runs_at == "tokenize":
+        return ("truncate", c.target_tokens, getattr(c, "keep", "head_tail")), True
+    whole = method.runs_at == "prefill" and type(method).load is CompressionMethod.load
+    return ("full",), whole
+
+
 def _peer_argv(p: Prepared, peer: str) -> list[str]:
     cfg = p.peers[peer]
     argv = [sys.executable, str(PEER_SCRIPT), "--requests", str(p.tmp / "requests.jsonl"), *p.peer_model_args,
@@ -522,7 +541,7 @@ def agreement(p: Prepared, variant: str, rows: list[dict], peer_rows: list[dict]
     if peer is None or peer_rows is None:
         return {"peer": peer, "reason": "no peer run"}
     method = p.methods[variant]
-    if method not in ("none", "truncate"):
+    if not p.same_context[variant]:
         return {"peer": peer, "reason": f"{method} reads another context than the peer (the whole document)"}
     theirs = {r["request_id"]: r for r in peer_rows}
     pairs = [(r, theirs[r["request_id"]]) for r in rows if r["error"] is None and r["request_id"] in theirs]

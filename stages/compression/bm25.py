@@ -11,7 +11,7 @@ embedder, no GPU: it runs as its own CPU actor pool before generate.
 Contract: ``bm25_scores(chunks, query_ids, k1, b)`` -> one score per chunk (>= 0);
 ``bm25_result(doc_ids, query_ids, ...)`` -> a ``RagResult`` whose ``context_ids`` are
 exactly ``min(target_tokens, len(doc))`` ids, a subsequence of ``doc_ids``, with the
-retrieval figures (``bm25_context``: the ids alone). The stage ranks against the
+retrieval figures. The stage ranks against the
 question (qa), else the instruction (``rag_query``), tokenized without special tokens,
 and adds the context columns and the retrieval figures rag adds, BM25 scores in place
 of cosine similarities (no embedder: ``embedder_truncated_chunks`` is not among them,
@@ -77,10 +77,6 @@ def bm25_result(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Co
         return RagResult(list(doc_ids), [(0, len(doc_ids))])
     chunks = split_chunks(doc_ids, config.chunk_tokens)
     return scored_result(chunks, bm25_scores(chunks, query_ids, config.k1, config.b), config.target_tokens)
-
-
-def bm25_context(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> list[int]:
-    return bm25_result(doc_ids, query_ids, config).context_ids
 
 
 class Bm25Stage:

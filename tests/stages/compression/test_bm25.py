@@ -12,7 +12,6 @@ from schemas.loading import spec_from_dict
 from stages.compression.bm25 import (
     Bm25Compression,
     Bm25Stage,
-    bm25_context,
     bm25_result,
     bm25_scores,
 )
@@ -34,7 +33,7 @@ def test_scores_follow_bm25() -> None:
 @pytest.mark.parametrize("target", [1, 5, 17, 40, 100])
 def test_exact_budget_in_document_order(target: int) -> None:
     doc = list(range(10, 70))
-    out = bm25_context(doc, [15, 42, 43], Bm25Compression(target_tokens=target, chunk_tokens=8))
+    out = bm25_result(doc, [15, 42, 43], Bm25Compression(target_tokens=target, chunk_tokens=8)).context_ids
     assert len(out) == min(target, len(doc)) and out == sorted(out)
     if target >= 16:
         assert {15, 42, 43} <= set(out)
