@@ -6,7 +6,7 @@ under the PSF License Agreement (the docs' own "Copyright"/"History and License"
 Converted to text with ``pipeline.corpus.rst`` (the converter the project corpus uses).
 
 Excluded: every page of ``pipeline.corpus.build.SOURCES`` (that is every document of
-jobs/corpus and therefore of jobs/eval/qa-eval.jsonl, which is built from it) and every id in
+jobs/corpus and therefore of jobs/eval/qa-tuning.jsonl, which is built from it) and every id in
 jobs/eval/*.jsonl, compared both by page id and by source path. A few further pages are held
 out of training for the NLL check (``HELDOUT``). Pages shorter than ``MIN_CHARS`` are skipped.
 

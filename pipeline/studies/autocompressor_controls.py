@@ -37,7 +37,7 @@ from stages.prompting import PromptParts
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
+    ap.add_argument("--eval-set", default="jobs/eval/qa-tuning.jsonl")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--continuation", type=int, default=128)
     ap.add_argument("--segment-tokens", type=int, default=1024)

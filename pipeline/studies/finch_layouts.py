@@ -25,7 +25,7 @@ several ways, each prefilled with the pipeline's prompt and answered greedily (3
 
 A row is correct when the normalised reference occurs in the answer (``contains``, as in
 ``longdoc eval``); ``*_ev`` says whether it occurs in the kept text itself (evidence recall).
-Question sets: ``eval`` = jobs/eval/qa-eval.jsonl (40), ``sample`` = jobs/sample-qa.jsonl (24
+Question sets: ``eval`` = jobs/eval/qa-tuning.jsonl (40), ``sample`` = jobs/sample-qa.jsonl (24
 native questions on 8 other documents: a held-out check), ``needles`` = the eval's 24 needle
 facts inserted at depths 0.2/0.5/0.8 into the 8 sample documents (held-out haystacks).
 
@@ -64,7 +64,7 @@ VARIANTS = ("doc", "rel", "share", "max", "share_rel", "max_rel", "max_best_last
 PASSAGE_TOKENS = 128
 
 
-EVAL_SET = "jobs/eval/qa-eval.jsonl"
+EVAL_SET = "jobs/eval/qa-tuning.jsonl"
 SAMPLE_SET = "jobs/sample-qa.jsonl"
 
 

@@ -1,6 +1,6 @@
 """Needle QA at one budget: Finch scorings and modes vs RAG vs truncation (focused, one process).
 
-The inserted-fact questions of jobs/eval/qa-eval.jsonl (kind == inserted), ordered by
+The inserted-fact questions of jobs/eval/qa-tuning.jsonl (kind == inserted), ordered by
 question index then document (so the first 8 cover all 8 documents), the first
 ``--limit`` of them. Each method compresses the document to ``--target`` tokens, the
 embedded model answers greedily (``--max-new-tokens``), and a row is correct when the
@@ -27,7 +27,7 @@ import torch
 
 from pipeline.eval.metrics import score
 from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-from stages.compression.finch import FinchCompression
+from stages.compression.finch import FinchCompression, prompt_similarity
 from stages.compression.rag import load_embedder, rag_contexts
 from stages.compression.truncate import truncate_ids
 from stages.decoding.config import DecodeConfig, eos_ids_of
@@ -61,7 +61,7 @@ def questions(path: str, limit: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="finch-paper,finch-heads-kv,finch-heads-ee,rag,truncate")
-    ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
+    ap.add_argument("--eval-set", default="jobs/eval/qa-tuning.jsonl")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--target", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=512)
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bounds = sentence_boundaries(tok)
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=eos_ids_of(tok, model.generation_config))
     embedder = None
+    similarities: dict[str, object] = {}
     results = []
     for method in methods:
         for q in questions(args.eval_set, args.limit):
@@ -88,8 +89,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if method in FINCH:
                 cfg = FinchCompression(target_tokens=args.target, chunk_tokens=args.chunk,
                                        **FINCH[method]).resolved("qa")
+                if cfg.evidence not in similarities:  # fused evidence: the embedder, loaded once
+                    similarities[cfg.evidence] = prompt_similarity(cfg, tok, model.device)
                 state = finch_prefill(model, [builder.build(doc, DEFAULT_QA_INSTRUCTION, q["q"])], cfg, pad,
-                                      boundaries=bounds).state
+                                      boundaries=bounds, similarity=similarities[cfg.evidence]).state
             else:
                 if method == "rag":
                     embedder = embedder or load_embedder(args.embedder)

@@ -5,7 +5,7 @@ rag keeps (pipeline.eval.metrics.contains on the decoded context: normalised sub
 Rows: auto chunk sizes (``chunk_tokens`` null at several window fractions) and fixed
 ``chunk_tokens``; columns: budgets. Also the mean chunk size and chunks the embedder cut.
 
-    OMP_NUM_THREADS=2 .venv/bin/python -m pipeline.studies.rag_chunk_recall [--eval-set jobs/eval/qa-eval.jsonl]
+    OMP_NUM_THREADS=2 .venv/bin/python -m pipeline.studies.rag_chunk_recall [--eval-set jobs/eval/qa-tuning.jsonl]
 
 Results: jobs/results/rag_chunk_recall.md (chose ``chunk_tokens: auto``, 0.5 of the window).
 """
@@ -52,7 +52,7 @@ class CachedEmbedder:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--eval-set", default="jobs/eval/qa-eval.jsonl")
+    ap.add_argument("--eval-set", default="jobs/eval/qa-tuning.jsonl")
     ap.add_argument("--model", default=EMBEDDED_MODEL, help="whose tokens the budgets count")
     ap.add_argument("--embedder", default=EMBEDDED_EMBEDDER)
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
