@@ -140,6 +140,7 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "_runs" / DATE / f"{RUN_ID}.json").read_text())["summary"]
 
 
+@pytest.mark.slow  # a driver crash, two actor kills and a healing rerun on a real Ray head: minutes
 def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_model_dir):
     spec = _spec(tmp_path, tiny_model_dir)
     out = tmp_path / "out"
