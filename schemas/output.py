@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from schemas.spec import JobSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -109,12 +109,12 @@ class OutputRow(TypedDict):
     decode_steps: Annotated[int | None, Column("Target-model forward passes after prefill that this row took part in.")]
     mean_accepted_per_step: Annotated[float | None, Column("output_tokens / (decode_steps + 1): tokens emitted per forward pass, prefill's first token included.")]
     compress_s: Annotated[float | None, Column("Seconds spent compressing the context (text stage, or Finch/AutoCompressor prefill minus the final prompt pass).")]
-    prefill_s: Annotated[float | None, Column("Seconds of the prefill that produced the first token, for the batch this row was in.")]
-    ttft_s: Annotated[float | None, Column("Seconds from the start of this row's batch to its first generated token.")]
+    prefill_s: Annotated[float | None, Column("Seconds of this row's prefill in the generate actor's engine (a method prefill of several rows split evenly over them).")]
+    ttft_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to its first generated token (queue_s and prefill included).")]
     decode_s: Annotated[float | None, Column("Seconds from the first generated token to this row's last one.")]
-    e2e_s: Annotated[float | None, Column("compress_s + seconds from the start of its batch to this row's completion.")]
+    e2e_s: Annotated[float | None, Column("Text compression seconds (rag, bm25) + ttft_s + decode_s.")]
     device: Annotated[str | None, Column("cpu | cuda:<name> of the generate actor.")]
-    device_s: Annotated[float | None, Column("This row's share of its actor's busy time: batch wall time / rows in the batch.")]
+    device_s: Annotated[float | None, Column("This row's share of its actor's device time: its prefill plus each decode step's time divided by the rows in that step.")]
     cost_usd: Annotated[float | None, Column("device_s * cost.usd_per_device_hour / 3600.")]
     error: Annotated[str | None, Column("Null on success; otherwise a readable message naming the stage and the problem.")]
     # --- version 2 (columns are only appended; see the module docstring) ---
@@ -126,6 +126,9 @@ class OutputRow(TypedDict):
     retrieval_top_score: Annotated[float | None, Column("Best chunk score: cosine similarity to the query (rag) or BM25 (bm25); null when nothing was ranked.")]
     retrieval_mean_score: Annotated[float | None, Column("Mean score of the kept chunks (as retrieval_top_score); null when nothing was ranked.")]
     embedder_truncated_chunks: Annotated[int | None, Column("rag: ranked chunks longer than the embedder's window (max_seq_length word pieces), scored on their head only; 0 with the default chunk_tokens (auto).")]
+    # --- version 4: the engine's waits ---
+    queue_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to the start of its prefill (waiting for a slot or KV memory).")]
+    stall_s: Annotated[float | None, Column("Seconds this row, while decoding, waited for other rows' prefill (newcomers' prompts are prefilled in chunks between decode steps; this is what remains).")]
 
 
 _DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}

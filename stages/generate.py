@@ -230,6 +230,8 @@ class GenerateStage:
             ttft_s=res.ttft_s,
             decode_s=res.decode_s,
             e2e_s=text_compress_s + res.ttft_s + res.decode_s,
+            queue_s=res.queue_s,
+            stall_s=res.stall_s,
             **{c: row.get(c) for c in self._carried},
         )
 

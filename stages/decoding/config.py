@@ -79,6 +79,7 @@ class RowResult:
     ttft_s: float = 0.0  # from the request's arrival at the engine to its first token
     decode_s: float = 0.0  # from first token to last token
     queue_s: float = 0.0  # from arrival to the start of its prefill (waiting for memory)
+    stall_s: float = 0.0  # while decoding, time spent on other rows' prefill (it waited)
     prefill_s: float = 0.0  # its prefill (a group prefill's time split evenly over the group)
     compress_s: float = 0.0  # of the prefill, what the method reports as compression
     context_tokens: int | None = None  # document-derived entries the model conditions on

@@ -418,6 +418,8 @@ class Engine:
         self.stats.prefill_s += spent
         if self.active:
             self.stats.stall_s += spent
+            for waiting_row in self.active:
+                waiting_row.result.stall_s += spent
         for row in rows:
             row.result.prefill_s += spent / len(rows)
             row.result.device_s += spent / len(rows)

@@ -179,6 +179,12 @@ def test_a_methods_prefill_with_holes_and_decode_steps_between_its_chunks(tiny_m
     assert calls  # the engine was offered its decode steps between the method's chunks
     if group_rows == 1:  # rows decoded while newcomers prefilled (a group of 3 fills every slot)
         assert eng.stats.stall_s > 0
+        # each stalled second is charged to the rows that waited; the first row admitted
+        # waited for the others' prefills, the last one for nobody's
+        assert out[0].result.stall_s > 0 and out[-1].result.stall_s == 0
+        assert max(o.result.stall_s for o in out) <= eng.stats.stall_s + 1e-9
+    else:
+        assert eng.stats.stall_s == 0 and all(o.result.stall_s == 0 for o in out)
     assert [o.result.context_tokens for o in out] == state.context_tokens
     assert all(o.result.compress_s == 0.01 for o in out)
 
