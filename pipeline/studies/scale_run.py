@@ -1,0 +1,536 @@
+"""A whole `longdoc run` at scale on this machine: driver memory, overhead per row, kill + rerun.
+
+Writes N small deterministic documents (JSONL files of ``--docs-per-file`` documents, a
+few hundred tokens each) and a summarize spec on ``random:tiny`` (a few M random
+weights: model time is small, so what a row costs is mostly the pipeline's own work),
+then runs the real CLI, ``longdoc run SPEC --date D``, as a subprocess twice:
+
+1. **Full run.** Wall time of the command (Python imports, embedded Ray start, model
+   load included) and rows/s; the driver's peak resident memory (``VmHWM`` of
+   ``/proc/<pid>/status``, the kernel's own high-water mark, read every ``--poll-s``)
+   and the whole process tree's peak (driver + embedded Ray's GCS, raylet and workers:
+   the sum of their ``VmRSS`` per poll, so a sampled peak); the generate actors' busy
+   seconds (the rows' ``device_s``: batch wall time / rows) to separate model time
+   from pipeline overhead; the steady rate between the first and the last staged block.
+2. **Kill + rerun.** A fresh output folder; the same command is started, and once the
+   staged files (``{out}/_staging/D/{run_id}/*.staged``, one per generate batch) hold
+   ``--kill-at`` of the rows, the driver's process group is SIGKILLed (an event: files
+   are polled, nothing waits on a timer). Ray processes still alive afterwards are
+   reported (and left running: the rerun must work beside them), then the same
+   command runs again. Checked from the Parquet files: every request exactly once, no
+   error, the rerun's ``skipped`` (its run record under ``{out}/_runs/D/``) equal to
+   the rows written before it, and each of those rows still carrying the killed run's
+   ``run_id`` (``redone`` counts the ones that do not: must be 0).
+
+Prints a Markdown table and writes ``scale_run.json`` and ``scale_run.md`` (figures,
+commands, date, commit, machine) under ``--out``; the work files (corpus, spec, outputs,
+logs) go under ``--out``/work unless ``--work`` says elsewhere. Linux only (``/proc``).
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.scale_run --docs 10000 --out jobs/results/scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+
+DATE = "2026-01-31"
+#: Words the synthetic documents are drawn from: plain English, so the real tokenizer
+#: gives ~1.2 tokens per word, as it would on a prose corpus.
+WORDS = (
+    "the river city report council budget north south winter summer bridge harbour "
+    "market station school museum library road railway ferry island valley mountain "
+    "lake forest village festival season traffic weather energy water power plant "
+    "hospital garden street tower castle church square park museum archive census "
+    "committee minutes approved rejected increased reduced opened closed built moved "
+    "during after before between across along under over because although while and "
+    "of to in on for with by from at as is was were has had will would could should"
+).split()
+KILL_GRACE_S = 30.0  # how long the killed driver may take to be reaped
+
+
+# ----------------------------------------------------------------------------- inputs
+def document_text(i: int, words: int) -> str:
+    """Document ``i``: ``words`` words drawn with seed ``i`` (the same text on every run)."""
+    rng = random.Random(i)
+    sentences, n = [], 0
+    while n < words:
+        k = min(rng.randint(8, 16), words - n)
+        s = " ".join(rng.choice(WORDS) for _ in range(k))
+        sentences.append(f"Document {i}: {s}." if not sentences else s.capitalize() + ".")
+        n += k
+    return " ".join(sentences)
+
+
+def write_corpus(folder: Path, n_docs: int, words: int, docs_per_file: int) -> list[Path]:
+    """JSONL files ``part-NNNNN.jsonl`` of ``{"id", "text"}`` lines, ``docs_per_file`` each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for start in range(0, n_docs, docs_per_file):
+        path = folder / f"part-{start // docs_per_file:05d}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for i in range(start, min(start + docs_per_file, n_docs)):
+                f.write(json.dumps({"id": f"doc-{i:06d}", "text": document_text(i, words)}) + "\n")
+        files.append(path)
+    return files
+
+
+def spec_dict(corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The job: summarize each document with random:tiny; resources as the sample job's
+    (jobs/sample-summarize.yaml: one actor of 2 CPUs, no GPU) unless overridden."""
+    resources: dict[str, Any] = {"actors": args.actors, "num_cpus": args.num_cpus, "num_gpus": 0}
+    if args.batch_size is not None:
+        resources["batch_size"] = args.batch_size
+    return {
+        "name": "scale",
+        "input": {"uri": str(corpus), "format": "jsonl"},
+        "task": {"kind": "summarize"},
+        "compression": {"method": "truncate", "target_tokens": args.target_tokens, "keep": "head"},
+        "generation": {"model": "random:tiny", "max_new_tokens": args.max_new_tokens, "temperature": 0.0},
+        "resources": resources,
+        "output": {"uri": "out/{job}"},  # each run sets its own with --set output.uri=...
+    }
+
+
+# ----------------------------------------------------------------------------- /proc
+def _status_kb(pid: int, key: str) -> int | None:
+    """A ``kB`` field of /proc/<pid>/status (VmHWM, VmRSS), None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, else None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            rest = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces and ')'
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        return None
+    if rest[0] == "Z":
+        return None  # a zombie holds no memory and runs nothing
+    return int(rest[1]), int(rest[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid -> start time of ``root`` and every live process below it (one /proc scan)."""
+    parent: dict[int, int] = {}
+    started: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                parent[int(entry)], started[int(entry)] = st
+    tree, frontier = {}, [root]
+    while frontier:
+        pid = frontier.pop()
+        if pid in started and pid not in tree:
+            tree[pid] = started[pid]
+            frontier.extend(c for c, p in parent.items() if p == pid)
+    return tree
+
+
+def still_alive(procs: dict[int, int]) -> dict[int, int]:
+    """The processes of ``procs`` (pid -> start time) alive now (same pid, same start)."""
+    out = {}
+    for pid, start in procs.items():
+        st = _stat(pid)
+        if st is not None and st[1] == start:
+            out[pid] = start
+    return out
+
+
+@dataclass
+class Watch:
+    """Polls a driver process, its process tree and its staged files until it exits.
+
+    Figures (kB, seconds since ``t0``): ``driver_hwm_kb`` (the kernel's high-water mark
+    of the driver), ``tree_peak_kb`` (the largest per-poll sum of VmRSS over the tree),
+    ``tree_procs`` (every process seen in the tree: pid -> start time), the staged rows
+    seen over time (``first_rows_t``, ``last_rows_t``, ``staged_rows``), and when the
+    processes of ``lingering`` (an earlier run's, pid -> start time) were all gone
+    (``lingering_gone_s``).
+    """
+
+    pid: int
+    staging: Path
+    interval_s: float
+    t0: float
+    driver_hwm_kb: int = 0
+    tree_peak_kb: int = 0
+    tree_max_procs: int = 0
+    tree_procs: dict[int, int] = field(default_factory=dict)
+    staged_rows: int = 0
+    first_rows_t: float | None = None
+    last_rows_t: float | None = None
+    first_rows: int = 0
+    lingering: dict[int, int] = field(default_factory=dict)
+    lingering_gone_s: float | None = None
+    _rows_per_file: dict[Path, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def poll(self) -> None:
+        hwm = _status_kb(self.pid, "VmHWM")
+        if hwm is not None:
+            self.driver_hwm_kb = max(self.driver_hwm_kb, hwm)
+        tree = descendants(self.pid)
+        self.tree_procs.update(tree)
+        total = sum(_status_kb(p, "VmRSS") or 0 for p in tree)
+        self.tree_peak_kb = max(self.tree_peak_kb, total)
+        self.tree_max_procs = max(self.tree_max_procs, len(tree))
+        self.staged_rows = self.count_staged()
+        if self.lingering:
+            self.lingering = still_alive(self.lingering)
+            if not self.lingering:
+                self.lingering_gone_s = time.monotonic() - self.t0
+
+    def count_staged(self) -> int:
+        """Rows in the staged files now (each file's row count read once, from its footer)."""
+        now = time.monotonic() - self.t0
+        for path in self.staging.glob("*/*.staged"):
+            if path not in self._rows_per_file:
+                try:
+                    self._rows_per_file[path] = pq.read_metadata(path).num_rows
+                except (FileNotFoundError, OSError):
+                    continue  # published and removed by the end-of-run commit meanwhile
+        rows = sum(self._rows_per_file.values())
+        if rows and self.first_rows_t is None:
+            self.first_rows_t, self.first_rows = now, rows
+        if rows > self.staged_rows:
+            self.last_rows_t = now
+        return rows
+
+    def until(self, proc: subprocess.Popen, rows: int | None = None) -> bool:
+        """Poll until ``proc`` exits (False) or, when ``rows`` is given, until the staged
+        files hold at least that many rows (True)."""
+        while proc.poll() is None:
+            self.poll()
+            if rows is not None and self.staged_rows >= rows:
+                return True
+            self._stop.wait(self.interval_s)
+        return False
+
+
+# ----------------------------------------------------------------------------- runs
+def longdoc_command(spec: Path, date: str, out: Path) -> list[str]:
+    exe = Path(sys.executable).with_name("longdoc")
+    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
+    return [*head, "run", str(spec), "--date", date, "--set", f"output.uri={out}"]
+
+
+def start(cmd: list[str], log: Path, ray_tmp: Path) -> subprocess.Popen:
+    """The driver in a session (process group) of its own; an embedded Ray of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_TMPDIR"] = str(ray_tmp)  # every Ray file of this run under one folder
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with log.open("w") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:]
+
+
+def rows_of(out: Path, date: str, columns: list[str]) -> list[dict]:
+    """Rows written for ``date``, published and staged (the staged may repeat a published one)."""
+    files = sorted((out / f"run_date={date}").glob("*.parquet")) + sorted((out / "_staging" / date).glob("*/*.staged"))
+    return [r for f in files for r in pq.read_table(f, columns=columns).to_pylist()]
+
+
+def run_records(out: Path, date: str) -> list[dict]:
+    return [json.loads(p.read_text())["summary"] for p in sorted((out / "_runs" / date).glob("*.json"))]
+
+
+def full_run(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run 1: the whole job once, watched."""
+    out = work / "full" / "out"
+    shutil.rmtree(out.parent, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = longdoc_command(spec, args.date, out)
+    with tempfile.TemporaryDirectory(prefix="ldscale-") as ray_tmp:  # short: Ray's socket paths
+        t0 = time.monotonic()
+        proc = start(cmd, work / "full" / "run.log", Path(ray_tmp))
+        watch = Watch(proc.pid, out / "_staging" / args.date, args.poll_s, t0)
+        watch.until(proc)
+        wall = time.monotonic() - t0
+        left = still_alive(watch.tree_procs)
+        _end(left)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run 1 exited {proc.returncode}:\n{_tail(work / 'full' / 'run.log')}")
+    cols = ["request_id", "error", "device_s", "e2e_s", "compress_s", "prefill_s", "decode_s", "output_tokens"]
+    rows = rows_of(out, args.date, cols)
+    (record,) = run_records(out, args.date)
+    n = len(rows)
+    busy = sum(r["device_s"] or 0.0 for r in rows)
+    steady = None
+    if watch.first_rows_t is not None and watch.last_rows_t and watch.last_rows_t > watch.first_rows_t:
+        steady = (watch.staged_rows - watch.first_rows) / (watch.last_rows_t - watch.first_rows_t)
+    return {
+        "command": " ".join(cmd),
+        "exit_code": proc.returncode,
+        "rows": n,
+        "unique_requests": len({r["request_id"] for r in rows}),
+        "errors": sum(r["error"] is not None for r in rows),
+        "wall_s": wall,
+        "run_wall_s": record.get("wall_s"),  # from Ray up to the run record (no imports, no Ray start)
+        "rows_per_s": n / wall if wall else None,
+        "overhead_ms_per_row": 1000 * wall / n if n else None,
+        "first_block_s": watch.first_rows_t,
+        "last_block_s": watch.last_rows_t,
+        "steady_rows_per_s": steady,
+        "generate_busy_s": busy,
+        "generate_ms_per_row": 1000 * busy / n if n else None,
+        # Wall time no generate actor was busy, per row (one actor: wall - busy).
+        "non_generate_ms_per_row": 1000 * (wall - busy / args.actors) / n if n else None,
+        "mean_e2e_s": sum(r["e2e_s"] or 0.0 for r in rows) / n if n else None,
+        "mean_output_tokens": sum(r["output_tokens"] or 0 for r in rows) / n if n else None,
+        "driver_peak_rss_mb": watch.driver_hwm_kb / 1024,
+        "tree_peak_rss_mb": watch.tree_peak_kb / 1024,
+        "tree_max_processes": watch.tree_max_procs,
+        "left_running_after_exit": len(left),
+        "staged_blocks": record.get("staged_blocks"),
+        "files_written": record.get("files_written"),
+    }
+
+
+def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Run 2: kill the driver at ``--kill-at`` of the rows, then the same command again."""
+    out = work / "kill" / "out"
+    shutil.rmtree(out.parent, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = longdoc_command(spec, args.date, out)
+    target = max(1, math.ceil(args.kill_at * args.docs))
+    staging = out / "_staging" / args.date
+    with tempfile.TemporaryDirectory(prefix="ldscale-") as tmp_a, tempfile.TemporaryDirectory(prefix="ldscale-") as tmp_b:
+        t0 = time.monotonic()
+        proc = start(cmd, work / "kill" / "killed.log", Path(tmp_a))
+        watch = Watch(proc.pid, staging, args.poll_s, t0)
+        if not watch.until(proc, rows=target):
+            raise RuntimeError(f"the run ended (exit {proc.returncode}) before {target} rows were staged: "
+                               f"nothing to kill; use more --docs\n{_tail(work / 'kill' / 'killed.log')}")
+        watch.tree_procs.update(descendants(proc.pid))
+        os.killpg(proc.pid, signal.SIGKILL)
+        kill_s = time.monotonic() - t0
+        proc.wait(timeout=KILL_GRACE_S)
+        rows_at_kill = watch.staged_rows
+        left_after_kill = still_alive(watch.tree_procs)
+        left_names = sorted(Counter(map(_comm, left_after_kill)).items())  # now: they may exit soon
+        killed_run_ids = sorted(p.name for p in staging.iterdir() if p.is_dir())
+        # What the rerun will find: every row on disk now (stragglers of the killed run
+        # included, if any survived it).
+        before = {r["request_id"]: r["run_id"] for r in rows_of(out, args.date, ["request_id", "run_id"])}
+        t1 = time.monotonic()
+        rerun = start(cmd, work / "kill" / "rerun.log", Path(tmp_b))
+        watch2 = Watch(rerun.pid, staging, args.poll_s, t1, lingering=dict(left_after_kill))
+        watch2.until(rerun)
+        rerun_s = time.monotonic() - t1
+        left_after_rerun = still_alive({**left_after_kill, **watch2.tree_procs})
+        _end(left_after_rerun)
+    if rerun.returncode != 0:
+        raise RuntimeError(f"the rerun exited {rerun.returncode}:\n{_tail(work / 'kill' / 'rerun.log')}")
+    final = rows_of(out, args.date, ["request_id", "run_id", "error"])
+    ids = [r["request_id"] for r in final]
+    final_run_id = {r["request_id"]: r["run_id"] for r in final}
+    (record,) = run_records(out, args.date)
+    kept = sum(final_run_id.get(rid) == run_id for rid, run_id in before.items())
+    return {
+        "command": " ".join(cmd),
+        "kill_target_rows": target,
+        "killed_after_s": kill_s,
+        "rows_at_kill": rows_at_kill,
+        "killed_run_ids": killed_run_ids,
+        "ray_processes_left_after_kill": len(left_after_kill),
+        "left_after_kill_names": left_names,
+        # Seconds into the rerun when the last of them had exited by itself (None: never).
+        "left_after_kill_gone_s": watch2.lingering_gone_s if left_after_kill else 0.0,
+        "rows_before_rerun": len(before),
+        "rerun_exit_code": rerun.returncode,
+        "rerun_s": rerun_s,
+        "rerun_run_id": record.get("run_id"),
+        "rerun_skipped": record.get("skipped"),
+        "rerun_rows": record.get("rows"),
+        "rerun_status": record.get("status"),
+        "kept_original_run_id": kept,
+        "redone": len(before) - kept,
+        "final_rows": len(ids),
+        "final_unique_requests": len(set(ids)),
+        "final_errors": sum(r["error"] is not None for r in final),
+        "staged_left": len(list(staging.glob("*/*.staged"))) if staging.exists() else 0,
+        "ray_processes_left_after_rerun": len(left_after_rerun),
+    }
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _end(procs: dict[int, int]) -> None:
+    """SIGKILL processes this tool started that outlived their run (by pid, same start time)."""
+    for pid in still_alive(procs):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ----------------------------------------------------------------------------- report
+def machine() -> dict[str, Any]:
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor())
+    mem_kb = _status_kb_meminfo("MemTotal")
+    return {"host": platform.node(), "cpu": model, "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)), "mem_gb": round(mem_kb / 2**20, 1) if mem_kb else None,
+            "python": platform.python_version(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def _status_kb_meminfo(key: str) -> int | None:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    full, kill, m = res.get("full_run"), res.get("kill_rerun"), res["machine"]
+    lines = [
+        f"# `longdoc run` at scale: {res['docs']} documents, random:tiny",
+        "",
+        f"{res['measured_at']}, commit {res['commit']}, {m['cpu']} ({m['usable_cpus']} usable of {m['cpus']} "
+        f"CPUs, {m['mem_gb']} GB, OMP_NUM_THREADS={m['omp_num_threads']}), Python {m['python']}. "
+        f"~{res['words_per_doc']} words a document, max_new_tokens {res['max_new_tokens']}, "
+        f"batch_size {res['batch_size'] or 'default'}, {res['actors']} actor(s).",
+        "",
+        f"    {res['command']}",
+    ]
+    if full:
+        lines += [
+            "",
+            "| run 1: whole job | value |",
+            "|---|---|",
+            f"| rows (unique requests, errors) | {full['rows']} ({full['unique_requests']}, {full['errors']}) |",
+            f"| wall time of `longdoc run` (s) | {_f(full['wall_s'])} |",
+            f"| of which the run itself, Ray up (run record `wall_s`) | {_f(full['run_wall_s'])} |",
+            f"| rows/s (whole command) | {_f(full['rows_per_s'], 2)} |",
+            f"| steady rows/s (first to last staged block) | {_f(full['steady_rows_per_s'], 2)} |",
+            f"| wall time per row (ms) | {_f(full['overhead_ms_per_row'])} |",
+            f"| generate actor busy per row (ms, rows' `device_s`) | {_f(full['generate_ms_per_row'])} |",
+            f"| wall time per row outside the generate actor (ms) | {_f(full['non_generate_ms_per_row'])} |",
+            f"| first block staged after (s) | {_f(full['first_block_s'])} |",
+            f"| driver peak RSS (MB, VmHWM) | {_f(full['driver_peak_rss_mb'])} |",
+            f"| process tree peak RSS (MB, sampled sum) | {_f(full['tree_peak_rss_mb'])} |",
+            f"| processes in the tree (max) | {full['tree_max_processes']} |",
+            f"| staged blocks, files published | {full['staged_blocks']}, {full['files_written']} |",
+        ]
+    if kill:
+        lines += [
+            "",
+            f"| run 2: SIGKILL of the driver's process group at {res['kill_at']:.0%}, then the same command | value |",
+            "|---|---|",
+            f"| rows staged when killed (target) | {kill['rows_at_kill']} ({kill['kill_target_rows']}) |",
+            f"| killed after (s) | {_f(kill['killed_after_s'])} |",
+            f"| Ray processes alive after the kill | {kill['ray_processes_left_after_kill']} "
+            f"({', '.join(f'{n} x{c}' for n, c in kill['left_after_kill_names']) or 'none'}) |",
+            f"| ... all gone by themselves after (s into the rerun) | {_f(kill['left_after_kill_gone_s'])} |",
+            f"| rows on disk before the rerun | {kill['rows_before_rerun']} |",
+            f"| rerun: skipped, written, status | {kill['rerun_skipped']}, {kill['rerun_rows']}, {kill['rerun_status']} |",
+            f"| rows kept with the killed run's run_id | {kill['kept_original_run_id']} |",
+            f"| **redone** (must be 0) | {kill['redone']} |",
+            f"| final rows, unique requests, errors | {kill['final_rows']}, {kill['final_unique_requests']}, "
+            f"{kill['final_errors']} |",
+            f"| rerun wall time (s) | {_f(kill['rerun_s'])} |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=10000, help="documents (one request each)")
+    ap.add_argument("--out", required=True, help="folder for scale_run.json and scale_run.md")
+    ap.add_argument("--work", default=None, help="corpus, spec, outputs and logs (default: OUT/work)")
+    ap.add_argument("--date", default=DATE, help="the run date of both runs")
+    ap.add_argument("--words", type=int, default=250, help="words a document (~1.2 tokens each)")
+    ap.add_argument("--docs-per-file", type=int, default=1000, help="documents per input JSONL file")
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--target-tokens", type=int, default=256, help="truncate budget")
+    ap.add_argument("--batch-size", type=int, default=None, help="resources.batch_size (default: the spec's)")
+    ap.add_argument("--actors", type=int, default=1)
+    ap.add_argument("--num-cpus", type=float, default=2, help="CPUs per generate actor (the sample job's 2)")
+    ap.add_argument("--kill-at", type=float, default=0.5, help="fraction of the rows staged when the driver is killed")
+    ap.add_argument("--runs", default="full,kill", help="which runs: full (run 1), kill (run 2), or both")
+    ap.add_argument("--poll-s", type=float, default=0.2, help="seconds between polls of /proc and the staged files")
+    args = ap.parse_args(argv)
+    runs = set(args.runs.split(","))
+    if args.docs < 2 or not 0.0 < args.kill_at < 1.0 or not runs or runs - {"full", "kill"}:
+        ap.error("--docs must be >= 2, --kill-at in (0, 1), --runs one or both of full,kill")
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / "corpus"
+    shutil.rmtree(corpus, ignore_errors=True)
+    write_corpus(corpus, args.docs, args.words, args.docs_per_file)
+    spec = work / "scale.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(corpus, args), sort_keys=False))
+    res: dict[str, Any] = {
+        "docs": args.docs, "words_per_doc": args.words, "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size, "actors": args.actors, "kill_at": args.kill_at, "date": args.date,
+        "command": " ".join([Path(sys.executable).name, "-m", "pipeline.studies.scale_run",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(), "machine": machine(),
+    }
+    if "full" in runs:
+        res["full_run"] = full_run(spec, work, args)
+    if "kill" in runs:
+        res["kill_rerun"] = kill_and_rerun(spec, work, args)
+    text = markdown(res)
+    print(text)
+    (out / "scale_run.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "scale_run.md").write_text(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()

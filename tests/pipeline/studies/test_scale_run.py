@@ -1,0 +1,70 @@
+"""pipeline/studies/scale_run.py on 40 documents, through the real `longdoc run` CLI on an
+embedded Ray: a whole run measured (one driver start, ~20 s of CPU; it says why it needs
+more than ~30 s: the embedded Ray and the model start in the subprocess), and, marked
+slow (two more driver starts, minutes on a shared machine), a driver SIGKILLed at half
+its rows and the same command rerun, which must redo nothing already written."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.studies.scale_run import DATE, document_text, main
+
+N_DOCS = 40
+ARGS = ["--docs", str(N_DOCS), "--docs-per-file", "10", "--batch-size", "2"]
+
+
+def test_documents_are_deterministic_and_a_few_hundred_tokens():
+    from stages.model_loading import load_tokenizer
+
+    assert document_text(3, 250) == document_text(3, 250) != document_text(4, 250)
+    n_tokens = len(load_tokenizer("random:tiny")(document_text(3, 250))["input_ids"])
+    assert 200 <= n_tokens <= 600, n_tokens
+
+
+def test_a_whole_run_is_measured(tmp_path, capsys):
+    res = main([*ARGS, "--out", str(tmp_path), "--runs", "full"])
+    full = res["full_run"]
+    assert "kill_rerun" not in res
+    assert full["exit_code"] == 0
+    assert full["rows"] == full["unique_requests"] == N_DOCS and full["errors"] == 0
+    assert full["rows_per_s"] == N_DOCS / full["wall_s"]
+    assert full["overhead_ms_per_row"] == pytest.approx(1000 * full["wall_s"] / N_DOCS)
+    assert 0 < full["generate_busy_s"] < full["wall_s"]  # the rows' device_s, summed
+    assert full["run_wall_s"] < full["wall_s"]  # the command also imports and starts Ray
+    assert full["driver_peak_rss_mb"] > 100  # Python, Ray and pyarrow live in the driver
+    assert full["tree_peak_rss_mb"] > full["driver_peak_rss_mb"]  # GCS, raylet and workers too
+    assert full["tree_max_processes"] >= 3
+    assert full["staged_blocks"] == N_DOCS // 2  # one staged file per generate batch of 2
+    assert 0 < full["first_block_s"] <= full["last_block_s"] < full["wall_s"]
+    saved = json.loads((tmp_path / "scale_run.json").read_text())
+    assert saved["full_run"]["rows"] == N_DOCS and saved["commit"] and saved["machine"]["cpus"]
+    assert "| rows/s (whole command) |" in capsys.readouterr().out
+    assert "| driver peak RSS (MB, VmHWM) |" in (tmp_path / "scale_run.md").read_text()
+
+
+@pytest.mark.slow  # two driver starts (the killed run and its rerun): minutes on a shared core
+def test_a_driver_killed_at_half_then_rerun_redoes_nothing(tmp_path):
+    res = main([*ARGS, "--out", str(tmp_path), "--runs", "kill"])
+    kill = res["kill_rerun"]
+    # Killed once half the rows were staged; the rerun skipped exactly what was on disk,
+    # redid none of it, and left every request exactly once without error.
+    assert kill["rows_at_kill"] >= kill["kill_target_rows"] == N_DOCS // 2
+    assert kill["rows_before_rerun"] < N_DOCS, "nothing was left to rerun"
+    assert len(kill["killed_run_ids"]) == 1 and kill["rerun_run_id"] not in kill["killed_run_ids"]
+    assert kill["rerun_exit_code"] == 0 and kill["rerun_status"] == "succeeded"
+    assert kill["rerun_skipped"] == kill["rows_before_rerun"]
+    assert kill["rerun_rows"] == N_DOCS - kill["rows_before_rerun"]
+    assert kill["redone"] == 0 and kill["kept_original_run_id"] == kill["rows_before_rerun"]
+    assert kill["final_rows"] == kill["final_unique_requests"] == N_DOCS and kill["final_errors"] == 0
+    assert kill["staged_left"] == 0
+
+    # The tool's claims, checked against the files it measured.
+    out = tmp_path / "work" / "kill" / "out"
+    rows = pq.read_table(out / f"run_date={DATE}", columns=["run_id"]).column("run_id").to_pylist()
+    assert {r: rows.count(r) for r in set(rows)} == {
+        kill["killed_run_ids"][0]: kill["rows_before_rerun"], kill["rerun_run_id"]: kill["rerun_rows"]}
+    assert "**redone** (must be 0) | 0 |" in (tmp_path / "scale_run.md").read_text()
