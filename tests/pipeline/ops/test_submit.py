@@ -79,6 +79,7 @@ def _job_spec(tmp_path: Path, model_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a real head with the Jobs API, a job submitted, waited for, resubmitted: ~2 min
 def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     spec = _job_spec(tmp_path, tiny_model_dir)
     common = ["--address", head.dashboard_url, "--date", DATE, "--set", f"generation.model={tiny_model_dir}"]

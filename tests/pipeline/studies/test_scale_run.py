@@ -25,6 +25,7 @@ def test_documents_are_deterministic_and_a_few_hundred_tokens():
     assert 200 <= n_tokens <= 600, n_tokens
 
 
+@pytest.mark.slow  # one whole longdoc run (embedded Ray, workers importing torch): over a minute
 def test_a_whole_run_is_measured(tmp_path, capsys):
     res = main([*ARGS, "--out", str(tmp_path), "--runs", "full"])
     full = res["full_run"]
