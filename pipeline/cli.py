@@ -95,17 +95,19 @@ def validate(
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
 
 
-def _check_local_input(job, spec_path: str) -> None:
-    """A local input (no {run_date}) is listed as `run` will list it: a folder without
-    files of the format, or one holding a FIFO or a device, is refused here too (exit 2).
-    Remote inputs are left to `run`: their credentials may exist only where it runs."""
+def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:
+    """A local input is listed as the runner will list it: a folder without files of the
+    format (a folder named ``x.jsonl``), or one holding a FIFO or a device, is refused
+    here (exit 2), before Ray's import. ``validate`` has no run date: an input with
+    {run_date} is then left to `run`, and so are remote inputs (their credentials may
+    exist only where the job runs)."""
     uri = job.input.uri
-    if "{" in uri or ("://" in uri and not uri.startswith("file://")):
+    if ("{" in uri and run_date is None) or ("://" in uri and not uri.startswith("file://")):
         return
-    from stages.read import list_shards
+    from stages.read import list_shards  # pyarrow and fsspec, not Ray
 
     try:
-        list_shards(job.input, "")
+        list_shards(job.input, run_date or "")
     except ValueError as e:
         typer.echo(f"job spec {spec_path} cannot run here:\n  - {e}", err=True)
         raise typer.Exit(2) from None
@@ -158,7 +160,9 @@ def run(
     from datetime import datetime, timezone
 
     # The runner's default date (today, UTC): a local input's {run_date} folder is checked too.
-    job = _load(spec, set_, run_date=date or datetime.now(timezone.utc).date().isoformat())
+    run_date = date or datetime.now(timezone.utc).date().isoformat()
+    job = _load(spec, set_, run_date=run_date)
+    _check_local_input(job, spec, run_date)
     from pipeline.report.summary import format_summary
     from pipeline.runner import run_job
 

@@ -214,11 +214,14 @@ def run_job(
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             watchdog.progress()
             ids = batch.column("request_id").to_pylist()
-            fresh = [i for i, rid in enumerate(ids) if rid not in seen_ids]
+            fresh = []
+            for i, rid in enumerate(ids):  # a repeat may sit in the same batch as its first
+                if rid not in seen_ids:
+                    seen_ids.add(rid)
+                    fresh.append(i)
             if len(fresh) < len(ids):  # an input row repeated exactly: one request, one row
                 duplicates += len(ids) - len(fresh)
                 batch = batch.take(fresh)
-            seen_ids.update(ids)
             parts.append(batch)
             done += batch.num_rows
             failed += batch.num_rows - batch.column("error").null_count

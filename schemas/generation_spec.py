@@ -120,6 +120,8 @@ class GenerationSpec(_Strict):
 # ----------------------------------------------------------------------------- resources
 #: The most actors a pool may have: far above a real cluster, below what overflows Ray.
 MAX_ACTORS = 10_000
+#: KV memory of one actor, in GiB: 64 TiB is far above any machine; 1e30 is a typo.
+MAX_KV_MEMORY_GB = 65536
 
 
 class ResourcesSpec(_Strict):
@@ -135,7 +137,7 @@ class ResourcesSpec(_Strict):
         "a number (1-256) fixes the slot count. Requests of several batches share the slots.",
     )
     kv_memory_gb: float | None = Field(
-        default=None, gt=0.0,
+        default=None, gt=0.0, le=MAX_KV_MEMORY_GB,
         description="KV cache memory per generate actor in GiB (overrides kv_memory_fraction).",
     )
     kv_memory_fraction: float | None = Field(

@@ -146,6 +146,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = parse_yaml(raw, name=f"--set {key}") if raw.strip() else ""
         except (yaml.YAMLError, SpecError) as e:
             raise SpecError(f"--set {shown(item)}: value is not valid YAML ({e})") from e
+        _refuse_list_index(item, parts, value, out)
         node = out
         for i, p in enumerate(parts[:-1]):
             nxt = node.get(p)
@@ -160,6 +161,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         node[parts[-1]] = value
     return out
+
+
+def _refuse_list_index(item: str, parts: list[str], value: Any, data: dict[str, Any]) -> None:
+    """SpecError for a key part that is a number (``resources.actors.1=8``): --set replaces
+    whole values, and a spec has no field named by digits. The message shows the whole
+    list to set instead, with the item replaced when the list is in the spec."""
+    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if index is None:
+        return
+    whole = ".".join(parts[:index])
+    if not whole:
+        raise SpecError(f"--set {shown(item)}: {parts[0]!r} is not a field; allowed: dotted.key=value with field names")
+    current: Any = data
+    for p in parts[:index]:
+        current = current.get(p) if isinstance(current, dict) else None
+    k = int(parts[index])
+    if isinstance(current, list) and k < len(current) and index == len(parts) - 1:
+        example = _flow([value if i == k else v for i, v in enumerate(current)])
+    else:
+        example = "'[FIRST, SECOND, ...]'"
+    now = "not in the spec (its default applies)" if current is None else f"now {shown(current)}"
+    raise SpecError(
+        f"--set {shown(item)}: {parts[index]!r} is a list position, and --set replaces whole values "
+        f"({whole} is {now}); allowed: set the whole list, e.g. --set {whole}={example}"
+    )
 
 
 def _flow(value: Any) -> str:

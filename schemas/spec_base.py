@@ -13,7 +13,9 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic.fields import FieldInfo
 
 from schemas.checks import FieldError, shown
 
@@ -101,7 +103,7 @@ class _Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _numbers_are_numbers(cls, data: Any) -> Any:
-        # Before pydantic's own parsing, which reads true as 1 and keeps 10**30 exact.
+        # Before pydantic's own parsing, which reads true (and YAML's yes/on) as 1.
         if not isinstance(data, dict):
             return data
         for name, info in cls.model_fields.items():
@@ -110,7 +112,27 @@ class _Strict(BaseModel):
             for path, value in _scalars(name, data[name]):
                 if isinstance(value, bool):
                     raise FieldError(path, f"got {shown(value)}; allowed: a number (true/false is not one)")
-                if isinstance(value, int) and abs(value) > INT64_MAX:
-                    big = repr(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
-                    raise FieldError(path, f"got {big}; allowed: at most {INT64_MAX} (64 bits)")
         return data
+
+    @model_validator(mode="after")
+    def _integers_fit_64_bits(self) -> Any:
+        # After the fields' own bounds (pydantic keeps 10**30 exact and compares it), so a
+        # bounded field says its bounds ("<= 100"); only an unbounded one (a seed) gets here.
+        for name, info in type(self).model_fields.items():
+            if not _number_field(info.annotation):
+                continue
+            for path, value in _scalars(name, getattr(self, name)):
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+                    big = repr(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+                    raise FieldError(path, f"got {big}; allowed: {_lower_bound(info)}, <= {INT64_MAX} (64 bits)")
+        return self
+
+
+def _lower_bound(info: FieldInfo) -> str:
+    """The field's own lower bound (``>= 1``), else the 64-bit one, for an error message."""
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Ge):
+            return f">= {m.ge}"
+        if isinstance(m, annotated_types.Gt):
+            return f"> {m.gt}"
+    return f">= {-INT64_MAX - 1}"

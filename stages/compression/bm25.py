@@ -50,7 +50,8 @@ class Bm25Compression(CompressionSpec):
     method: Literal["bm25"] = "bm25"
     target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
     chunk_tokens: int = Field(default=128, ge=8, description="Chunk size in generator tokens.")
-    k1: float = Field(default=1.5, ge=0.0, description="BM25 term-frequency saturation.")
+    # k1 is 0.5-3 in practice; far above it BM25 is plain term frequency (1000: a typo's bound).
+    k1: float = Field(default=1.5, ge=0.0, le=1000.0, description="BM25 term-frequency saturation.")
     b: float = Field(default=0.75, ge=0.0, le=1.0, description="BM25 chunk-length normalisation.")
 
 

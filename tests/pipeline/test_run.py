@@ -143,8 +143,11 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
     docs = [
         {"id": "a", "text": "The vault code is 7431. " * 40, "questions": ["What is the code?", "Where?"], "answers": ["7431", None]},
         {"id": "b", "body": "missing text field"},
+        {"id": "c", "text": "A document whose question field is absent."},
     ]
-    data.write_text("\n".join(json.dumps(d) for d in docs))
+    # Line 4 repeats line 1 exactly (same id, text and questions: the same request ids):
+    # its requests are published once and counted once, as `duplicates`.
+    data.write_text("\n".join(json.dumps(d) for d in [*docs, docs[0]]))
     spec = spec_from_dict(
         {
             "name": "qa",
@@ -157,13 +160,17 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
     )
     result = run_job(spec, run_date=DATE, progress=False)
     rows = sorted(load_output(result.output_uri).to_pylist(), key=lambda r: (r["doc_id"], r["prompt"] or ""))
-    assert len(rows) == 3
+    assert len(rows) == 4 and len({r["request_id"] for r in rows}) == 4
+    assert result.summary["rows"] == 4 and result.summary["duplicates"] == 2
     assert [r["prompt"] for r in rows[:2]] == ["What is the code?", "Where?"]
     assert rows[0]["reference"] == "7431"
     for r in rows[:2]:
         assert r["error"] is None and r["context_tokens"] == 50
         assert r["compression_ratio"] == pytest.approx(r["doc_tokens"] / 50)
     assert "missing field 'text'" in rows[2]["error"] and "qa.jsonl:2" in rows[2]["error"]
+    # A row without the question field: an input error row naming the field, not a silent skip.
+    assert rows[3]["doc_id"] == "c" and rows[3]["error_kind"] == INPUT
+    assert "'questions' (input.question_field) is missing" in rows[3]["error"]
 
 
 def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_session):
