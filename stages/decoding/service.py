@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
+import torch
+
 from stages.decoding.engine import Engine, Finished, Request
 
 
@@ -43,6 +45,10 @@ class EngineService:
         self._ids = itertools.count()
         self._closed = False
         self._error: BaseException | None = None
+        # torch's intra-op thread count as the creating thread set it: a new thread starts
+        # with OpenMP's default from OMP_NUM_THREADS (Ray sets it for its workers), so a
+        # 2-thread actor would run its matmuls on one thread (measured: 2x slower prefill).
+        self._torch_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -71,6 +77,7 @@ class EngineService:
         self._thread.join(timeout)
 
     def _loop(self) -> None:
+        torch.set_num_threads(self._torch_threads)  # per thread for OpenMP (see __init__)
         engine = self.engine
         try:
             while True:

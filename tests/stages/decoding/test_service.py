@@ -64,3 +64,19 @@ def test_an_engine_error_reaches_every_waiter_and_stops_the_service(tiny_model, 
     assert out[0].key == "a" and out[0].result is None and "engine bug" in str(out[0].error)
     with pytest.raises(EngineStopped, match="engine bug"):
         service.generate([Request(key="b", parts=PromptParts([], prompts[1], []), lookup_ids=prompts[1])])
+
+
+def test_the_engine_thread_runs_with_the_creators_torch_thread_count(tiny_model, monkeypatch):
+    """OpenMP starts a new thread at OMP_NUM_THREADS (Ray sets it for its workers), not at
+    the count the actor chose: the service's thread sets its own before any forward."""
+    calls: list[tuple[str, int]] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append((threading.current_thread().name, n)), real(n)))
+    before = torch.get_num_threads()
+    cfg = DecodeConfig(max_new_tokens=2, eos_ids=frozenset({-1}), speculative="none")
+    service = EngineService(Engine(tiny_model, cfg, slots=1, expected_tokens=16), name="engine-under-test")
+    try:
+        service.generate([Request(0, PromptParts([], [5, 6, 7], []), [5, 6, 7])])
+    finally:
+        service.close()
+    assert calls == [("engine-under-test", before)]
