@@ -15,7 +15,9 @@ Definitions (one place; every side of every run gets the same):
 - ``peak_rss_gb``/``peak_pss_gb`` (process tree), ``peak_gpu_gb`` (device, when sampled);
 - ``agreement``: rows whose output text equals the peer's for the same request, only
   where both read the same context (method none vs the full document, or truncate with
-  the peer's truncation), in the dtype named beside it.
+  the peer's truncation), in the dtype named beside it; ``text_prefix`` counts the rows
+  a stop rule the peer lacks (``generation.repeat_guard``, stop strings) ended early
+  whose text is the start of the peer's.
 ``summary[side]`` holds the median of each figure over the runs (A/B alternated, so
 noise on the machine hits every side); ``ratios`` divide each longdoc side's median
 documents/hour by the peer's (and by the first longdoc side's); ``targets`` are the
@@ -115,6 +117,29 @@ def ratios(summary: dict, longdoc_sides: list[str], peer_of: dict[str, str | Non
     return out
 
 
+def prefill_bounds(result: dict) -> None:
+    """Per longdoc side with a peer, ``ratios[side]["vs_peer"]["prefill_bound"]``: the most
+    documents/hour over the peer's that the side could reach if everything but its prompt
+    reading were free (decode, Ray, start-up, writing): the peer's median wall time over
+    the side's median ``rows_prefill_s`` (every row's prefill, compression included).
+
+    Why: where prefill dominates (CPU, long prompts, few new tokens) both sides pay about
+    the same FLOPs for it, so this bound, not the decode engine, caps the ratio; a target
+    above it cannot be met by scheduling or decoding work.
+    """
+    for side, rec in result["ratios"].items():
+        vs = rec.get("vs_peer")
+        if not vs:
+            continue
+        prefill = [r["where"].get("rows_prefill_s") for r in result["runs_by_side"].get(side, [])
+                   if isinstance(r.get("where"), dict)]
+        prefill = [v for v in prefill if v]
+        peer_wall = result["summary"].get(vs["peer"], {}).get("wall_s")
+        if prefill and peer_wall:
+            vs["prefill_bound"] = peer_wall / statistics.median(prefill)
+            vs["prefill_s"] = statistics.median(prefill)
+
+
 def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dict]:
     """The project's targets that apply to what ran (a side it needs missing: ``pass`` None).
 
@@ -196,6 +221,7 @@ def finish(result: dict) -> None:
     longdoc = [s for s, d in sides.items() if d["kind"] == "longdoc"]
     peer_of = {s: sides[s].get("peer") for s in longdoc}
     result["ratios"] = ratios(result["summary"], longdoc, peer_of)
+    prefill_bounds(result)
     result["targets"] = targets(result["device"]["type"], sides, result["summary"], result["ratios"])
 
 
@@ -235,8 +261,14 @@ def summary_lines(result: dict) -> list[str]:
             if key in r:
                 lines.append(f"ratio {side} / {r[key][label]}: documents/hour {_f(r[key]['wall'], 2)}x whole process, "
                              f"{_f(r[key]['steady'], 2)}x steady state")
+        if r.get("vs_peer", {}).get("prefill_bound"):
+            v = r["vs_peer"]
+            lines.append(f"bound {side} / {v['peer']}: at most {_f(v['prefill_bound'], 2)}x if all but its prompts' "
+                         f"prefill ({_f(v['prefill_s'], 1)} s) were free")
     for side, a in result.get("agreement", {}).items():
-        lines.append(f"agreement {side} vs {a['peer']}: {a['text_equal']}/{a['compared']} rows with equal text "
+        cut = f", {a['text_prefix']} more stopped earlier by a stop rule the peer lacks (the start of its text)" \
+            if a.get("text_prefix") else ""
+        lines.append(f"agreement {side} vs {a['peer']}: {a['text_equal']}/{a['compared']} rows with equal text{cut} "
                      f"({a['dtype']}); {a['prompt_tokens_equal']}/{a['compared']} equal prompt lengths"
                      if a.get("compared") else f"agreement {side}: {a.get('reason')}")
     for t in result["targets"]:

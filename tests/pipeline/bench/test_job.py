@@ -145,3 +145,20 @@ def test_the_peer_imports_only_what_a_user_without_longdoc_has():
         elif isinstance(node, ast.ImportFrom):
             names.add((node.module or "").split(".")[0])
     assert names <= {"__future__", "argparse", "json", "time", "torch", "transformers", "pyarrow"}, names
+
+
+def test_agreement_counts_rows_a_stop_rule_ended_early_apart_from_different_text(tmp_path):
+    from pipeline.bench.job import Prepared, agreement
+
+    p = Prepared(tmp_path, {}, {"longdoc": "truncate"}, {"longdoc": True}, {"longdoc": "none"}, {"longdoc": "peer"},
+                 {}, "cpu", "cpu", "float32", [], 3, 0, "3 docs", 2, "spec", 16)
+
+    def row(rid: str, text: str, tokens: int) -> dict:
+        return {"request_id": rid, "doc_id": f"{rid}.txt", "error": None, "output_text": text,
+                "output_tokens": tokens, "prompt_tokens": 10}
+
+    peer = [row("a", "same text", 4), row("b", "a loop a loop a loop", 16), row("c", "other words", 16)]
+    ours = [row("a", "same text", 4), row("b", "a loop a loop ", 9), row("c", "other", 16)]
+    got = agreement(p, "longdoc", ours, peer)
+    # b stopped earlier (fewer tokens, the start of the peer's text); c decoded differently.
+    assert (got["compared"], got["text_equal"], got["text_prefix"], got["differs"]) == (3, 1, 1, ["c.txt"])

@@ -95,3 +95,14 @@ def test_merge_keeps_earlier_sides_of_the_same_settings(tmp_path):
     assert js2 == js and set(json.loads(js.read_text())["summary"]) == {"longdoc", "peer"}
     assert "| longdoc |" in md2.read_text() and "| peer |" in md2.read_text()
     assert "## Every run" in markdown(written)
+
+
+def test_prefill_bound_is_the_peers_wall_over_longdocs_prompt_reading():
+    r = _result(walls={"longdoc": 100.0, "peer": 90.0})
+    r["runs_by_side"]["longdoc"][0]["where"] = {"rows_prefill_s": 60.0}
+    finish(r)
+    vs = r["ratios"]["longdoc"]["vs_peer"]
+    # Even with decode, Ray and start-up free, reading the prompts alone caps it at 1.5x.
+    assert vs["prefill_bound"] == pytest.approx(1.5) and vs["prefill_s"] == 60.0
+    assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (60.0 s) were free" in summary_lines(r)
+    assert "prefill_bound" not in _result()["ratios"]["longdoc"]["vs_peer"]  # no figures, no bound
