@@ -19,8 +19,14 @@ started) and fires when
   being constructed while at least one waited for a node to place it on (pending,
   no worker process yet), and no batch arrived (``PoolUnschedulable``; its message
   names the resources one actor needs, ``required``, and what the cluster's nodes have).
-Firing sets ``fired``/``reason`` and interrupts the main thread (KeyboardInterrupt;
-a real SIGINT to the main thread when that has not landed within ``follow_up_s``).
+Firing sets ``fired``/``reason`` and interrupts the main thread with a signal of its
+own, ``WATCHDOG_SIGNAL``, whose handler the watchdog installs while it is active
+(``_thread.interrupt_main``, then a real signal to the main thread when that has not
+landed within ``follow_up_s``). Not SIGINT: a driver started in the background by a
+non-interactive shell (cron, a CI script, ``cmd &``) inherits SIGINT ignored, Python
+then installs no KeyboardInterrupt handler, and an interrupt by SIGINT would never
+land: the run would hang for ever (seen on this machine). Used outside the main thread
+(no handler can be installed there) it falls back to SIGINT.
 ``guarded(watchdog, iterate)`` runs ``iterate`` and turns that interrupt into the
 exception (both are RuntimeErrors); a real Ctrl-C still propagates.
 The actor table is read through ``ray._private.state`` (no dashboard needed: the
@@ -43,6 +49,15 @@ T = TypeVar("T")
 _PENDING_STATES = ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING")
 _LIVE_STATES = ("ALIVE", *_PENDING_STATES)
 _HIDDEN_RESOURCES = ("node:", "object_store_memory", "accelerator_type:")
+
+
+#: The signal the watchdog interrupts the driver's main thread with (see the module docstring).
+WATCHDOG_SIGNAL = signal.SIGUSR2
+
+
+class _Fired(BaseException):
+    """Raised in the main thread by the watchdog's signal handler (a BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` on the way swallows it)."""
 
 
 class PoolLost(RuntimeError):
@@ -124,6 +139,8 @@ class PoolWatchdog:
         self._stop = threading.Event()
         self._acknowledged = threading.Event()  # set by guarded once the interrupt landed
         self._thread: threading.Thread | None = None
+        self._signal = signal.SIGINT  # WATCHDOG_SIGNAL once its handler is installed
+        self._previous_handler: Any = None
 
     def progress(self) -> None:
         self._last_progress = time.monotonic()
@@ -144,6 +161,9 @@ class PoolWatchdog:
         # Pools of earlier runs in this driver (`longdoc eval` runs one per method) are
         # dead by now: only actors created from here on are this run's.
         self._earlier = {a["ActorID"] for a in self._pool()}
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(WATCHDOG_SIGNAL, self._on_signal)
+            self._signal = WATCHDOG_SIGNAL
         self._active = True
         self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._watch, name="longdoc-pool-watchdog", daemon=True)
@@ -151,14 +171,23 @@ class PoolWatchdog:
         return self
 
     def __exit__(self, *exc) -> None:
+        # The main thread has left the guarded body: an interrupt that fired has landed
+        # (that is how it left) or no longer matters; no follow-up signal, and the
+        # handler raises nothing from here on.
+        self._acknowledged.set()
         with self._lock:
             self._active = False
         self._stop.set()
-        # The main thread has left the guarded body: an interrupt that fired has landed
-        # (that is how it left) or no longer matters; no follow-up SIGINT.
-        self._acknowledged.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(30.0, 2 * self.poll_s))
+        if self._signal == WATCHDOG_SIGNAL:
+            signal.signal(WATCHDOG_SIGNAL, self._previous_handler)
+            self._signal = signal.SIGINT
+
+    def _on_signal(self, _signum: int, _frame: Any) -> None:
+        """The main thread's handler of WATCHDOG_SIGNAL: leave the guarded body."""
+        if self.fired and not self._acknowledged.is_set():
+            raise _Fired()
 
     def _pool(self) -> list[dict]:
         from ray._private import state
@@ -219,11 +248,11 @@ class PoolWatchdog:
                 if not self._active:
                     return
                 self.fired, self.reason, self.error = True, reason, error
-                _thread.interrupt_main()
+                _thread.interrupt_main(self._signal)
             # interrupt_main only lands when the main thread next runs Python code; one
-            # blocked in a C call never sees it. A real SIGINT also breaks a blocking call.
+            # blocked in a C call never sees it. A real signal also breaks a blocking call.
             if not self._acknowledged.wait(self.follow_up_s):
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                signal.pthread_kill(threading.main_thread().ident, self._signal)
             return
 
 
@@ -232,6 +261,9 @@ def guarded(watchdog: PoolWatchdog, iterate: Callable[[], T]) -> T:
     try:
         with watchdog:
             return iterate()
+    except _Fired:
+        watchdog._acknowledged.set()
+        raise watchdog.error(watchdog.reason) from None
     except KeyboardInterrupt:
         if not watchdog.fired:
             raise

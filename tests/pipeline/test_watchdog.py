@@ -199,3 +199,34 @@ def test_the_unschedulable_message_names_what_is_missing_and_what_nodes_have():
     assert "have: CPU 8, memory 4.0 GiB; CPU 2, worker_pool 1." in msg and "127.0.0.1" not in msg
     both = describe_unschedulable({"CPU": 4.0, "worker_pool": 1.0}, nodes, 5)
     assert "no single node has all of them free at once" in both
+
+
+def test_the_abort_lands_in_a_driver_that_ignores_sigint(ray_session):
+    """A driver started in the background by a non-interactive shell (cron, a CI script,
+    `cmd &`) inherits SIGINT ignored: the watchdog's own signal still lands, in a blocking
+    C call too, and the previous handlers are back afterwards."""
+    import signal
+
+    import ray
+
+    from pipeline.watchdog import WATCHDOG_SIGNAL
+
+    watchdog = PoolWatchdog(marker="GenerateStageProbe", grace_s=0.0, poll_s=0.1, follow_up_s=0.5)
+
+    def blocked() -> str:
+        actor = _probe_actor()
+        assert watchdog.saw_alive.wait(60)
+        ray.kill(actor)
+        threading.Event().wait(HANG_S)  # one C-level wait, no Python code runs meanwhile
+        return "finished"
+
+    before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before_own = signal.getsignal(WATCHDOG_SIGNAL)
+    try:
+        t = time.monotonic()
+        with pytest.raises(PoolLost):
+            guarded(watchdog, blocked)
+        assert time.monotonic() - t < HANG_S
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(WATCHDOG_SIGNAL) == before_own
+    finally:
+        signal.signal(signal.SIGINT, before_int)
