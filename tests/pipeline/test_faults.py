@@ -57,12 +57,14 @@ def _spec(tmp_path: Path, model_dir: Path) -> Path:
     spec.write_text(yaml.safe_dump({
         "name": "faults",
         "input": {"uri": str(corpus)},
-        # Random tiny weights rarely emit EOS: every row decodes the full 64 tokens.
-        "generation": {"model": str(model_dir), "max_new_tokens": 64},
-        # One decode slot: rows decode one after another, so a rerun of a few rows still
-        # lasts seconds after its first staged block and the kill lands mid-run. With
-        # the automatic slots the healing rerun's 10 rows decoded together and its blocks
-        # were staged and published within one poll of the actor table (CI, 2026-11-25).
+        # Random tiny weights rarely emit EOS: every row decodes the full 64 tokens, one
+        # step per token (no speculation: on these repetitive documents prompt lookup
+        # accepted 98% of its drafts and a row took a handful of steps).
+        "generation": {"model": str(model_dir), "max_new_tokens": 64, "speculative": {"method": "none"}},
+        # One decode slot: rows decode one after another, so a rerun of a few rows lasts
+        # seconds after its first staged block and the kill lands mid-run. With automatic
+        # slots and prompt lookup, the healing rerun's 10-12 rows were staged and published
+        # within one poll of the actor table (CI and this machine, 2026-11-25).
         "resources": {"batch_size": 2, "num_cpus": 1, "decode_slots": 1},
         "output": {"uri": str(tmp_path / "out")},
     }))
