@@ -262,11 +262,13 @@ def _publish(fs, part: str, run_id: str, tables: list[pa.Table]) -> int:
         local = os.path.join(tmpdir, name)
         with pq.ParquetWriter(local, FILE_SCHEMA) as writer:
             group: list[pa.Table] = []
-            for t in tables:
+            group_bytes = 0  # a running total: re-summing the group per block was quadratic
+            for t in tables:  # (a 10,000-row run's 2,500 blocks: 7 minutes of nbytes calls)
                 group.append(t)
-                if sum(g.nbytes for g in group) >= ROW_GROUP_BYTES:
+                group_bytes += t.nbytes
+                if group_bytes >= ROW_GROUP_BYTES:
                     writer.write_table(pa.concat_tables(group))  # one row group, not one per block
-                    group = []
+                    group, group_bytes = [], 0
             if group:
                 writer.write_table(pa.concat_tables(group))
         put_file_atomic(local, _uri(fs, f"{part}/{name}"))

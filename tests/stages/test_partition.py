@@ -58,6 +58,21 @@ def test_compaction_splits_at_the_target_size(tmp_path):
     assert out["files_written"] == 3 and len(_visible(tmp_path)) == 9
 
 
+def test_a_compacted_file_has_row_groups_of_about_the_row_group_size(tmp_path, monkeypatch):
+    import stages.partition as partition
+
+    _stage(tmp_path, "r1", *[_rows(range(i, i + 2)) for i in range(0, 20, 2)])  # 10 blocks
+    one_block = partition.read_file(*partition.fsspec.core.url_to_fs(
+        str(next((tmp_path / "_staging").rglob("*.staged")))))
+    # Three blocks fill a row group: a new group starts after every third block.
+    monkeypatch.setattr(partition, "ROW_GROUP_BYTES", 3 * one_block.nbytes)
+    commit_date(str(tmp_path), DATE, "r1")
+    [f] = (tmp_path / f"run_date={DATE}").glob("*.parquet")
+    meta = pq.ParquetFile(f).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [6, 6, 6, 2]
+    assert len(_visible(tmp_path)) == 20
+
+
 def test_a_retried_row_replaces_the_old_error_in_its_file(tmp_path):
     _stage(tmp_path, "r1", _rows(range(0, 3)), _rows(range(3, 5), "generate: ActorDiedError", RETRYABLE))
     commit_date(str(tmp_path), DATE, "r1")
