@@ -14,10 +14,11 @@ Afterwards every request is present exactly once with no error left, and the run
 summary's counts match the files. The figures are printed (`pytest -s`).
 
 Every step is driven by an event, never by a sleep: the driver is killed when a block is
-staged (a file); an actor is killed while the driver is frozen (SIGSTOP) right after a
-block of this run is staged, so the run cannot finish before the kill however fast it
-is; and no assertion depends on when stragglers of the killed driver land (staged
-blocks are whole files; the rerun reports how many requests it found done).
+staged (a file); an actor is frozen (SIGSTOP) as soon as it is seen alive and killed
+once the driver has handed it a batch (the task table), so the kill lands mid-batch with
+the run unfinished however fast rows decode; and no assertion depends on when stragglers
+of the killed driver land (staged blocks are whole files; the rerun reports how many
+requests it found done).
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def _spec(tmp_path: Path, model_dir: Path) -> Path:
     spec.write_text(yaml.safe_dump({
         "name": "faults",
         "input": {"uri": str(corpus)},
-        # Random tiny weights rarely emit EOS: every row decodes the full 64 tokens, one
+        # Random tiny weights rarely emit EOS: every row decodes the full 192 tokens, one
         # step per token (no speculation: on these repetitive documents prompt lookup
         # accepted 98% of its drafts and a row took a handful of steps).
-        "generation": {"model": str(model_dir), "max_new_tokens": 64, "speculative": {"method": "none"}},
+        "generation": {"model": str(model_dir), "max_new_tokens": 192, "speculative": {"method": "none"}},
         # One decode slot: rows decode one after another, so a rerun of a few rows lasts
         # seconds after its first staged block and the kill lands mid-run. With automatic
         # slots and prompt lookup, the healing rerun's 10-12 rows were staged and published
@@ -105,35 +106,46 @@ def _staged(out: Path) -> set[Path]:
     return set((out / "_staging").rglob("*.staged"))
 
 
-def _kill_generate_actor_when_busy(head, proc: subprocess.Popen, out: Path, killed: dict) -> None:
-    """Thread: once this run has staged a block and a new generate actor is alive, freeze
-    the driver (SIGSTOP: nothing new is scheduled), SIGKILL the actor, record how many
-    successful rows were written at that moment, and let the driver go on (SIGCONT).
+def _handed_a_batch(head, actor_id: str) -> bool:
+    """The driver has handed ``actor_id`` a batch it has not finished (Ray's task table)."""
+    from ray.util.state import list_tasks
 
-    Events only: a file, an actor state. Frozen, the run cannot complete behind the
-    kill's back: only the batches already handed to the actor can still finish."""
+    tasks = list_tasks(address=head.dashboard_url, filters=[("actor_id", "=", actor_id)], limit=1000)
+    return any(t.name.endswith(".submit") and t.state not in ("FINISHED", "FAILED") for t in tasks)
+
+
+def _kill_generate_actor_mid_batch(head, proc: subprocess.Popen, out: Path, killed: dict) -> None:
+    """Thread: freeze this run's generate actor (SIGSTOP) as soon as it is seen alive, wait
+    until the driver has handed it a batch, record how many successful rows were written
+    then, and SIGKILL it.
+
+    Events only: an actor state, the task table. Frozen, the actor cannot finish what it
+    was handed, so the kill always lands mid-batch with the run unfinished, however fast
+    the rows decode (the tiny model decodes a row in well under a second: a kill timed
+    by staged blocks once landed after the last row). Only an actor that finished every
+    row before the first look at the actor table escapes (then ``killed`` stays empty)."""
     seen = {a.actor_id for a in _generate_actors(head)}  # earlier runs' actors
-    staged_before = _staged(out)  # a crashed run's blocks (published by this run first)
     tick = threading.Event()
     while proc.poll() is None:
         alive = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.pid and a.actor_id not in seen]
-        if alive and _staged(out) - staged_before:
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                os.kill(alive[0].pid, signal.SIGKILL)
-                ok = sum(r["error"] is None for r in _written_rows(out))
-                killed.update(pid=alive[0].pid, at=time.monotonic(), rows=ok)
-            finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+        if alive:
+            actor = alive[0]
+            os.kill(actor.pid, signal.SIGSTOP)
+            while proc.poll() is None and not _handed_a_batch(head, actor.actor_id):
+                tick.wait(0.1)  # polling the task table for the event
+            ok = sum(r["error"] is None for r in _written_rows(out))
+            os.kill(actor.pid, signal.SIGKILL)  # a stopped process dies too
+            if proc.poll() is None:
+                killed.update(pid=actor.pid, at=time.monotonic(), rows=ok)
             return
-        tick.wait(0.1)  # polling the actor table and the folder for the event
+        tick.wait(0.1)  # polling the actor table for the event
 
 
 def _run_with_actor_kill(spec: Path, head, out: Path, *extra: str) -> tuple[subprocess.Popen, str, dict, float]:
     killed: dict = {}
     t = time.monotonic()
     proc = _start_run(spec, head, *extra)
-    killer = threading.Thread(target=_kill_generate_actor_when_busy, args=(head, proc, out, killed))
+    killer = threading.Thread(target=_kill_generate_actor_mid_batch, args=(head, proc, out, killed))
     killer.start()
     output, _ = proc.communicate(timeout=600)
     killer.join(timeout=60)
