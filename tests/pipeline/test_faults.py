@@ -14,11 +14,10 @@ Afterwards every request is present exactly once with no error left, and the run
 summary's counts match the files. The figures are printed (`pytest -s`).
 
 Every step is driven by an event, never by a sleep: the driver is killed when a block is
-staged (a file); an actor is frozen (SIGSTOP) as soon as it is seen alive and killed
-once the driver has handed it a batch (the task table), so the kill lands mid-batch with
-the run unfinished however fast rows decode; and no assertion depends on when stragglers
-of the killed driver land (staged blocks are whole files; the rerun reports how many
-requests it found done).
+staged (a file); an actor is killed once the driver has handed it a batch (the task
+table), while the rows left take seconds (one decode slot, 192 tokens a row); and no
+assertion depends on when stragglers of the killed driver land (staged blocks are whole
+files; the rerun reports how many requests it found done).
 """
 
 from __future__ import annotations
@@ -107,38 +106,34 @@ def _staged(out: Path) -> set[Path]:
 
 
 def _handed_a_batch(head, actor_id: str) -> bool:
-    """The driver has handed ``actor_id`` a batch it has not finished (Ray's task table)."""
+    """The driver has handed ``actor_id`` a batch (a ``.submit`` task of it in Ray's task table)."""
     from ray.util.state import list_tasks
 
     tasks = list_tasks(address=head.dashboard_url, filters=[("actor_id", "=", actor_id)], limit=1000)
-    return any(t.name.endswith(".submit") and t.state not in ("FINISHED", "FAILED") for t in tasks)
+    return any(t.name.endswith(".submit") for t in tasks)
 
 
 def _kill_generate_actor_mid_batch(head, proc: subprocess.Popen, out: Path, killed: dict) -> None:
-    """Thread: freeze this run's generate actor (SIGSTOP) as soon as it is seen alive, wait
-    until the driver has handed it a batch, record how many successful rows were written
-    then, and SIGKILL it.
+    """Thread: once this run's generate actor is alive and the driver has handed it a batch,
+    record how many successful rows were written, and SIGKILL it.
 
-    Events only: an actor state, the task table. Frozen, the actor cannot finish what it
-    was handed, so the kill always lands mid-batch with the run unfinished, however fast
-    the rows decode (the tiny model decodes a row in well under a second: a kill timed
-    by staged blocks once landed after the last row). Only an actor that finished every
-    row before the first look at the actor table escapes (then ``killed`` stays empty)."""
+    Events only: an actor state, the task table. The first batch's task shows there within
+    about a second of its dispatch, while the rows the run still has take several seconds
+    (one decode slot, 192 tokens a row, at least ten rows a run), so the kill lands with the
+    run unfinished and the actor at work. Kills timed by a staged block raced the last
+    rows (the tiny model decodes a row in well under a second) and freezing the actor at
+    first sight deadlocked (Ray Data pings a new actor before it hands it work)."""
     seen = {a.actor_id for a in _generate_actors(head)}  # earlier runs' actors
     tick = threading.Event()
     while proc.poll() is None:
         alive = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.pid and a.actor_id not in seen]
-        if alive:
-            actor = alive[0]
-            os.kill(actor.pid, signal.SIGSTOP)
-            while proc.poll() is None and not _handed_a_batch(head, actor.actor_id):
-                tick.wait(0.1)  # polling the task table for the event
+        if alive and _handed_a_batch(head, alive[0].actor_id):
             ok = sum(r["error"] is None for r in _written_rows(out))
-            os.kill(actor.pid, signal.SIGKILL)  # a stopped process dies too
+            os.kill(alive[0].pid, signal.SIGKILL)
             if proc.poll() is None:
-                killed.update(pid=actor.pid, at=time.monotonic(), rows=ok)
+                killed.update(pid=alive[0].pid, at=time.monotonic(), rows=ok)
             return
-        tick.wait(0.1)  # polling the actor table for the event
+        tick.wait(0.1)  # polling the actor and task tables for the event
 
 
 def _run_with_actor_kill(spec: Path, head, out: Path, *extra: str) -> tuple[subprocess.Popen, str, dict, float]:
