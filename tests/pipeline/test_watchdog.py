@@ -89,22 +89,28 @@ def test_a_dead_pool_turns_the_endless_wait_into_an_abort(ray_session):
     assert watchdog.fired and type(info.value) is PoolLost
 
 
-def test_a_main_thread_blocked_in_a_c_call_is_interrupted_too(ray_session):
-    """interrupt_main never lands in a blocking C call (a lock wait here); the watchdog's
-    follow-up SIGINT does."""
-    import ray
-
-    watchdog = PoolWatchdog(marker="GenerateStageProbe", grace_s=0.0, poll_s=0.1, follow_up_s=0.5)
+def _blocked_in_a_c_call(watchdog: PoolWatchdog):
+    """A run body that starts the pool, kills it once the watchdog saw it, then blocks in
+    one C-level wait (no Python code runs meanwhile) until HANG_S."""
 
     def blocked() -> str:
+        import ray
+
         actor = _probe_actor()
         assert watchdog.saw_alive.wait(60)
         ray.kill(actor)
-        threading.Event().wait(HANG_S)  # one C-level wait, no Python code runs meanwhile
+        threading.Event().wait(HANG_S)
         return "finished"
 
+    return blocked
+
+
+def test_a_main_thread_blocked_in_a_c_call_is_interrupted_too(ray_session):
+    """interrupt_main never lands in a blocking C call (a lock wait here); the watchdog's
+    follow-up signal does."""
+    watchdog = PoolWatchdog(marker="GenerateStageProbe", grace_s=0.0, poll_s=0.1, follow_up_s=0.5)
     with pytest.raises(PoolLost):
-        guarded(watchdog, blocked)
+        guarded(watchdog, _blocked_in_a_c_call(watchdog))
 
 
 def test_a_live_pool_and_a_finished_run_are_left_alone(ray_session):
@@ -207,25 +213,15 @@ def test_the_abort_lands_in_a_driver_that_ignores_sigint(ray_session):
     C call too, and the previous handlers are back afterwards."""
     import signal
 
-    import ray
-
     from pipeline.watchdog import WATCHDOG_SIGNAL
 
     watchdog = PoolWatchdog(marker="GenerateStageProbe", grace_s=0.0, poll_s=0.1, follow_up_s=0.5)
-
-    def blocked() -> str:
-        actor = _probe_actor()
-        assert watchdog.saw_alive.wait(60)
-        ray.kill(actor)
-        threading.Event().wait(HANG_S)  # one C-level wait, no Python code runs meanwhile
-        return "finished"
-
     before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     before_own = signal.getsignal(WATCHDOG_SIGNAL)
     try:
         t = time.monotonic()
         with pytest.raises(PoolLost):
-            guarded(watchdog, blocked)
+            guarded(watchdog, _blocked_in_a_c_call(watchdog))
         assert time.monotonic() - t < HANG_S
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(WATCHDOG_SIGNAL) == before_own
     finally:
