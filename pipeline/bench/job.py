@@ -545,16 +545,16 @@ def agreement(p: Prepared, variant: str, rows: list[dict], peer_rows: list[dict]
         return {"peer": peer, "reason": f"{method} reads another context than the peer (the whole document)"}
     theirs = {r["request_id"]: r for r in peer_rows}
     pairs = [(r, theirs[r["request_id"]]) for r in rows if r["error"] is None and r["request_id"] in theirs]
-    equal = [a["output_text"] == b["output_text"] for a, b in pairs]
+    # A stop rule the peer lacks (generation.repeat_guard, stop strings) ends a longdoc
+    # row early: its text is then the start of the peer's, which is agreement up to that
+    # stop ("prefix"), not a different decoding ("differs").
+    verdicts = ["equal" if a["output_text"] == b["output_text"] else "prefix" if _cut_short(a, b) else "differs"
+                for a, b in pairs]
     return {"peer": peer, "dtype": p.dtype, "compared": len(pairs),
-            "text_equal": sum(equal),
-            # A stop rule the peer lacks (generation.repeat_guard, stop strings) ends a
-            # longdoc row early: its text is then the start of the peer's, which is
-            # agreement up to that stop, not a different decoding.
-            "text_prefix": sum(not e and _cut_short(a, b) for e, (a, b) in zip(equal, pairs, strict=True)),
+            "text_equal": verdicts.count("equal"),
+            "text_prefix": verdicts.count("prefix"),
             "prompt_tokens_equal": sum(a["prompt_tokens"] == b["prompt_tokens"] for a, b in pairs),
-            "differs": [a["doc_id"] for e, (a, b) in zip(equal, pairs, strict=True)
-                        if not e and not _cut_short(a, b)][:20]}
+            "differs": [a["doc_id"] for v, (a, _) in zip(verdicts, pairs, strict=True) if v == "differs"][:20]}
 
 
 def _cut_short(ours: dict, peer: dict) -> bool:

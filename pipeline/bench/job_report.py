@@ -131,13 +131,12 @@ def prefill_bounds(result: dict) -> None:
         vs = rec.get("vs_peer")
         if not vs:
             continue
-        prefill = [r["where"].get("rows_prefill_s") for r in result["runs_by_side"].get(side, [])
-                   if isinstance(r.get("where"), dict)]
-        prefill = [v for v in prefill if v]
+        prefill = [v for r in result["runs_by_side"].get(side, [])
+                   if isinstance(r.get("where"), dict) and (v := r["where"].get("rows_prefill_s"))]
         peer_wall = result["summary"].get(vs["peer"], {}).get("wall_s")
         if prefill and peer_wall:
-            vs["prefill_bound"] = peer_wall / statistics.median(prefill)
             vs["prefill_s"] = statistics.median(prefill)
+            vs["prefill_bound"] = peer_wall / vs["prefill_s"]
 
 
 def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dict]:
