@@ -126,14 +126,14 @@ gpu-dry-run:
 # roofline, `longdoc bench job` (random 8B bf16, synthetic 8k-token documents: none vs
 # finch vs rag at 1k on our engine, the transformers static-compiled peer at its best batch)
 # and, when calls A and B brought the embedded model, prompt lookup vs greedy on real text.
-# NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS pick
+# NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS pick
 # what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
 NIGHT_STEPS ?= roofline job pld
 
 gpu-night:
 	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_DOCS="$(NIGHT_DOCS)" \
 	  NIGHT_VARIANTS="$(NIGHT_VARIANTS)" NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_PEER_BATCHES="$(NIGHT_PEER_BATCHES)" \
-	  NIGHT_RUNS="$(NIGHT_RUNS)" bash infra/gpu/session.sh night
+	  NIGHT_RUNS="$(NIGHT_RUNS)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" bash infra/gpu/session.sh night
 
 # CPU rehearsal of gpu-night with tiny settings (random:tiny, 4 synthetic documents, 4 new
 # tokens; the embedded model from this machine's cache for the pld step): proves every
@@ -142,7 +142,7 @@ gpu-night-dry-run: setup
 	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-night GPU_OUT=.bench/dry-night-out \
 	  GPU_CACHE=$$($(BIN)/python -c "from stages.model_loading import cache_dir; print(cache_dir())") \
 	  GPU_PY=$(CURDIR)/$(BIN)/python NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_VARIANTS="$(NIGHT_VARIANTS)" \
-	  NIGHT_SIDES="$(NIGHT_SIDES)" bash infra/gpu/session.sh night
+	  NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" bash infra/gpu/session.sh night
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -230,6 +230,9 @@ def _build_plan(
         batch_size=res.batch_size,
         num_cpus=res.num_cpus,
         num_gpus=res.num_gpus,
+        # Pins the actors to the nodes that offer these (labelled GPU pools, a node with
+        # the model's local disk); the embedded Ray offers them itself (runner.init_ray).
+        resources=dict(res.custom_resources) or None,
         batch_format="numpy",
         # Finite (Ray Data's default is -1: an actor that dies on every batch would be
         # restarted for ever): a dead actor (OOM, node loss, kill -9) is restarted and

@@ -104,6 +104,12 @@ class GenerationSpec(_Strict):
         description="Prompt-lookup speculative decoding settings (on by default; method: none turns it off).",
     )
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 (PyYAML) reads an unquoted `compile: off` as the boolean false.
+        return "off" if v is False else v
+
     @field_validator("model")
     @classmethod
     def _model_name(cls, v: str) -> str:

@@ -251,7 +251,7 @@ part_night_roofline() {  # batch-1 decode vs the HBM roofline (weights + KV), ra
   rm -rf "$WORK/night-roofline"
   local args=(--device cuda --model random:llama-8b --dtype bfloat16 --batch-sizes 1 --prompt-tokens 1024
               --new-tokens 128 --systems longdoc --verify-widths= --usd-per-device-hour 2.50)
-  ((DRY)) && args=(--device cpu --model random:tiny --batch-sizes 1 --prompt-tokens 64 --new-tokens 4
+  ((DRY)) && args=(--device cpu --model random:tiny --batch-sizes 1 --prompt-tokens 256 --new-tokens 4
                    --systems longdoc --verify-widths=)
   run_capped night-roofline "${NIGHT_ROOFLINE_S:-150}" "${1:-0}" "$PY" -m pipeline.bench.command "${args[@]}" \
     --out "$WORK/night-roofline"
@@ -274,8 +274,10 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
           --peer-batch-sizes 1,2 --runs 1 --sides "$NIGHT_SIDES" --merge --runner local)  # as on the GPU machine: no Ray
   fi
   # shellcheck disable=SC2086
+  # NIGHT_JOB_ARGS: extra bench options, e.g. "--set generation.compile=off" (no warm-up: a
+  # short device call measures the sides, not the compiler) or "--probe-docs 8".
   run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job infra/gpu/night-job.yaml \
-    "${args[@]}" $variants --out "$WORK/night-job"
+    "${args[@]}" $variants ${NIGHT_JOB_ARGS:-} --out "$WORK/night-job"
   pack night.tar.gz night-roofline night-job night-pld
 }
 
@@ -300,7 +302,7 @@ night() {
   local step
   for step in ${NIGHT_STEPS:-roofline job pld}; do
     case $step in
-      roofline) part_night_roofline 60 ;;
+      roofline) part_night_roofline "${NIGHT_ROOFLINE_RESERVE:-60}" ;;
       job) part_night_job 0 ;;
       pld) part_night_pld 0 ;;
       *) echo "error: NIGHT_STEPS: $step unknown; allowed: roofline job pld"; return 2 ;;

@@ -636,6 +636,46 @@ def _stop_on_sigterm():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
+def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_side: dict[str, list[dict]],
+            last_rows: dict[str, list[dict]], load_start: tuple[float, ...], created: str, model: str, usd: float,
+            partial: bool) -> dict:
+    """The result record of the runs so far (``partial``: some sides or runs not yet measured)."""
+    from pipeline.bench.job_report import LAYOUT_VERSION, medians
+
+    longdoc_sides = [n for n in runs_by_side if n in p.methods]
+    run_peers = [n for n in runs_by_side if n in p.peers]
+    sides = {name: {"kind": "longdoc", "what": f"longdoc ({'ray' if _use_ray(s) else 'inprocess'}), "
+                    f"compression {p.methods[name]}, speculation {p.speculative[name]}",
+                    "method": p.methods[name], "speculative": p.speculative[name], "peer": p.peer_of[name],
+                    "overrides": list(next(v.overrides for v in s.variants if v.name == name))}
+             for name in longdoc_sides}
+    sides.update({peer: {"kind": "peer", "what": p.peers[peer]["what"], "batch_size": probes[peer]["best"]}
+                  for peer in run_peers})
+    return {
+        "bench": "job", "layout_version": LAYOUT_VERSION, "command": s.command, "created_utc": created,
+        **({"partial": "cut short: these sides (and runs) only"} if partial else {}),
+        "versions": {**_git(), **_versions()},
+        "device": {"type": p.device_type, "name": p.device_name,
+                   "file_name": "cpu" if p.device_type == "cpu" else p.device_name},
+        "host": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load_start],
+                 "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
+        "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),
+                     "variants": {v.name: list(v.overrides) for v in s.variants}, "model": model,
+                     "dtype": p.dtype, "docs": p.requests, "docs_label": p.docs_label,
+                     "max_new_tokens": p.max_new_tokens, "runs": s.runs, "runner": "ray" if _use_ray(s) else "inprocess",
+                     "peer_batch_sizes": list(s.peer_batch_sizes), "probe_docs": s.probe_docs,
+                     "synthetic_docs": s.synthetic_docs, "doc_tokens": s.doc_tokens, "usd_per_device_hour": usd,
+                     "date": s.date, "sides": list(s.sides), "peer_threads": p.threads},
+        "sides": sides,
+        "peer_probe": probes,
+        "runs_by_side": runs_by_side,
+        "summary": {side: medians(runs) for side, runs in runs_by_side.items()},
+        "agreement": {name: agreement(p, name, last_rows[name], last_rows.get(p.peer_of[name] or ""))
+                      for name in longdoc_sides if p.peer_of.get(name) in run_peers},
+        "notes": _notes(s, p),
+    }
+
+
 def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
     """Run the bench (see the module docstring); returns (result, JSON path, Markdown path)."""
     specs = check_settings(s)
@@ -659,6 +699,16 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
         runs_by_side: dict[str, list[dict]] = {}
         last_rows: dict[str, list[dict]] = {}
         longdoc_sides = [v.name for v in s.variants] if "longdoc" in s.sides else []
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+        def write(partial: bool) -> tuple[Path, Path, dict]:
+            # After every side, not only at the end: a run cut short (a device call's time
+            # limit, a crash in a later side) keeps the sides it finished, marked partial.
+            result = _result(s, p, probes, runs_by_side, last_rows, load_start, created,
+                             first_spec.generation.model, usd, partial)
+            finish(result)
+            return write_results(result, s.out, s.merge)
+
         for k in range(1, s.runs + 1):
             for name in longdoc_sides:
                 fig, rows = run_longdoc(s, p, name, k, usd)
@@ -667,46 +717,15 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
                 echo(f"# run {k} {name}: wall {fig['wall_s']:.1f} s, steady {fig['steady_s'] or 0:.1f} s, "
                      f"{fig['docs']} docs, {fig['failed']} failed"
                      + (f" (first error: {fig['first_error'][:300]})" if fig["first_error"] else ""))
+                write(partial=True)
             for peer in run_peers:
                 fig, rows = run_peer(s, p, peer, k, probes[peer]["best"], usd)
                 runs_by_side.setdefault(peer, []).append(fig)
                 last_rows[peer] = rows
                 echo(f"# run {k} {peer}: wall {fig['wall_s']:.1f} s, steady {fig['steady_s'] or 0:.1f} s, "
                      f"{fig['docs']} docs")
-        from pipeline.bench.job_report import LAYOUT_VERSION, medians
-
-        sides = {name: {"kind": "longdoc", "what": f"longdoc ({'ray' if _use_ray(s) else 'inprocess'}), "
-                        f"compression {p.methods[name]}, speculation {p.speculative[name]}",
-                        "method": p.methods[name], "speculative": p.speculative[name], "peer": p.peer_of[name],
-                        "overrides": list(next(v.overrides for v in s.variants if v.name == name))}
-                 for name in longdoc_sides}
-        sides.update({peer: {"kind": "peer", "what": cfg["what"], "batch_size": probes[peer]["best"]}
-                      for peer, cfg in p.peers.items() if peer in run_peers})
-        result = {
-            "bench": "job", "layout_version": LAYOUT_VERSION, "command": s.command,
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": {**_git(), **_versions()},
-            "device": {"type": p.device_type, "name": p.device_name,
-                       "file_name": "cpu" if p.device_type == "cpu" else p.device_name},
-            "host": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load_start],
-                     "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
-            "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),
-                         "variants": {v.name: list(v.overrides) for v in s.variants}, "model": first_spec.generation.model,
-                         "dtype": p.dtype, "docs": p.requests, "docs_label": p.docs_label,
-                         "max_new_tokens": p.max_new_tokens, "runs": s.runs, "runner": "ray" if _use_ray(s) else "inprocess",
-                         "peer_batch_sizes": list(s.peer_batch_sizes), "probe_docs": s.probe_docs,
-                         "synthetic_docs": s.synthetic_docs, "doc_tokens": s.doc_tokens, "usd_per_device_hour": usd,
-                         "date": s.date, "sides": list(s.sides), "peer_threads": p.threads},
-            "sides": sides,
-            "peer_probe": probes,
-            "runs_by_side": runs_by_side,
-            "summary": {side: medians(runs) for side, runs in runs_by_side.items()},
-            "agreement": {name: agreement(p, name, last_rows[name], last_rows.get(p.peer_of[name] or ""))
-                          for name in longdoc_sides if p.peer_of.get(name) in run_peers},
-            "notes": _notes(s, p),
-        }
-        finish(result)
-        js, md, result = write_results(result, s.out, s.merge)
+                write(partial=True)
+        js, md, result = write(partial=False)
         for line in summary_lines(result):
             echo(line)
         echo(f"# results: {js} and {md}")

@@ -208,8 +208,9 @@ def merge_previous(result: dict, path: Path) -> dict:
     for key in ("sides", "summary", "runs_by_side", "agreement", "peer_probe"):
         merged[key] = {**{k: v for k, v in old.get(key, {}).items() if k not in result.get(key, {})},
                        **result.get(key, {})}
-    merged["merged_from"] = [*old.get("merged_from", []), {"created_utc": old.get("created_utc"),
-                                                           "commit": old.get("versions", {}).get("longdoc_commit")}]
+    earlier = [] if old.get("created_utc") == result.get("created_utc") else [  # not this run's own partial write
+        {"created_utc": old.get("created_utc"), "commit": old.get("versions", {}).get("longdoc_commit")}]
+    merged["merged_from"] = [*old.get("merged_from", []), *earlier]
     finish(merged)
     return merged
 
@@ -282,6 +283,7 @@ def markdown(result: dict) -> str:
         f"# `longdoc bench job`: {s['spec_name']} on {d['name']}",
         "",
         f"Command: `{result['command']}`  ",
+        *([f"**Partial** ({result['partial']}): the command ended before its last side.  "] if result.get("partial") else []),
         f"Created {result['created_utc']} at commit {v.get('longdoc_commit')}; load average "
         f"{result['host']['load_avg_start']} at the start, {result['host']['load_avg_end']} at the end "
         f"({result['host']['cpus']} CPUs).  ",

@@ -1,4 +1,4 @@
-"""The plan's pieces that need no Ray: the column chain and how many batches a generate actor holds."""
+"""The plan's pieces: the column chain, how many batches a generate actor holds, what its actors ask Ray for."""
 
 from __future__ import annotations
 
@@ -30,3 +30,18 @@ def test_the_chain_is_checked_before_anything_runs():
     check_chain(stage_chain(_spec()))
     with pytest.raises(ValueError, match="stage b needs columns \\['x'\\]"):
         check_chain([StageColumns("a", (), ("y",)), StageColumns("b", ("x",), ())])
+
+
+def test_the_generate_actors_ask_for_the_specs_custom_resources(ray_session, tmp_path):
+    # Without them a cluster places the actors on any node with CPUs: a spec pinning its
+    # pool to labelled nodes (GPU pools, a node with the model's disk) was ignored.
+    from pipeline.plan import build_plan
+
+    spec = _spec(custom_resources={"oom_node": 1.5}, num_cpus=1)
+    ds, _ = build_plan(spec, "r", "2026-01-01", str(tmp_path), frozenset(), [str(tmp_path / "d.txt")])
+    op, args = ds._logical_plan.dag, {}
+    while op is not None:  # walk back from the write stage to the generate stage
+        if "GenerateStage" in op.name:
+            args = op.ray_remote_args
+        op = op.input_dependencies[0] if op.input_dependencies else None
+    assert args.get("resources") == {"oom_node": 1.5} and args.get("num_cpus") == 1

@@ -75,6 +75,16 @@ def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
         load_spec(p, ["generation.max_new_tokens"])
 
 
+
+def test_compile_off_unquoted_is_off_not_a_boolean(tmp_path):
+    # YAML 1.1 reads `off` as false: the spec and --set both mean the choice "off".
+    p = tmp_path / "job.yaml"
+    p.write_text("name: j\ninput: {uri: /data}\ngeneration: {compile: off}\n")
+    assert load_spec(p).generation.compile == "off"
+    assert load_spec(p, ["generation.compile=off"]).generation.compile == "off"
+    with pytest.raises(SpecError, match="generation.compile"):
+        load_spec(p, ["generation.compile=yes"])  # true: no choice reads as it
+
 def test_override_into_a_value_is_an_error():
     with pytest.raises(SpecError, match="is a value"):
         apply_overrides({"name": "x"}, ["name.first=1"])

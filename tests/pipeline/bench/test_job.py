@@ -103,6 +103,31 @@ def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path
     assert "ratio pld / greedy: documents/hour" in proc.stdout
 
 
+
+def test_a_bench_cut_short_keeps_the_sides_it_finished(tmp_path):
+    # A device call's time limit ends the bench with SIGTERM (timeout): the sides measured
+    # before it are on disk, marked partial, not lost with the side that was running.
+    out = tmp_path / "results"
+    args = [SPEC, "--model", "random:tiny", "--docs", "2", "--set", "generation.max_new_tokens=4", "--runs", "1",
+            "--sides", "longdoc", "--runner", "local", "--variant", "first:generation.speculative.method=none",
+            "--variant", "second:generation.speculative.method=prompt_lookup", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench.job", *args], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("job-cpu-*.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.terminate()  # while the second side runs
+        log = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    res = json.loads(next(out.glob("job-cpu-*.json")).read_text())
+    assert proc.returncode != 0, log[-2000:]  # it was cut short, not finished
+    assert list(res["runs_by_side"]) == ["first"] and res["runs_by_side"]["first"][0]["docs"] == 2
+    assert res["partial"] and "**Partial**" in next(out.glob("job-cpu-*.md")).read_text()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
