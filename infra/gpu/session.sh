@@ -255,7 +255,7 @@ part_night_roofline() {  # batch-1 decode vs the HBM roofline (weights + KV), ra
                    --systems longdoc --verify-widths=)
   run_capped night-roofline "${NIGHT_ROOFLINE_S:-150}" "${1:-0}" "$PY" -m pipeline.bench.command "${args[@]}" \
     --out "$WORK/night-roofline"
-  pack night.tar.gz night-roofline night-job night-pld
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
 }
 
 part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the HF static-compiled peer
@@ -273,12 +273,17 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
           --set generation.max_new_tokens=4 --set generation.dtype=auto --set resources.num_cpus=1
           --peer-batch-sizes 1,2 --runs 1 --sides "$NIGHT_SIDES" --merge --runner local)  # as on the GPU machine: no Ray
   fi
-  # shellcheck disable=SC2086
   # NIGHT_JOB_ARGS: extra bench options, e.g. "--set generation.compile=off" (no warm-up: a
   # short device call measures the sides, not the compiler) or "--probe-docs 8".
-  run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job infra/gpu/night-job.yaml \
-    "${args[@]}" $variants ${NIGHT_JOB_ARGS:-} --out "$WORK/night-job"
-  pack night.tar.gz night-roofline night-job night-pld
+  # The bench's temporary folder under WORK: a failed side keeps its folder (spec, log.txt),
+  # which then travels back in night.tar.gz (night-job-tmp/) instead of dying with the machine.
+  rm -rf "$WORK/night-job-tmp" && mkdir -p "$WORK/night-job-tmp"
+  # (the compiler's cache stays where it was: it is large, and reused by a later call)
+  # shellcheck disable=SC2086
+  TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)} TMPDIR="$WORK/night-job-tmp" \
+    run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job \
+    infra/gpu/night-job.yaml "${args[@]}" $variants ${NIGHT_JOB_ARGS:-} --out "$WORK/night-job"
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
 }
 
 part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 requests queued at once
@@ -293,7 +298,7 @@ part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 req
     "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
     --sides longdoc --runs 2 --out "$WORK/night-pld"
-  pack night.tar.gz night-roofline night-job night-pld
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
 }
 
 night() {
