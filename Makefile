@@ -56,6 +56,8 @@ BENCH_OUT ?= jobs/results/bench-decode
 BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50
 PACK_PY_VERSION ?= 3.12
 PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
+# pytest for the GPU-only tests the night runs (tests/stages/decoding/test_cuda_graphs.py).
+GPU_TEST_PKGS := pytest pluggy iniconfig
 
 bench-gpu:
 	@$(GPU_PY) -c "import pydantic" 2>/dev/null || $(GPU_PY) -c "import sys; sys.path.insert(0, '$(BENCH_DIR)/site'); import pydantic" 2>/dev/null \
@@ -75,7 +77,7 @@ bench-gpu-pack: setup
 	rm -f $(BENCH_DIR)/wheels/*.whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(PACK_PY_VERSION) --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(BENCH_DIR)/wheels \
-	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(PYDANTIC_PKGS)'.split()))")
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in '$(PYDANTIC_PKGS) $(GPU_TEST_PKGS)'.split()))")
 	ls -la $(BENCH_DIR)/wheels $(BENCH_DIR)/cache/models/smollm2-135m-instruct
 
 # GPU session (infra/README.md, "GPU session"): everything that needs the embedded model on
@@ -128,7 +130,7 @@ gpu-dry-run:
 # and, when calls A and B brought the embedded model, prompt lookup vs greedy on real text.
 # NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS pick
 # what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
-NIGHT_STEPS ?= roofline job pld
+NIGHT_STEPS ?= graphs roofline job pld
 
 gpu-night:
 	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_DOCS="$(NIGHT_DOCS)" \

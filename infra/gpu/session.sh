@@ -242,7 +242,8 @@ night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm
           echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET"
         fi ;;
       bm25) echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET" ;;
-      *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch rag bm25" >&2; return 2 ;;
+      -) ;;  # none of these: the sides come from NIGHT_JOB_ARGS' own --variant options
+      *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch rag bm25, or - (only NIGHT_JOB_ARGS' variants)" >&2; return 2 ;;
     esac
   done
 }
@@ -255,7 +256,7 @@ part_night_roofline() {  # batch-1 decode vs the HBM roofline (weights + KV), ra
                    --systems longdoc --verify-widths=)
   run_capped night-roofline "${NIGHT_ROOFLINE_S:-150}" "${1:-0}" "$PY" -m pipeline.bench.command "${args[@]}" \
     --out "$WORK/night-roofline"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
 }
 
 part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the HF static-compiled peer
@@ -283,7 +284,7 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
   TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)} TMPDIR="$WORK/night-job-tmp" \
     run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job \
     infra/gpu/night-job.yaml "${args[@]}" $variants ${NIGHT_JOB_ARGS:-} --out "$WORK/night-job"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
 }
 
 part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 requests queued at once
@@ -298,19 +299,35 @@ part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 req
     "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
     --sides longdoc --runs 2 --out "$WORK/night-pld"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+}
+
+part_night_graphs() {  # the GPU-only tests of the captured CUDA graphs (correctness before speed)
+  if ! "$PY" -c "import pytest" 2>/dev/null; then
+    ls .bench/wheels/pytest-*.whl >/dev/null 2>&1 || { say "night-graphs: skipped: no pytest here and none in .bench/wheels"; return 0; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$STATE/site" \
+      .bench/wheels/pytest-*.whl .bench/wheels/pluggy-*.whl .bench/wheels/iniconfig-*.whl || return 3
+  fi
+  mkdir -p "$WORK/night-graphs"
+  run_capped night-graphs "${NIGHT_GRAPHS_S:-120}" "${1:-0}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="-ra" \
+    tests/stages/decoding/test_cuda_graphs.py > "$WORK/night-graphs/pytest.txt" 2>&1
+  local rc=$?
+  tail -20 "$WORK/night-graphs/pytest.txt"
+  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+  return $rc
 }
 
 night() {
-  say "night: device $DEV, budget ${TOTAL}s, steps ${NIGHT_STEPS:-roofline job pld}, out $OUT"
+  say "night: device $DEV, budget ${TOTAL}s, steps ${NIGHT_STEPS:-graphs roofline job pld}, out $OUT"
   night_ready || return 3
   local step
-  for step in ${NIGHT_STEPS:-roofline job pld}; do
+  for step in ${NIGHT_STEPS:-graphs roofline job pld}; do
     case $step in
+      graphs) part_night_graphs 0 ;;
       roofline) part_night_roofline "${NIGHT_ROOFLINE_RESERVE:-60}" ;;
       job) part_night_job 0 ;;
       pld) part_night_pld 0 ;;
-      *) echo "error: NIGHT_STEPS: $step unknown; allowed: roofline job pld"; return 2 ;;
+      *) echo "error: NIGHT_STEPS: $step unknown; allowed: graphs roofline job pld"; return 2 ;;
     esac
   done
 }

@@ -14,7 +14,8 @@ differs:
   CPU with one torch thread: this thread's CPU time (leaves out other processes'
   bursts); more threads: wall time. CUDA: wall time after a synchronise.
 - ``cost_prior``/``cost_shape``: what adaptive.StepCost starts from.
-- ``compile`` choice (CUDA): inductor with CUDA graphs, cudagraphs, or eager.
+- ``compile`` choice (CUDA): inductor with CUDA graphs, cudagraphs (the eager step
+  captured as CUDA graphs: cuda_graphs.py), or eager.
 - ``describe()``: one line for logs and benchmarks.
 ``backend_for(model, device, compile, ...)`` picks one. Nothing here is process-global:
 an engine owns its backend, and a backend what it measured.
@@ -89,10 +90,7 @@ class StepBackend:
         """The step over ``cache`` (compiled when this backend compiles)."""
         if self.compiled:
             raise_recompile_limit()
-        return SlotStep(
-            self.view, cache, self.compiled, self.mode, self.compiler or "inductor", self.min_span,
-            symbolic=self.compiler != "cudagraphs",
-        )
+        return SlotStep(self.view, cache, self.compiled, self.mode, self.compiler or "inductor", self.min_span)
 
     # ------------------------------------------------------------------ shapes
     # Compiled steps take bucketed shapes (a handful of graphs, CUDA graphs replayed);

@@ -17,7 +17,9 @@ small bucket lists (``bucket``), the span from ``span_buckets``, and batch, widt
 span are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per
 cache capacity S whatever the bucket lists; with ``mode="reduce-overhead"`` a CUDA
 graph is recorded once per concrete (batch, width, span) and replayed after
-(``compile_counter`` in the tests counts compilations). On CPU the step is eager and
+(``compile_counter`` in the tests counts compilations). The ``cudagraphs`` backend
+compiles nothing: it captures the eager step once per concrete shape
+(cuda_graphs.py). On CPU the step is eager and
 every size is exact (no padding rows or slots to compute).
 
 Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
@@ -114,17 +116,17 @@ class SlotStep:
         compile_mode: str | None = None,
         backend: str | Callable = "inductor",
         min_span: int = 256,
-        symbolic: bool = True,
     ) -> None:
         """``min_span``: the smallest attention span (span_buckets); tests lower it.
-        ``symbolic``: batch, width and span as symbolic sizes (``_mark``); False compiles
-        every concrete shape apart (the ``cudagraphs`` backend needs it: on torch 2.11 its
-        CUDA graph trees replayed a graph recorded for one width with inputs of another,
-        "size of tensor a (4) must match the size of tensor b (8)", H100, 2026-11-24)."""
+        ``backend="cudagraphs"``: the eager step captured as one CUDA graph per concrete
+        shape (cuda_graphs.CapturedSteps), not torch.compile: on torch 2.11 the compile
+        backend's graph trees replayed a graph recorded for one width with inputs of another
+        ("size of tensor a (4) must match the size of tensor b (8)", H100, 2026-11-24), and
+        it copies the KV cache inside each graph (out of memory, H200, 2026-11-26)."""
         self.view = view
         self.cache = cache
         self.min_span = min_span
-        self.symbolic = symbolic
+        self._symbolic = False  # batch, width and span marked symbolic for torch.compile (_mark)
         self._slot_ids = torch.arange(cache.capacity, device=cache.length.device)
         self.head = self.view.get_output_embeddings()
         if self.head is None or getattr(self.view.config, "final_logit_softcapping", None):
@@ -132,7 +134,15 @@ class SlotStep:
         self.compiled = compile
         name = backend if isinstance(backend, str) else type(backend).__name__
         self.how = f"compiled: {name}" + (f", {compile_mode}" if compile_mode else "") if compile else "eager"
-        if compile:
+        if compile and backend == "cudagraphs":
+            # Captured by hand, not through torch.compile (see cuda_graphs.py: the compile
+            # backend copies the whole KV cache inside each graph).
+            from stages.decoding.cuda_graphs import CapturedSteps
+
+            self._logits = CapturedSteps(self._logits_eager, cache)
+            self._greedy = CapturedSteps(self._greedy_eager, cache)
+        elif compile:
+            self._symbolic = True
             raise_recompile_limit()
             # dynamic=False: nothing becomes symbolic by itself (a new cache capacity S
             # is a new graph); batch and width are marked symbolic on purpose (_mark).
@@ -183,7 +193,7 @@ class SlotStep:
         graphs (size 1 and 2 get their own: dynamo specialises them) instead of one per
         (batch bucket, width bucket, span); CUDA graph trees still record one graph per
         concrete shape, which takes a replay, not a compilation."""
-        if self.compiled and self.symbolic:
+        if self._symbolic:
             torch._dynamo.maybe_mark_dynamic(feed, 0)
             torch._dynamo.maybe_mark_dynamic(feed, 1)
             torch._dynamo.maybe_mark_dynamic(slot_ids, 0)

@@ -110,6 +110,7 @@ class SlotCache(Cache):
             for h, dk, dv in layer_shapes
         ]
         super().__init__(layers=layers)
+        self.layout_version = 0  # +1 whenever the tensors are reallocated (reshape): captured graphs hold addresses
         self._mark_static()
 
     @classmethod
@@ -193,6 +194,7 @@ class SlotCache(Cache):
         self.length[:keep] = length[:keep]
         self.pos[:keep] = pos[:keep]
         self.slots, self.capacity = slots, capacity
+        self.layout_version += 1
         self._mark_static()
 
     def grow(self, capacity: int) -> None:

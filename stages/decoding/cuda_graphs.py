@@ -1,0 +1,87 @@
+"""CUDA graphs of the eager decode step, captured by hand: ``CapturedSteps``.
+
+Why not ``torch.compile(backend="cudagraphs")``: that backend runs the step through
+AOTAutograd, which functionalises the in-place writes into the KV slots: every layer's
+key and value tensors are copied whole inside the graph and written back at its end, so a
+step holds a second copy of the KV cache. On an H200 (2026-11-26) an 8B model with 8k-token
+slots ran out of memory warming up, whatever the KV budget
+(jobs/results/bench-job/gpu-night-nvidia-h200-2026-11-26-session.txt). Capturing the
+eager step keeps the writes in place: the graph replays exactly the kernels the eager step
+launches (so its outputs equal the eager step's, bit for bit), without the host's launch
+cost, and warms up in a fraction of a second per shape instead of a compilation.
+
+Contract: ``CapturedSteps(fn, cache)`` wraps ``fn(*tensors) -> tensor or tuple of
+tensors`` (device work only: no host sync, no data-dependent Python branching).
+``__call__(*args)``: the first call with a new combination of input shapes captures a
+graph (after one eager run on a side stream, which also gives its result); later calls
+copy the inputs into the graph's static buffers and replay it. Results are returned as
+fresh tensors (copies of the graph's static outputs), so they stay valid across later
+replays. Graphs read the cache's tensors by address, so every graph is dropped when the
+cache is laid out again (``SlotCache.layout_version`` changed). All graphs share one memory
+pool: they never run concurrently, and each result is copied out before the next replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stages.decoding.slots import SlotCache
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]  # static buffers the replay reads
+    outputs: tuple[torch.Tensor, ...]  # static buffers the replay writes
+    single: bool  # fn returned one tensor, not a tuple
+
+
+class CapturedSteps:
+    """One CUDA graph per input-shape combination of ``fn`` (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], cache: SlotCache) -> None:
+        if cache.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {cache.device}")
+        self.fn = fn
+        self.cache = cache
+        self.graphs: dict[tuple, _Graph] = {}
+        self._layout = cache.layout_version
+        self._pool = torch.cuda.graph_pool_handle()
+        self.captures = 0  # graphs captured over this object's life (tests, logs)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.cache.layout_version != self._layout:  # slots re-laid out: old addresses
+            self.graphs.clear()
+            self._layout = self.cache.layout_version
+        key = tuple((tuple(a.shape), a.dtype) for a in args)
+        entry = self.graphs.get(key)
+        if entry is None:
+            return self._capture(key, args)
+        for buf, a in zip(entry.inputs, args):
+            if buf.data_ptr() != a.data_ptr():
+                buf.copy_(a)
+        entry.graph.replay()
+        out = tuple(o.clone() for o in entry.outputs)
+        return out[0] if entry.single else out
+
+    def _capture(self, key: tuple, args: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Run ``fn`` eagerly once (its result is this call's), then record its graph."""
+        inputs = tuple(a.clone() for a in args)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            # The eager run: lazy set-up (cuBLAS handles, workspace) happens outside the
+            # capture, and this call gets its result. Writes to the cache are the ones
+            # the replay would make (the caller advances the rows afterwards).
+            result = self.fn(*inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self.fn(*inputs)
+        single = isinstance(outputs, torch.Tensor)
+        self.graphs[key] = _Graph(graph, inputs, (outputs,) if single else tuple(outputs), single)
+        self.captures += 1
+        return result

@@ -1,0 +1,81 @@
+"""Captured CUDA graphs of the decode step (stages/decoding/cuda_graphs.py).
+
+They need a GPU: skipped here and in CI, run on the device machine by the GPU kit
+(``make gpu-night`` step ``graphs``, infra/README.md). On CPU, the ``cudagraphs`` choice
+is refused (tests/stages/decoding/test_backends.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from stages.decoding.config import DecodeConfig
+from stages.decoding.engine import Engine, Request
+from stages.decoding.forward import decode_view
+from stages.decoding.slot_step import SlotStep
+from stages.decoding.slots import SlotCache
+from stages.decoding.state import prefill_full
+from stages.prompting import PromptParts
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the GPU kit runs this)")
+VOCAB = 2048
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_causal_lm(VOCAB, "llama", 0).cuda().eval()
+
+
+def _loaded_cache(model, prompts):
+    cache = SlotCache.for_model(model, slots=len(prompts), capacity=256)
+    state = prefill_full(model, prompts, 0)
+    for row in range(len(prompts)):
+        cache.load(row, state, row)
+    return cache
+
+
+def test_a_replayed_step_equals_the_eager_step_bit_for_bit(model):
+    # The graph replays the eager step's own kernels: logits and cache writes are identical.
+    prompts = [list(range(5, 40)), list(range(100, 112)), list(range(300, 321))]
+    feed = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]], device="cuda")
+    n_fed = torch.tensor([4, 2, 1], device="cuda")
+    got = {}
+    for how in ("eager", "graphs"):
+        cache = _loaded_cache(model, prompts)
+        step = SlotStep(decode_view(model), cache, compile=how == "graphs", backend="cudagraphs", min_span=64)
+        runs = [step.greedy(feed, n_fed, 64) for _ in range(3)]  # capture, then two replays
+        got[how] = (step.step(feed, 64), runs, cache.layers[0].keys.clone())
+        if how == "graphs":
+            assert step._greedy.captures == 1 and step._logits.captures == 1
+    assert torch.equal(got["eager"][0], got["graphs"][0])
+    for (b1, a1), (b2, a2) in zip(got["eager"][1], got["graphs"][1], strict=True):
+        assert torch.equal(b1, b2) and torch.equal(a1, a2)
+    assert torch.equal(got["eager"][2], got["graphs"][2])
+
+
+def test_the_engine_captures_at_warm_up_and_never_while_decoding(model):
+    cfg = DecodeConfig(max_new_tokens=40, eos_ids=frozenset({-1}), speculative="prompt_lookup",
+                       num_draft_tokens=4, adaptive=False)
+    prompts = [list(range(5, 5 + n)) for n in (12, 70, 33, 50, 9, 61)]
+    reqs = [Request(i, PromptParts([], p, []), p * 2, seed=i) for i, p in enumerate(prompts)]
+    eng = Engine(model, cfg, slots=4, expected_tokens=120, compile="cudagraphs", min_span=64)
+    eng.warm_up(greedy=True)
+    warm = eng.step_fn._greedy.captures
+    assert warm > 1
+    out = eng.run(reqs)
+    assert all(o.error is None and len(o.result.tokens) == 40 for o in out)
+    assert eng.step_fn._greedy.captures == warm and eng.stats.relayouts == 0
+
+
+def test_a_relayout_drops_the_graphs_that_hold_old_addresses(model):
+    cache = _loaded_cache(model, [list(range(5, 40))])
+    step = SlotStep(decode_view(model), cache, compile=True, backend="cudagraphs", min_span=64)
+    feed = torch.tensor([[7]], device="cuda")
+    step.step(feed, 64)
+    assert len(step._logits.graphs) == 1
+    cache.grow(512)  # new tensors: a replay of the old graph would read freed memory
+    eager = SlotStep(decode_view(model), cache, min_span=64).step(feed, 64)
+    assert torch.equal(step.step(feed, 64), eager) and step._logits.captures == 2
+    assert len(step._logits.graphs) == 1
