@@ -17,8 +17,9 @@ graph (after one eager run on a side stream, which also gives its result); later
 copy the inputs into the graph's static buffers and replay it. Results are returned as
 fresh tensors (copies of the graph's static outputs), so they stay valid across later
 replays. Graphs read the cache's tensors by address, so every graph is dropped when the
-cache is laid out again (``SlotCache.layout_version`` changed). All graphs share one memory
-pool: they never run concurrently, and each result is copied out before the next replay.
+cache is laid out again (``SlotCache.layout_version`` changed), and the next ones go to a
+new memory pool. The graphs of one layout share one pool: they never run concurrently, and
+each result is copied out before the next replay.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class CapturedSteps:
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self.cache.layout_version != self._layout:  # slots re-laid out: old addresses
             self.graphs.clear()
+            # A new pool too: capturing into a pool whose graphs are all gone fails an
+            # allocator assertion ("use_count > 0", CUDACachingAllocator.cpp; seen on an
+            # H200 the first time an engine re-laid out its slots, 2026-11-26).
+            self._pool = torch.cuda.graph_pool_handle()
             self._layout = self.cache.layout_version
         key = tuple((tuple(a.shape), a.dtype) for a in args)
         entry = self.graphs.get(key)
