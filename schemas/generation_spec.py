@@ -83,9 +83,9 @@ class GenerationSpec(_Strict):
     )
     compile: Literal["auto", "inductor", "cudagraphs", "off"] = Field(
         default="auto",
-        description="Decode steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (CUDA "
-        "graphs of the eager kernels, GPU only: seconds per shape, one compilation per batch x width x "
-        "attention span), off (eager, exact shapes; on CPU with the measured kernel plan). auto: "
+        description="Decode steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (the eager "
+        "step captured as CUDA graphs, GPU only: no compilation, one capture per batch x width x "
+        "attention span, a fraction of a second each), off (eager, exact shapes; on CPU with the measured kernel plan). auto: "
         "inductor on a GPU, off on CPU. Steps are compiled once per actor, before the first batch.",
     )
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
