@@ -1,8 +1,8 @@
 """Captured CUDA graphs of the decode step (stages/decoding/cuda_graphs.py).
 
 They need a GPU: skipped here and in CI, run on the device machine by the GPU kit
-(``make gpu-night`` step ``graphs``, infra/README.md). On CPU, the ``cudagraphs`` choice
-is refused (tests/stages/decoding/test_backends.py).
+(``make gpu-night`` step ``graphs``, infra/README.md). On CPU they are refused, naming the
+device (the first test; and the ``cudagraphs`` choice in tests/stages/decoding/test_backends.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from tiny_models import tiny_causal_lm
 
 from stages.decoding.config import DecodeConfig
+from stages.decoding.cuda_graphs import CapturedSteps
 from stages.decoding.engine import Engine, Request
 from stages.decoding.forward import decode_view
 from stages.decoding.slot_step import SlotStep
@@ -19,8 +20,16 @@ from stages.decoding.slots import SlotCache
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the GPU kit runs this)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the GPU kit runs this)")
 VOCAB = 2048
+
+
+def test_graphs_are_refused_off_a_gpu(tiny_model):
+    cache = SlotCache.for_model(tiny_model, slots=1, capacity=64)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
+        CapturedSteps(lambda x: x, cache)
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
+        SlotStep(decode_view(tiny_model), cache, compile=True, backend="cudagraphs")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +45,7 @@ def _loaded_cache(model, prompts):
     return cache
 
 
+@needs_cuda
 def test_a_replayed_step_equals_the_eager_step_bit_for_bit(model):
     # The graph replays the eager step's own kernels: logits and cache writes are identical.
     prompts = [list(range(5, 40)), list(range(100, 112)), list(range(300, 321))]
@@ -55,6 +65,7 @@ def test_a_replayed_step_equals_the_eager_step_bit_for_bit(model):
     assert torch.equal(got["eager"][2], got["graphs"][2])
 
 
+@needs_cuda
 def test_the_engine_captures_at_warm_up_and_never_while_decoding(model):
     cfg = DecodeConfig(max_new_tokens=40, eos_ids=frozenset({-1}), speculative="prompt_lookup",
                        num_draft_tokens=4, adaptive=False)
@@ -69,18 +80,20 @@ def test_the_engine_captures_at_warm_up_and_never_while_decoding(model):
     assert eng.step_fn._greedy.captures == warm and eng.stats.relayouts == 0
 
 
+@needs_cuda
 def test_a_relayout_drops_the_graphs_that_hold_old_addresses(model):
     cache = _loaded_cache(model, [list(range(5, 40))])
     step = SlotStep(decode_view(model), cache, compile=True, backend="cudagraphs", min_span=64)
     feed = torch.tensor([[7]], device="cuda")
     step.step(feed, 64)
-    assert len(step._logits.graphs) == 1
+    assert isinstance(step._logits, CapturedSteps) and len(step._logits.graphs) == 1
     cache.grow(512)  # new tensors: a replay of the old graph would read freed memory
     eager = SlotStep(decode_view(model), cache, min_span=64).step(feed, 64)
     assert torch.equal(step.step(feed, 64), eager) and step._logits.captures == 2
     assert len(step._logits.graphs) == 1
 
 
+@needs_cuda
 def test_an_engine_that_lays_its_slots_out_again_keeps_decoding_with_graphs(model):
     # The first H200 night failed here: rows longer than the warm-up's layout made the
     # engine re-lay out its slots, the graphs were dropped, and the next capture reused

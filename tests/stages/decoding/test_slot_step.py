@@ -75,14 +75,6 @@ def test_no_recompilation_after_warm_up(tiny_model, greedy):
     torch._dynamo.reset()
 
 
-def test_captured_cuda_graphs_are_refused_off_a_gpu(tiny_model):
-    # The cudagraphs choice is refused on CPU before a step is made (backends.compile_plan);
-    # a step built directly still names the device (tests/stages/decoding/test_cuda_graphs.py
-    # runs it on a GPU).
-    cache = SlotCache.for_model(tiny_model, slots=1, capacity=64)
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
-        SlotStep(decode_view(tiny_model), cache, compile=True, backend="cudagraphs")
-
 def test_a_step_over_a_span_equals_the_step_over_the_whole_capacity(tiny_model):
     """Attending over the first L slots gives the logits (and cache writes) of attending
     over all S: slots past every row's length + T are masked anyway."""
