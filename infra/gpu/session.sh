@@ -215,6 +215,8 @@ NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch rag}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
 NIGHT_PEER_BATCHES=${NIGHT_PEER_BATCHES:-8,16,32}
 NIGHT_RUNS=${NIGHT_RUNS:-1}
+# What every night step packs into night.tar.gz (those that exist), after each step.
+NIGHT_PACKED=(night-roofline night-job night-pld night-job-tmp night-graphs)
 
 night_ready() {  # pydantic from .bench/wheels, the tokenizer into the device cache, the imports
   if ! "$PY" -c "import pydantic" 2>/dev/null; then
@@ -256,7 +258,7 @@ part_night_roofline() {  # batch-1 decode vs the HBM roofline (weights + KV), ra
                    --systems longdoc --verify-widths=)
   run_capped night-roofline "${NIGHT_ROOFLINE_S:-150}" "${1:-0}" "$PY" -m pipeline.bench.command "${args[@]}" \
     --out "$WORK/night-roofline"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+  pack night.tar.gz "${NIGHT_PACKED[@]}"
 }
 
 part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the HF static-compiled peer
@@ -284,7 +286,7 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
   TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)} TMPDIR="$WORK/night-job-tmp" \
     run_capped night-job "${NIGHT_JOB_S:-540}" "${1:-0}" "$PY" -m pipeline.bench.job \
     infra/gpu/night-job.yaml "${args[@]}" $variants ${NIGHT_JOB_ARGS:-} --out "$WORK/night-job"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+  pack night.tar.gz "${NIGHT_PACKED[@]}"
 }
 
 part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 requests queued at once
@@ -299,7 +301,7 @@ part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 req
     "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
     --sides longdoc --runs 2 --out "$WORK/night-pld"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+  pack night.tar.gz "${NIGHT_PACKED[@]}"
 }
 
 part_night_graphs() {  # the GPU-only tests of the captured CUDA graphs (correctness before speed)
@@ -313,7 +315,7 @@ part_night_graphs() {  # the GPU-only tests of the captured CUDA graphs (correct
     tests/stages/decoding/test_cuda_graphs.py > "$WORK/night-graphs/pytest.txt" 2>&1
   local rc=$?
   tail -20 "$WORK/night-graphs/pytest.txt"
-  pack night.tar.gz night-roofline night-job night-pld night-job-tmp night-graphs
+  pack night.tar.gz "${NIGHT_PACKED[@]}"
   return $rc
 }
 

@@ -35,7 +35,6 @@ from stages.decoding.slot_step import (
     SlotStep,
     batch_buckets,
     bucket,
-    raise_recompile_limit,
     span_buckets,
     width_buckets,
 )
@@ -88,8 +87,6 @@ class StepBackend:
 
     def make_step(self, cache: SlotCache) -> SlotStep:
         """The step over ``cache`` (compiled when this backend compiles)."""
-        if self.compiled:
-            raise_recompile_limit()
         return SlotStep(self.view, cache, self.compiled, self.mode, self.compiler or "inductor", self.min_span)
 
     # ------------------------------------------------------------------ shapes
