@@ -27,7 +27,13 @@ AUTO_MIN_RELEVANCE = 0.5
 # sentences are cut. Chosen on the tuning part of the eval (jobs/eval/qa-tuning.jsonl).
 AUTO_SIMILARITY_WEIGHT = 0.5
 AUTO_SENTENCE_SPLIT = "prose"
-AUTO_NEXT_SENTENCE = False
+# Each chosen sentence brings the next one of its paragraph: with the relevance floor Finch
+# reads about one sentence, and where the answer follows the sentence that names its
+# subject (two-sentence questions) that sentence alone cannot answer. On the tuning part at
+# 512: two-sentence 0.125 -> 0.625, echoed 0.778 both, paraphrased 0.464 -> 0.429 (one
+# question of 28, the answer in the read text in both), 9 more tokens read
+# (jobs/eval/results/2026-11-26-finch-next-sentence-tuning-512-cpu.md).
+AUTO_NEXT_SENTENCE = True
 
 if TYPE_CHECKING:
     from collections.abc import Callable
