@@ -162,6 +162,41 @@ def test_finch_prefill_reads_the_sentence_the_embedder_finds(tokenizer, tiny_mod
         torch.testing.assert_close(alone.state.last_logits[0], out.state.last_logits[row])
 
 
+SUBJECT = "The Oslo office bought a small sailing boat in May."
+ANSWER = "Everyone there calls her the Silver Gull."
+BOAT_QUESTION = "What name did the Oslo office give the sailing boat it bought in May?"
+
+
+def test_the_qa_default_reads_the_sentence_after_the_one_it_chooses(tokenizer, tiny_model, embedder):
+    """The subject's sentence is chosen; its answer is the next sentence of the paragraph.
+    The qa defaults (next_sentence on, chosen on the tuning part) read both, in a state equal
+    to a plain prefill of that text; with next_sentence off the answer is not read."""
+    builder = PromptBuilder(tokenizer)
+    text = " ".join(FILLER[:3]) + "\n\n" + SUBJECT + " " + ANSWER + "\n\n" + " ".join(FILLER[3:] * 2)
+    parts = builder.build(builder.encode_text(text), "Answer the question using the document.", BOAT_QUESTION)
+    bounds = sentence_boundaries(tokenizer)
+    similarity = make_similarity(embedder, tokenizer)
+    heads = HeadSet("tiny", "-", all_heads(tiny_model))
+    spans = sentence_spans(parts.context_ids, bounds, join_lines=True)
+    texts = [tokenizer.decode(parts.context_ids[s:e]).strip() for s, e in spans]
+    (view,) = similarity([parts], [spans])
+    evidence = similarity_evidence(view.cosine, view.content)
+    answer_ids = set(range(*spans[texts.index(ANSWER)]))
+
+    default = FinchCompression(target_tokens=48, chunk_tokens=32, similarity_weight=1.0).resolved("qa")
+    assert default.next_sentence and default.evidence == "fused" and default.min_relevance == 0.5
+    for cfg in (default, default.model_copy(update={"next_sentence": False})):
+        read = choose_sentences(spans, evidence, 48, 0.5, "relevance", view.follows if cfg.next_sentence else None)
+        assert set(range(*spans[texts.index(SUBJECT)])) <= set(read)
+        assert (answer_ids <= set(read)) is cfg.next_sentence
+        out = finch_prefill(tiny_model, [parts], cfg, tokenizer.pad_token_id, heads=heads, boundaries=bounds,
+                            similarity=similarity)
+        assert out.context_tokens == [len(read)]
+        full = prefill_full(tiny_model, [parts.prefix_ids + [parts.context_ids[j] for j in read] + parts.query_ids],
+                            tokenizer.pad_token_id)
+        torch.testing.assert_close(out.state.last_logits, full.last_logits)
+
+
 def test_fused_settings_are_checked_and_resolved():
     with pytest.raises(ValueError, match="evidence fused scores whole sentences"):
         FinchCompression(evidence="fused", mode="kv")
