@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,8 @@ def run_eval(
             limit=limit,
             overrides=common + scoped.get(r.method, []),
             autocompressor=autocompressor,
+            # The embedded Ray has this machine to itself: one generate actor, every core.
+            cpus=None if address or os.environ.get("RAY_ADDRESS") else os.cpu_count() or 1,
         )
         for r in dict.fromkeys(runs + nll_runs)
     }  # every spec is validated before the first run starts

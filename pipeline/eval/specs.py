@@ -13,7 +13,9 @@ Contract:
   ``METHOD:key=value`` to that method's runs only. Compression, input and output are
   set per run by the eval, so unscoped overrides of them are refused.
 - ``build_eval_spec`` makes one run's JobSpec: the eval set as qa JSONL (fields id,
-  text, questions, answers), the method at the budget, output at ``run_dir``.
+  text, questions, answers), the method at the budget, output at ``run_dir``, and the
+  generate actor's CPUs when given (`longdoc eval` on the embedded Ray gives it every
+  core of the machine: the spec default of one left half of a 2-core machine idle).
 - ``load_question_meta`` reads each question's ``kind``, ``style`` and ``depths`` entry.
 Bad values raise ValueError naming the value and what is allowed.
 """
@@ -95,7 +97,11 @@ def build_eval_spec(
     limit: int | None,
     overrides: list[str],
     autocompressor: str | None = None,
+    cpus: int | None = None,
 ):
+    """One run's JobSpec. ``cpus``: the generate actor's ``resources.num_cpus`` (its torch
+    threads) unless an override sets it; None keeps the spec default (one CPU, what a
+    cluster node slice expects)."""
     from schemas.loading import apply_overrides, spec_from_dict
 
     compression: dict[str, Any] = {"method": run.method}
@@ -119,6 +125,8 @@ def build_eval_spec(
         "generation": {"max_new_tokens": max_new_tokens},
         "output": {"uri": run_dir},
     }
+    if cpus is not None:
+        data["resources"] = {"num_cpus": cpus}
     return spec_from_dict(apply_overrides(data, overrides), source=f"eval run {run.tag}")
 
 

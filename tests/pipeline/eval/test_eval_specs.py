@@ -85,6 +85,12 @@ def test_build_eval_spec_per_method(tmp_path) -> None:
     assert ac.compression.checkpoint == "/ck"
     shipped = build_eval_spec(EvalRun("autocompressor", None), "/e.jsonl", "o", **kw)
     assert shipped.compression.checkpoint is None  # the method resolves its shipped default
+    assert none.resources.num_cpus == 1  # no cpus given: the spec default (a cluster slice)
+    embedded = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", cpus=2, **kw)
+    assert embedded.resources.num_cpus == 2
+    mine = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", cpus=2, max_new_tokens=8, limit=None,
+                           overrides=["resources.num_cpus=1.5"])
+    assert mine.resources.num_cpus == 1.5  # the user's override wins
     with pytest.raises(SpecError, match="max_new_tokens"):
         build_eval_spec(
             EvalRun("rag", 8), "/e.jsonl", "o", max_new_tokens=0, limit=None, overrides=[]
