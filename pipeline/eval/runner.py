@@ -10,7 +10,9 @@ Contract:
   question style, kind and answer depth), scored.csv (one line per request) and
   eval.png. The printed table shows every method per question style
   (pipeline.eval.table.per_style, "contains").
-  A run that raises is reported and skipped; the others go on. Reusing an
+  On the embedded Ray the generate actor gets every core (``embedded_cpus``; with
+  ``--address`` the spec default stands). A run that raises is reported and skipped;
+  the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
   a resumed run reports no wall time per request (``-``; its e2e_s still counts).
 - ``metrics`` picks what is measured: "qa" (the above) and/or "nll" (pipeline/eval/nll.py:
@@ -84,6 +86,16 @@ def _read_rows(output_uri: str) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def embedded_cpus() -> int:
+    """CPUs for the eval's one generate actor on the embedded Ray, which has this machine to
+    itself: ``OMP_NUM_THREADS`` when set (the caller chose a thread count, as `make test`
+    does), otherwise every core."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return os.cpu_count() or 1
+
+
 def run_eval(
     eval_set: str = DEFAULT_EVAL_SET,
     target_tokens: list[int] | None = None,
@@ -126,8 +138,7 @@ def run_eval(
             limit=limit,
             overrides=common + scoped.get(r.method, []),
             autocompressor=autocompressor,
-            # The embedded Ray has this machine to itself: one generate actor, every core.
-            cpus=None if address or os.environ.get("RAY_ADDRESS") else os.cpu_count() or 1,
+            cpus=None if address or os.environ.get("RAY_ADDRESS") else embedded_cpus(),
         )
         for r in dict.fromkeys(runs + nll_runs)
     }  # every spec is validated before the first run starts

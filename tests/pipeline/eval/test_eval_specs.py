@@ -108,3 +108,16 @@ def test_load_question_meta(tmp_path) -> None:
     meta = load_question_meta(str(p))
     assert meta[("a", "q2")] == {"kind": "native", "style": "paraphrased", "depth": 0.9}
     assert meta[("7", "q3")] == {"kind": None, "style": None, "depth": None}
+
+
+def test_the_embedded_eval_uses_every_core_unless_omp_num_threads_says(monkeypatch) -> None:
+    import os
+
+    from pipeline.eval.runner import embedded_cpus
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert embedded_cpus() == (os.cpu_count() or 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert embedded_cpus() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert embedded_cpus() == (os.cpu_count() or 1)
