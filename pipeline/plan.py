@@ -19,23 +19,14 @@ before any model loads.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-import pyarrow as pa
-
+# The read side lives in a module without torch: Ray's task workers import it, not this one.
+from pipeline.plan_inputs import ExpandRequests, ReadDocuments
 from schemas.rows import OutputRow, RequestRow, columns
 from schemas.spec import JobSpec
 from stages.compression import method_for
 from stages.generate import GenerateStage
-from stages.read import (
-    Document,
-    document_table,
-    expand_requests,
-    generation_fingerprint,
-    read_shard,
-)
 from stages.tokenize import TokenizeStage
 
 
@@ -103,52 +94,6 @@ def generate_batches_in_flight(spec: JobSpec) -> int:
     return max(2, min(64, -(-rows // res.batch_size) + 1))
 
 
-class _ReadDocuments:
-    """map_batches fn: a batch of shard rows (``shard``, ``index``) -> document tables.
-
-    Yields each shard's documents as it reads them (errors become rows too) and, once the
-    batch is read, records its requests in the run's ledger (stages/ledger.py): what the
-    runner needs when Ray aborts, without reading the input again.
-    """
-
-    def __init__(self, spec: JobSpec, root_uri: str, output_root: str, run_id: str, run_date: str) -> None:
-        self.spec, self.root_uri = spec, root_uri
-        self.output_root, self.run_id, self.run_date = output_root, run_id, run_date
-        self.fingerprint = generation_fingerprint(spec)
-
-    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        from stages.ledger import write_block
-
-        indices = batch.column("index").to_pylist()
-        recorded: list[dict[str, Any]] = []
-        for index, shard in zip(indices, batch.column("shard").to_pylist()):
-            docs = read_shard(shard, self.spec.input, self.root_uri)
-            for doc_index, doc in enumerate(docs):
-                for req in expand_requests(doc, self.spec, self.run_id, self.run_date, self.fingerprint):
-                    recorded.append({"shard": index, "doc": doc_index, **{
-                        k: req[k] for k in ("request_id", "doc_id", "source_uri", "prompt", "question", "reference")}})
-            if docs:
-                yield document_table(docs)
-        write_block(self.output_root, self.run_date, self.run_id, indices, recorded)
-
-
-class _ExpandRequests:
-    """flat_map fn: one document row -> request rows, minus those already written."""
-
-    def __init__(self, spec: JobSpec, run_id: str, run_date: str, skip: frozenset[str]) -> None:
-        self.spec, self.run_id, self.run_date, self.skip = spec, run_id, run_date, skip
-        self.fingerprint = generation_fingerprint(spec)
-
-    def __call__(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
-        # Every Document field, error_kind included (a storage failure stays retryable);
-        # list columns arrive as lists or arrays depending on the block format.
-        d = Document(**{f.name: doc[f.name] for f in fields(Document) if f.name in doc})
-        d.questions = list(d.questions if d.questions is not None else [])
-        d.answers = list(d.answers if d.answers is not None else [])
-        reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
-        return [r for r in reqs if r["request_id"] not in self.skip]
-
-
 def build_plan(
     spec: JobSpec,
     run_id: str,
@@ -189,11 +134,11 @@ def _build_plan(
     root_uri = resolve_uri(spec.input.uri, run_date)
     items = [{"shard": s, "index": i} for i, s in enumerate(shards)]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(shards), 200)))
-    ds = ds.map_batches(_ReadDocuments(spec, root_uri, output_root, run_id, run_date),
+    ds = ds.map_batches(ReadDocuments(spec, root_uri, output_root, run_id, run_date),
                         batch_size=None, batch_format="pyarrow")
     if spec.input.limit:
         ds = ds.limit(spec.input.limit)
-    ds = ds.flat_map(_ExpandRequests(spec, run_id, run_date, skip))
+    ds = ds.flat_map(ExpandRequests(spec, run_id, run_date, skip))
     ds = ds.map_batches(
         TokenizeStage,
         fn_constructor_kwargs={"spec": spec_json},

@@ -1,0 +1,80 @@
+"""The plan's input side: shard rows -> documents -> requests, as Ray Data task functions.
+
+Why a module of its own: Ray's task workers import the module that defines a task's
+function. These two lived in pipeline/plan.py, whose imports reach the decode engine
+(torch, transformers: ~6-9 s of CPU per worker process on a 2-core machine), so every
+read and expand worker paid for a model stack it never uses, while the generate actor
+was loading the model beside it. This module imports only the readers, the ledger and
+the schemas (``python -c "import pipeline.plan_inputs"`` loads no torch; a test checks it).
+
+Contract:
+- ``ReadDocuments(spec, root_uri, output_root, run_id, run_date)``: map_batches fn over
+  shard rows (``shard``, ``index``, pyarrow); yields one document table per shard that
+  has documents (a document that fails to read is a row with its error) and, once the
+  batch is read, records the batch's requests in the run's ledger (stages/ledger.py).
+- ``ExpandRequests(spec, run_id, run_date, skip)``: flat_map fn, one document row -> its
+  request rows (stages.read.expand_requests), minus the request ids in ``skip``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import fields
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.spec import JobSpec
+from stages.read import (
+    Document,
+    document_table,
+    expand_requests,
+    generation_fingerprint,
+    read_shard,
+)
+
+
+class ReadDocuments:
+    """map_batches fn: a batch of shard rows (``shard``, ``index``) -> document tables.
+
+    Yields each shard's documents as it reads them (errors become rows too) and, once the
+    batch is read, records its requests in the run's ledger (stages/ledger.py): what the
+    runner needs when Ray aborts, without reading the input again.
+    """
+
+    def __init__(self, spec: JobSpec, root_uri: str, output_root: str, run_id: str, run_date: str) -> None:
+        self.spec, self.root_uri = spec, root_uri
+        self.output_root, self.run_id, self.run_date = output_root, run_id, run_date
+        self.fingerprint = generation_fingerprint(spec)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        from stages.ledger import write_block
+
+        indices = batch.column("index").to_pylist()
+        recorded: list[dict[str, Any]] = []
+        for index, shard in zip(indices, batch.column("shard").to_pylist()):
+            docs = read_shard(shard, self.spec.input, self.root_uri)
+            for doc_index, doc in enumerate(docs):
+                for req in expand_requests(doc, self.spec, self.run_id, self.run_date, self.fingerprint):
+                    recorded.append({"shard": index, "doc": doc_index, **{
+                        k: req[k] for k in ("request_id", "doc_id", "source_uri", "prompt", "question", "reference")}})
+            if docs:
+                yield document_table(docs)
+        write_block(self.output_root, self.run_date, self.run_id, indices, recorded)
+
+
+class ExpandRequests:
+    """flat_map fn: one document row -> request rows, minus those already written."""
+
+    def __init__(self, spec: JobSpec, run_id: str, run_date: str, skip: frozenset[str]) -> None:
+        self.spec, self.run_id, self.run_date, self.skip = spec, run_id, run_date, skip
+        self.fingerprint = generation_fingerprint(spec)
+
+    def __call__(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        # Every Document field, error_kind included (a storage failure stays retryable);
+        # list columns arrive as lists or arrays depending on the block format.
+        d = Document(**{f.name: doc[f.name] for f in fields(Document) if f.name in doc})
+        d.questions = list(d.questions if d.questions is not None else [])
+        d.answers = list(d.answers if d.answers is not None else [])
+        reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
+        return [r for r in reqs if r["request_id"] not in self.skip]

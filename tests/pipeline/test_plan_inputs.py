@@ -1,0 +1,53 @@
+"""pipeline/plan_inputs.py: the plan's read and expand functions, run by Ray task workers.
+
+The workers import the module that defines a task's function; this one must not reach
+torch or transformers (seconds of CPU per worker, beside the generate actor's model load)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+
+from pipeline.plan_inputs import ExpandRequests, ReadDocuments
+from schemas.loading import spec_from_dict
+from stages.read import generation_fingerprint
+
+
+def test_a_task_worker_importing_the_read_side_loads_no_model_stack() -> None:
+    code = ("import sys, pipeline.plan_inputs, stages.write; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().replace("'", '"')) == []
+
+
+def test_the_plan_hands_ray_the_torch_free_functions() -> None:
+    import pipeline.plan as plan
+
+    assert plan.ReadDocuments is ReadDocuments and plan.ExpandRequests is ExpandRequests
+    assert ReadDocuments.__module__ == ExpandRequests.__module__ == "pipeline.plan_inputs"
+
+
+def test_documents_are_read_expanded_and_finished_requests_skipped(tmp_path) -> None:
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("First document.")
+    (corpus / "b.txt").write_text("Second document.")
+    spec = spec_from_dict({"name": "t", "input": {"uri": str(corpus), "format": "text"},
+                           "task": {"kind": "summarize"}, "output": {"uri": str(tmp_path / "out")}})
+    shards = sorted(str(p) for p in corpus.iterdir())
+    read = ReadDocuments(spec, str(corpus), str(tmp_path / "out"), "run1", "2026-01-01")
+    tables = list(read(pa.table({"shard": shards, "index": [0, 1]})))
+    docs = [row for t in tables for row in t.to_pylist()]
+    assert sorted(d["text"] for d in docs) == ["First document.", "Second document."]
+    assert all(d["error"] is None for d in docs)
+
+    expand = ExpandRequests(spec, "run1", "2026-01-01", frozenset())
+    requests = [r for d in docs for r in expand(d)]
+    assert len(requests) == 2 and {r["run_id"] for r in requests} == {"run1"}
+    assert expand.fingerprint == generation_fingerprint(spec)
+    done = frozenset({requests[0]["request_id"]})
+    again = [r for d in docs for r in ExpandRequests(spec, "run1", "2026-01-01", done)(d)]
+    assert [r["request_id"] for r in again] == [requests[1]["request_id"]]
