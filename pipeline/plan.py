@@ -21,13 +21,20 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-# The read side lives in a module without torch: Ray's task workers import it, not this one.
+# Neither module imports torch: Ray's task workers import the read side, and the driver
+# hands Ray the model stages by name (they are imported inside their actors).
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
-from schemas.rows import OutputRow, RequestRow, columns
+from pipeline.stage_actors import GenerateStage, TokenizeStage
+from schemas.rows import (
+    GENERATE_NEEDS,
+    TOKENIZE_ADDS,
+    TOKENIZE_NEEDS,
+    OutputRow,
+    RequestRow,
+    columns,
+)
 from schemas.spec import JobSpec
 from stages.compression import method_for
-from stages.generate import GenerateStage
-from stages.tokenize import TokenizeStage
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,8 @@ class StageColumns:
 
 
 READ = StageColumns("read", (), columns(RequestRow))
-TOKENIZE = StageColumns("tokenize", TokenizeStage.needs, TokenizeStage.adds)
-GENERATE = StageColumns("generate", GenerateStage.needs, GenerateStage.adds)
+TOKENIZE = StageColumns("tokenize", TOKENIZE_NEEDS, TOKENIZE_ADDS)
+GENERATE = StageColumns("generate", GENERATE_NEEDS, columns(OutputRow))
 WRITE = StageColumns("write", columns(OutputRow), ())
 
 

@@ -77,6 +77,14 @@ class RetrievedRow(CompressedRow):
 #: What generate reads: a tokenized row, text-compressed or not.
 GenerateInput = TokenizedRow | CompressedRow | RetrievedRow
 
+# The model stages' column declarations live here, beside their rows, so the plan checks
+# the chain without importing the stages (torch, transformers: the driver needs neither).
+#: stages/tokenize.py TokenizeStage
+TOKENIZE_NEEDS: tuple[str, ...] = ("text", "error")
+TOKENIZE_ADDS: tuple[str, ...] = ("doc_ids", "doc_tokens")
+#: stages/generate.py GenerateStage (it adds every OutputRow column: ``columns(OutputRow)``)
+GENERATE_NEEDS: tuple[str, ...] = ("request_id", "doc_ids", "instruction", "question", "error")
+
 
 def columns(row_type: type) -> tuple[str, ...]:
     """The column names of a row TypedDict, in declaration order (inherited ones first)."""

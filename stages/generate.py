@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from schemas import output as out_schema
-from schemas.rows import GenerateInput, OutputRow, columns
+from schemas.rows import GENERATE_NEEDS, GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
 from stages.compression.base import CONTEXT_COLUMNS
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 class GenerateStage:
     """TokenizedRow | CompressedRow batches -> OutputRow batches (schemas/rows.py)."""
 
-    needs: tuple[str, ...] = ("request_id", "doc_ids", "instruction", "question", "error")
+    needs: tuple[str, ...] = GENERATE_NEEDS
     adds: tuple[str, ...] = columns(OutputRow)
 
     def __init__(self, spec: dict) -> None:

@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from schemas.output import INPUT
-from schemas.rows import CompressedRow, TokenizedRow
+from schemas.rows import TOKENIZE_ADDS, TOKENIZE_NEEDS, CompressedRow, TokenizedRow
 from schemas.spec import JobSpec
 from stages.compression import method_for
 from stages.model_loading import load_tokenizer
@@ -28,8 +28,8 @@ from stages.rows import batch_to_rows, fail, rows_to_batch
 
 
 class TokenizeStage:
-    needs: ClassVar[tuple[str, ...]] = ("text", "error")
-    adds: ClassVar[tuple[str, ...]] = ("doc_ids", "doc_tokens")
+    needs: ClassVar[tuple[str, ...]] = TOKENIZE_NEEDS
+    adds: ClassVar[tuple[str, ...]] = TOKENIZE_ADDS
 
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
