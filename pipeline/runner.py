@@ -109,6 +109,11 @@ def check_embedded_fits(spec: JobSpec) -> None:
             "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)"))
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The Ray cluster a run joins: ``address``, else ``$RAY_ADDRESS``; None: the embedded Ray."""
+    return address or os.environ.get("RAY_ADDRESS")
+
+
 def init_ray(address: str | None, spec: JobSpec) -> bool:
     """Connect to (or start) Ray; True when this call started an embedded Ray."""
     import ray
@@ -117,7 +122,7 @@ def init_ray(address: str | None, spec: JobSpec) -> bool:
 
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(address)
     env = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
     if address:

@@ -115,7 +115,7 @@ def run_eval(
     query_tokens: int = DEFAULT_QUERY_TOKENS,
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
-    from pipeline.runner import new_run_id, run_job, today_utc
+    from pipeline.runner import cluster_address, new_run_id, run_job, today_utc
 
     local = Path(eval_set)
     if "://" not in eval_set and not local.is_file():
@@ -138,7 +138,7 @@ def run_eval(
             limit=limit,
             overrides=common + scoped.get(r.method, []),
             autocompressor=autocompressor,
-            cpus=None if address or os.environ.get("RAY_ADDRESS") else embedded_cpus(),
+            cpus=None if cluster_address(address) else embedded_cpus(),
         )
         for r in dict.fromkeys(runs + nll_runs)
     }  # every spec is validated before the first run starts
