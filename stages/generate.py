@@ -42,6 +42,7 @@ from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import Engine, KvBudgetExceeded, Request
 from stages.decoding.service import EngineService
 from stages.decoding.stops import cut_text
+from stages.host_memory import keep_freed_memory
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
 from stages.rows import batch_to_rows, rows_to_batch
@@ -62,6 +63,11 @@ class GenerateStage:
         if self.device.type == "cpu":
             # One actor per node slice: use the CPUs Ray granted it, not every core.
             torch.set_num_threads(max(1, int(res.num_cpus)))
+            # Before the model loads: activations freed by one forward pass are reused by
+            # the next instead of page-faulted back in (host_memory.py: prefill ~7% faster).
+            allocator = keep_freed_memory()
+            if allocator:
+                log.info("host memory: %s", allocator)
         self.method = method_for(self.spec.compression)
         loaded = self.method.load(self.spec, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
