@@ -64,7 +64,7 @@ class GenerateStage:
             # One actor per node slice: use the CPUs Ray granted it, not every core.
             torch.set_num_threads(max(1, int(res.num_cpus)))
             # Before the model loads: activations freed by one forward pass are reused by
-            # the next instead of page-faulted back in (host_memory.py: prefill ~7% faster).
+            # the next instead of page-faulted back in (host_memory.py, with what it measured).
             allocator = keep_freed_memory()
             if allocator:
                 log.info("host memory: %s", allocator)
