@@ -118,25 +118,31 @@ def ratios(summary: dict, longdoc_sides: list[str], peer_of: dict[str, str | Non
 
 
 def prefill_bounds(result: dict) -> None:
-    """Per longdoc side with a peer, ``ratios[side]["vs_peer"]["prefill_bound"]``: the most
-    documents/hour over the peer's that the side could reach if everything but its prompt
-    reading were free (decode, Ray, start-up, writing): the peer's median wall time over
-    the side's median ``rows_prefill_s`` (every row's prefill, compression included).
+    """Per longdoc side, ``ratios[side]["vs_peer"]["prefill_bound"]`` (with a peer) and
+    ``ratios[side]["vs_first"]["prefill_bound"]`` (against the first longdoc side): the most
+    documents/hour over the other side's that this side could reach if everything but its
+    prompt reading were free (decode, Ray, start-up, writing): the other side's median wall
+    time over this side's median ``rows_prefill_s`` (every row's prefill, compression
+    included).
 
     Why: where prefill dominates (CPU, long prompts, few new tokens) both sides pay about
     the same FLOPs for it, so this bound, not the decode engine, caps the ratio; a target
-    above it cannot be met by scheduling or decoding work.
+    above it cannot be met by scheduling or decoding work. Against the first side (e.g. a
+    compressed side against method none): a method that reads the whole document through
+    the model (Finch) cannot beat no compression by more than this, however small its KV.
     """
+    summary = result["summary"]
     for side, rec in result["ratios"].items():
-        vs = rec.get("vs_peer")
-        if not vs:
-            continue
         prefill = [v for r in result["runs_by_side"].get(side, [])
                    if isinstance(r.get("where"), dict) and (v := r["where"].get("rows_prefill_s"))]
-        peer_wall = result["summary"].get(vs["peer"], {}).get("wall_s")
-        if prefill and peer_wall:
-            vs["prefill_s"] = statistics.median(prefill)
-            vs["prefill_bound"] = peer_wall / vs["prefill_s"]
+        if not prefill:
+            continue
+        for key, other in (("vs_peer", "peer"), ("vs_first", "side")):
+            vs = rec.get(key)
+            wall = summary.get(vs[other], {}).get("wall_s") if vs else None
+            if wall:
+                vs["prefill_s"] = statistics.median(prefill)
+                vs["prefill_bound"] = wall / vs["prefill_s"]
 
 
 def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dict]:
@@ -261,10 +267,11 @@ def summary_lines(result: dict) -> list[str]:
             if key in r:
                 lines.append(f"ratio {side} / {r[key][label]}: documents/hour {_f(r[key]['wall'], 2)}x whole process, "
                              f"{_f(r[key]['steady'], 2)}x steady state")
-        if r.get("vs_peer", {}).get("prefill_bound"):
-            v = r["vs_peer"]
-            lines.append(f"bound {side} / {v['peer']}: at most {_f(v['prefill_bound'], 2)}x if all but its prompts' "
-                         f"prefill ({_f(v['prefill_s'], 1)} s) were free")
+        for key, label in (("vs_peer", "peer"), ("vs_first", "side")):
+            if r.get(key, {}).get("prefill_bound"):
+                v = r[key]
+                lines.append(f"bound {side} / {v[label]}: at most {_f(v['prefill_bound'], 2)}x if all but its "
+                             f"prompts' prefill ({_f(v['prefill_s'], 1)} s) were free")
     for side, a in result.get("agreement", {}).items():
         cut = f", {a['text_prefix']} more stopped earlier by a stop rule the peer lacks (the start of its text)" \
             if a.get("text_prefix") else ""

@@ -106,3 +106,21 @@ def test_prefill_bound_is_the_peers_wall_over_longdocs_prompt_reading():
     assert vs["prefill_bound"] == pytest.approx(1.5) and vs["prefill_s"] == 60.0
     assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (60.0 s) were free" in summary_lines(r)
     assert "prefill_bound" not in _result()["ratios"]["longdoc"]["vs_peer"]  # no figures, no bound
+
+
+def test_a_compressed_side_is_bounded_by_its_prefill_against_the_first_side():
+    sides = {"none": {"kind": "longdoc", "method": "none", "speculative": "none", "peer": "peer", "what": ""},
+             "finch-1k": {"kind": "longdoc", "method": "finch", "speculative": "none", "peer": "peer", "what": ""},
+             "peer": {"kind": "peer", "what": ""}}
+    r = _result("cuda", sides, {"none": 72.0, "finch-1k": 78.0, "peer": 144.0})
+    r["runs_by_side"]["finch-1k"][0]["where"] = {"rows_prefill_s": 48.0}
+    finish(r)
+    first = r["ratios"]["finch-1k"]["vs_first"]
+    # Finch reads every document through the model: even with free decoding it cannot pass
+    # none's 72 s over its own 48 s of prefill, whatever its KV budget.
+    assert first["prefill_bound"] == pytest.approx(1.5) and first["prefill_s"] == 48.0
+    assert r["ratios"]["finch-1k"]["vs_peer"]["prefill_bound"] == pytest.approx(3.0)
+    lines = summary_lines(r)
+    assert "bound finch-1k / none: at most 1.50x if all but its prompts' prefill (48.0 s) were free" in lines
+    assert "bound finch-1k / peer: at most 3.00x if all but its prompts' prefill (48.0 s) were free" in lines
+    assert "prefill_bound" not in r["ratios"]["none"].get("vs_first", {})  # the first side has no first side
