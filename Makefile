@@ -126,16 +126,18 @@ gpu-dry-run:
 # The GPU night (infra/README.md, "GPU night"): on a bare GPU machine with .bench/wheels and
 # .bench/cache carried (make bench-gpu-pack here first), one command measures the batch-1
 # roofline, `longdoc bench job` (random 8B bf16, synthetic 8k-token documents: none vs
-# finch vs rag at 1k on our engine, the transformers static-compiled peer at its best batch)
+# finch (capped at a trained 8B's selection depth, and uncalibrated) vs rag at 1k on our
+# engine, the transformers static-compiled peer at its best batch)
 # and, when calls A and B brought the embedded model, prompt lookup vs greedy on real text.
-# NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS pick
-# what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
+# NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS
+# and NIGHT_FINCH_LAYERS pick what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
 NIGHT_STEPS ?= graphs roofline job pld
 
 gpu-night:
 	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_DOCS="$(NIGHT_DOCS)" \
 	  NIGHT_VARIANTS="$(NIGHT_VARIANTS)" NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_PEER_BATCHES="$(NIGHT_PEER_BATCHES)" \
-	  NIGHT_RUNS="$(NIGHT_RUNS)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" bash infra/gpu/session.sh night
+	  NIGHT_RUNS="$(NIGHT_RUNS)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" NIGHT_FINCH_LAYERS="$(NIGHT_FINCH_LAYERS)" \
+	  bash infra/gpu/session.sh night
 
 # CPU rehearsal of gpu-night with tiny settings (random:tiny, 4 synthetic documents, 4 new
 # tokens; the embedded model from this machine's cache for the pld step): proves every

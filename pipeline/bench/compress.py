@@ -26,6 +26,11 @@ Finch is faster or smaller). Full prefill of a document longer than the model's
 context window is not run ("n/a (exceeds context)"): RoPE positions past the
 window are outside what the model was trained on. Paper claim checked: Finch is
 faster than full prefill once chunks exceed ~128 tokens.
+
+What Finch's early exit costs depends on how deep its selecting heads sit:
+``--heads all`` runs it as on a model never calibrated (every head of every layer, so
+the whole model reads the document), ``--max-scoring-layers 8,16`` caps the layers that
+select (compression.max_scoring_layers); the header names the selecting layers.
 """
 
 from __future__ import annotations
@@ -109,6 +114,14 @@ def bench_compress(
     task: Annotated[
         str, typer.Option(help="summarize (the summary instruction) or qa (a question; Finch's qa settings).")
     ] = "summarize",
+    max_scoring_layers: Annotated[
+        str, typer.Option(help="Finch max_scoring_layers, comma-separated ('none' = no cap); each runs at "
+                               "every target (early exit reads the document through that many layers).")
+    ] = "none",
+    heads: Annotated[
+        str, typer.Option(help="calibrated (the model's calibrated heads, every head when it has none) or all "
+                               "(every head of every layer: what a model never calibrated pays).")
+    ] = "calibrated",
 ) -> None:
     """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
     import torch
@@ -117,12 +130,16 @@ def bench_compress(
     from stages.compression.finch import FinchCompression, prompt_similarity
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
+    from stages.finch.heads import find_heads
     from stages.finch.spans import sentence_boundaries
     from stages.model_loading import load_causal_lm, pick_device
     from stages.prompting import PromptBuilder
 
     if task not in ("summarize", "qa"):
         raise typer.BadParameter(f"--task {task!r}: allowed summarize, qa")
+    if heads not in ("calibrated", "all"):
+        raise typer.BadParameter(f"--heads {heads!r}: allowed calibrated, all")
+    caps = [_cap(x) for x in max_scoring_layers.split(",")]
     instruction, question = (DEFAULT_QA_INSTRUCTION, QA_QUESTION) if task == "qa" else (DEFAULT_SUMMARY_INSTRUCTION, None)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -142,7 +159,8 @@ def bench_compress(
     prefill_full(lm, [warm.full_ids], pad)
     warm_cfg = FinchCompression(target_tokens=128, chunk_tokens=256).resolved(task)
     similarity = prompt_similarity(warm_cfg, tok, device)  # None unless evidence fused (qa)
-    finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds, similarity=similarity)
+    selecting = find_heads(lm) if heads == "calibrated" else None  # None: every head (uncalibrated)
+    finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds, similarity=similarity, heads=selecting)
 
     on_gpu = device.type == "cuda"
     rows: list[list[str]] = []
@@ -154,24 +172,37 @@ def bench_compress(
             rows.append(_row(n, "full prefill", full, full, on_gpu))
         else:
             rows.append([str(n), "full prefill", "n/a (exceeds context)", "n/a", "n/a", "", ""])
-        configs = [(t, chunk) for t in target_list]
+        configs = [(t, chunk, cap) for t in target_list for cap in caps]
         if n in sweep_at:
-            configs += [(target_list[0], c) for c in sweep if c != chunk]
-        for target, c in configs:
+            configs += [(target_list[0], c, caps[0]) for c in sweep if c != chunk]
+        for target, c, cap in configs:
             cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
-                                   scoring=scoring, mode=mode).resolved(task)  # as a job runs it
+                                   scoring=scoring, mode=mode, max_scoring_layers=cap).resolved(task)  # as a job runs it
             sim = similarity if cfg.evidence == "fused" else None
             m = measure(lambda p=parts, cfg=cfg, sim=sim: finch_prefill(
-                lm, [p], cfg, pad, boundaries=bounds, similarity=sim), device)
-            rows.append(_row(n, f"finch t={target} c={c}", m, full, on_gpu))
+                lm, [p], cfg, pad, boundaries=bounds, similarity=sim, heads=selecting), device)
+            rows.append(_row(n, f"finch t={target} c={c}" + (f" layers<={cap}" if cap else ""), m, full, on_gpu))
     overhead = builder.overhead_tokens(instruction, question)
+    depth = f"selecting layers {', '.join(str(la) for la in sorted({la for la, _ in selecting.heads}))}" \
+        if selecting is not None else "every head of every layer"
     print(f"model={model} task={task} device={device} threads={torch.get_num_threads()} window={window} "
-          f"head_mode={head_mode} scoring={scoring} mode={mode} prompt overhead={overhead} tokens; "
+          f"head_mode={head_mode} scoring={scoring} mode={mode} heads={heads} ({depth} of "
+          f"{lm.config.get_text_config().num_hidden_layers}) prompt overhead={overhead} tokens; "
           f"ratios use {'wall' if on_gpu else 'CPU'} seconds")
     print("| doc tokens | method | wall s | CPU s | peak MiB | time vs full | peak vs full |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
+
+
+def _cap(text: str) -> int | None:
+    """One --max-scoring-layers value: 'none' -> None, else a layer count >= 1."""
+    text = text.strip()
+    if text == "none":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"--max-scoring-layers {text!r}: allowed none or a layer count >= 1")
+    return int(text)
 
 
 def _row(n: int, name: str, m: Measured, full: Measured | None, on_gpu: bool) -> list[str]:

@@ -10,6 +10,7 @@ method and its settings; the algorithm is the stages/finch/ package.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -34,6 +35,8 @@ AUTO_SENTENCE_SPLIT = "prose"
 # question of 28, the answer in the read text in both), 9 more tokens read
 # (jobs/eval/results/2026-11-26-finch-next-sentence-tuning-512-cpu.md).
 AUTO_NEXT_SENTENCE = True
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,6 +76,15 @@ class FinchCompression(CompressionSpec):
         default="shared",
         description="scoring heads: shared = one selection for every layer; per_layer = each "
         "layer ranks by its own heads (mode kv only).",
+    )
+    max_scoring_layers: int | None = Field(
+        default=None, ge=1,
+        description="scoring heads, selection shared: only heads in the model's first N layers "
+        "select (the calibrated ones there, or every head of those layers when none is), so "
+        "early exit reads each document through N layers, not the model's depth; a model "
+        "without calibrated heads otherwise reads it through every layer and then prefills "
+        "the kept tokens again, more than no compression costs (GemFilter selects with one "
+        "early layer: index 13 of Llama-3.1-8B's 32). null: no cap.",
     )
     mode: Literal["kv", "early_exit"] = Field(
         default="early_exit",
@@ -171,6 +183,12 @@ class FinchCompression(CompressionSpec):
                 f"shared and head_mode sum (got scoring {self.scoring}, selection "
                 f"{self.selection}, head_mode {self.head_mode}); set mode: kv for the others"
             )
+        if self.max_scoring_layers is not None and (self.scoring != "heads" or self.selection != "shared"):
+            raise ValueError(
+                f"max_scoring_layers caps the layers of the selecting heads: it needs scoring heads and "
+                f"selection shared (got scoring {self.scoring}, selection {self.selection}); allowed: "
+                f"max_scoring_layers null with those"
+            )
         if self.order == "relevance" and self.mode != "early_exit":
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
         if self.relevance_floor > 0 and self.mode != "early_exit":
@@ -204,6 +222,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         config = self.config(job).resolved(job.task.kind)
         model, tok = load_causal_lm(job.generation.model, job.generation.dtype, device)
         check_supported(model)  # an unsupported architecture fails at actor start, not per row
+        warn_uncalibrated(model, job.generation.model, config)
         pad = tok.pad_token_id
         bounds = sentence_boundaries(tok) if config.keep == "sentences" else None
         similarity = prompt_similarity(config, tok, device)
@@ -254,6 +273,25 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
             return CompressedPrefill(res.state, [res.context_tokens[0] + query_tokens], res.compress_s)
 
         return loaded, condition
+
+
+def warn_uncalibrated(model, name: str, config: FinchCompression) -> bool:
+    """Say (once per load) that ``model`` has no calibrated retrieval heads and what that
+    costs in mode early_exit; True when it said so. ``config`` resolved."""
+    if config.scoring != "heads" or config.mode != "early_exit" or config.max_scoring_layers is not None:
+        return False
+    from stages.finch.heads import find_heads
+
+    if find_heads(model) is not None:
+        return False
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    log.warning(
+        "finch: %s has no calibrated retrieval heads, so every head of all %d layers selects and each "
+        "document is read through the whole model before its kept tokens are prefilled again (more "
+        "prefill than method none). `longdoc calibrate-heads --model %s` finds the heads once per "
+        "model; compression.max_scoring_layers caps the layers read instead.", name, layers, name,
+    )  # fmt: skip
+    return True
 
 
 def prompt_similarity(config: FinchCompression, tokenizer, device: torch.device):

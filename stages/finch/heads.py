@@ -78,14 +78,36 @@ class HeadSet:
         return cls(str(data["model"]), str(data["fingerprint"]), heads, dict(data.get("info", {})))
 
 
-def all_heads(model) -> tuple[tuple[int, int], ...]:
-    """Every (layer, query head) of the model: the uncalibrated fallback."""
+def all_heads(model, layers: int | None = None) -> tuple[tuple[int, int], ...]:
+    """Every (layer, query head) of the model's first ``layers`` layers (default: all of
+    them): the uncalibrated fallback."""
     text = model.config.get_text_config()
+    n_layers = int(text.num_hidden_layers)
     return tuple(
         (layer, head)
-        for layer in range(int(text.num_hidden_layers))
+        for layer in range(min(n_layers, layers) if layers is not None else n_layers)
         for head in range(int(text.num_attention_heads))
     )
+
+
+def selecting_heads(
+    model, calibrated: HeadSet | None, max_layers: int | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The heads Finch selects with: the calibrated set, or every head when there is none;
+    with ``max_layers``, only those in the first ``max_layers`` layers, or every head of
+    those layers when no calibrated head lies there.
+
+    Why a cap: early exit reads each document through the layers up to the deepest
+    selecting head. Uncalibrated, that is every layer, and the kept tokens are then
+    prefilled again: more prefill than no compression at all (H200, random Llama-3-8B,
+    8k-token documents: 41.7 s against 34.3 s). GemFilter (Shi et al. 2024) selects with
+    one early layer, e.g. layer index 13 of Llama-3.1-8B's 32.
+    """
+    heads = calibrated.heads if calibrated is not None else all_heads(model)
+    if max_layers is None:
+        return heads
+    within = tuple((layer, head) for layer, head in heads if layer < max_layers)
+    return within or all_heads(model, max_layers)
 
 
 def check_heads(model, heads: HeadSet) -> None:

@@ -11,8 +11,9 @@ cache with the block appended) to the candidate indices each layer keeps,
 - scoring="heads", selection="shared": one selection for every layer, from the
   selecting heads' normalised, pooled mass (evidence.py). The heads are the model's
   calibrated retrieval heads (heads.py), or every head of every layer when the
-  model was never calibrated. head_mode="kv_group" makes that one selection per KV
-  group. ``run_layers`` is the deepest selecting layer + 1: early exit needs no
+  model was never calibrated, within the first ``max_scoring_layers`` layers when
+  that is set (heads.selecting_heads). head_mode="kv_group" makes that one selection
+  per KV group. ``run_layers`` is the deepest selecting layer + 1: early exit needs no
   layer past it.
 - scoring="heads", selection="per_layer": each layer ranks by its own heads, all
   of them, normalised and pooled (the uncalibrated recipe, layer by layer).
@@ -27,7 +28,7 @@ import torch
 
 from stages.finch.compaction import Plan, select_indices
 from stages.finch.evidence import fill_empty_groups, group_heads, head_mass, normalise, pool_valid
-from stages.finch.heads import HeadSet, all_heads
+from stages.finch.heads import HeadSet, selecting_heads
 from stages.finch.paper_scores import prompt_scores
 
 
@@ -160,4 +161,4 @@ def make_selector(model, config, heads: HeadSet | None) -> Selector:
         return PaperSelector(model, config)
     if config.selection == "per_layer":
         return PerLayerSelector(model, config)
-    return HeadSelector(model, config, heads.heads if heads is not None else all_heads(model))
+    return HeadSelector(model, config, selecting_heads(model, heads, config.max_scoring_layers))

@@ -32,3 +32,24 @@ def test_bench_compress_prints_ratios(task, tiny_model_dir):
 def test_bench_compress_rejects_an_unknown_task(tiny_model_dir):
     res = CliRunner().invoke(_app(), ["compress", "--model", str(tiny_model_dir), "--task", "chat"])
     assert res.exit_code != 0 and "summarize, qa" in res.output
+
+
+def test_bench_compress_runs_finch_at_each_layer_cap_and_as_if_uncalibrated(tiny_model_dir):
+    args = ["compress", "--model", str(tiny_model_dir), "--sizes", "400", "--targets", "64",
+            "--chunk", "128", "--sweep-chunks", "", "--heads", "all", "--max-scoring-layers", "none,1"]
+    res = CliRunner().invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    assert "heads=all (every head of every layer of 2)" in res.output
+    rows = [line.split(" | ")[1] for line in res.output.splitlines() if line.startswith("| 400 |")]
+    assert rows == ["full prefill", "finch t=64 c=128", "finch t=64 c=128 layers<=1"]
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), [
+    ("--max-scoring-layers", "0", "none or a layer count >= 1"),
+    ("--max-scoring-layers", "eight", "none or a layer count >= 1"),
+    ("--heads", "some", "calibrated, all"),
+])
+def test_bench_compress_rejects_bad_finch_options(tiny_model_dir, option, value, allowed):
+    res = CliRunner().invoke(_app(), ["compress", "--model", str(tiny_model_dir), option, value])
+    said = " ".join(res.output.replace("│", " ").split())  # the message as one line, out of its box
+    assert res.exit_code != 0 and allowed in said

@@ -1,18 +1,27 @@
 """Selection by heads through finch_prefill: a planted retrieval head makes Finch keep
 the span around the marker whole, in both modes; early exit reads only the layers up
-to the selecting head, stays within the memory bound and then equals a full prefill
-of the kept tokens."""
+to the selecting head (or up to max_scoring_layers), stays within the memory bound and
+then equals a full prefill of the kept tokens."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 from finch_testlib import random_parts
 from planted import HEAD, doc_with_marker, planted_model
 
-from stages.compression.finch import FinchCompression
+from stages.compression.finch import FinchCompression, warn_uncalibrated
 from stages.decoding.state import prefill_full
-from stages.finch.heads import HeadSet
+from stages.finch.heads import (
+    HeadSet,
+    all_heads,
+    forget,
+    model_fingerprint,
+    save_heads,
+    selecting_heads,
+)
 from stages.finch.prefill import FinchStep, finch_prefill
 from stages.prompting import PromptParts
 
@@ -99,3 +108,63 @@ def test_early_exit_needs_one_shared_selection() -> None:
     with pytest.raises(ValueError, match="early_exit"):
         FinchCompression(head_mode="kv_group")
     FinchCompression(scoring="paper", mode="kv", head_mode="kv_group")
+
+
+def test_max_scoring_layers_caps_the_layers_an_uncalibrated_model_reads(tmp_path, monkeypatch) -> None:
+    """Uncalibrated, every head of every layer selects, so early exit reads the document
+    through the whole model; capped at 1 layer it reads layer 0 only (where the planted
+    head sits), still keeps the marker, and is exactly the run with every head of layer 0
+    named as the calibrated set."""
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    model = planted_model()
+    parts = [_parts(300, 200, seed=8), _parts(260, 40, seed=9)]
+    base = {"target_tokens": 24, "chunk_tokens": 64, "mode": "early_exit", "keep": "tokens"}
+    whole: list[FinchStep] = []
+    finch_prefill(model, parts, FinchCompression(**base), 0, trace=whole)
+    assert all(len(step.kept_index) == 2 for step in whole)  # both layers read every chunk
+    capped: list[FinchStep] = []
+    out = finch_prefill(model, parts, FinchCompression(**base, max_scoring_layers=1), 0, trace=capped)
+    assert all(len(step.kept_index) == 1 for step in capped)  # layer 1 never read the document
+    for row, at in enumerate([200, 40]):
+        assert at in _kept(capped, row, 24)  # the planted head of layer 0 still finds its marker
+    layer0: list[FinchStep] = []
+    named = finch_prefill(model, parts, FinchCompression(**base), 0, trace=layer0,
+                          heads=HeadSet("layer 0", "-", all_heads(model, 1)))
+    assert [_kept(layer0, r, 24) for r in range(2)] == [_kept(capped, r, 24) for r in range(2)]
+    assert torch.equal(out.state.last_logits, named.state.last_logits)
+
+
+def test_selecting_heads_keeps_calibrated_heads_within_the_cap_or_every_head_of_those_layers() -> None:
+    model = planted_model()  # 2 layers x 4 query heads
+    deep = HeadSet("m", "-", ((1, 3), (0, 2), (1, 0)))
+    assert selecting_heads(model, deep) == ((1, 3), (0, 2), (1, 0))
+    assert selecting_heads(model, deep, 1) == ((0, 2),)  # the calibrated head within the cap
+    assert selecting_heads(model, HeadSet("m", "-", ((1, 3),)), 1) == ((0, 0), (0, 1), (0, 2), (0, 3))
+    assert selecting_heads(model, None, 1) == all_heads(model, 1)
+    assert selecting_heads(model, None, 9) == selecting_heads(model, None) == all_heads(model)  # a cap past the depth
+
+
+def test_max_scoring_layers_needs_shared_head_selection() -> None:
+    with pytest.raises(ValueError, match="max_scoring_layers .* needs scoring heads and selection shared"):
+        FinchCompression(mode="kv", scoring="paper", max_scoring_layers=4)
+    with pytest.raises(ValueError, match="got scoring heads, selection per_layer"):
+        FinchCompression(mode="kv", selection="per_layer", max_scoring_layers=4)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        FinchCompression(max_scoring_layers=0)
+    assert FinchCompression(mode="kv", max_scoring_layers=4).max_scoring_layers == 4
+
+
+def test_an_uncalibrated_model_is_named_once_at_load_with_what_it_costs(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    model = planted_model()
+    with caplog.at_level(logging.WARNING, logger="stages.compression.finch"):
+        assert warn_uncalibrated(model, "tiny", FinchCompression())
+    [record] = caplog.records
+    assert "tiny has no calibrated retrieval heads" in record.getMessage()
+    assert "all 2 layers" in record.getMessage() and "max_scoring_layers" in record.getMessage()
+    # Capped, in mode kv (every layer's cache is read anyway), or calibrated: nothing to say.
+    assert not warn_uncalibrated(model, "tiny", FinchCompression(max_scoring_layers=1))
+    assert not warn_uncalibrated(model, "tiny", FinchCompression(mode="kv"))
+    save_heads(HeadSet("tiny", model_fingerprint(model), ((0, HEAD),)))
+    forget(model)
+    assert not warn_uncalibrated(model, "tiny", FinchCompression())
