@@ -13,8 +13,9 @@ process, one thread), decoding excluded.
         --methods finch-heads-ee,finch-heads-kv --limit 12 --out /tmp/needle.json
 
 Methods: finch-paper (scoring paper, mode kv), finch-heads-kv, finch-heads-ee
-(scoring heads, mode kv / early_exit), rag (chunk 256, the embedded MiniLM),
-truncate (head_tail). Results: jobs/results/2026-11-23-finch-heads-cpu.md.
+(scoring heads, mode kv / early_exit), finch-heads-ee-l16 / -l8 (early exit with
+max_scoring_layers 16 / 8), rag (chunk 256, the embedded MiniLM), truncate (head_tail).
+Results: jobs/results/2026-11-23-finch-heads-cpu.md, jobs/results/2026-11-26-finch-depth-cpu.md.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ FINCH = {
     "finch-paper": {"scoring": "paper", "mode": "kv"},
     "finch-heads-kv": {"scoring": "heads", "mode": "kv"},
     "finch-heads-ee": {"scoring": "heads", "mode": "early_exit"},
+    # The same with only the first 16 / 8 layers' heads selecting (max_scoring_layers): the
+    # embedded model's calibrated heads sit in layers 18-22, so every head of those layers.
+    "finch-heads-ee-l16": {"scoring": "heads", "mode": "early_exit", "max_scoring_layers": 16},
+    "finch-heads-ee-l8": {"scoring": "heads", "mode": "early_exit", "max_scoring_layers": 8},
 }
 
 
