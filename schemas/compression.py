@@ -39,6 +39,20 @@ class CompressionSpec(_Strict):
     # _Strict: frozen, unknown keys refused, numbers finite, no booleans or >64-bit integers.
     method: str = Field(description="Compression method name.")
     _by_method: ClassVar[dict[str, type[CompressionSpec]]] = {}
+    #: Settings added after jobs already ran with the method: left out of the generation
+    #: fingerprint while at their default (``fingerprint_settings``), so the request ids of
+    #: a date written before they existed stay the same and a rerun after an upgrade skips
+    #: those rows instead of writing them again under new ids.
+    fingerprint_omits_default: ClassVar[tuple[str, ...]] = ()
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        """These settings as JSON for the generation fingerprint (stages.read), less the
+        ``fingerprint_omits_default`` fields that are at their default."""
+        settings = self.model_dump(mode="json")
+        for name in self.fingerprint_omits_default:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                settings.pop(name, None)
+        return settings
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -330,7 +330,7 @@ def generation_fingerprint(spec: JobSpec) -> str:
         "top_p": spec.generation.top_p,
         "seed": spec.generation.seed,
         "stop": list(spec.generation.stop),
-        "compression": spec.compression.model_dump(mode="json"),
+        "compression": spec.compression.fingerprint_settings(),
         "instruction": spec.task.resolved_instruction,
     }
     return json.dumps(settings, sort_keys=True)

@@ -51,6 +51,7 @@ class FinchCompression(CompressionSpec):
     """Keep the KV entries the question attends to most, read chunk by chunk."""
 
     method: Literal["finch"] = "finch"
+    fingerprint_omits_default = ("max_scoring_layers",)  # added 2026-11-26
     target_tokens: int = Field(
         default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
     )

@@ -225,3 +225,16 @@ def test_streamed_reads_from_s3(monkeypatch):
     assert got["text"]["small.txt"].text == "small"
     assert "5000 bytes" in got["text"]["big.txt"].error
     assert got["parquet"]["p2"].text == "three" and "row1" in got["parquet"]["p1"].error
+
+
+def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_its_default(tmp_path):
+    """finch's max_scoring_layers came after Finch jobs had written rows: unset, it is not in
+    the fingerprint, so a rerun of an old date after the upgrade finds its rows; set, it is."""
+    base = {"name": "f", "input": {"uri": str(tmp_path)}, "task": {"kind": "summarize"},
+            "compression": {"method": "finch", "target_tokens": 512}}
+    fp = generation_fingerprint(spec_from_dict(base))
+    before = spec_from_dict(base).compression.model_dump(mode="json")
+    del before["max_scoring_layers"]  # the settings as they were dumped before the field existed
+    assert json.loads(fp)["compression"] == before
+    capped = spec_from_dict({**base, "compression": {**base["compression"], "max_scoring_layers": 8}})
+    assert json.loads(generation_fingerprint(capped))["compression"]["max_scoring_layers"] == 8
