@@ -126,7 +126,7 @@ gpu-dry-run:
 # The GPU night (infra/README.md, "GPU night"): on a bare GPU machine with .bench/wheels and
 # .bench/cache carried (make bench-gpu-pack here first), one command measures the batch-1
 # roofline, `longdoc bench job` (random 8B bf16, synthetic 8k-token documents: none vs
-# finch (capped at a trained 8B's selection depth, and uncalibrated) vs rag at 1k on our
+# finch (capped at GemFilter's depth for Llama-3.1-8B, and uncalibrated) vs rag at 1k on our
 # engine, the transformers static-compiled peer at its best batch)
 # and, when calls A and B brought the embedded model, prompt lookup vs greedy on real text.
 # NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS

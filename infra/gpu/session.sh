@@ -213,8 +213,8 @@ NIGHT_DOC_TOKENS=${NIGHT_DOC_TOKENS:-8000}
 NIGHT_TARGET=${NIGHT_TARGET:-1024}
 NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch-capped finch rag}
 # finch-capped: Finch selecting with the heads of the first NIGHT_FINCH_LAYERS layers only
-# (compression.max_scoring_layers), the depth a trained model's heads give it: random weights
-# have no calibrated heads, so plain `finch` reads every document through all 32 layers.
+# (compression.max_scoring_layers): random weights have no calibrated heads, so plain `finch`
+# reads every document through all 32 layers, more than a calibrated model would.
 # 14 = GemFilter's selection layer for Llama-3.1-8B (index 13, Shi et al. 2024).
 NIGHT_FINCH_LAYERS=${NIGHT_FINCH_LAYERS:-14}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
