@@ -104,7 +104,10 @@ def _lose_the_node(head, worker, out: Path, freeze_pid, done: threading.Event, r
     while not done.is_set():
         on_node = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.actor_id not in seen]
         pid = freeze_pid()
-        if on_node and pid and list((out / "_staging").rglob("*.staged")):
+        staged = bool(list((out / "_staging").rglob("*.staged")))
+        # What the last poll saw, for a run that ends before the node is lost (a timing miss).
+        report["last_poll"] = {"generate_actors_alive": len(on_node), "driver_pid": pid, "block_staged": staged}
+        if on_node and pid and staged:
             node_id = on_node[0].node_id
             os.kill(pid, signal.SIGSTOP)
             try:
@@ -147,7 +150,10 @@ def _run_losing_a_node(head, start, freeze_pid, out: Path, date: str, worker_cm)
         try:
             while killer.is_alive() and proc.poll() is None:
                 killer.join(timeout=0.5)  # event: the node is dead, or the run ended (aborted)
-            assert "rows_at_kill" in report, "the run ended before the node could be lost"
+            if "rows_at_kill" not in report:
+                tail = proc.communicate(timeout=60)[0][-3000:] if proc.poll() is not None else ""
+                raise AssertionError(f"the run ended (rc {proc.returncode}) before the node could be lost; the "
+                                     f"killer's last poll {report.get('last_poll')}; the run's output ends:\n{tail}")
             assert report["rows_at_kill"] < N_DOCS
             if proc.poll() is None:
                 stack.enter_context(worker_cm())  # a replacement node joins the running job
