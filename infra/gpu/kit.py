@@ -15,12 +15,17 @@ Contract:
 - ``tree_bytes(repo)`` = bytes of what every call carries anyway: tracked files plus
   untracked files git does not ignore (``git ls-files -co --exclude-standard``), plus a
   ``shared/`` folder inside the checkout. ``carry_bytes(repo, paths)`` = bytes of the
-  carried (ignored) paths. ``call_report(repo, calls)`` -> one dict per call with both and
-  ``ok`` = total < LIMIT_BYTES - MARGIN_BYTES.
+  carried (ignored) paths that exist; a missing one is an error unless it is optional
+  (OPTIONAL_CARRY). ``call_report(repo, calls)`` -> one dict per call with both, the optional
+  paths not packed (``absent``) and ``ok`` = total < LIMIT_BYTES - MARGIN_BYTES.
 
-CLI: ``python3 infra/gpu/kit.py split SRC DEST_DIR [--parts 2]``,
-``join MANIFEST DEST PART...``, ``sizes`` (prints the calls in CALLS with their sizes,
-exit 1 when one is over), ``sha256 FILE``.
+- ``check_parts(manifest, folder)`` -> per part "ok", "absent" or "bad sha256 ..." (the
+  parts arrive over several calls).
+
+CLI: ``python3 infra/gpu/kit.py split SRC DEST_DIR [--parts 3]``,
+``join MANIFEST DEST PART...``, ``check MANIFEST FOLDER`` (exit 2 on a bad part or when no
+part is there), ``sizes`` (prints the calls in CALLS with their sizes, exit 1 when one is
+over), ``sha256 FILE``.
 """
 
 from __future__ import annotations
@@ -38,11 +43,18 @@ LIMIT_BYTES = 64 * 2**20  # the device tool's limit on what one call carries
 MARGIN_BYTES = 2 * 2**20
 CHUNK = 1 << 20
 
-# The two back-to-back calls of a GPU session (infra/README.md, "GPU session").
+# The back-to-back calls of a GPU session (infra/README.md, "GPU session"): A, A2, then B
+# (the 30-minute session) or B15 (the 15-minute one: the night, its pld step first). Three
+# parts of ~31 MiB: two of 47 MiB no longer fit call A beside an 11 MiB tree (2026-11-26).
 CALLS: dict[str, list[str]] = {
     "A: make gpu-stage-1": [".bench/model/part-1", ".bench/wheels", ".bench/cache"],
-    "B: make gpu-stage-2": [".bench/model/part-2", ".bench/ac-corpus"],
+    "A2: make gpu-stage-part": [".bench/model/part-2"],
+    "B: make gpu-stage-2": [".bench/model/part-3", ".bench/ac-corpus"],
+    "B15: make gpu-night": [".bench/model/part-3"],
 }
+#: Carried when packed, else left out: the AutoCompressor corpus feeds only part b, which
+#: skips itself without it (`make gpu-pack` packs it when out/ac-corpus exists).
+OPTIONAL_CARRY = frozenset({".bench/ac-corpus"})
 
 
 def sha256_file(path: str | Path) -> str:
@@ -53,7 +65,7 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def split_file(src: str | Path, dest_dir: str | Path, parts: int = 2) -> dict:
+def split_file(src: str | Path, dest_dir: str | Path, parts: int = 3) -> dict:
     """Split ``src`` into ``parts`` near-equal parts under ``dest_dir`` (see module contract)."""
     src, dest_dir = Path(src), Path(dest_dir)
     if parts < 1:
@@ -120,6 +132,21 @@ def _path_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def check_parts(manifest: dict, folder: str | Path) -> dict[str, str]:
+    """Each part of ``manifest`` -> "ok" (in ``folder``, sha256 as listed), "absent", or
+    "bad sha256 <got>"; parts arrive over several calls, so absent is not an error here."""
+    folder = Path(folder)
+    state = {}
+    for e in manifest["parts"]:
+        path = folder / e["name"]
+        if not path.is_file():
+            state[e["name"]] = "absent"
+        else:
+            got = sha256_file(path)
+            state[e["name"]] = "ok" if got == e["sha256"] else f"bad sha256 {got}"
+    return state
+
+
 def tree_bytes(repo: str | Path) -> int:
     """Bytes every call carries: tracked + untracked-not-ignored files, plus shared/."""
     repo = Path(repo)
@@ -133,14 +160,14 @@ def tree_bytes(repo: str | Path) -> int:
     return sum(p.stat().st_size for p in files)
 
 
-def carry_bytes(repo: str | Path, paths: list[str]) -> int:
-    """Bytes of the carried paths; ValueError naming a path that is missing (the device
-    tool would delete it there)."""
+def carry_bytes(repo: str | Path, paths: list[str], optional: frozenset[str] = frozenset()) -> int:
+    """Bytes of the carried paths that exist; ValueError naming a missing path that is not
+    ``optional`` (the device tool would delete it there)."""
     repo = Path(repo)
-    missing = [p for p in paths if not (repo / p).exists()]
+    missing = [p for p in paths if not (repo / p).exists() and p not in optional]
     if missing:
         raise ValueError(f"carry path(s) {missing} missing under {repo}; run `make gpu-pack` first")
-    return sum(_path_bytes(repo / p) for p in paths)
+    return sum(_path_bytes(repo / p) for p in paths if (repo / p).exists())
 
 
 def call_report(repo: str | Path, calls: dict[str, list[str]] | None = None) -> list[dict]:
@@ -148,9 +175,10 @@ def call_report(repo: str | Path, calls: dict[str, list[str]] | None = None) -> 
     tree = tree_bytes(repo)
     rows = []
     for name, paths in (calls or CALLS).items():
-        carried = carry_bytes(repo, paths)
+        carried = carry_bytes(repo, paths, OPTIONAL_CARRY)
         total = tree + carried
-        rows.append({"call": name, "carry": paths, "tree_bytes": tree, "carry_bytes": carried,
+        absent = [p for p in paths if p in OPTIONAL_CARRY and not (Path(repo) / p).exists()]
+        rows.append({"call": name, "carry": paths, "absent": absent, "tree_bytes": tree, "carry_bytes": carried,
                      "total_bytes": total, "ok": total < LIMIT_BYTES - MARGIN_BYTES})
     return rows
 
@@ -165,11 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("split")
     s.add_argument("src")
     s.add_argument("dest_dir")
-    s.add_argument("--parts", type=int, default=2)
+    s.add_argument("--parts", type=int, default=3)
     j = sub.add_parser("join")
     j.add_argument("manifest")
     j.add_argument("dest")
     j.add_argument("parts", nargs="+")
+    c = sub.add_parser("check")
+    c.add_argument("manifest")
+    c.add_argument("folder")
     sub.add_parser("sizes")
     h = sub.add_parser("sha256")
     h.add_argument("file")
@@ -186,12 +217,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"joined {out}: {m['bytes']} bytes, sha256 {m['sha256']} OK")
         elif a.cmd == "sha256":
             print(sha256_file(a.file))
+        elif a.cmd == "check":
+            state = check_parts(json.loads(Path(a.manifest).read_text()), a.folder)
+            for name, st in state.items():
+                print(f"{a.folder}/{name}: {st}")
+            bad = [n for n, st in state.items() if st.startswith("bad")]
+            if bad:
+                print(f"error: {bad} differ from {a.manifest} (re-pack with `make gpu-pack`)", file=sys.stderr)
+                return 2
+            if all(st == "absent" for st in state.values()):
+                print(f"error: no part of {a.manifest} under {a.folder}: carry one", file=sys.stderr)
+                return 2
+            left = [n for n, st in state.items() if st == "absent"]
+            print(f"still to carry: {left}" if left else "every part is here")
         else:
             rows = call_report(os.getcwd())
             for r in rows:
                 print(f"{r['call']}: tree {_mib(r['tree_bytes'])} + carry {_mib(r['carry_bytes'])} "
                       f"= {_mib(r['total_bytes'])} of {_mib(LIMIT_BYTES)} "
-                      f"({'ok' if r['ok'] else 'OVER: leave ' + _mib(MARGIN_BYTES) + ' headroom'}) carry={r['carry']}")
+                      f"({'ok' if r['ok'] else 'OVER: leave ' + _mib(MARGIN_BYTES) + ' headroom'}) carry={r['carry']}"
+                      + (f" (not packed, left out: {r['absent']})" if r["absent"] else ""))
             return 0 if all(r["ok"] for r in rows) else 1
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

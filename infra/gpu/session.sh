@@ -3,7 +3,8 @@
 # targets on the device machine, in the repository root, with the machine's python3.
 #
 #   session.sh stage-1      call A: check .bench/model/part-1, install .bench/wheels (fast)
-#   session.sh stage-2      call B: join part-1 + part-2 (sha256), convert the GGUF once,
+#   session.sh part         call A2: check the GGUF parts carried so far (part-2)
+#   session.sh stage-2      call B: join the GGUF parts (sha256), convert the GGUF once,
 #                           then parts a, b, c in priority order, each under its own cap
 #   session.sh more PART    a later call on the same warm machine: PART = a | a-fp32 |
 #                           a-bf16 | b | c | c-compress | night-pld (whole call budget to that part)
@@ -11,7 +12,8 @@
 #                           roofline (batch-1 HBM roofline), job (`bench job`: none vs finch vs
 #                           rag at 1k on our engine vs transformers static-compiled), pld
 #                           (prompt lookup vs greedy on real summaries; needs the embedded
-#                           model, i.e. calls A and B first); results in $OUT/night.tar.gz
+#                           model: calls A and A2 first, then this call carrying the last
+#                           GGUF part, which joins and converts it); results in $OUT/night.tar.gz
 #
 # Results go to $GPU_OUT (at most 6 files, see pack_*): session.log, summary.md,
 # bench-decode.tar.gz, autocompressor.tar.gz, ac-checkpoint.tar.gz, finch.tar.gz. They are
@@ -65,32 +67,43 @@ install_wheels() {
   "$PY" -c "import pydantic, gguf; print('wheels ok: pydantic', pydantic.VERSION, 'gguf')"
 }
 
+check_parts() {  # the GGUF parts on this machine against the manifest (parts arrive call by call)
+  "$PY" infra/gpu/kit.py check "$MANIFEST" .bench/model || return 3
+}
+
 stage1() {
   say "stage-1 on $(hostname)"
   [ -f .bench/model/part-1 ] || { echo "error: .bench/model/part-1 not carried (run make gpu-pack here)"; return 3; }
-  local want got
-  want=$("$PY" -c "import json; print(json.load(open('$MANIFEST'))['parts'][0]['sha256'])")
-  got=$("$PY" infra/gpu/kit.py sha256 .bench/model/part-1)
-  [ "$want" = "$got" ] || { echo "error: part-1 sha256 $got != manifest $want"; return 3; }
+  check_parts || return 3
   install_wheels || return 3
   command -v nvidia-smi >/dev/null && nvidia-smi -L
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
-  say "stage-1 done: part-1 is on this machine; make call B now (the machine stays warm ~30 s)"
+  say "stage-1 done: make the next call now (the machine stays warm ~30 s)"
 }
 
-prepare() {
+# The embedded model in the device cache: the GGUF parts (carried by calls A, A2 and this
+# one; ignored files stay while the machine is warm) joined against the manifest, converted once.
+prepare_model() {
   if [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
     if [ ! -f "$GGUF" ]; then
-      [ -f .bench/model/part-1 ] || { echo "error: .bench/model/part-1 is not on this machine (it went cold after call A?): make call A again, then call B at once"; return 3; }
-      [ -f .bench/model/part-2 ] || { echo "error: .bench/model/part-2 not carried"; return 3; }
+      local parts
+      parts=$(check_parts) || { echo "$parts"; return 3; }
+      echo "$parts"
+      if grep -q "still to carry" <<<"$parts"; then
+        echo "error: a GGUF part is not on this machine (it went cold between calls?): make calls A, A2 and this one again, back to back"; return 3
+      fi
       mkdir -p "$(dirname "$GGUF")" && : >"$(dirname "$GGUF")/__init__.py"
-      "$PY" infra/gpu/kit.py join "$MANIFEST" "$GGUF" .bench/model/part-1 .bench/model/part-2 || return 3
+      "$PY" infra/gpu/kit.py join "$MANIFEST" "$GGUF" .bench/model/part-* || return 3
     fi
     install_wheels || return 3
     say "converting the GGUF once into $LONGDOC_CACHE"
     "$PY" -c "from stages.model_loading import embedded_model_dir; print('converted:', embedded_model_dir())" || return 3
   fi
-  install_wheels || return 3
+  install_wheels
+}
+
+prepare() {  # stage-2 and later calls: the model, then the AutoCompressor corpus
+  prepare_model || return 3
   mkdir -p "$STATE/ac-corpus"
   for f in train heldout; do
     if [ ! -s "$STATE/ac-corpus/$f.jsonl" ]; then
@@ -111,7 +124,7 @@ pack() {  # pack TAR DIR-RELATIVE-PATHS... (those that exist under WORK)
 
 decode_args() {  # decode_args DTYPE: the bench command for one dtype
   if ((DRY)); then
-    echo --device cpu --batch-sizes 2 --prompt-tokens 64 --new-tokens 4 --systems longdoc,longdoc-pld --verify-widths= --dtype "$1"
+    echo --device cpu --batch-sizes 2 --prompt-tokens 192 --new-tokens 4 --systems longdoc,longdoc-pld --verify-widths= --dtype "$1"
   elif [ "$1" = float32 ]; then
     echo --device cuda --batch-sizes 8,1 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50 --dtype float32 ${A_ARGS:-}
   else  # bf16: the agreement figure; the hf static system is in the fp32 run
@@ -297,16 +310,21 @@ part_night_job() {  # bench job: none vs finch vs rag at 1k on our engine, the H
 
 part_night_pld() {  # prompt lookup vs greedy, embedded model, real text, 64 requests queued at once
   if [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
-    say "night-pld: skipped: the embedded model is not on this machine (calls A and B first)"; return 0
+    say "night-pld: skipped: the embedded model is not on this machine (calls A and A2, then carry .bench/model/part-3 in this call; infra/README.md)"; return 0
   fi
   rm -rf "$WORK/night-pld"
+  # NIGHT_PLD_ARGS: extra bench options. Default: eager steps. Four processes (2 sides x 2
+  # runs) that each compiled their steps would spend the call on the compiler, and both
+  # sides pay the same eager step (a 135M model's step is bound by kernel launches).
+  [ -z "${NIGHT_PLD_ARGS+set}" ] && NIGHT_PLD_ARGS="--set generation.compile=off"
   local args=(--synthetic-docs 64 --doc-tokens 2048 --set resources.num_gpus=1 --set resources.batch_size=16
               --set generation.max_new_tokens=128 --usd-per-device-hour 2.50)
   ((DRY)) && args=(--synthetic-docs 4 --doc-tokens 256 --set generation.max_new_tokens=8 --runner local)
+  # shellcheck disable=SC2086
   run_capped night-pld "${NIGHT_PLD_S:-300}" "${1:-0}" "$PY" -m pipeline.bench.job jobs/sample-summarize.yaml \
     "${args[@]}" --set "compression={method: none}" --set input.limit=null \
     --variant "greedy:generation.speculative.method=none" --variant "pld:generation.speculative.method=prompt_lookup" \
-    --sides longdoc --runs 2 --out "$WORK/night-pld"
+    --sides longdoc --runs 2 ${NIGHT_PLD_ARGS:-} --out "$WORK/night-pld"
   pack night.tar.gz "${NIGHT_PACKED[@]}"
 }
 
@@ -328,8 +346,16 @@ part_night_graphs() {  # the GPU-only tests of the captured CUDA graphs (correct
 night() {
   say "night: device $DEV, budget ${TOTAL}s, steps ${NIGHT_STEPS:-graphs roofline job pld}, out $OUT"
   night_ready || return 3
-  local step
-  for step in ${NIGHT_STEPS:-graphs roofline job pld}; do
+  local step steps=" ${NIGHT_STEPS:-graphs roofline job pld} "
+  # GGUF parts on the machine (calls A and A2, and this call's last part: infra/README.md,
+  # "A GPU session of 15 minutes"): the embedded model for the pld step, in this same call.
+  if [[ $steps == *" pld "* ]] && compgen -G ".bench/model/part-*" >/dev/null \
+    && [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
+    say "night: GGUF parts are here: the embedded model for the pld step first"
+    # A missing part costs the pld step only (it then says it is skipped), not the night.
+    prepare_model || say "night: no embedded model (see above): the other steps go on"
+  fi
+  for step in $steps; do
     case $step in
       graphs) part_night_graphs 0 ;;
       roofline) part_night_roofline "${NIGHT_ROOFLINE_RESERVE:-60}" ;;
@@ -342,6 +368,7 @@ night() {
 
 case "${1:-}" in
   stage-1) stage1 2>&1 | tee "$OUT/stage-1.log"; exit "${PIPESTATUS[0]}" ;;
+  part) say "part: the GGUF parts on $(hostname)"; check_parts; exit $? ;;
   stage-2)
     exec > >(tee -a "$OUT/session.log") 2>&1
     say "stage-2: device $DEV, budget ${TOTAL}s, out $OUT"
@@ -371,5 +398,5 @@ case "${1:-}" in
     exec > >(tee -a "$OUT/session.log") 2>&1
     night || exit $?
     say "night done"; sleep 1 ;;
-  *) echo "usage: $0 stage-1 | stage-2 | more PART | night"; exit 2 ;;
+  *) echo "usage: $0 stage-1 | part | stage-2 | more PART | night"; exit 2 ;;
 esac
