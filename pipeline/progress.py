@@ -8,7 +8,11 @@ Contract:
   stage's ledger once every file is read (``ledger_total``; stages/ledger.py).
   Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
-  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA``. On a terminal it is
+  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA``. The ETA comes from the
+  rate since the first rows were written, so it appears from the second count on: the
+  time before the first rows (Ray's start, model loads, the engine filling its slots) says
+  nothing about the rate, and a small job whose rows all decode together finishes them in
+  one burst (a rate from the start predicted 29 min for the last 18 s of the sample job). On a terminal it is
   one line redrawn in place (carriage return); otherwise (cluster job logs) a plain
   line at most every ``interval_s`` seconds, plus a final line from ``close()``.
   Without a total it prints rows done and no ETA.
@@ -86,6 +90,7 @@ class RunProgress:
         self._last_print: float | None = None
         self._width = 0
         self._printed_rows = -1
+        self._first_rows: tuple[float, int] | None = None  # (when, how many) rows were first written
         self.rows = self.failed = self.tokens = 0
 
     @classmethod
@@ -101,16 +106,29 @@ class RunProgress:
         rate = self.rows / el
         parts = [done, f"failed {self.failed}", f"{self.tokens / el:.1f} tok/s",
                  f"{rate:.2f} rows/s", f"elapsed {_duration(el)}"]
-        if total is not None and 0 < self.rows < total:
-            parts.append(f"ETA {_duration((total - self.rows) / rate)}")
+        eta = self._eta_s(total)
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
         return " | ".join(parts)
+
+    def _eta_s(self, total: int | None) -> float | None:
+        """Seconds left at the rate since the first rows were written (None: not known yet)."""
+        if total is None or not 0 < self.rows < total or self._first_rows is None:
+            return None
+        since, first = self._first_rows
+        el = self.clock() - since
+        if self.rows <= first or el <= 0:
+            return None
+        return (total - self.rows) * el / (self.rows - first)
 
     def update(self, rows: int, failed: int, tokens: int) -> None:
         """Cumulative rows written, failed rows among them, output tokens so far."""
         self.rows, self.failed, self.tokens = rows, failed, tokens
+        now = self.clock()
+        if self._first_rows is None and rows > 0:
+            self._first_rows = (now, rows)
         if not self.enabled:
             return
-        now = self.clock()
         if self.tty:
             self._draw(self.line())
         elif self._last_print is None or now - self._last_print >= self.interval_s:

@@ -48,9 +48,9 @@ def test_non_tty_prints_a_line_per_interval_and_a_final_line():
     p.close()  # final state not printed yet: close prints it
     lines = out.getvalue().splitlines()
     assert len(lines) == 3 and "\r" not in out.getvalue()
-    assert lines[0].strip().startswith("rows 2/10 (20%) | failed 0 | 4.0 tok/s | 0.20 rows/s | elapsed 10s")
-    assert lines[0].endswith("ETA 40s")  # 8 rows left at 0.2 rows/s
+    assert lines[0].strip() == "rows 2/10 (20%) | failed 0 | 4.0 tok/s | 0.20 rows/s | elapsed 10s"  # no rate yet
     assert lines[1].strip().startswith("rows 6/10 (60%) | failed 1")
+    assert lines[1].endswith("ETA 35s")  # 4 rows left at the 4 rows per 35 s since the first ones
     assert "rows 10/10 (100%) | failed 2" in lines[2] and "ETA" not in lines[2]
 
 
@@ -74,7 +74,8 @@ def test_tty_redraws_one_line_with_carriage_returns():
     text = out.getvalue()
     assert text.count("\n") == 1 and text.endswith("\n") and text.count("\r") == 4
     frames = text.rstrip("\n").split("\r")[1:]
-    assert "rows 100/1000 (10%)" in frames[0] and "ETA 9m00s" in frames[0]
+    assert "rows 100/1000 (10%)" in frames[0] and "ETA" not in frames[0]
+    assert "rows 200/1000 (20%)" in frames[1] and "ETA 8m00s" in frames[1]  # 800 left at 100/min
     assert "rows 300/1000 (30%)" in frames[-1] and "elapsed 3m00s" in frames[-1]
 
 
@@ -83,11 +84,36 @@ def test_tty_pads_over_a_longer_previous_line():
     p = RunProgress(10, stream=out, tty=True, clock=clock)
     clock.t += 1
     p.update(1, 0, 5)
-    long_frame = out.getvalue()
-    clock.t += 1000
+    clock.t += 1
+    p.update(2, 0, 5)
+    long_frame = out.getvalue().split("\r")[-1]
+    assert "ETA" in long_frame
+    before = len(out.getvalue())
+    clock.t += 1
     p.update(10, 0, 5)  # done: the ETA part disappears, the line gets shorter
-    new_frame = out.getvalue()[len(long_frame):]
-    assert len(new_frame) >= len(long_frame)
+    new_frame = out.getvalue()[before:]
+    assert "ETA" not in new_frame and len(new_frame) >= len(long_frame)
+
+
+def test_no_eta_from_the_time_before_the_first_rows():
+    # The sample job's shape: every row decodes at once, the first 3 are written after
+    # 148 s (Ray, the model, 39 prefills), the other 36 18 s later. A rate from the start
+    # said "ETA 29m33s" at 3/39; there is no rate to tell until rows are written twice.
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(39, stream=out, tty=False, interval_s=1, clock=clock)
+    clock.t += 148
+    p.update(3, 0, 192)
+    clock.t += 18
+    p.update(39, 0, 2200)
+    first, last = out.getvalue().splitlines()
+    assert "ETA" not in first and "ETA" not in last
+    # A longer job: the ETA follows the rate since the first rows, not the start-up.
+    p = RunProgress(1000, stream=out, tty=False, interval_s=1, clock=clock)
+    clock.t += 120
+    p.update(50, 0, 0)
+    clock.t += 50
+    p.update(100, 0, 0)
+    assert out.getvalue().splitlines()[-1].endswith("ETA 15m00s")  # 900 left at 1 row/s
 
 
 def test_more_rows_than_the_estimate_drop_the_total():
