@@ -86,14 +86,10 @@ stage1() {
 prepare_model() {
   if [ ! -f "$LONGDOC_CACHE/models/smollm2-135m-instruct/model.safetensors" ]; then
     if [ ! -f "$GGUF" ]; then
-      local parts
-      parts=$(check_parts) || { echo "$parts"; return 3; }
-      echo "$parts"
-      if grep -q "still to carry" <<<"$parts"; then
-        echo "error: a GGUF part is not on this machine (it went cold between calls?): make calls A, A2 and this one again, back to back"; return 3
-      fi
       mkdir -p "$(dirname "$GGUF")" && : >"$(dirname "$GGUF")/__init__.py"
-      "$PY" infra/gpu/kit.py join "$MANIFEST" "$GGUF" .bench/model/part-* || return 3
+      # join checks every part's sha256 and names a missing one
+      "$PY" infra/gpu/kit.py join "$MANIFEST" "$GGUF" .bench/model/part-* || {
+        echo "error: the GGUF parts do not join (a part missing: the machine went cold between calls? make calls A, A2 and this one again, back to back)"; return 3; }
     fi
     install_wheels || return 3
     say "converting the GGUF once into $LONGDOC_CACHE"
