@@ -51,8 +51,12 @@ def _spec(tmp_path: Path, model_dir: Path) -> Path:
     spec.write_text(yaml.safe_dump({
         "name": "nodes",
         "input": {"uri": str(corpus)},
-        "generation": {"model": str(model_dir), "max_new_tokens": 32},
-        "resources": {"batch_size": 2, "num_cpus": 1, "custom_resources": NODE, "schedule_timeout_s": 300},
+        # One row decodes at a time, without drafts, 64 tokens: blocks are staged one after
+        # another for seconds. With the default slots every row decodes together and all 24
+        # are written within about a second of the first (CI once missed that window).
+        "generation": {"model": str(model_dir), "max_new_tokens": 64, "speculative": {"method": "none"}},
+        "resources": {"batch_size": 2, "num_cpus": 1, "custom_resources": NODE, "schedule_timeout_s": 300,
+                      "decode_slots": 1},
         "output": {"uri": str(tmp_path / "out")},
     }))
     return spec
@@ -96,30 +100,43 @@ def _node_state(head, node_id: str) -> str:
 
 
 def _lose_the_node(head, worker, out: Path, freeze_pid, done: threading.Event, report: dict) -> None:
-    """Thread: when a block is staged and a generate actor is alive on ``worker``'s node,
-    freeze the driver, SIGKILL the node's raylet, let the driver go on; then wait until
-    the GCS has marked the node dead (events: a file, an actor state, a node state)."""
+    """Thread: when a block is staged, freeze the driver, and if a generate actor is alive
+    on ``worker``'s node, SIGKILL the node's raylet and let the driver go on; then wait
+    until the GCS has marked the node dead (events: a file, an actor state, a node state).
+
+    The staged file is looked for every 50 ms and the driver frozen at once, before the
+    dashboard queries (up to a second or two each on a busy machine): a run can write
+    its remaining blocks within a second of its first, and a poll that queries first
+    may look only after the run has ended."""
     tick = threading.Event()
     seen = {a.actor_id for a in _generate_actors(head) if a.state == "DEAD"}
+    pid = None
     while not done.is_set():
-        on_node = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.actor_id not in seen]
-        pid = freeze_pid()
+        pid = pid or freeze_pid()  # a run's driver keeps its pid: ask the Jobs API until it answers
         staged = bool(list((out / "_staging").rglob("*.staged")))
-        # What the last poll saw, for a run that ends before the node is lost (a timing miss).
-        report["last_poll"] = {"generate_actors_alive": len(on_node), "driver_pid": pid, "block_staged": staged}
-        if on_node and pid and staged:
+        report["last_poll"] = {"driver_pid": pid, "block_staged": staged}  # for a timing miss's message
+        if not (pid and staged):
+            tick.wait(0.05)
+            continue
+        os.kill(pid, signal.SIGSTOP)  # the run cannot finish behind the kill's back from here on
+        try:
+            for _ in range(20):  # the dashboard may drop a query on a busy machine: ask again
+                on_node = [a for a in _generate_actors(head) if a.state == "ALIVE" and a.actor_id not in seen]
+                if on_node:
+                    break
+                tick.wait(0.5)
+            report["last_poll"]["generate_actors_alive"] = len(on_node)
+            if not on_node:
+                return  # the actors are gone already: the run is ending; the caller reports the miss
             node_id = on_node[0].node_id
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                kill_raylet(worker)
-                report["rows_at_kill"] = sum(r["error"] is None for r in _rows(out, report["date"]))
-            finally:
-                os.kill(pid, signal.SIGCONT)
-            while _node_state(head, node_id) in ("ALIVE", "UNKNOWN"):
-                tick.wait(0.2)
-            report["node_dead"] = True
-            return
-        tick.wait(0.2)
+            kill_raylet(worker)
+            report["rows_at_kill"] = sum(r["error"] is None for r in _rows(out, report["date"]))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        while _node_state(head, node_id) in ("ALIVE", "UNKNOWN"):
+            tick.wait(0.2)
+        report["node_dead"] = True
+        return
 
 
 def _abort_line(output: str) -> str:
