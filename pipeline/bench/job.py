@@ -336,6 +336,13 @@ def _use_ray(s: JobBenchSettings) -> bool:
     return s.runner == "ray" or (s.runner == "auto" and importlib.util.find_spec("ray") is not None)
 
 
+def _engines(s: JobBenchSettings, spec: dict) -> int:
+    """Generate engines a side runs at once: its pool's largest size under Ray; the
+    in-process runner runs one whatever ``resources.actors`` says (pipeline/bench/inprocess.py)."""
+    actors = spec["resources"]["actors"]
+    return (actors if isinstance(actors, int) else max(actors)) if _use_ray(s) else 1
+
+
 class StagingWatch:
     """Dates longdoc's output blocks while it runs: each staged file's mtime and request ids."""
 
@@ -647,7 +654,8 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
     sides = {name: {"kind": "longdoc", "what": f"longdoc ({'ray' if _use_ray(s) else 'inprocess'}), "
                     f"compression {p.methods[name]}, speculation {p.speculative[name]}",
                     "method": p.methods[name], "speculative": p.speculative[name], "peer": p.peer_of[name],
-                    "overrides": list(next(v.overrides for v in s.variants if v.name == name))}
+                    "overrides": list(next(v.overrides for v in s.variants if v.name == name)),
+                    "engines": _engines(s, p.specs[name])}
              for name in longdoc_sides}
     sides.update({peer: {"kind": "peer", "what": p.peers[peer]["what"], "batch_size": probes[peer]["best"]}
                   for peer in run_peers})

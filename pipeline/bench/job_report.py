@@ -123,7 +123,8 @@ def prefill_bounds(result: dict) -> None:
     documents/hour over the other side's that this side could reach if everything but its
     prompt reading were free (decode, Ray, start-up, writing): the other side's median wall
     time over this side's median ``rows_prefill_s`` (every row's prefill, compression
-    included).
+    included) shared among the side's ``engines`` (generate actors prefilling at once; 1
+    when the side does not say), as if they split it evenly.
 
     Why: where prefill dominates (CPU, long prompts, few new tokens) both sides pay about
     the same FLOPs for it, so this bound, not the decode engine, caps the ratio; a target
@@ -137,12 +138,14 @@ def prefill_bounds(result: dict) -> None:
                    if isinstance(r.get("where"), dict) and (v := r["where"].get("rows_prefill_s"))]
         if not prefill:
             continue
+        engines = int(result["sides"].get(side, {}).get("engines", 1))
         for key, other in (("vs_peer", "peer"), ("vs_first", "side")):
             vs = rec.get(key)
             wall = summary.get(vs[other], {}).get("wall_s") if vs else None
             if wall:
                 vs["prefill_s"] = statistics.median(prefill)
-                vs["prefill_bound"] = wall / vs["prefill_s"]
+                vs["prefill_engines"] = engines
+                vs["prefill_bound"] = wall / (vs["prefill_s"] / engines)
 
 
 def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dict]:
@@ -270,8 +273,9 @@ def summary_lines(result: dict) -> list[str]:
         for key, label in (("vs_peer", "peer"), ("vs_first", "side")):
             if r.get(key, {}).get("prefill_bound"):
                 v = r[key]
+                shared = f" over {v['prefill_engines']} engines" if v.get("prefill_engines", 1) > 1 else ""
                 lines.append(f"bound {side} / {v[label]}: at most {_f(v['prefill_bound'], 2)}x if all but its "
-                             f"prompts' prefill ({_f(v['prefill_s'], 1)} s) were free")
+                             f"prompts' prefill ({_f(v['prefill_s'], 1)} s{shared}) were free")
     for side, a in result.get("agreement", {}).items():
         cut = f", {a['text_prefix']} more stopped earlier by a stop rule the peer lacks (the start of its text)" \
             if a.get("text_prefix") else ""

@@ -69,6 +69,17 @@ def test_ray_job_and_peer_write_every_document_and_the_json_layout(tmp_path, mon
     assert "## Medians" in md.read_text() and "| peer |" in md.read_text()
 
 
+def test_a_sides_engines_are_its_largest_pool_under_ray_and_one_in_process():
+    from types import SimpleNamespace
+
+    from pipeline.bench.job import _engines
+
+    ray, local = SimpleNamespace(runner="ray"), SimpleNamespace(runner="local")
+    assert _engines(ray, {"resources": {"actors": 2}}) == 2
+    assert _engines(ray, {"resources": {"actors": [1, 3]}}) == 3  # an autoscaling pool may reach its max
+    assert _engines(local, {"resources": {"actors": [1, 3]}}) == 1
+
+
 # Blocks `import ray` in every interpreter the bench starts (sitecustomize runs at start-up),
 # as on a GPU machine without Ray: the bench must pick the in-process runner by itself.
 _NO_RAY = "import sys\nsys.modules['ray'] = None\n"
@@ -92,6 +103,7 @@ def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path
     assert "--variant pld:generation.speculative.method=prompt_lookup --docs 2" in res["command"]
     assert res["settings"]["runner"] == "inprocess" and res["versions"]["ray"] is not None  # installed, not importable
     assert list(res["sides"]) == ["greedy", "pld"] and res["peer_probe"] == {}
+    assert {res["sides"][x]["engines"] for x in ("greedy", "pld")} == {1}  # the in-process runner runs one
     for side in ("greedy", "pld"):
         [run] = res["runs_by_side"][side]
         assert run["docs"] == 2 and run["failed"] == 0 and run["runner"] == "inprocess"

@@ -108,6 +108,18 @@ def test_prefill_bound_is_the_peers_wall_over_longdocs_prompt_reading():
     assert "prefill_bound" not in _result()["ratios"]["longdoc"]["vs_peer"]  # no figures, no bound
 
 
+def test_a_pool_of_engines_shares_its_prefill_in_the_bound():
+    r = _result(walls={"longdoc": 100.0, "peer": 90.0})
+    r["sides"]["longdoc"]["engines"] = 2  # resources.actors: 2 under Ray, prefilling at once
+    r["runs_by_side"]["longdoc"][0]["where"] = {"rows_prefill_s": 120.0}
+    finish(r)
+    vs = r["ratios"]["longdoc"]["vs_peer"]
+    # 120 s of the rows' prefill on two engines is at least 60 s of wall time, not 120 s.
+    assert vs["prefill_bound"] == pytest.approx(1.5) and vs["prefill_engines"] == 2
+    assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (120.0 s over 2 engines) " \
+           "were free" in summary_lines(r)
+
+
 def test_a_compressed_side_is_bounded_by_its_prefill_against_the_first_side():
     sides = {"none": {"kind": "longdoc", "method": "none", "speculative": "none", "peer": "peer", "what": ""},
              "finch-1k": {"kind": "longdoc", "method": "finch", "speculative": "none", "peer": "peer", "what": ""},
