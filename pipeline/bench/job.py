@@ -7,7 +7,9 @@ What it runs, in ONE invocation, on the same documents and model:
   not installed (GPU benchmark machines), or with ``--runner local``, the same stages in
   one process without Ray (pipeline/bench/inprocess.py). ``--variant NAME:k=v;k=v``
   (repeatable) runs several longdoc sides, each the spec with those overrides (e.g.
-  compression methods none vs finch vs rag);
+  compression methods none vs finch vs rag); an override ``env.NAME=value`` sets an
+  environment variable of that side's process instead (e.g. ``env.OMP_NUM_THREADS=1``),
+  for settings of the machine rather than of the job;
 - the peer: pipeline/bench/peer.py in a fresh process, the plain-transformers script a
   user would write (same documents, chat template, instruction and truncation where a
   user could do it in a few lines: ``truncate`` -> the same head/tail cut; every other
@@ -70,6 +72,8 @@ from pipeline.bench.job_report import (
 ROOT = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().with_name("peer.py")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_PREFIX = "env."
 #: Spec fields a variant may not change: every side reads the same documents with the same model.
 FIXED_FIELDS = ("input", "output", "generation.model")
 RUNNERS = ("auto", "ray", "local")
@@ -79,10 +83,21 @@ Opt = Optional  # noqa: UP045 - typer needs Optional
 
 @dataclass(frozen=True)
 class Variant:
-    """One longdoc side: a name and the spec overrides that make it."""
+    """One longdoc side: a name and the overrides that make it (``env.NAME=value`` ones set
+    its process's environment, the others its spec)."""
 
     name: str
     overrides: tuple[str, ...] = ()
+
+    @property
+    def spec_overrides(self) -> tuple[str, ...]:
+        return tuple(o for o in self.overrides if not o.startswith(ENV_PREFIX))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment variables this side's process gets on top of the bench's."""
+        pairs = (o.removeprefix(ENV_PREFIX).split("=", 1) for o in self.overrides if o.startswith(ENV_PREFIX))
+        return {k.strip(): v.strip() for k, v in pairs}
 
 
 @dataclass
@@ -132,6 +147,11 @@ def parse_variant(text: str) -> Variant:
         key = o.split("=", 1)[0].strip()
         if "=" not in o:
             raise ValueError(f"--variant {name}: {o!r} must look like dotted.key=value")
+        if key.startswith(ENV_PREFIX):
+            if not ENV_RE.match(key.removeprefix(ENV_PREFIX)):
+                raise ValueError(f"--variant {name}: {key!r}: allowed: env.NAME=value with NAME of letters, "
+                                 "digits and '_' not starting with a digit (e.g. env.OMP_NUM_THREADS=1)")
+            continue
         if any(key == f or key.startswith(f + ".") for f in FIXED_FIELDS):
             raise ValueError(f"--variant {name}: {key!r} cannot differ between sides (every side reads the same "
                              f"documents with the same model); set it for all with --set or --model; "
@@ -166,7 +186,7 @@ def check_settings(s: JobBenchSettings):
         raise ValueError("--runner ray: Ray is not installed here; use --runner local (or auto)")
     try:
         base = load_spec(s.spec, list(s.overrides) + ([f"generation.model={s.model}"] if s.model else []))
-        specs = [spec_from_dict(_apply(base.model_dump(mode="json"), v.overrides), source=f"{s.spec} --variant {v.name}")
+        specs = [spec_from_dict(_apply(base.model_dump(mode="json"), v.spec_overrides), source=f"{s.spec} --variant {v.name}")
                  for v in s.variants]
     except SpecError as e:
         raise ValueError(str(e)) from None
@@ -414,7 +434,8 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
                 "--run-id", run_id, "--timeline", str(timeline_path)]
     watch = StagingWatch(side_dir / "out" / "_staging" / s.date / run_id)
     load = os.getloadavg()[0]
-    m = run_measured(argv, _env(), ROOT, side_dir / "log.txt", on_tick=watch if ray else None)
+    env = {**_env(), **next(v.env for v in s.variants if v.name == variant)}
+    m = run_measured(argv, env, ROOT, side_dir / "log.txt", on_tick=watch if ray else None)
     if m.returncode != 0:
         raise RuntimeError(f"longdoc side {variant} (run {k}) exited {m.returncode}; log {side_dir / 'log.txt'}:\n"
                            f"{m.tail()}")
@@ -776,7 +797,7 @@ def command_line(s: JobBenchSettings) -> str:
 def bench_job_command(
     spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
     set_: Annotated[Opt[list[str]], typer.Option("--set", help="Override a spec field for every side (repeatable).")] = None,  # noqa: E501
-    variant: Annotated[Opt[list[str]], typer.Option(help="A longdoc side: 'NAME:key=value;key=value' (repeatable; default one side, 'longdoc').")] = None,  # noqa: E501
+    variant: Annotated[Opt[list[str]], typer.Option(help="A longdoc side: 'NAME:key=value;key=value' (repeatable; default one side, 'longdoc'); env.NAME=value sets an environment variable of its process.")] = None,  # noqa: E501
     docs: Annotated[Opt[int], typer.Option(help="Only the first N documents (input.limit).")] = None,
     peer_batch_sizes: Annotated[str, typer.Option(help="Candidate batch sizes of the peer; the fastest on the first documents is timed.")] = "1,4,8,16",  # noqa: E501
     probe_docs: Annotated[Opt[int], typer.Option(help="Documents each peer candidate is timed on (default: the largest candidate).")] = None,  # noqa: E501

@@ -88,19 +88,26 @@ _NO_RAY = "import sys\nsys.modules['ray'] = None\n"
 def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path):
     block = tmp_path / "no-ray"
     block.mkdir()
-    (block / "sitecustomize.py").write_text(_NO_RAY)
+    marks = tmp_path / "marks.txt"
+    # Every interpreter that has BENCH_MARK in its environment says so: the variant's env.
+    # override must reach its own side's process, and no other.
+    (block / "sitecustomize.py").write_text(
+        _NO_RAY + f"import os\nif os.environ.get('BENCH_MARK'):\n    open({str(marks)!r}, 'a').write(os.environ['BENCH_MARK'] + '\\n')\n")
     env = {**os.environ, "PYTHONPATH": str(block), "OMP_NUM_THREADS": "1"}
+    env.pop("BENCH_MARK", None)
     out = tmp_path / "results"
     args = [SPEC, "--model", "random:tiny", "--docs", "2", "--set", "generation.max_new_tokens=4", "--runs", "1",
             "--sides", "longdoc", "--variant", "greedy:generation.speculative.method=none",
-            "--variant", "pld:generation.speculative.method=prompt_lookup", "--out", str(out)]
+            "--variant", "pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side", "--out", str(out)]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline.bench.job", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert time.perf_counter() - t0 < 300
     res = json.loads(next(out.glob("job-cpu-*.json")).read_text())
-    assert "--variant pld:generation.speculative.method=prompt_lookup --docs 2" in res["command"]
+    assert "--variant 'pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side' --docs 2" in res["command"]
+    assert set(marks.read_text().split()) == {"pld-side"}  # the pld side's process, not the greedy one's
+    assert res["sides"]["pld"]["overrides"] == ["generation.speculative.method=prompt_lookup", "env.BENCH_MARK=pld-side"]
     assert res["settings"]["runner"] == "inprocess" and res["versions"]["ray"] is not None  # installed, not importable
     assert list(res["sides"]) == ["greedy", "pld"] and res["peer_probe"] == {}
     assert {res["sides"][x]["engines"] for x in ("greedy", "pld")} == {1}  # the in-process runner runs one
@@ -153,6 +160,7 @@ def test_a_bench_cut_short_keeps_the_sides_it_finished(tmp_path):
         ([SPEC, "--variant", "x:generation.model=random:tiny"], "'generation.model' cannot differ between sides"),
         ([SPEC, "--variant", "x:input.limit=3"], "'input.limit' cannot differ"),
         ([SPEC, "--variant", "no name"], "NAME:key=value"),
+        ([SPEC, "--variant", "x:env.1BAD=2"], "env.NAME=value"),
         ([SPEC, "--variant", "a:compression.method=none", "--variant", "a:compression.method=rag"], "distinct names"),
         ([SPEC, "--variant", "a:compression.method=zip"], "compression"),
         ([SPEC, "--set", "generation.temperature=0.7"], "the bench compares greedy decoding"),
