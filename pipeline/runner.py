@@ -119,7 +119,6 @@ def init_ray(address: str | None, spec: JobSpec) -> bool:
     import ray
 
     from pipeline.progress import quiet_native_stderr, quiet_python_loggers
-    from stages.cpu_policy import as_background_work
 
     if ray.is_initialized():
         return False
@@ -138,10 +137,6 @@ def init_ray(address: str | None, spec: JobSpec) -> bool:
     # The spec's custom resources exist on the embedded node, so a spec written for a
     # cluster (actors pinned to labelled nodes) runs unchanged on one machine.
     custom = {k: float(v) * max_actors for k, v in res.custom_resources.items()}
-    # Everything this Ray starts inherits the driver thread's policy: Ray's own processes
-    # (and this driver) run as SCHED_BATCH, so their frequent wake-ups do not preempt the
-    # generate actor's compute threads; the actor takes the normal policy back (cpu_policy.py).
-    as_background_work()
     ray.init(
         num_cpus=logical,
         resources=custom or None,

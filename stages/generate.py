@@ -38,7 +38,6 @@ from schemas.rows import GENERATE_NEEDS, GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
 from stages.compression.base import CONTEXT_COLUMNS
-from stages.cpu_policy import as_compute
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import Engine, KvBudgetExceeded, Request
 from stages.decoding.service import EngineService
@@ -58,11 +57,6 @@ class GenerateStage:
     adds: tuple[str, ...] = columns(OutputRow)
 
     def __init__(self, spec: dict) -> None:
-        # First: the engine's thread and OpenMP's pool, started from this thread later,
-        # inherit its policy; under an embedded Ray it is SCHED_BATCH (cpu_policy.py).
-        policy = as_compute()
-        if policy:
-            log.info("cpu policy: %s", policy)
         self.spec = JobSpec.model_validate(spec)
         gen, res = self.spec.generation, self.spec.resources
         self.device = pick_device(res.num_gpus)
