@@ -91,6 +91,7 @@ class Variant:
 
     @property
     def spec_overrides(self) -> tuple[str, ...]:
+        """The overrides of this side's spec (dotted.key=value), in their order."""
         return tuple(o for o in self.overrides if not o.startswith(ENV_PREFIX))
 
     @property
