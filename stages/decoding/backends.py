@@ -44,7 +44,14 @@ COMPILE_CHOICES = ("auto", "inductor", "cudagraphs", "off")
 
 
 def compile_plan(compile: str | bool | None, device: torch.device) -> tuple[str | None, str | None]:
-    """(torch.compile mode, backend) for a ``compile`` choice on ``device``; backend None = eager."""
+    """(torch.compile mode, backend) for a ``compile`` choice on ``device``; backend None = eager.
+
+    ``auto`` is eager on CPU because inductor was measured slower there: the embedded
+    model in fp32 on this project's 2-core AMD EPYC (2026-11-26, 8 fixed slots of 1,536
+    tokens, prompts of 1,024 tokens, two threads) stepped at 94-97 ms at batch 1 and
+    196-242 ms at batch 8 compiled, against 54-58 ms and 109-113 ms eager with the
+    kernel plan, and its first warm-up took 162 s (23 s with the compiler's cache warm).
+    """
     choice = {True: "inductor", False: "off", None: "auto"}.get(compile, compile)  # type: ignore[arg-type]
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"compile {compile!r}: allowed: {', '.join(COMPILE_CHOICES)}")
