@@ -44,6 +44,11 @@ class CompressionSpec(_Strict):
     #: a date written before they existed stay the same and a rerun after an upgrade skips
     #: those rows instead of writing them again under new ids.
     fingerprint_omits_default: ClassVar[tuple[str, ...]] = ()
+    #: The kept context is a function of the document alone (never of the question) and
+    #: the decode engine prefills the prompt itself: requests on one document then share
+    #: every prompt token before the question, which the engine's prefix cache prefills
+    #: once (``generation.prefix_cache``, stages/decoding/prefix_cache.py).
+    shares_document_prefix: ClassVar[bool] = False
 
     def fingerprint_settings(self) -> dict[str, Any]:
         """These settings as JSON for the generation fingerprint (stages.read), less the
@@ -104,3 +109,4 @@ class NoCompression(CompressionSpec):
     """The whole document (it must fit the model's context)."""
 
     method: Literal["none"] = "none"
+    shares_document_prefix: ClassVar[bool] = True

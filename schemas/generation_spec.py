@@ -88,6 +88,15 @@ class GenerationSpec(_Strict):
         "attention span, a fraction of a second each), off (eager, exact shapes; on CPU with the measured kernel plan). auto: "
         "inductor on a GPU, off on CPU. Steps are compiled once per actor, before the first batch.",
     )
+    prefix_cache: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Prefill the prompt up to the question once per document and reuse its KV "
+        "cache for the document's other questions (each request's prefill is split there, so "
+        "a request decodes the same text whether its prefix was cached or not). Needs a "
+        "compression method whose kept context depends on the document alone and which the "
+        "engine prefills itself (none, truncate). auto: on for task.kind qa with such a "
+        "method, off otherwise (a summary's prompt is one per document: nothing to reuse).",
+    )
     stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
         default=(), description="Extra stop strings (EOS always stops); an empty one would stop at once."
     )
@@ -109,6 +118,12 @@ class GenerationSpec(_Strict):
     def _yaml_off(cls, v: object) -> object:
         # YAML 1.1 (PyYAML) reads an unquoted `compile: off` as the boolean false.
         return "off" if v is False else v
+
+    @field_validator("prefix_cache", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: object) -> object:
+        # YAML 1.1 reads unquoted `on` / `off` as booleans.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("model")
     @classmethod

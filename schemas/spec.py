@@ -28,6 +28,7 @@ from schemas.compression import (
     CompressionJsonSchema,
     CompressionSpec,
     NoCompression,
+    compression_models,
     validate_compression,
 )
 from schemas.generation_spec import GenerationSpec, ResourcesSpec, SpeculativeSpec  # noqa: F401 - re-exported
@@ -248,6 +249,28 @@ class JobSpec(_Strict):
                 "generation.compile",
                 "got 'cudagraphs', which captures CUDA graphs, but resources.num_gpus is 0 (the "
                 "actors run on CPU); allowed on CPU: auto, inductor, off (or set resources.num_gpus)",
+            )
+        return self
+
+    @property
+    def reuses_document_prefix(self) -> bool:
+        """Whether the engine's prefix cache is on (``generation.prefix_cache`` resolved)."""
+        mode = self.generation.prefix_cache
+        if mode == "auto":
+            return self.task.kind == "qa" and self.compression.shares_document_prefix
+        return mode == "on"
+
+    @model_validator(mode="after")
+    def _prefix_cache_needs_a_shared_prefix(self) -> JobSpec:
+        if self.generation.prefix_cache == "on" and not self.compression.shares_document_prefix:
+            allowed = sorted(
+                name for name, model in compression_models().items() if model.shares_document_prefix
+            )
+            raise FieldError(
+                "generation.prefix_cache",
+                f"got 'on', but compression.method {self.compression.method} keeps a context "
+                "that depends on the question or prefills in its own way, so requests share no "
+                f"prefix to reuse; allowed: auto or off, or compression.method {' or '.join(allowed)}",
             )
         return self
 

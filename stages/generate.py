@@ -263,6 +263,7 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
             slots=None if res.decode_slots == "auto" else res.decode_slots,
             expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,
             group_rows=4 if device.type == "cuda" else 1,
+            prefix_cache=spec.reuses_document_prefix,
         )
     except ValueError as e:
         raise ValueError(f"generate: the decode engine cannot run {gen.model!r} on {device}: {e}") from e

@@ -8,7 +8,7 @@ costs no model, so it rides along in the tokenize actor (``runs_at = "tokenize"`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -20,6 +20,7 @@ class TruncateCompression(CompressionSpec):
     """Keep target_tokens document tokens from the head, the tail or both ends."""
 
     method: Literal["truncate"] = "truncate"
+    shares_document_prefix: ClassVar[bool] = True  # the cut depends on the document only
     target_tokens: int = Field(default=1024, ge=1, description="Exact context budget in tokens.")
     keep: Literal["head", "tail", "head_tail"] = Field(
         default="head_tail",

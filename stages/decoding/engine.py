@@ -25,7 +25,10 @@ One iteration (``step``):
    ``prefill`` callable) runs for a group of up to ``group_rows`` requests and is
    handed an ``on_chunk`` callback, when it accepts one, through which the engine
    runs decode steps between its chunks. Either way running rows keep decoding while
-   newcomers prefill; the time they wait is ``stats.stall_s``.
+   newcomers prefill; the time they wait is ``stats.stall_s``. With the prefix cache on
+   (``prefix_cache``, prefix_cache.py), the engine's own prefill ends a chunk where the
+   question starts; that prefix's KV is stored after its last chunk, and a later request
+   with the same prefix copies it into its slot and prefills its question alone.
 3. one decode step over the active rows (slots ``0..n-1``): each row's drafter
    proposal (drafters/; capped by adaptive.DraftLengths and the width rule
    adaptive.choose_width, which maximises tokens per second while requests wait and
@@ -52,7 +55,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -61,6 +64,7 @@ from stages.decoding.backends import StepBackend, backend_for
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
 from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
+from stages.decoding.prefix_cache import PrefixCache
 from stages.decoding.sampling import target_probs
 from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Waiting
 from stages.decoding.slot_step import width_buckets
@@ -74,6 +78,10 @@ from stages.prompting import PromptParts
 #: whose cache the engine loads into slots. It may accept ``on_chunk``, a callable
 #: the engine runs decode steps through between the method's chunks.
 MethodPrefill = Callable[..., CompressedPrefill]
+
+#: The prefix cache's share of the KV budget when it is on: room for a few documents'
+#: prefixes at once (requests of one document arrive together), taken from the slots.
+PREFIX_CACHE_SHARE = 1 / 8
 
 
 @dataclass
@@ -106,6 +114,8 @@ class EngineStats:
     tokens_out: int = 0
     max_active: int = 0
     relayouts: int = 0  # slot layout changes (a new capacity or slot count)
+    prefix_hits: int = 0  # rows whose shared prompt prefix came from the prefix cache
+    prefix_reused_tokens: int = 0  # prompt tokens those rows did not prefill
 
 
 @dataclass
@@ -129,6 +139,8 @@ class _Filling:
     ids: torch.Tensor  # [L] long, the whole prompt
     done: int = 0  # tokens prefilled
     started: float = 0.0
+    shared: int = 0  # prompt tokens before the question (prefix cache on); chunks end there once
+    store_key: tuple[int, ...] | None = None  # set: store the shared prefix's KV once it is prefilled
 
 
 class Engine:
@@ -154,6 +166,7 @@ class Engine:
         tuning: Tuning | None = None,
         min_span: int = 256,
         max_retries: int = 0,
+        prefix_cache: bool = False,
     ) -> None:
         """Make the engine, its backend and slots.
 
@@ -166,7 +179,10 @@ class Engine:
         compiled engine rarely changes shape). ``chunk_tokens``: the engine's prefill
         chunk (default: 2048 on CPU, 4096 on CUDA). ``group_rows``: requests a method
         prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
-        backend's (backends.backend_for), or ``backend`` itself.
+        backend's (backends.backend_for), or ``backend`` itself. ``prefix_cache``:
+        prefill each prompt's part before the question once and reuse it for the requests
+        that share it (prefix_cache.py), within ``PREFIX_CACHE_SHARE`` of the KV budget
+        (taken from the slots' share); the engine's own prefill only.
         """
         self.model = model
         self.backend = backend or backend_for(model, None, compile, compile_backend, min_span)
@@ -194,6 +210,11 @@ class Engine:
                 budget_bytes_for(self.device, kv_memory_fraction, kv_memory_gb, reserve),
                 fixed_slots=slots,
             )
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache and prefill is None:
+            share = int(budget.budget_bytes * PREFIX_CACHE_SHARE)
+            budget = replace(budget, budget_bytes=budget.budget_bytes - share)
+            self.prefix_cache = PrefixCache(share)
         self.budget = budget
         layout = budget.layout(self._need(expected_tokens))
         if layout is None:
@@ -233,9 +254,10 @@ class Engine:
         self.lengths = DraftLengths(self.k_max, self.tuning)
 
     def describe(self) -> str:
+        prefixes = f", {self.prefix_cache.describe()}" if self.prefix_cache is not None else ""
         return (
             f"{self.cache.slots} slots x {self.cache.capacity} tokens ({self.budget.describe()}), "
-            f"{self.backend.describe()}"
+            f"{self.backend.describe()}{prefixes}"
         )
 
     def warm_up(self, greedy: bool = True) -> None:
@@ -334,11 +356,29 @@ class Engine:
         row = self._new_row(waiting)
         slot = len(self.active)
         self.cache.free(slot)
-        ids = torch.tensor(waiting.request.parts.full_ids, dtype=torch.long, device=self.device)
+        parts = waiting.request.parts
+        full = parts.full_ids
+        ids = torch.tensor(full, dtype=torch.long, device=self.device)
         if ids.numel() == 0:
             self._drop(row, ValueError("the prompt is empty"), retry=False)
             return
-        self.filling = _Filling(row, slot, self.cache.row_writer(slot), ids, started=time.perf_counter())
+        shared, done, store_key = 0, 0, None
+        if self.prefix_cache is not None and 0 < len(parts.prefix_ids) + len(parts.context_ids) < len(full):
+            # Every request's prefill is split where its question starts, hit or miss, so a
+            # row's KV and text do not depend on whether a sibling came first.
+            shared = len(parts.prefix_ids) + len(parts.context_ids)
+            key = tuple(full[:shared])
+            t0 = self.backend.clock()
+            kv = self.prefix_cache.get(key)
+            if kv is None:
+                store_key = key
+            else:
+                done = self.cache.copy_in(slot, kv)
+                self.stats.prefix_hits += 1
+                self.stats.prefix_reused_tokens += done
+                self._account_prefill(t0, [row])
+        self.filling = _Filling(row, slot, self.cache.row_writer(slot), ids, done=done,
+                                started=time.perf_counter(), shared=shared, store_key=store_key)
 
     def _prefill_chunk(self) -> None:
         """One chunk of the filling row (step 2); on its last chunk the row joins the batch."""
@@ -346,10 +386,15 @@ class Engine:
         assert f is not None
         t0 = self.backend.clock()
         try:
-            chunk = f.ids[f.done : f.done + self.chunk_tokens]
+            end = f.shared if f.done < f.shared else f.ids.numel()
+            chunk = f.ids[f.done : min(f.done + self.chunk_tokens, end)]
             logits = self.step_fn.prefill(f.writer, chunk, f.done)
             f.writer.commit(chunk.numel(), f.done + chunk.numel())
             f.done += chunk.numel()
+            if f.store_key is not None and f.done == f.shared:
+                assert self.prefix_cache is not None
+                self.prefix_cache.put(f.store_key, self.cache.copy_out(f.slot, f.shared))
+                f.store_key = None
         except Exception as e:  # noqa: BLE001 - the request fails, the engine goes on
             self.filling = None
             self.cache.free(f.slot)

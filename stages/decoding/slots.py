@@ -146,6 +146,26 @@ class SlotCache(Cache):
         self.pos[slot] = state.next_pos[row]
         return n
 
+    def copy_out(self, slot: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the first ``n`` slots of ``slot``: per layer (keys, values), each [H, n, D]."""
+        return [(layer.keys[slot, :, :n].clone(), layer.values[slot, :, :n].clone()) for layer in self.layers]
+
+    def copy_in(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Fill ``slot`` with ``kv`` (``copy_out``'s layout, positions 0..n-1); returns n.
+
+        The row then holds n tokens and its next position is n, as after prefilling
+        those tokens itself.
+        """
+        n = int(kv[0][0].shape[1])
+        if n > self.capacity:
+            raise ValueError(f"a prefix of {n} slots does not fit a capacity of {self.capacity}")
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            layer.keys[slot, :, :n] = k
+            layer.values[slot, :, :n] = v
+        self.length[slot] = n
+        self.pos[slot] = n
+        return n
+
     def row_writer(self, slot: int) -> RowWriter:
         """A one-row Cache writing into ``slot`` at its length (see RowWriter)."""
         return RowWriter(self, slot)

@@ -62,6 +62,37 @@ def test_qa_needs_questions():
     assert ok.task.questions == ("Who?",)
 
 
+@pytest.mark.parametrize(
+    ("kind", "method", "mode", "on"),
+    [
+        ("qa", "truncate", "auto", True),  # questions on one document share its prompt prefix
+        ("qa", "none", "auto", True),
+        ("qa", "rag", "auto", False),  # the kept context depends on the question
+        ("qa", "finch", "auto", False),  # its own prefill
+        ("summarize", "truncate", "auto", False),  # one prompt per document
+        ("summarize", "truncate", "on", True),
+        ("qa", "truncate", "off", False),
+    ],
+)
+def test_prefix_cache_resolves_by_task_and_method(kind, method, mode, on):
+    task = {"kind": "qa", "questions": ["Who?", "When?"]} if kind == "qa" else {"kind": kind}
+    spec = spec_from_dict({**MINIMAL, "task": task, "compression": {"method": method},
+                           "generation": {"prefix_cache": mode}})
+    assert spec.reuses_document_prefix is on
+
+
+def test_prefix_cache_on_needs_a_method_sharing_the_documents_prefix(tmp_path):
+    with pytest.raises(SpecError) as e:
+        spec_from_dict({**MINIMAL, "compression": {"method": "rag"}, "generation": {"prefix_cache": "on"}})
+    msg = str(e.value)
+    assert "generation.prefix_cache" in msg and "rag" in msg and "none or truncate" in msg
+    # YAML 1.1 reads unquoted on/off as booleans: they still mean on/off.
+    p = tmp_path / "j.yaml"
+    p.write_text("name: j\ninput: {uri: /data}\ngeneration: {prefix_cache: off}\n")
+    assert load_spec(p).generation.prefix_cache == "off"
+    assert load_spec(p, ["generation.prefix_cache=on"]).generation.prefix_cache == "on"
+
+
 def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
     p = tmp_path / "job.yaml"
     p.write_text("name: j\ninput: {uri: /data}\n")

@@ -67,6 +67,33 @@ def test_batch_rows_match_plain_greedy_per_row(stage, tokenizer, tiny_model):
         assert row["e2e_s"] >= row["ttft_s"] > 0
 
 
+@pytest.mark.parametrize("prefix_cache", ["auto", "off"])
+def test_questions_on_one_document_prefill_it_once_with_the_same_rows(tiny_model_dir, tokenizer, tiny_model,
+                                                                       prefix_cache):
+    spec = spec_from_dict({
+        "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
+        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 6, "prefix_cache": prefix_cache},
+    })  # fmt: skip
+    assert spec.reuses_document_prefix is (prefix_cache == "auto")
+    stage = GenerateStage(spec.model_dump(mode="json"))
+    docs = ["rivers and mountains of the north " * 4, "a short note on tea"]
+    questions = ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]
+    reqs = []
+    for d, text in enumerate(docs):
+        for q in questions:
+            r = _request(len(reqs), tokenizer, text)
+            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q})
+    out = batch_to_rows(stage(rows_to_batch(reqs)))
+    builder = PromptBuilder(tokenizer)
+    cfg = DecodeConfig(max_new_tokens=6, eos_ids=frozenset({tokenizer.eos_token_id}))
+    for req, row in zip(reqs, out, strict=True):
+        parts = builder.build(req["doc_ids"], "Answer.", req["question"])
+        ref = decode_plain(tiny_model, prefill_full(tiny_model, [parts.full_ids], tokenizer.pad_token_id), cfg)[0]
+        assert row["error"] is None and row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
+    # auto: each document's second and third questions reuse its prefill.
+    assert stage.engine.stats.prefix_hits == (4 if prefix_cache == "auto" else 0)
+
+
 def test_errors_pass_through_and_too_long_fails_alone(tiny_model_dir, tokenizer):
     stage = GenerateStage(_spec(tiny_model_dir, max_new_tokens=4))
     stage.max_context = 64  # the tiny model's window, shrunk so a short text overflows it
