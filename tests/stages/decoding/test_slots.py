@@ -47,17 +47,24 @@ def test_a_row_longer_than_the_capacity_is_refused(tiny_model, state):
         cache.load(0, state, 1)
 
 
-def test_step_writes_at_each_rows_length(tiny_model):
-    """update() writes new keys at length + t per row and returns the slot views."""
-    cache = SlotCache.for_model(tiny_model, slots=2, capacity=8)
-    cache.length[:] = torch.tensor([1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_writes_at_each_rows_length(tiny_model, dtype):
+    """update() writes new keys and values at length + t per row, exactly, in any slot
+    dtype (bfloat16 slots on CPU take the indexed write), and returns the slot views."""
+    cache = SlotCache.for_model(tiny_model, slots=3, capacity=8, dtype=dtype)
+    cache.length[:] = torch.tensor([1, 3, 0])
     layer = cache.layers[0]
     h, d = layer.keys.shape[1], layer.keys.shape[3]
-    new = torch.ones((2, h, 2, d))
-    keys, _ = cache.update(new, new, 0)
-    assert keys.shape == (2, h, 8, d)
+    new_k = torch.randn((2, h, 2, d)).to(dtype)
+    new_v = torch.randn((2, h, 2, d)).to(dtype)
+    keys, values = cache.update(new_k, new_v, 0)
+    assert keys.shape == values.shape == (2, h, 8, d)
     written = (keys != 0).any(dim=(1, 3))  # [2, 8]
     assert written.tolist() == [[False, True, True] + [False] * 5, [False] * 3 + [True, True] + [False] * 3]
+    for row, start in ((0, 1), (1, 3)):
+        assert torch.equal(keys[row, :, start : start + 2], new_k[row])
+        assert torch.equal(values[row, :, start : start + 2], new_v[row])
+    assert not layer.keys[2].any() and not layer.values[2].any()  # a slot past the batch: untouched
 
 
 def test_reshape_keeps_the_first_rows_and_refuses_what_does_not_fit(tiny_model, state):
