@@ -363,10 +363,11 @@ class Engine:
             self._drop(row, ValueError("the prompt is empty"), retry=False)
             return
         shared, done, store_key = 0, 0, None
-        if self.prefix_cache is not None and 0 < len(parts.prefix_ids) + len(parts.context_ids) < len(full):
+        before_query = len(full) - len(parts.query_ids)  # prefix + context tokens
+        if self.prefix_cache is not None and 0 < before_query < len(full):
             # Every request's prefill is split where its question starts, hit or miss, so a
             # row's KV and text do not depend on whether a sibling came first.
-            shared = len(parts.prefix_ids) + len(parts.context_ids)
+            shared = before_query
             key = tuple(full[:shared])
             t0 = self.backend.clock()
             kv = self.prefix_cache.get(key)
