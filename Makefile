@@ -120,7 +120,7 @@ gpu-stage-2:
 	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" bash infra/gpu/session.sh stage-2
 
 gpu-stage-more:
-	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" $(NIGHT_PLD_ENV) bash infra/gpu/session.sh more $(PART)
+	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_PLD_ARGS="$(NIGHT_PLD_ARGS)" bash infra/gpu/session.sh more $(PART)
 
 # CPU rehearsal of calls A, A2 and B with tiny settings (proves every command line runs; ~2 min
 # on one core, converts the GGUF once into .bench/dry-device). Needs gpu-pack first.
@@ -141,15 +141,14 @@ gpu-dry-run:
 # NIGHT_STEPS, NIGHT_DOCS, NIGHT_VARIANTS, NIGHT_SIDES, NIGHT_PEER_BATCHES, NIGHT_RUNS, NIGHT_JOB_ARGS,
 # NIGHT_FINCH_LAYERS and NIGHT_PLD_ARGS pick what runs (session.sh). Results: $(GPU_OUT)/night.tar.gz and session.log.
 NIGHT_STEPS ?= graphs roofline job pld
-# NIGHT_PLD_ARGS: the pld step's extra bench options, passed only when given (session.sh's
-# default: eager steps, --set generation.compile=off).
-NIGHT_PLD_ENV = $(if $(NIGHT_PLD_ARGS),NIGHT_PLD_ARGS="$(NIGHT_PLD_ARGS)")
+# NIGHT_PLD_ARGS: the pld step's extra bench options (default none: the product's steps,
+# captured CUDA graphs; "--set generation.compile=off" for eager ones).
 
 gpu-night:
 	GPU_OUT="$(GPU_OUT)" GPU_PY="$(GPU_PY)" NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_DOCS="$(NIGHT_DOCS)" \
 	  NIGHT_VARIANTS="$(NIGHT_VARIANTS)" NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_PEER_BATCHES="$(NIGHT_PEER_BATCHES)" \
 	  NIGHT_RUNS="$(NIGHT_RUNS)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" NIGHT_FINCH_LAYERS="$(NIGHT_FINCH_LAYERS)" \
-	  $(NIGHT_PLD_ENV) bash infra/gpu/session.sh night
+	  NIGHT_PLD_ARGS="$(NIGHT_PLD_ARGS)" bash infra/gpu/session.sh night
 
 # CPU rehearsal of gpu-night with tiny settings (random:tiny, 4 synthetic documents, 4 new
 # tokens; the embedded model from this machine's cache for the pld step): proves every
@@ -158,7 +157,7 @@ gpu-night-dry-run: setup
 	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-night GPU_OUT=.bench/dry-night-out \
 	  GPU_CACHE=$$($(BIN)/python -c "from stages.model_loading import cache_dir; print(cache_dir())") \
 	  GPU_PY=$(CURDIR)/$(BIN)/python NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_VARIANTS="$(NIGHT_VARIANTS)" \
-	  NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" $(NIGHT_PLD_ENV) bash infra/gpu/session.sh night
+	  NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" NIGHT_PLD_ARGS="$(NIGHT_PLD_ARGS)" bash infra/gpu/session.sh night
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

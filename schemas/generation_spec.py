@@ -83,10 +83,12 @@ class GenerationSpec(_Strict):
     )
     compile: Literal["auto", "inductor", "cudagraphs", "off"] = Field(
         default="auto",
-        description="Decode steps: inductor (torch.compile; CUDA graphs on a GPU), cudagraphs (the eager "
-        "step captured as CUDA graphs, GPU only: no compilation, one capture per batch x width x "
-        "attention span, a fraction of a second each), off (eager, exact shapes; on CPU with the measured kernel plan). auto: "
-        "inductor on a GPU, off on CPU. Steps are compiled once per actor, before the first batch.",
+        description="Decode steps: cudagraphs (the eager step captured as CUDA graphs, GPU only: no "
+        "compilation, one capture per batch x width x attention span, a fraction of a second each; "
+        "replays the eager step bit for bit), inductor (torch.compile with CUDA graphs on a GPU; "
+        "minutes of compilation per actor), off (eager, exact shapes; on CPU with the measured "
+        "kernel plan). auto: cudagraphs on a GPU, off on CPU. Steps are captured or compiled once "
+        "per actor, before the first batch.",
     )
     prefix_cache: Literal["auto", "on", "off"] = Field(
         default="auto",

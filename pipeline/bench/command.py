@@ -63,7 +63,7 @@ def bench_decode_command(
     verify_widths: Annotated[Opt[str], typer.Option(help="Widths to measure our step cost at (CUDA 2,4,8,16; CPU none; '' = none).")] = None,  # noqa: E501
     out: Annotated[Opt[str], typer.Option(help="Results folder (default jobs/results/bench-decode).")] = None,
     merge: Annotated[bool, typer.Option(help="Keep an earlier file's (task, batch size) records that this run does not measure (same device, model, settings).")] = False,  # noqa: E501
-    compile: Annotated[str, typer.Option(help="How our steps are compiled: auto (inductor + CUDA graphs on CUDA, eager on CPU), inductor, cudagraphs (the eager step captured as CUDA graphs, one per batch x width x span shape; no compilation), off.")] = "auto",  # noqa: E501
+    compile: Annotated[str, typer.Option(help="How our steps are compiled: auto (cudagraphs on CUDA, eager on CPU), cudagraphs (the eager step captured as CUDA graphs, one per batch x width x span shape; no compilation), inductor (torch.compile + CUDA graphs), off.")] = "auto",  # noqa: E501
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="Price of a device hour for the nightly-job $/1k documents (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
     stop_at_eos: Annotated[Opt[bool], typer.Option("--stop-at-eos/--ignore-eos", help="Stop rows at EOS (CPU default) or generate exactly --new-tokens (CUDA default).")] = None,  # noqa: E501
     corpus: Annotated[Opt[str], typer.Option(help="Documents: a folder of .txt or a JSONL (CPU jobs/sample-qa.jsonl; CUDA jobs/corpus).")] = None,  # noqa: E501

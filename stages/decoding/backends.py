@@ -14,8 +14,8 @@ differs:
   CPU with one torch thread: this thread's CPU time (leaves out other processes'
   bursts); more threads: wall time. CUDA: wall time after a synchronise.
 - ``cost_prior``/``cost_shape``: what adaptive.StepCost starts from.
-- ``compile`` choice (CUDA): inductor with CUDA graphs, cudagraphs (the eager step
-  captured as CUDA graphs: cuda_graphs.py), or eager.
+- ``compile`` choice (CUDA): cudagraphs (the eager step captured as CUDA graphs:
+  cuda_graphs.py; the default), inductor with CUDA graphs, or eager.
 - ``describe()``: one line for logs and benchmarks.
 ``backend_for(model, device, compile, ...)`` picks one. Nothing here is process-global:
 an engine owns its backend, and a backend what it measured.
@@ -51,12 +51,22 @@ def compile_plan(compile: str | bool | None, device: torch.device) -> tuple[str 
     tokens, prompts of 1,024 tokens, two threads) stepped at 94-97 ms at batch 1 and
     196-242 ms at batch 8 compiled, against 54-58 ms and 109-113 ms eager with the
     kernel plan, and its first warm-up took 162 s (23 s with the compiler's cache warm).
+
+    ``auto`` is ``cudagraphs`` on CUDA (the eager step captured by hand, cuda_graphs.py):
+    it replays the eager step bit for bit and warms up in seconds, where inductor compiles
+    for minutes, for a step about as fast at batch 1. Random-weight Llama-3-8B in bf16 on
+    an H100 (jobs/results/bench-decode): captured 10.1 ms a step after a 0.8 s warm-up
+    (2026-11-27), eager 57 ms; inductor 9.7 ms after 148 s of compilation for batches 1,
+    8 and 32 (2026-11-24, an older engine); on an H200 inductor took 66 s for one slot
+    (2026-11-26). In a night of 8k-token documents (32 rows, H100, 2026-11-27) captured
+    steps took 22.7 ms against 70 ms eager. ``compile: inductor`` stays a choice; a
+    night with it is unmeasured.
     """
     choice = {True: "inductor", False: "off", None: "auto"}.get(compile, compile)  # type: ignore[arg-type]
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"compile {compile!r}: allowed: {', '.join(COMPILE_CHOICES)}")
     if choice == "auto":
-        choice = "inductor" if device.type == "cuda" else "off"
+        choice = "cudagraphs" if device.type == "cuda" else "off"
     if choice == "off":
         return None, None
     if choice == "cudagraphs":

@@ -33,7 +33,7 @@ One iteration (``step``):
    proposal (drafters/; capped by adaptive.DraftLengths and the width rule
    adaptive.choose_width, which maximises tokens per second while requests wait and
    accounts for the batch's slowest row once none do), one forward pass of the step
-   backend (backends.py: the CPU kernel plan with exact shapes, or compiled CUDA graphs
+   backend (backends.py: the CPU kernel plan with exact shapes, or CUDA graphs (captured, or compiled)
    over bucketed shapes), verification on the device (verify.py: greedy match, or
    Leviathan's rule with keyed uniforms) and ONE host transfer. Finished rows leave;
    the last active row moves into the freed slot, so active rows stay packed.

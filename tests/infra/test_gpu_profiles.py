@@ -1,4 +1,4 @@
-"""infra/gpu/step_profile.py and kernel_profile.py dry on the CPU with a tiny model."""
+"""infra/gpu/step_profile.py, kernel_profile.py and linear_fusion_probe.py dry on the CPU with a tiny model."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ def test_kernel_profile_on_cpu(capsys):
     assert result["ms_per_step"] > 0
     assert "aten::" in result["table"]  # the step's operators, by time
     assert "CPU" in capsys.readouterr().out
+
+
+def test_linear_fusion_probe_on_cpu(capsys):
+    probe = gpu_script("linear_fusion_probe")
+    results = probe.main(["--model", "random:tiny", "--dtype", "float32", "--batch-sizes", "1,4",
+                          "--repeats", "3", "--device", "cpu"])
+    assert [r["batch"] for r in results] == [1, 4]
+    # random:tiny: 2 layers of hidden 64, 2 of 4 heads' keys and values, intermediate 128, fp32
+    per_layer = 64 * 64 * 2 + 2 * (32 * 64) + 3 * (128 * 64)
+    assert all(r["weights_gb"] == 2 * per_layer * 4 / 1e9 for r in results)
+    assert all(r["separate_ms"] > 0 and r["fused_ms"] > 0 and r["fused_gb_s"] > 0 for r in results)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2  # one JSON line per batch size

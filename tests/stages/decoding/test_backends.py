@@ -113,7 +113,8 @@ def test_plan_switch_and_cost_model(tiny_model, tmp_path, monkeypatch):
 def test_compile_choices_by_device():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
-    assert compile_plan("auto", cuda) == ("reduce-overhead", "inductor")
+    assert compile_plan("auto", cuda) == (None, "cudagraphs")
+    assert compile_plan("inductor", cuda) == ("reduce-overhead", "inductor")
     assert compile_plan(True, cpu) == (None, "inductor")
     assert compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
     assert compile_plan("off", cuda) == (None, None)
