@@ -15,12 +15,14 @@ rag) through its stage class, then ONE GenerateStage (one generate actor: the sp
 threads, as Ray calls an actor, so the engine's slots stay full across batches. Each
 finished batch is staged by WriteStage and the date is committed at the end
 (stages.partition.commit_date): the output table has `longdoc run`'s layout and rows.
-The timeline JSON holds wall-clock stamps (``time.time()``): ``t_start``,
+The timeline JSON holds wall-clock stamps (``time.time()``): ``t_start`` (this module
+imported: the interpreter is up), ``t_imported`` (the stages and torch imported),
 ``t_generate_ready`` (model loaded, engine warmed up), ``t_first_start`` (the first
 document's tokenization began: its compression counts, as in a row's ``e2e_s``),
 ``t_first_submit`` (the first request reached the engine), ``t_last_written`` (the last
 batch staged),
 ``t_committed``; seconds ``generate_init_s``, ``tokenize_init_s``, ``text_stage_init_s``,
+``read_s`` (the documents read and expanded into requests),
 ``tokenize_s`` and ``text_stage_s`` (spent on the main thread while the engine decodes),
 ``engine`` (EngineStats as a dict, plus its describe()), ``rows`` and ``failed``.
 Imports no Ray.
@@ -60,11 +62,12 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
     from stages.tokenize import TokenizeStage
     from stages.write import WriteStage
 
+    t_imported = time.time()
     spec = load_spec(spec_path)
     check_chain(stage_chain(spec))
     spec_json = spec.model_dump(mode="json")
     root = output_root(spec, run_date)
-    rec: dict = {"t_start": T_START, "runner": "inprocess", "spec": spec_path}
+    rec: dict = {"t_start": T_START, "t_imported": t_imported, "runner": "inprocess", "spec": spec_path}
 
     t0 = time.time()
     generate = GenerateStage(spec_json)  # model load + engine warm-up, once, before any document
@@ -82,6 +85,7 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
     write = WriteStage(root, run_date, run_id)
 
     # The requests, in input order (the plan's read -> limit -> requests).
+    t0 = time.time()
     root_uri = resolve_uri(spec.input.uri, run_date)
     fingerprint = generation_fingerprint(spec)
     requests, n_docs = [], 0
@@ -92,6 +96,7 @@ def run_inprocess(spec_path: str, run_date: str, run_id: str) -> dict:
             n_docs += 1
             requests.extend(expand_requests(doc, spec, run_id, run_date, fingerprint))
 
+    rec["read_s"] = time.time() - t0
     in_flight = generate_batches_in_flight(spec)
     rec.update(documents=n_docs, requests=len(requests), batches_in_flight=in_flight,
                batch_size=spec.resources.batch_size)

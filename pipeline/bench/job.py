@@ -449,7 +449,11 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
         tl = json.loads(timeline_path.read_text())
         steady = tl["t_last_written"] - tl["t_first_start"] if tl.get("t_first_start") else None
         eng = tl["engine"]
-        where = {"generate_init_s (model load + warm-up)": tl["generate_init_s"],
+        before = {"interpreter_s": tl["t_start"] - m.t_start}  # the process's start, up to the first row
+        if "t_imported" in tl:  # timelines written before 2026-11-27 lack these stamps
+            before.update(imports_s=tl["t_imported"] - tl["t_start"], read_s=tl["read_s"],
+                          tokenize_init_s=tl["tokenize_init_s"], text_stage_init_s=tl.get("text_stage_init_s", 0.0))
+        where = {**before, "generate_init_s (model load + warm-up)": tl["generate_init_s"],
                  "first_row_start_s": tl["t_first_start"] - m.t_start if tl.get("t_first_start") else None,
                  "first_submit_s": tl["t_first_submit"] - m.t_start if tl.get("t_first_submit") else None,
                  "tokenize_s": tl["tokenize_s"], "text_stage_s": tl["text_stage_s"],

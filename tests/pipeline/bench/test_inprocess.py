@@ -51,9 +51,11 @@ def test_two_documents_become_two_committed_rows_and_an_ordered_timeline(tmp_pat
     rec = json.loads(timeline.read_text())
     assert rec["runner"] == "inprocess" and rec["documents"] == 2 and rec["requests"] == 2
     assert rec["rows"] == 2 and rec["failed"] == 0 and rec["batch_size"] == 1 and rec["batches_in_flight"] >= 1
-    stamps = ["t_start", "t_generate_ready", "t_first_start", "t_first_submit", "t_last_written", "t_committed"]
+    stamps = ["t_start", "t_imported", "t_generate_ready", "t_first_start", "t_first_submit", "t_last_written",
+              "t_committed"]
     assert [rec[s] for s in stamps] == sorted(rec[s] for s in stamps)
     assert rec["generate_init_s"] > 0 and rec["tokenize_s"] > 0 and rec["text_stage_s"] == 0
+    assert rec["read_s"] > 0 and rec["t_generate_ready"] - rec["t_imported"] >= rec["generate_init_s"]
     assert rec["engine"]["steps"] >= 2 and rec["engine"]["describe"]
     rows = sorted(_rows(tmp_path), key=lambda r: r["doc_id"])
     assert [r["doc_id"] for r in rows] == ["d0", "d1"]

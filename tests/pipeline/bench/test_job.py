@@ -116,6 +116,10 @@ def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path
         assert run["docs"] == 2 and run["failed"] == 0 and run["runner"] == "inprocess"
         w = run["where"]
         assert w["engine_steps"] >= 3 and w["engine_prefill_s"] > 0 and w["generate_init_s (model load + warm-up)"] > 0
+        # what comes before the first row, each part apart
+        assert w["interpreter_s"] > 0 and w["imports_s"] > 0 and w["read_s"] > 0 and w["tokenize_init_s"] > 0
+        assert sum(w[k] for k in ("interpreter_s", "imports_s", "generate_init_s (model load + warm-up)", "read_s",
+                                  "tokenize_init_s")) <= w["first_row_start_s"]
     assert res["ratios"]["pld"]["vs_first"]["side"] == "greedy"
     # CPU targets compare with the peer, which did not run: named, neither passed nor failed
     assert res["targets"] and all(t["pass"] is None and t["value"] is None for t in res["targets"])
