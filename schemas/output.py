@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from schemas.spec import JobSpec
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -129,6 +129,8 @@ class OutputRow(TypedDict):
     # --- version 4: the engine's waits ---
     queue_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to the start of its prefill (waiting for a slot or KV memory).")]
     stall_s: Annotated[float | None, Column("Seconds this row, while decoding, waited for other rows' prefill (newcomers' prompts are prefilled in chunks between decode steps; this is what remains).")]
+    # --- version 5: the prefix cache ---
+    cached_prompt_tokens: Annotated[int | None, Column("Prompt tokens whose keys and values came from the generate actor's prefix cache instead of a prefill: the chat template and context before the question, prefilled once per document and reused by its other questions (generation.prefix_cache); 0 when this row prefilled them itself.")]
 
 
 _DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}

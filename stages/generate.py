@@ -238,6 +238,7 @@ class GenerateStage:
             e2e_s=text_compress_s + res.ttft_s + res.decode_s,
             queue_s=res.queue_s,
             stall_s=res.stall_s,
+            cached_prompt_tokens=res.cached_prompt_tokens,
             **{c: row.get(c) for c in self._carried},
         )
 

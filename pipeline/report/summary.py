@@ -49,6 +49,8 @@ def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
     docs = len(pc.unique(table.column("doc_id"))) if rows else 0
     out_tokens = _sum(ok_table, "output_tokens") if rows else 0.0
     in_tokens = _sum(ok_table, "prompt_tokens") if rows else 0.0
+    # Outputs written before schema version 5 have no prefix-cache column: nothing was cached.
+    cached = _sum(ok_table, "cached_prompt_tokens") if rows and "cached_prompt_tokens" in table.column_names else 0.0
     device_s = _sum(table, "device_s") if rows else 0.0
     basis_s = wall_s if wall_s else device_s
     drafted = _sum(ok_table, "draft_tokens") if rows else 0.0
@@ -61,6 +63,7 @@ def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
         "failed": failed,
         "failed_fraction": failed / rows if rows else 0.0,
         "tokens_in": int(in_tokens),
+        "tokens_in_cached": int(cached),
         "tokens_out": int(out_tokens),
         "mean_compression_ratio": ratio,
         "acceptance_rate": accepted / drafted if drafted else None,
@@ -140,6 +143,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("retried", "error rows retried"),
         ("status", "status"),
         ("tokens_in", "tokens in (prompt)"),
+        ("tokens_in_cached", "  of them from the prefix cache"),
         ("tokens_out", "tokens out"),
         ("mean_compression_ratio", "mean compression ratio"),
         ("acceptance_rate", "draft acceptance rate"),

@@ -82,5 +82,6 @@ class RowResult:
     stall_s: float = 0.0  # while decoding, time spent on other rows' prefill (it waited)
     prefill_s: float = 0.0  # its prefill (a group prefill's time split evenly over the group)
     compress_s: float = 0.0  # of the prefill, what the method reports as compression
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     context_tokens: int | None = None  # document-derived entries the model conditions on
     device_s: float = 0.0  # its share of the device: its prefill + each step's time / rows in the step

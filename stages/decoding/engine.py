@@ -375,6 +375,7 @@ class Engine:
                 store_key = key
             else:
                 done = self.cache.copy_in(slot, kv)
+                row.result.cached_prompt_tokens = done
                 self.stats.prefix_hits += 1
                 self.stats.prefix_reused_tokens += done
                 self._account_prefill(t0, [row])

@@ -90,8 +90,14 @@ def test_questions_on_one_document_prefill_it_once_with_the_same_rows(tiny_model
         parts = builder.build(req["doc_ids"], "Answer.", req["question"])
         ref = decode_plain(tiny_model, prefill_full(tiny_model, [parts.full_ids], tokenizer.pad_token_id), cfg)[0]
         assert row["error"] is None and row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
-    # auto: each document's second and third questions reuse its prefill.
+    # auto: each document's second and third questions reuse its prefill, and their rows say so.
     assert stage.engine.stats.prefix_hits == (4 if prefix_cache == "auto" else 0)
+    cached = [row["cached_prompt_tokens"] for row in out]
+    if prefix_cache == "auto":
+        assert [c > 0 for c in cached] == [False, True, True] * 2
+        assert all(c < row["prompt_tokens"] for c, row in zip(cached, out, strict=True))
+    else:
+        assert cached == [0] * 6
 
 
 def test_errors_pass_through_and_too_long_fails_alone(tiny_model_dir, tokenizer):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from pipeline.report.summary import format_summary, package_versions, run_record_json, run_summary
+from pipeline.report.summary import (
+    format_summary,
+    package_versions,
+    run_record_json,
+    run_summary,
+    summarize,
+)
 from schemas.output import INPUT, RETRYABLE, rows_to_table
 
 
@@ -36,3 +42,15 @@ def test_record_carries_versions_and_round_trips():
     s["versions"] = versions
     record = json.loads(run_record_json(s, {"name": "j"}))
     assert record["summary"]["versions"] == versions and record["spec"] == {"name": "j"}
+
+
+def test_prompt_tokens_from_the_prefix_cache_are_summed_over_successful_rows():
+    rows = [{"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": "d0", "request_id": f"q{i}",
+             "error": err, "prompt_tokens": 100, "cached_prompt_tokens": cached, "e2e_s": 1.0}
+            for i, (err, cached) in enumerate([(None, 0), (None, 80), (None, 80), ("generate: OSError", None)])]
+    s = summarize(rows_to_table(rows), wall_s=1.0)
+    assert s["tokens_in"] == 300 and s["tokens_in_cached"] == 160
+    assert "of them from the prefix cache  160" in format_summary(s)
+    # an output written before schema version 5 has no such column: nothing was cached
+    old = rows_to_table(rows[:1]).drop_columns(["cached_prompt_tokens"])
+    assert summarize(old)["tokens_in_cached"] == 0

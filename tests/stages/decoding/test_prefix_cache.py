@@ -90,6 +90,11 @@ def test_questions_on_one_document_reuse_its_prefill_with_the_reference_output(
     # Each document is prefilled once: its second and third questions copy its prefix.
     assert eng.stats.prefix_hits == 6
     assert eng.stats.prefix_reused_tokens == 2 * sum(4 + n for n in (30, 12, 45))
+    # Each row says what it took from the cache: its document's prefix on a hit, 0 on its first question.
+    seen: set[int] = set()  # documents (by length: the three differ) already prefilled once
+    for o, p in zip(out, parts, strict=True):
+        assert o.result.cached_prompt_tokens == (4 + len(p.context_ids) if len(p.context_ids) in seen else 0)
+        seen.add(len(p.context_ids))
     # A hit row's own prefill is its question alone: cheaper than its document's first row.
     first, hit = (out[2], out[8]) if interleaved else (out[6], out[7])
     assert hit.result.prefill_s < first.result.prefill_s
