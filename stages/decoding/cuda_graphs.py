@@ -20,6 +20,17 @@ replays. Graphs read the cache's tensors by address, so every graph is dropped w
 cache is laid out again (``SlotCache.layout_version`` changed), and the next ones go to a
 new memory pool. The graphs of one layout share one pool: they never run concurrently, and
 each result is copied out before the next replay.
+
+Memory: a graph's temporaries go back to the shared pool when its capture ends, so the
+pool holds about one step's worth, whatever the number of shapes. Its results cannot: a
+replay writes them at fixed addresses. Each graph therefore copies its results into
+``SharedOutputs``, buffers outside the pool that every graph writes into (a view of its
+shape), instead of keeping results of its own. Why: the engine captures every (batch,
+width, span) shape at warm-up, and a sampling step's result is the logits [b, T, V] in
+float32, so one result per graph would add up to the sum over shapes: for an 8B model
+(V = 128,256) with 256 slots, widths 1/2/4/8 and four spans, ~16 GB beyond the memory
+budget; shared, it is at most about twice the largest result (~1 GB of it at b = 256,
+T = 8), since a buffer grows as larger shapes come (the smaller graphs keep the old one).
 """
 
 from __future__ import annotations
@@ -36,8 +47,34 @@ from stages.decoding.slots import SlotCache
 class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[torch.Tensor, ...]  # static buffers the replay reads
-    outputs: tuple[torch.Tensor, ...]  # static buffers the replay writes
+    outputs: tuple[torch.Tensor, ...]  # views of SharedOutputs' buffers the replay writes
     single: bool  # fn returned one tensor, not a tuple
+
+
+class SharedOutputs:
+    """Buffers that graphs of one function write their results into, one per result position.
+
+    ``view(i, like)``: a tensor with ``like``'s shape and dtype at the start of buffer
+    ``i`` (a strided view: ``buffer[:like.shape[0], :like.shape[1], ...]``). A buffer too
+    small in any dimension, of another dtype or rank, is replaced by a new one covering
+    both shapes; the old one stays alive as long as views of earlier graphs hold it.
+    Allocate views outside a graph capture (they must not come from the graph's pool).
+    """
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor | None] = []
+
+    def view(self, i: int, like: torch.Tensor) -> torch.Tensor:
+        while len(self.buffers) <= i:
+            self.buffers.append(None)
+        buf = self.buffers[i]
+        if buf is None or buf.dtype != like.dtype or buf.dim() != like.dim() or buf.device != like.device:
+            buf = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        elif any(n > have for n, have in zip(like.shape, buf.shape, strict=True)):
+            grown = tuple(max(n, have) for n, have in zip(like.shape, buf.shape, strict=True))
+            buf = torch.empty(grown, dtype=like.dtype, device=like.device)
+        self.buffers[i] = buf
+        return buf[tuple(slice(0, n) for n in like.shape)]
 
 
 class CapturedSteps:
@@ -51,6 +88,7 @@ class CapturedSteps:
         self.graphs: dict[tuple, _Graph] = {}
         self._layout = cache.layout_version
         self._pool = torch.cuda.graph_pool_handle()
+        self.shared = SharedOutputs()  # outside the pools: kept across relayouts
         self.captures = 0  # graphs captured over this object's life (tests, logs)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -83,10 +121,15 @@ class CapturedSteps:
             # the replay would make (the caller advances the rows afterwards).
             result = self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(side)
+        single = isinstance(result, torch.Tensor)
+        results = (result,) if single else tuple(result)
+        outputs = tuple(self.shared.view(i, r) for i, r in enumerate(results))  # before the capture: not pool memory
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.fn(*inputs)
-        single = isinstance(outputs, torch.Tensor)
-        self.graphs[key] = _Graph(graph, inputs, (outputs,) if single else tuple(outputs), single)
+            produced = self.fn(*inputs)
+            for out, value in zip(outputs, (produced,) if single else produced, strict=True):
+                out.copy_(value)
+        del produced  # back to the pool when the capture ends: the next graph's temporaries
+        self.graphs[key] = _Graph(graph, inputs, outputs, single)
         self.captures += 1
         return result

@@ -2,7 +2,8 @@
 
 They need a GPU: skipped here and in CI, run on the device machine by the GPU kit
 (``make gpu-night`` step ``graphs``, infra/README.md). On CPU they are refused, naming the
-device (the first test; and the ``cudagraphs`` choice in tests/stages/decoding/test_backends.py).
+device (the first test; and the ``cudagraphs`` choice in tests/stages/decoding/test_backends.py);
+the buffers they write their results into are plain tensors, tested here on the CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from tiny_models import tiny_causal_lm
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.cuda_graphs import CapturedSteps
+from stages.decoding.cuda_graphs import CapturedSteps, SharedOutputs
 from stages.decoding.engine import Engine, Request
 from stages.decoding.forward import decode_view
 from stages.decoding.slot_step import SlotStep
@@ -108,3 +109,48 @@ def test_an_engine_that_lays_its_slots_out_again_keeps_decoding_with_graphs(mode
     # graphs bucketed ones, and fp32 GPU kernels differ by shape; the replay itself is
     # bit-exact, test_a_replayed_step_equals_the_eager_step_bit_for_bit.)
     assert eng.stats.relayouts >= 1 and all(o.error is None and len(o.result.tokens) == 16 for o in out)
+
+
+def test_shared_outputs_give_each_shape_a_view_at_the_start_of_one_buffer():
+    shared = SharedOutputs()
+    small = shared.view(0, torch.zeros(2, 3, 5))
+    assert small.shape == (2, 3, 5) and small.data_ptr() == shared.buffers[0].data_ptr()
+    same = shared.view(0, torch.zeros(2, 1, 5))  # fits: the same buffer
+    assert same.data_ptr() == small.data_ptr() and shared.buffers[0].shape == (2, 3, 5)
+    small.fill_(1.0)  # an earlier graph's view keeps its buffer when a larger shape comes
+    wide = shared.view(0, torch.zeros(4, 2, 5))
+    assert shared.buffers[0].shape == (4, 3, 5) and wide.shape == (4, 2, 5)
+    assert wide.data_ptr() != small.data_ptr() and bool((small == 1.0).all())
+    other = shared.view(1, torch.zeros(4, dtype=torch.long))  # each result position its own buffer
+    assert other.dtype == torch.long and len(shared.buffers) == 2
+    assert shared.view(1, torch.zeros(4)).dtype == torch.float32  # another dtype: a new buffer
+
+
+@needs_cuda
+def test_graphs_of_many_shapes_keep_one_results_buffer_not_one_each(model):
+    # A sampling step's result is the logits [b, T, V]: one per graph would add up over every
+    # (batch, width, span) the engine warms up. Here V is large, so the results dominate.
+    cache = SlotCache.for_model(model, slots=1, capacity=64)  # on the GPU: only its layout is read
+    vocab = 1 << 20
+    weight = torch.randn(8, vocab, device="cuda")
+
+    def step(x: torch.Tensor, span: torch.Tensor) -> torch.Tensor:  # x [b, T, 8], span [L] -> [b, T, V]
+        return (x @ weight) * span.float().mean()
+
+    graphs = CapturedSteps(step, cache)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    shapes = [(b, t, span) for b in (1, 2, 4) for t in (1, 2) for span in (16, 32, 64)]
+    for b, t, span in shapes:
+        x = torch.randn(b, t, 8, device="cuda")
+        spans = torch.arange(span, device="cuda")
+        first = graphs(x, spans)  # capture
+        assert torch.equal(graphs(x, spans), first) and torch.equal(first, step(x, spans))  # replay == eager
+    del first, x, spans  # what is left allocated: the graphs' inputs and results buffers
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated() - before
+    largest = 4 * 2 * vocab * 4  # bytes of the [4, 2, V] float32 result
+    assert graphs.captures == len(shapes)
+    # One buffer grown as the shapes came (1 + 2 + 4 + 8 units of V: ~1.9 x largest), where a
+    # result kept per graph would hold 63 units (~7.9 x largest).
+    assert grown <= 2.5 * largest
