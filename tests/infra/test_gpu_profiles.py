@@ -28,6 +28,26 @@ def test_kernel_profile_on_cpu(capsys):
     assert "CPU" in capsys.readouterr().out
 
 
+def test_kernel_profile_of_a_prefill_on_cpu(capsys):
+    kernel_profile = gpu_script("kernel_profile")
+    result = kernel_profile.main(["--model", "random:tiny", "--slots", "1", "--capacity", "200", "--device", "cpu",
+                                  "--prefill-tokens", "100"])
+    assert result["prefill_ms"] > 0 and result["tokens_per_s"] > 0 and result["tflops"] > 0
+    assert "aten::" in result["table"]
+    assert "prefill of 100 tokens" in capsys.readouterr().out
+
+
+def test_the_prefill_flops_estimate_of_llama_3_8b():
+    from stages.random_models import random_config
+
+    kernel_profile = gpu_script("kernel_profile")
+    config = random_config("random:llama-8b")
+    # 6.98 B non-embedding parameters: 2 FLOPs each per token; 8,000 tokens of causal attention
+    linear = 2 * 6_979_321_856 * 8000 + 2 * 4096 * 128256
+    attention = 2 * 8000**2 * 4096 * 32
+    assert kernel_profile.prefill_flops(config, 8000) == linear + attention
+
+
 def test_linear_fusion_probe_on_cpu(capsys):
     probe = gpu_script("linear_fusion_probe")
     results = probe.main(["--model", "random:tiny", "--dtype", "float32", "--batch-sizes", "1,4",
