@@ -56,8 +56,9 @@ class SharedOutputs:
 
     ``view(i, like)``: a tensor with ``like``'s shape and dtype at the start of buffer
     ``i`` (a strided view: ``buffer[:like.shape[0], :like.shape[1], ...]``). A buffer too
-    small in any dimension, of another dtype or rank, is replaced by a new one covering
-    both shapes; the old one stays alive as long as views of earlier graphs hold it.
+    small in any dimension is replaced by a new one covering both shapes, one of another
+    dtype, rank or device by one of ``like``'s shape; the old one stays alive as long as
+    views of earlier graphs hold it.
     Allocate views outside a graph capture (they must not come from the graph's pool).
     """
 
