@@ -90,6 +90,10 @@ class CapturedSteps:
         self._layout = cache.layout_version
         self._pool = torch.cuda.graph_pool_handle()
         self.shared = SharedOutputs()  # outside the pools: kept across relayouts
+        # One side stream for every eager run before a capture: cuBLAS keeps a workspace per
+        # (handle, stream), so a new stream per capture would leave one behind for each
+        # stream of torch's pool (up to 32 of them, tens of MB each on recent GPUs).
+        self._side = torch.cuda.Stream()
         self.captures = 0  # graphs captured over this object's life (tests, logs)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -114,7 +118,7 @@ class CapturedSteps:
     def _capture(self, key: tuple, args: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Run ``fn`` eagerly once (its result is this call's), then record its graph."""
         inputs = tuple(a.clone() for a in args)
-        side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             # The eager run: lazy set-up (cuBLAS handles, workspace) happens outside the
