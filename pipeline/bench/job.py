@@ -409,7 +409,9 @@ def _row_totals(rows: list[dict]) -> dict:
     return {"rows_prefill_s": total("prefill_s"), "rows_decode_s": total("decode_s"),
             "rows_compress_s": total("compress_s"), "mean_ttft_s": total("ttft_s") / len(ok) if ok else None,
             "output_tokens": int(total("output_tokens")), "mean_context_tokens": total("context_tokens") / len(ok)
-            if ok else None, "acceptance": total("accepted_tokens") / drafted if drafted else None}
+            if ok else None, "acceptance": total("accepted_tokens") / drafted if drafted else None,
+            # rows written before schema version 5 lack the prefix cache's column
+            "cached_prompt_tokens": int(sum(r.get("cached_prompt_tokens") or 0 for r in ok))}
 
 
 def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: float) -> tuple[dict, list[dict]]:

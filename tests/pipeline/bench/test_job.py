@@ -80,6 +80,19 @@ def test_a_sides_engines_are_its_largest_pool_under_ray_and_one_in_process():
     assert _engines(local, {"resources": {"actors": [1, 3]}}) == 1
 
 
+def test_a_sides_row_totals_count_successful_rows_and_the_prefix_caches_tokens():
+    from pipeline.bench.job import _row_totals
+
+    base = {"prefill_s": 1.0, "decode_s": 2.0, "compress_s": 0.0, "ttft_s": 1.5, "output_tokens": 10,
+            "context_tokens": 100, "draft_tokens": 4, "accepted_tokens": 1}
+    rows = [{**base, "error": None, "cached_prompt_tokens": 0}, {**base, "error": None, "cached_prompt_tokens": 90},
+            {**base, "error": "generate: OSError", "cached_prompt_tokens": None},
+            {**base, "error": None}]  # a row of an output written before schema version 5
+    t = _row_totals(rows)
+    assert t["cached_prompt_tokens"] == 90 and t["output_tokens"] == 30 and t["rows_prefill_s"] == 3.0
+    assert t["acceptance"] == 0.25 and t["mean_ttft_s"] == 1.5
+
+
 # Blocks `import ray` in every interpreter the bench starts (sitecustomize runs at start-up),
 # as on a GPU machine without Ray: the bench must pick the in-process runner by itself.
 _NO_RAY = "import sys\nsys.modules['ray'] = None\n"
