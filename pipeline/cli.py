@@ -143,6 +143,12 @@ def run(
         typer.Option(help="Error rows of the date to redo and replace: all | retryable "
                      "(error_kind retryable: infrastructure) | none."),
     ] = "retryable",
+    runner: Annotated[
+        str,
+        typer.Option(help="auto | ray | local. local: the stages in this process, without Ray. "
+                     "auto: local when there is no cluster (no --address, no $RAY_ADDRESS) and "
+                     "resources.actors is 1, else ray."),
+    ] = "auto",
 ) -> None:
     """Run a job and print its summary."""
     if verbose:
@@ -157,6 +163,9 @@ def run(
     if retry_errors not in ("all", "retryable", "none"):
         typer.echo(f"error: --retry-errors: got {retry_errors!r}; allowed: all, retryable, none", err=True)
         raise typer.Exit(2)
+    if runner not in ("auto", "ray", "local"):
+        typer.echo(f"error: --runner: got {runner!r}; allowed: auto, ray, local", err=True)
+        raise typer.Exit(2)
     from datetime import datetime, timezone
 
     # The runner's default date (today, UTC): a local input's {run_date} folder is checked too.
@@ -164,11 +173,11 @@ def run(
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
     from pipeline.report.summary import format_summary
-    from pipeline.runner import run_job
+    from pipeline.runner import resolve_runner, run_job
 
     try:
         result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet,
-                         retry_errors=retry_errors)
+                         retry_errors=retry_errors, runner=resolve_runner(runner, job, address))
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -34,6 +34,12 @@ from typing import Any, TextIO
 
 from schemas.spec import JobSpec
 
+#: The model stack's console settings for the processes that load models (Ray's workers,
+#: pipeline/runner.py ``init_ray``; this process under the local runner): no download
+#: bars, tokenizer fork notices or transformers notices between progress lines.
+MODEL_STACK_ENV = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+                   "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
 DEFAULT_INTERVAL_S = 30.0  # one log line per half minute keeps cluster logs short
 RAY_LOGS_ENV = "LONGDOC_RAY_LOGS"
 

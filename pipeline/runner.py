@@ -1,4 +1,4 @@
-"""Run a job: connect to Ray, skip finished requests, execute the plan, commit, summarise.
+"""Run a job: skip finished requests, execute the plan (on Ray, or in this process), commit, summarise.
 
 Contract: ``run_job`` returns a RunResult once every request of the run date has
 exactly one row in the output table (written now or by an earlier run of the date):
@@ -18,6 +18,11 @@ exactly one row in the output table (written now or by an earlier run of the dat
 - An input row repeated exactly (same id, text and question: the same request_id) is
   one request: it gets one row, published once, counted once (``duplicates`` in the
   summary counts the repeats dropped).
+- Two runners of the same stages (``resolve_runner``): ``ray`` (the Ray Data plan of
+  pipeline/plan.py, on a cluster or an embedded Ray) and ``local`` (pipeline/local_plan.py,
+  one process, no Ray: what ``auto`` picks on one machine with one generate actor). Both
+  write the same staged blocks, rows, summary and run record; an exception of the local
+  plan takes the abort path below like Ray giving up.
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -28,6 +33,7 @@ exactly one row in the output table (written now or by an earlier run of the dat
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -48,6 +54,7 @@ from schemas.output import (
     rows_to_table,
 )
 from schemas.spec import JobSpec
+from stages.compression import method_for
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
 from stages.partition import commit_date, scan_date
@@ -109,21 +116,61 @@ def check_embedded_fits(spec: JobSpec) -> None:
             "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)"))
 
 
+def check_local_fits(spec: JobSpec) -> None:
+    """The local runner's ``check_embedded_fits``: a stage asking for more GPUs than this
+    machine has is refused (ValueError naming the field) before anything is read or written."""
+    res = spec.resources
+    asks = [("resources.num_gpus", res.num_gpus)]
+    if method_for(spec.compression).uses_compress_gpus:
+        asks.append(("resources.compress_num_gpus", res.compress_num_gpus))
+    asks = [(name, n) for name, n in asks if n > 0]
+    if not asks:
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    for name, n in asks:
+        if math.ceil(n) > have:
+            raise ValueError(f"{name}: {n:g} GPU(s) asked; this machine has {have} (runner local, on this "
+                             f"machine); allowed: {name} <= {have} here, or a Ray cluster "
+                             "(--address or $RAY_ADDRESS)")
+
+
 def cluster_address(address: str | None) -> str | None:
     """The Ray cluster a run joins: ``address``, else ``$RAY_ADDRESS``; None: the embedded Ray."""
     return address or os.environ.get("RAY_ADDRESS")
+
+
+RUNNERS = ("auto", "ray", "local")
+
+
+def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:
+    """The runner a run uses: ``ray`` or ``local`` as asked; ``auto``: ``local`` when the run
+    has no Ray cluster (no ``address``, no ``$RAY_ADDRESS``) and one generate actor
+    (``resources.actors: 1``), else ``ray``.
+
+    Why local then: an embedded Ray on one machine runs the same single engine, and its
+    processes only compete with it for the cores (pipeline/local_plan.py has the
+    figures); a cluster, or a pool of several actors, is what Ray is for.
+    """
+    if runner not in RUNNERS:
+        raise ValueError(f"runner {runner!r} is not one of {', '.join(RUNNERS)}")
+    if runner != "auto":
+        return runner
+    one_actor = spec.resources.actors == 1
+    return "local" if cluster_address(address) is None and one_actor else "ray"
 
 
 def init_ray(address: str | None, spec: JobSpec) -> bool:
     """Connect to (or start) Ray; True when this call started an embedded Ray."""
     import ray
 
-    from pipeline.progress import quiet_native_stderr, quiet_python_loggers
+    from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
 
     if ray.is_initialized():
         return False
     address = cluster_address(address)
-    env = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = dict(MODEL_STACK_ENV)
     quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
@@ -156,14 +203,22 @@ def run_job(
     address: str | None = None,
     progress: bool = True,
     retry_errors: str = "retryable",
+    runner: str = "ray",
+    timeline: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run ``spec`` for ``run_date``; see the module docstring for the contract.
 
     ``retry_errors``: which error rows already written for the date are retried
-    (``all`` | ``retryable`` (error_kind retryable) | ``none``).
+    (``all`` | ``retryable`` (error_kind retryable) | ``none``). ``runner``: ``ray``
+    (the Ray Data plan, pipeline/plan.py, on ``address`` or an embedded Ray) or
+    ``local`` (the same stages in this process, pipeline/local_plan.py; no Ray is
+    imported); ``resolve_runner`` picks one for ``auto``. ``timeline``: the local
+    plan's stamps and engine figures, for benchmarks.
     """
     if retry_errors not in RETRY_POLICIES:
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
+    if runner not in ("ray", "local"):
+        raise ValueError(f"runner {runner!r} is not one of ray, local")
     started_at = _now_iso()
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
@@ -172,12 +227,10 @@ def run_job(
     # First of all: a missing prefix, bad credentials or a FIFO fail before Ray starts or
     # anything is written.
     shards = list_shards(spec.input, run_date)
+    if runner == "local":
+        check_local_fits(spec)
 
-    import ray.data
-
-    from pipeline.plan import build_plan
-    from pipeline.progress import RunProgress, ledger_total, quiet_issue_detectors, ray_logs_wanted
-    from pipeline.watchdog import PoolWatchdog, guarded
+    from pipeline.progress import RunProgress, ledger_total
 
     # Rows a crashed earlier run left staged are published first: staging then holds
     # only this run's blocks, and the skip set below sees every row ever written.
@@ -186,38 +239,30 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
-    if init_ray(address, spec):
-        check_embedded_fits(spec)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
-    # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
-    ctx.enable_progress_bars = progress and sys.stderr.isatty() and ray_logs_wanted()
-    quiet_issue_detectors(ctx)  # Ray's repeated high-memory warning; see its docstring
-    if "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" not in os.environ:
-        # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
-        # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
-        # prefills on a shared core). Deadlines belong to the scheduler (RayJob
-        # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
-        # A pool that can never be placed is the watchdog's (resources.schedule_timeout_s).
-        ctx.execution_no_progress_timeout_s = -1
-    t0 = time.perf_counter()
-    ds, n_shards = build_plan(spec, run_id, run_date, root, skip, shards)
+    if runner == "ray":
+        batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
+    else:
+        from pipeline.local_plan import LocalPlan
+
+        batches, guard = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline).batches, None
+    t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
+    n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
-         f"(--retry-errors {retry_errors}); output {root}")
+         f"(--retry-errors {retry_errors}); output {root}"
+         + ("; in this process (--runner local)" if runner == "local" else ""))
     parts: list[pa.Table] = []
     seen_ids: set[str] = set()
     done = failed = out_tokens = duplicates = 0
     abort: BaseException | None = None
     bar = RunProgress.for_run(spec, n_shards, len(skip), enabled=progress)
-    watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
-                            required=actor_resources(spec))
     next_ledger_look = time.monotonic()
 
     def iterate() -> None:
         nonlocal done, failed, out_tokens, duplicates, next_ledger_look
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            watchdog.progress()
+        for batch in batches():
+            if guard is not None:
+                guard.progress()
             ids = batch.column("request_id").to_pylist()
             fresh = []
             for i, rid in enumerate(ids):  # a repeat may sit in the same batch as its first
@@ -242,7 +287,12 @@ def run_job(
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
         # a dead actor pool, or on one no node can take, into an abort like Ray's own.
-        guarded(watchdog, iterate)
+        if guard is None:
+            iterate()
+        else:
+            from pipeline.watchdog import guarded
+
+            guarded(guard, iterate)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     bar.close()
@@ -273,6 +323,36 @@ def run_job(
                        f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json")
     return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)
 
+
+
+def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,
+                 root: str, skip: frozenset[str], shards: list[str]):
+    """Start (or join) Ray and build the Ray Data plan: (a function iterating its figure
+    tables, the watchdog that guards the iteration)."""
+    import ray.data
+
+    from pipeline.plan import build_plan
+    from pipeline.progress import quiet_issue_detectors, ray_logs_wanted
+    from pipeline.watchdog import PoolWatchdog
+
+    if init_ray(address, spec):
+        check_embedded_fits(spec)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
+    # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
+    ctx.enable_progress_bars = progress and sys.stderr.isatty() and ray_logs_wanted()
+    quiet_issue_detectors(ctx)  # Ray's repeated high-memory warning; see its docstring
+    if "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S" not in os.environ:
+        # Ray Data aborts a dataset whose operators emit nothing for 30 min; one batch of
+        # long documents on CPU can legitimately take that long (seen: 4 x 5k-token
+        # prefills on a shared core). Deadlines belong to the scheduler (RayJob
+        # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
+        # A pool that can never be placed is the watchdog's (resources.schedule_timeout_s).
+        ctx.execution_no_progress_timeout_s = -1
+    ds, _ = build_plan(spec, run_id, run_date, root, skip, shards)
+    watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
+                            required=actor_resources(spec))
+    return (lambda: ds.iter_batches(batch_size=None, batch_format="pyarrow")), watchdog
 
 def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException,
                             shards: list[str]) -> pa.Table:

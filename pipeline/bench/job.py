@@ -1,15 +1,20 @@
 """`longdoc bench job SPEC`: the whole job, longdoc against the script a user would write instead.
 
 What it runs, in ONE invocation, on the same documents and model:
-- the longdoc side: the spec end to end exactly as a user runs it, ``longdoc run`` in a
-  fresh process (Ray, read, tokenize, compression, the decode engine, Parquet write and
-  commit) into an output folder of its own under a temporary directory; where Ray is
-  not installed (GPU benchmark machines), or with ``--runner local``, the same stages in
-  one process without Ray (pipeline/bench/inprocess.py). ``--variant NAME:k=v;k=v``
+- the longdoc side: the spec end to end exactly as a user runs it, in a fresh process
+  (read, tokenize, compression, the decode engine, Parquet write and commit) into an
+  output folder of its own under a temporary directory: ``--runner ray`` runs
+  ``longdoc run --runner ray``; ``--runner local`` the same stages in one process
+  without Ray (pipeline/bench/inprocess.py: `longdoc run --runner local` plus the
+  engine's own figures); ``auto`` (default) what `longdoc run` picks on one machine
+  (local for one generate actor, Ray for a pool), local where Ray is not installed
+  (GPU benchmark machines). ``--variant NAME:k=v;k=v``
   (repeatable) runs several longdoc sides, each the spec with those overrides (e.g.
   compression methods none vs finch vs rag); an override ``env.NAME=value`` sets an
   environment variable of that side's process instead (e.g. ``env.OMP_NUM_THREADS=1``),
-  for settings of the machine rather than of the job;
+  for settings of the machine rather than of the job, and ``runner=ray|local|auto`` that
+  side's runner instead of ``--runner`` (``--variant ray:runner=ray --variant
+  local:runner=local`` compares the two runners in one run);
 - the peer: pipeline/bench/peer.py in a fresh process, the plain-transformers script a
   user would write (same documents, chat template, instruction and truncation where a
   user could do it in a few lines: ``truncate`` -> the same head/tail cut; every other
@@ -74,6 +79,7 @@ PEER_SCRIPT = Path(__file__).resolve().with_name("peer.py")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENV_PREFIX = "env."
+RUNNER_KEY = "runner"  # a variant's own runner (``runner=local``), not a spec field
 #: Spec fields a variant may not change: every side reads the same documents with the same model.
 FIXED_FIELDS = ("input", "output", "generation.model")
 RUNNERS = ("auto", "ray", "local")
@@ -84,7 +90,7 @@ Opt = Optional  # noqa: UP045 - typer needs Optional
 @dataclass(frozen=True)
 class Variant:
     """One longdoc side: a name and the overrides that make it (``env.NAME=value`` ones set
-    its process's environment, the others its spec)."""
+    its process's environment, ``runner=...`` its runner, the others its spec)."""
 
     name: str
     overrides: tuple[str, ...] = ()
@@ -92,13 +98,22 @@ class Variant:
     @property
     def spec_overrides(self) -> tuple[str, ...]:
         """The overrides of this side's spec (dotted.key=value), in their order."""
-        return tuple(o for o in self.overrides if not o.startswith(ENV_PREFIX))
+        return tuple(o for o in self.overrides if not o.startswith(ENV_PREFIX) and _key(o) != RUNNER_KEY)
+
+    @property
+    def runner(self) -> str | None:
+        """This side's own runner (``runner=...``), None: the bench's ``--runner``."""
+        return next((o.split("=", 1)[1].strip() for o in self.overrides if _key(o) == RUNNER_KEY), None)
 
     @property
     def env(self) -> dict[str, str]:
         """The environment variables this side's process gets on top of the bench's."""
         pairs = (o.removeprefix(ENV_PREFIX).split("=", 1) for o in self.overrides if o.startswith(ENV_PREFIX))
         return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].strip()
 
 
 @dataclass
@@ -153,6 +168,10 @@ def parse_variant(text: str) -> Variant:
                 raise ValueError(f"--variant {name}: {key!r}: allowed: env.NAME=value with NAME of letters, "
                                  "digits and '_' not starting with a digit (e.g. env.OMP_NUM_THREADS=1)")
             continue
+        if key == RUNNER_KEY:
+            if o.split("=", 1)[1].strip() not in RUNNERS:
+                raise ValueError(f"--variant {name}: {o!r}: allowed: runner={'|'.join(RUNNERS)}")
+            continue
         if any(key == f or key.startswith(f + ".") for f in FIXED_FIELDS):
             raise ValueError(f"--variant {name}: {key!r} cannot differ between sides (every side reads the same "
                              f"documents with the same model); set it for all with --set or --model; "
@@ -183,7 +202,7 @@ def check_settings(s: JobBenchSettings):
     names = [v.name for v in s.variants]
     if len(set(names)) != len(names) or any(n.startswith("peer") for n in names):
         raise ValueError(f"--variant names {names}: allowed: distinct names not starting with 'peer'")
-    if s.runner == "ray" and importlib.util.find_spec("ray") is None:
+    if "ray" in {s.runner, *(v.runner for v in s.variants)} and importlib.util.find_spec("ray") is None:
         raise ValueError("--runner ray: Ray is not installed here; use --runner local (or auto)")
     try:
         base = load_spec(s.spec, list(s.overrides) + ([f"generation.model={s.model}"] if s.model else []))
@@ -353,15 +372,29 @@ def _longdoc_argv() -> list[str]:
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "pipeline.cli"]
 
 
-def _use_ray(s: JobBenchSettings) -> bool:
-    return s.runner == "ray" or (s.runner == "auto" and importlib.util.find_spec("ray") is not None)
+def _use_ray(s: JobBenchSettings, name: str, spec: dict) -> bool:
+    """Side ``name`` runs `longdoc run --runner ray` (True) or the in-process runner.
+
+    Its runner is its variant's ``runner=`` else ``--runner``; ``auto`` follows `longdoc
+    run`'s own choice on this one machine (pipeline/runner.py ``resolve_runner``: in one
+    process for one generate actor, Ray for a pool), and the in-process runner where Ray
+    is not installed (GPU benchmark machines).
+    """
+    runner = next((v.runner for v in s.variants if v.name == name and v.runner), s.runner)
+    if runner != "auto":
+        return runner == "ray"
+    return spec["resources"]["actors"] != 1 and importlib.util.find_spec("ray") is not None
 
 
-def _engines(s: JobBenchSettings, spec: dict) -> int:
+def _runner_name(s: JobBenchSettings, name: str, spec: dict) -> str:
+    return "ray" if _use_ray(s, name, spec) else "inprocess"
+
+
+def _engines(s: JobBenchSettings, name: str, spec: dict) -> int:
     """Generate engines a side runs at once: its pool's largest size under Ray; the
     in-process runner runs one whatever ``resources.actors`` says (pipeline/bench/inprocess.py)."""
     actors = spec["resources"]["actors"]
-    return (actors if isinstance(actors, int) else max(actors)) if _use_ray(s) else 1
+    return (actors if isinstance(actors, int) else max(actors)) if _use_ray(s, name, spec) else 1
 
 
 class StagingWatch:
@@ -427,11 +460,11 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
     spec_path = side_dir / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     run_id = f"bench-{variant}-{k}"
-    ray = _use_ray(s)
+    ray = _use_ray(s, variant, data)
     timeline_path = side_dir / "timeline.json"
     if ray:
         argv = [*_longdoc_argv(), "run", str(spec_path), "--date", s.date, "--run-id", run_id,
-                "--max-failed-fraction", "1"]
+                "--max-failed-fraction", "1", "--runner", "ray"]
     else:
         argv = [sys.executable, "-m", "pipeline.bench.inprocess", str(spec_path), "--date", s.date,
                 "--run-id", run_id, "--timeline", str(timeline_path)]
@@ -679,11 +712,11 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
 
     longdoc_sides = [n for n in runs_by_side if n in p.methods]
     run_peers = [n for n in runs_by_side if n in p.peers]
-    sides = {name: {"kind": "longdoc", "what": f"longdoc ({'ray' if _use_ray(s) else 'inprocess'}), "
+    sides = {name: {"kind": "longdoc", "what": f"longdoc ({_runner_name(s, name, p.specs[name])}), "
                     f"compression {p.methods[name]}, speculation {p.speculative[name]}",
                     "method": p.methods[name], "speculative": p.speculative[name], "peer": p.peer_of[name],
                     "overrides": list(next(v.overrides for v in s.variants if v.name == name)),
-                    "engines": _engines(s, p.specs[name])}
+                    "engines": _engines(s, name, p.specs[name])}
              for name in longdoc_sides}
     sides.update({peer: {"kind": "peer", "what": p.peers[peer]["what"], "batch_size": probes[peer]["best"]}
                   for peer in run_peers})
@@ -698,7 +731,8 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
         "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),
                      "variants": {v.name: list(v.overrides) for v in s.variants}, "model": model,
                      "dtype": p.dtype, "docs": p.requests, "docs_label": p.docs_label,
-                     "max_new_tokens": p.max_new_tokens, "runs": s.runs, "runner": "ray" if _use_ray(s) else "inprocess",
+                     "max_new_tokens": p.max_new_tokens, "runs": s.runs,
+                     "runner": ",".join(sorted({_runner_name(s, n, p.specs[n]) for n in longdoc_sides})) or "-",
                      "peer_batch_sizes": list(s.peer_batch_sizes), "probe_docs": s.probe_docs,
                      "synthetic_docs": s.synthetic_docs, "doc_tokens": s.doc_tokens, "usd_per_device_hour": usd,
                      "date": s.date, "sides": list(s.sides), "peer_threads": p.threads},
@@ -804,7 +838,7 @@ def command_line(s: JobBenchSettings) -> str:
 def bench_job_command(
     spec: Annotated[str, typer.Argument(help="Path of the YAML job spec.")],
     set_: Annotated[Opt[list[str]], typer.Option("--set", help="Override a spec field for every side (repeatable).")] = None,  # noqa: E501
-    variant: Annotated[Opt[list[str]], typer.Option(help="A longdoc side: 'NAME:key=value;key=value' (repeatable; default one side, 'longdoc'); env.NAME=value sets an environment variable of its process.")] = None,  # noqa: E501
+    variant: Annotated[Opt[list[str]], typer.Option(help="A longdoc side: 'NAME:key=value;key=value' (repeatable; default one side, 'longdoc'); env.NAME=value sets an environment variable of its process, runner=ray|local|auto its runner.")] = None,  # noqa: E501
     docs: Annotated[Opt[int], typer.Option(help="Only the first N documents (input.limit).")] = None,
     peer_batch_sizes: Annotated[str, typer.Option(help="Candidate batch sizes of the peer; the fastest on the first documents is timed.")] = "1,4,8,16",  # noqa: E501
     probe_docs: Annotated[Opt[int], typer.Option(help="Documents each peer candidate is timed on (default: the largest candidate).")] = None,  # noqa: E501
@@ -815,7 +849,7 @@ def bench_job_command(
     doc_tokens: Annotated[Opt[int], typer.Option(help="Tokens of each synthetic document, exactly.")] = None,
     synthetic_source: Annotated[str, typer.Option(help="Text the synthetic documents are cut from.")] = "jobs/corpus",
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="Price of a device hour (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
-    runner: Annotated[str, typer.Option(help="longdoc side: ray (`longdoc run`), local (the same stages in one process, no Ray), auto (ray when installed).")] = "auto",  # noqa: E501
+    runner: Annotated[str, typer.Option(help="longdoc side: ray (`longdoc run --runner ray`), local (`longdoc run --runner local`, with the engine's figures), auto (what `longdoc run` picks: local for one generate actor).")] = "auto",  # noqa: E501
     sides: Annotated[str, typer.Option(help="Which sides run: longdoc,peer (with --merge, a side measured in another command joins the table).")] = "longdoc,peer",  # noqa: E501
     merge: Annotated[bool, typer.Option(help="Keep an earlier file's sides that this run does not measure (same device and settings).")] = False,  # noqa: E501
     keep_temp: Annotated[bool, typer.Option(help="Keep the temporary folder (each side's spec, output and log).")] = False,  # noqa: E501

@@ -10,7 +10,7 @@ the operator's RayCronJob feature). Contract of the output, a multi-document YAM
    never meets shell quoting. It is mounted read-only on the head pod, where KubeRay
    runs the job driver.
 2. A RayJob (or a RayCronJob whose ``jobTemplate`` is that RayJob spec) whose
-   entrypoint is ``longdoc run /etc/longdoc/job.yaml --date D``. Without ``--date``
+   entrypoint is ``longdoc run /etc/longdoc/job.yaml --date D --runner ray``. Without ``--date``
    the date is computed when the job starts (``$(TZ=<timezone> date +%F)``, shifted by
    ``--date-offset-days``), so each nightly run writes its own partition.
    The cluster is sized from ``resources``: generate actors packed onto worker pods
@@ -185,7 +185,8 @@ def date_expression(opts: RenderOptions) -> str:
 
 
 def entrypoint(opts: RenderOptions) -> str:
-    cmd = f"longdoc run {SPEC_MOUNT}/job.yaml --date {date_expression(opts)}"
+    # --runner ray: a RayJob runs on its RayCluster (see pipeline/ops/submit.py build_entrypoint).
+    cmd = f"longdoc run {SPEC_MOUNT}/job.yaml --date {date_expression(opts)} --runner ray"
     if opts.max_failed_fraction is not None:
         cmd += f" --max-failed-fraction {opts.max_failed_fraction}"
     return cmd

@@ -82,7 +82,9 @@ def build_entrypoint(
     program: str = "longdoc",
 ) -> str:
     """The shell command the job driver runs; every user value is shell-quoted."""
-    parts = [program, "run", shlex.quote(spec_relpath), "--date", run_date]
+    # --runner ray: the job runs on the cluster's Ray, whatever `auto` would pick (it picks Ray
+    # there too, from the RAY_ADDRESS that Ray Jobs gives its drivers; explicit is sturdier).
+    parts = [program, "run", shlex.quote(spec_relpath), "--date", run_date, "--runner", "ray"]
     for item in overrides:
         parts += ["--set", shlex.quote(item)]
     if run_id is not None:

@@ -1,4 +1,5 @@
-"""Whole pipeline through real Ray Data and real Parquet: rows in = rows out."""
+"""Whole pipeline through real Parquet, on both runners (real Ray Data, and the same stages
+in this process: pipeline/local_plan.py): rows in = rows out."""
 
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ def _spec(tmp_path, model_dir, **extra):
     return spec_from_dict(data)
 
 
-def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_dir, ray_session):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_bad_inputs_are_error_rows_and_the_rest_succeeds(runner, tmp_path, tiny_model_dir, ray_session):
     out = tmp_path / "out" / "sample-summarize"  # the README's path, relative to tmp_path
     spec = _spec(tmp_path, tiny_model_dir, output={"uri": str(out)})
-    result = run_job(spec, run_date=DATE, run_id="run-a", progress=False)
+    result = run_job(spec, runner=runner, run_date=DATE, run_id="run-a", progress=False)
     table = load_output(result.output_uri)
     assert table.num_rows == 5  # every document has a row
     rows = {r["doc_id"]: r for r in table.to_pylist()}
@@ -65,10 +67,10 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_di
     assert recorded["versions"]["ray"] and recorded["versions"]["pyarrow"] and recorded["finished_at"]
 
     # Input errors are final: the default rerun skips everything already written.
-    again = run_job(spec, run_date=DATE, run_id="run-b", progress=False)
+    again = run_job(spec, runner=runner, run_date=DATE, run_id="run-b", progress=False)
     assert again.skipped == 5 and again.summary["rows"] == 0
     # --retry-errors all redoes the 3 error rows and REPLACES them: still 5 rows.
-    healed = run_job(spec, run_date=DATE, run_id="run-c", progress=False, retry_errors="all")
+    healed = run_job(spec, runner=runner, run_date=DATE, run_id="run-c", progress=False, retry_errors="all")
     assert healed.skipped == 2 and healed.summary["retried"] == 3 and healed.summary["rows"] == 3
     assert healed.summary["date_rows"] == 5 and healed.summary["date_failed"] == 3
     table2 = load_output(result.output_uri)
@@ -77,7 +79,7 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(tmp_path, tiny_model_di
         ("run-a", 2), ("run-c", 3)]
 
     # The next night's run lands in its own partition; every reader sees both dates.
-    run_job(spec, run_date="2026-02-01", run_id="run-d", progress=False)
+    run_job(spec, runner=runner, run_date="2026-02-01", run_id="run-d", progress=False)
     expected = _rows_by_reader(out)
     pandas_rows = expected["pandas"]
     assert {r[0] for r in pandas_rows} == {DATE, "2026-02-01"} and pandas_rows.total() == 10
@@ -138,7 +140,8 @@ def _run_readme_snippets(cwd: Path) -> None:
     assert [(str(d), n, f) for d, n, f in ns["per_date"].iter_rows()] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
 
 
-def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_truncate_and_qa_from_jsonl(runner, tmp_path, tiny_model_dir, ray_session):
     data = tmp_path / "qa.jsonl"
     docs = [
         {"id": "a", "text": "The vault code is 7431. " * 40, "questions": ["What is the code?", "Where?"], "answers": ["7431", None]},
@@ -158,7 +161,7 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
             "output": {"uri": str(tmp_path / "out")},
         }
     )
-    result = run_job(spec, run_date=DATE, progress=False)
+    result = run_job(spec, runner=runner, run_date=DATE, progress=False)
     rows = sorted(load_output(result.output_uri).to_pylist(), key=lambda r: (r["doc_id"], r["prompt"] or ""))
     assert len(rows) == 4 and len({r["request_id"] for r in rows}) == 4
     assert result.summary["rows"] == 4 and result.summary["duplicates"] == 2
@@ -173,7 +176,8 @@ def test_truncate_and_qa_from_jsonl(tmp_path, tiny_model_dir, ray_session):
     assert "'questions' (input.question_field) is missing" in rows[3]["error"]
 
 
-def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_session):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_one_big_file_is_written_batch_by_batch(runner, tmp_path, tiny_model_dir, ray_session):
     """A single-file corpus must not reach the generate pool as one block: each
     generate batch is staged as its own file (resume granularity, progress, and work
     for every actor of the pool); the end of the run compacts them into one file."""
@@ -189,7 +193,7 @@ def test_one_big_file_is_written_batch_by_batch(tmp_path, tiny_model_dir, ray_se
             "output": {"uri": str(tmp_path / "out")},
         }
     )
-    result = run_job(spec, run_date=DATE, progress=False)
+    result = run_job(spec, runner=runner, run_date=DATE, progress=False)
     files = list((tmp_path / "out" / f"run_date={DATE}").glob("*.parquet"))
     assert load_output(result.output_uri).num_rows == 6
     assert result.summary["staged_blocks"] == 3

@@ -72,12 +72,19 @@ def test_ray_job_and_peer_write_every_document_and_the_json_layout(tmp_path, mon
 def test_a_sides_engines_are_its_largest_pool_under_ray_and_one_in_process():
     from types import SimpleNamespace
 
-    from pipeline.bench.job import _engines
+    from pipeline.bench.job import _engines, parse_variant
 
-    ray, local = SimpleNamespace(runner="ray"), SimpleNamespace(runner="local")
-    assert _engines(ray, {"resources": {"actors": 2}}) == 2
-    assert _engines(ray, {"resources": {"actors": [1, 3]}}) == 3  # an autoscaling pool may reach its max
-    assert _engines(local, {"resources": {"actors": [1, 3]}}) == 1
+    ray, local = SimpleNamespace(runner="ray", variants=()), SimpleNamespace(runner="local", variants=())
+    assert _engines(ray, "a", {"resources": {"actors": 2}}) == 2
+    assert _engines(ray, "a", {"resources": {"actors": [1, 3]}}) == 3  # an autoscaling pool may reach its max
+    assert _engines(local, "a", {"resources": {"actors": [1, 3]}}) == 1
+    # A variant's own runner= wins over --runner, for that side only.
+    mixed = SimpleNamespace(runner="ray", variants=(parse_variant("one:runner=local;resources.actors=2"),))
+    assert _engines(mixed, "one", {"resources": {"actors": 2}}) == 1 and _engines(mixed, "b", {"resources": {"actors": 2}}) == 2
+    assert mixed.variants[0].spec_overrides == ("resources.actors=2",) and mixed.variants[0].runner == "local"
+    # auto: what `longdoc run` picks on one machine (one actor: in one process; a pool: Ray).
+    auto = SimpleNamespace(runner="auto", variants=())
+    assert _engines(auto, "a", {"resources": {"actors": 1}}) == 1 and _engines(auto, "a", {"resources": {"actors": 3}}) == 3
 
 
 def test_a_sides_row_totals_count_successful_rows_and_the_prefix_caches_tokens():
@@ -182,6 +189,7 @@ def test_a_bench_cut_short_keeps_the_sides_it_finished(tmp_path):
         ([SPEC, "--variant", "a:compression.method=zip"], "compression"),
         ([SPEC, "--set", "generation.temperature=0.7"], "the bench compares greedy decoding"),
         ([SPEC, "--runner", "yarn"], "--runner 'yarn': allowed: auto, ray, local"),
+        ([SPEC, "--variant", "a:runner=yarn"], "--variant a: 'runner=yarn': allowed: runner=auto|ray|local"),
         ([SPEC, "--sides", "longdoc,hf"], "--sides 'longdoc,hf': allowed"),
         ([SPEC, "--usd-per-device-hour", "-1"], "--usd-per-device-hour -1.0: allowed: >= 0"),
         ([SPEC, "--date", "2026-02-30"], "2026-02-30"),

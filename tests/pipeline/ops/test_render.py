@@ -50,7 +50,7 @@ def test_rayjob_cpu_from_sample_spec():
     # The embedded spec is the resolved spec, identical to what `longdoc run` would load.
     assert spec_from_dict(yaml.safe_load(cm["data"]["job.yaml"])) == load_spec(SAMPLE)
     spec = rj["spec"]
-    assert spec["entrypoint"] == "longdoc run /etc/longdoc/job.yaml --date 2026-01-31"
+    assert spec["entrypoint"] == "longdoc run /etc/longdoc/job.yaml --date 2026-01-31 --runner ray"
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["ttlSecondsAfterFinished"] == 600 and spec["activeDeadlineSeconds"] == 21600
     assert spec["backoffLimit"] == 1

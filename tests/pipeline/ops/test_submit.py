@@ -30,7 +30,7 @@ def test_ids_entrypoint_and_dates():
     with pytest.raises(ValueError, match="suffix"):
         submission_id_for("nightly", DATE, "a b")
     ep = build_entrypoint("spec.yaml", DATE, ["task.instruction=Say it; rm -rf /"], "r1", 0.25)
-    assert ep == (f"longdoc run spec.yaml --date {DATE} --set 'task.instruction=Say it; rm -rf /' "
+    assert ep == (f"longdoc run spec.yaml --date {DATE} --runner ray --set 'task.instruction=Say it; rm -rf /' "
                   "--run-id r1 --max-failed-fraction 0.25")
     assert resolve_run_date(DATE) == DATE
     assert len(resolve_run_date(None)) == 10

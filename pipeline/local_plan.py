@@ -1,0 +1,189 @@
+"""The plan's stages run in this process, without Ray: ``LocalPlan``.
+
+Why: on one machine with one generate actor, Ray's processes (GCS, raylet, workers,
+the streaming executor, the tokenize actor) do none of the model's work and compete
+with it for the cores. Measured on the 2-core Xeon (jobs/results/bench-job, the sample
+job, fp32): through Ray 0.77x of a plain transformers script's documents per hour,
+in one process 1.00x; Ray's start alone puts the first row ~14 s into the run
+against ~5.5 s. ``longdoc run --runner local`` (and ``auto`` without a cluster,
+pipeline/cli.py) runs this instead of pipeline/plan.py's Ray Data plan.
+
+Contract: ``LocalPlan(spec, run_id, run_date, output_root, skip, shards)``;
+``batches()`` yields the figure tables ``WriteStage`` returns, one per generate
+batch as it finishes (completion order), exactly what the Ray plan's
+``iter_batches`` yields, so pipeline/runner.py treats both alike:
+- The same stage objects in the same order: ReadDocuments (document error rows and
+  the run's ledger, per input file in listed order), ``input.limit`` documents,
+  ExpandRequests (minus ``skip``), TokenizeStage, a text-stage method (e.g. rag),
+  GenerateStage, WriteStage (staged files named by their request ids, as Ray's).
+- The generate stage is made first (model load and warm-up, before any document is
+  read); ``generate_batches_in_flight(spec)`` batches of ``resources.batch_size`` are
+  in its engine at once, from threads, as Ray calls one actor, so the engine's slots
+  stay full across batches. One generate stage whatever ``resources.actors`` says.
+- A stage that raises (a model that does not load, a broken device) ends the
+  iteration with that exception: the runner's abort path turns every request
+  without a row into a retryable error row, as when Ray gives up. Requests still in
+  the engine then finish on daemon threads and are dropped, never written.
+- ``timeline`` (optional dict) receives wall-clock stamps (``time.time()``) and
+  seconds for benchmarks (pipeline/bench/inprocess.py lists them) and, once the
+  batches are done, the engine's own figures under ``engine``.
+Imports no Ray; torch and the model stack are imported by ``batches()``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.plan import check_chain, generate_batches_in_flight, stage_chain
+from pipeline.plan_inputs import ExpandRequests, ReadDocuments
+from pipeline.progress import MODEL_STACK_ENV
+from schemas.spec import JobSpec
+
+
+class LocalPlan:
+    """The plan of pipeline/plan.py, executed on this process's threads (module docstring)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        run_id: str,
+        run_date: str,
+        output_root: str,
+        skip: frozenset[str],
+        shards: list[str],
+        timeline: dict[str, Any] | None = None,
+    ) -> None:
+        check_chain(stage_chain(spec))  # the wiring check the Ray plan makes, before any model loads
+        self.spec, self.run_id, self.run_date = spec, run_id, run_date
+        self.output_root, self.skip, self.shards = output_root, skip, shards
+        self.timeline: dict[str, Any] = timeline if timeline is not None else {}
+
+    def batches(self) -> Iterator[pa.Table]:
+        """Figure tables of the written batches, as they finish (see the module contract)."""
+        spec, tl = self.spec, self.timeline
+        spec_json = spec.model_dump(mode="json")
+        for name, value in MODEL_STACK_ENV.items():  # what the Ray runner gives its workers
+            os.environ.setdefault(name, value)  # (a user's own setting wins)
+        from stages.compression import method_for
+        from stages.generate import GenerateStage
+        from stages.read import resolve_uri
+        from stages.rows import rows_to_batch
+        from stages.tokenize import TokenizeStage
+        from stages.write import WriteStage
+
+        tl["t_imported"] = time.time()
+        t0 = time.time()
+        generate = GenerateStage(spec_json)  # model load + engine warm-up, before any document
+        tl["generate_init_s"] = time.time() - t0
+        tl["t_generate_ready"] = time.time()
+        t0 = time.time()
+        tokenize = TokenizeStage(spec_json)
+        tl["tokenize_init_s"] = time.time() - t0
+        method = method_for(spec.compression)
+        text_stage = None
+        tl["text_stage_init_s"] = 0.0
+        if method.runs_at == "text_stage":
+            t0 = time.time()
+            text_stage = method.stage_class()(spec=spec_json)
+            tl["text_stage_init_s"] = time.time() - t0
+        write = WriteStage(self.output_root, self.run_date, self.run_id)
+        calls = _GenerateCalls(generate, generate_batches_in_flight(spec))
+        tl.update(batches_in_flight=calls.limit, batch_size=spec.resources.batch_size,
+                  read_s=0.0, tokenize_s=0.0, text_stage_s=0.0, documents=0, requests=0)
+        try:
+            for chunk in self._request_batches(resolve_uri(spec.input.uri, self.run_date)):
+                t0 = time.time()
+                tl.setdefault("t_first_start", t0)
+                batch = tokenize(rows_to_batch(chunk))
+                tl["tokenize_s"] += time.time() - t0
+                if text_stage is not None:
+                    t0 = time.time()
+                    batch = text_stage(batch)
+                    tl["text_stage_s"] += time.time() - t0
+                while calls.full():
+                    yield self._written(write, calls.next_done())
+                tl.setdefault("t_first_submit", time.time())
+                calls.submit(batch)
+            while calls.pending:
+                yield self._written(write, calls.next_done())
+        finally:
+            tl["engine"] = {**asdict(generate.engine.stats), "describe": generate.engine.describe()}
+            if not calls.pending:  # after an abort the engine still holds rows: left to its daemon thread
+                generate.service.close()
+
+    def _written(self, write, batch: dict) -> pa.Table:
+        table = write(batch)
+        self.timeline["t_last_written"] = time.time()
+        return table
+
+    def _request_batches(self, root_uri: str) -> Iterator[list[dict[str, Any]]]:
+        """Requests in input order, ``resources.batch_size`` at a time (the plan's read ->
+        limit -> requests); the input files are read one by one as the batches need them."""
+        spec, tl = self.spec, self.timeline
+        read = ReadDocuments(spec, root_uri, self.output_root, self.run_id, self.run_date)
+        expand = ExpandRequests(spec, self.run_id, self.run_date, self.skip)
+        limit, size = spec.input.limit, spec.resources.batch_size
+        pending: list[dict[str, Any]] = []
+        for index, shard in enumerate(self.shards):
+            if limit is not None and tl["documents"] >= limit:
+                break
+            t0 = time.time()
+            docs = [row for table in read(pa.table({"shard": [shard], "index": [index]})) for row in table.to_pylist()]
+            if limit is not None:
+                docs = docs[: limit - tl["documents"]]
+            tl["documents"] += len(docs)
+            for doc in docs:
+                pending.extend(expand(doc))
+            tl["read_s"] += time.time() - t0
+            while len(pending) >= size:
+                tl["requests"] += size
+                yield pending[:size]
+                pending = pending[size:]
+        if pending:
+            tl["requests"] += len(pending)
+            yield pending
+
+
+class _GenerateCalls:
+    """Up to ``limit`` calls of the generate stage at once, each on a daemon thread.
+
+    Daemon threads, not a ThreadPoolExecutor: after an abort, calls still waiting on the
+    engine must not keep the process from exiting (an executor's threads are joined at
+    interpreter exit). Results come back in completion order; a call's exception is
+    raised by ``next_done``.
+    """
+
+    def __init__(self, stage, limit: int) -> None:
+        self.stage, self.limit = stage, limit
+        self.pending = 0
+        self._done: queue.Queue[tuple[dict | None, BaseException | None]] = queue.Queue()
+
+    def full(self) -> bool:
+        return self.pending >= self.limit
+
+    def submit(self, batch: dict) -> None:
+        def call() -> None:
+            try:
+                self._done.put((self.stage(batch), None))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, who raises it
+                self._done.put((None, e))
+
+        self.pending += 1
+        threading.Thread(target=call, name="longdoc-generate-call", daemon=True).start()
+
+    def next_done(self) -> dict:
+        """The next finished call's output batch (blocks); its exception if it raised."""
+        out, error = self._done.get()
+        self.pending -= 1
+        if error is not None:
+            raise error
+        assert out is not None
+        return out

@@ -1,0 +1,122 @@
+"""pipeline/local_plan.py and the runner choice: the plan's stages in one process.
+
+The local runner must be the Ray plan without Ray: the same rows for the same spec
+(tiny model, fp32 greedy), the same abort path (every request a row, retryable, healed
+by a rerun), no Ray imported, and `auto` choosing it only where Ray adds nothing. The
+contract checks both runners share (bad inputs, reruns, duplicates, staged blocks,
+readers) are tests/pipeline/test_run.py, parametrized by runner.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.report.load import load_output
+from pipeline.runner import resolve_runner, run_job
+from schemas.output import RETRYABLE
+from schemas.spec import JobSpec
+
+DATE = "2026-03-01"
+ROOT = Path(__file__).resolve().parents[2]
+# What both runners must agree on, row by row: timings and the run id differ, and so may
+# the drafts (the width rule sees which rows share a step), never the greedy text.
+SAME = ("doc_id", "prompt", "output_text", "output_tokens", "error", "error_kind",
+        "context_tokens", "doc_tokens", "prompt_tokens", "compression_ratio")
+
+
+def _spec(tmp_path: Path, model: str, out: str = "out", **resources) -> JobSpec:
+    data = tmp_path / "docs.jsonl"
+    if not data.exists():
+        docs = [{"id": f"d{i}", "text": f"Document {i} is about the river number {i}. " * (6 + 3 * i),
+                 "questions": ["Which river?", "What number?"]} for i in range(5)]
+        docs.append({"id": "bad", "body": "no text field"})
+        data.write_text("\n".join(json.dumps(d) for d in docs))
+    return JobSpec.model_validate({
+        "name": "local",
+        "input": {"uri": str(data), "format": "jsonl", "question_field": "questions"},
+        "task": {"kind": "qa"},
+        "compression": {"method": "truncate", "target_tokens": 40},
+        "generation": {"model": model, "max_new_tokens": 6, "speculative": {"method": "prompt_lookup"}},
+        "resources": {"batch_size": 3, **resources},
+        "output": {"uri": str(tmp_path / out)},
+    })
+
+
+def _rows(uri: str) -> dict[str, dict]:
+    return {r["request_id"]: r for r in load_output(uri).to_pylist()}
+
+
+def test_both_runners_write_the_same_rows(tmp_path, tiny_model_dir, ray_session):
+    ray_run = run_job(_spec(tmp_path, str(tiny_model_dir), "out-ray"), run_date=DATE, progress=False, runner="ray")
+    local_run = run_job(_spec(tmp_path, str(tiny_model_dir), "out-local"), run_date=DATE, progress=False,
+                        runner="local")
+    by_ray, by_local = _rows(ray_run.output_uri), _rows(local_run.output_uri)
+    assert len(by_ray) == 11 and by_ray.keys() == by_local.keys()  # 5 documents x 2 questions + 1 bad line
+    for rid, row in by_ray.items():
+        assert {k: row[k] for k in SAME} == {k: by_local[rid][k] for k in SAME}, rid
+    assert sum(r["error"] is None for r in by_local.values()) == 10
+    for key in ("rows", "failed", "status", "tokens_out", "staged_blocks", "errors_by_kind"):
+        assert ray_run.summary[key] == local_run.summary[key], key
+
+
+def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heals(tmp_path, tiny_model_dir):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    failed = run_job(_spec(tmp_path, str(broken)), run_date=DATE, progress=False, runner="local")
+    # The model loads before any document is read: the input file not read yet is one
+    # retryable placeholder row naming it and the reason (the runner's abort contract).
+    assert failed.summary["status"] == "failed" and "config.json" in failed.summary["abort_reason"]
+    (row,) = _rows(failed.output_uri).values()
+    assert row["error_kind"] == RETRYABLE and "run aborted" in row["error"] and "docs.jsonl" in row["source_uri"]
+    # The same spec with a model that loads: every request gets its row, the placeholder goes.
+    healed = run_job(_spec(tmp_path, str(tiny_model_dir)), run_date=DATE, progress=False, runner="local")
+    assert healed.summary["status"] != "failed" and healed.summary["retried"] == 1
+    rows = _rows(healed.output_uri)
+    assert len(rows) == 11 and sum(r["error"] is None for r in rows.values()) == 10
+    assert row["request_id"] not in rows
+
+
+def test_the_local_runner_imports_no_ray(tmp_path, tiny_model_dir):
+    spec = _spec(tmp_path, str(tiny_model_dir))
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    code = (
+        "import json, sys\n"
+        "from pipeline.runner import run_job\n"
+        "from schemas.spec import JobSpec\n"
+        f"spec = JobSpec.model_validate(json.load(open({str(tmp_path / 'spec.json')!r})))\n"
+        f"r = run_job(spec, run_date={DATE!r}, progress=False, runner='local')\n"
+        "assert r.summary['rows'] == 11, r.summary\n"
+        "print('ray' in sys.modules, sorted(m for m in sys.modules if m.startswith('ray.'))[:3])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False []"
+
+
+def test_auto_runs_in_this_process_only_without_a_cluster_and_with_one_actor(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    one = _spec(tmp_path, "random:tiny")
+    assert resolve_runner("auto", one, None) == "local"
+    assert resolve_runner("auto", one, "ray://head:10001") == "ray"  # a cluster: Ray's
+    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=2), None) == "ray"  # a pool
+    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=[1, 3]), None) == "ray"
+    assert resolve_runner("ray", one, None) == "ray" and resolve_runner("local", one, "ray://head:10001") == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert resolve_runner("auto", one, None) == "ray"
+    with pytest.raises(ValueError, match="'yarn' is not one of auto, ray, local"):
+        resolve_runner("yarn", one, None)
+
+
+def test_an_unknown_runner_is_refused_before_anything_runs():
+    res = CliRunner().invoke(app, ["run", "jobs/sample-qa.yaml", "--runner", "yarn"])
+    assert res.exit_code == 2
+    assert "--runner: got 'yarn'; allowed: auto, ray, local" in res.output
