@@ -250,7 +250,7 @@ def run_job(
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}"
-         + ("; in this process (--runner local)" if runner == "local" else ""))
+         + ("; runner local: in this process, no Ray" if runner == "local" else ""))
     parts: list[pa.Table] = []
     seen_ids: set[str] = set()
     done = failed = out_tokens = duplicates = 0

@@ -54,11 +54,21 @@ def test_a_request_larger_than_the_budget_is_rejected():
     assert not s.queue
 
 
-def test_cpu_grows_slots_by_doubling_within_the_budget():
+def test_cpu_grows_slots_for_the_waiting_rows_within_the_budget():
     s = _scheduler(16 * 256, grow_slots=True)
     s.push(_waiting(0, 100))
+    # One row waits: at least doubling, so rows that trickle in do not relayout one by one.
     assert s.decide(busy=8, slots=8, capacity=256, filling=False, own_prefill=True) == Relayout(16, 256)
     assert isinstance(s.decide(busy=16, slots=16, capacity=256, filling=False, own_prefill=True), Wait)
+    # Many wait: one relayout holds them all (each relayout zero-fills and copies the cache) ...
+    s = _scheduler(64 * 256, grow_slots=True)
+    for i in range(31):
+        s.push(_waiting(i, 100))
+    assert s.decide(busy=8, slots=8, capacity=256, filling=False, own_prefill=True) == Relayout(39, 256)
+    # ... within what the budget holds.
+    for i in range(31, 60):
+        s.push(_waiting(i, 100))
+    assert s.decide(busy=8, slots=8, capacity=256, filling=False, own_prefill=True) == Relayout(64, 256)
 
 
 def test_method_prefill_groups_fit_the_free_slots_and_respect_alone():
