@@ -24,6 +24,9 @@ batch as it finishes (completion order), exactly what the Ray plan's
   iteration with that exception: the runner's abort path turns every request
   without a row into a retryable error row, as when Ray gives up. Requests still in
   the engine then finish on daemon threads and are dropped, never written.
+- ``activity()``: what the run is doing between written rows, for the progress line
+  (loading the model; then the engine's rows decoding, prefilling and queued); while
+  ``batches()`` waits for the engine it calls ``on_wait`` every ``tick_s`` seconds.
 - ``timeline`` (optional dict) receives wall-clock stamps (``time.time()``) and
   seconds for benchmarks (pipeline/bench/inprocess.py lists them) and, once the
   batches are done, the engine's own figures under ``engine``.
@@ -36,7 +39,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -60,16 +63,30 @@ class LocalPlan:
         skip: frozenset[str],
         shards: list[str],
         timeline: dict[str, Any] | None = None,
+        on_wait: Callable[[], None] | None = None,
+        tick_s: float = 1.0,
     ) -> None:
         check_chain(stage_chain(spec))  # the wiring check the Ray plan makes, before any model loads
         self.spec, self.run_id, self.run_date = spec, run_id, run_date
         self.output_root, self.skip, self.shards = output_root, skip, shards
         self.timeline: dict[str, Any] = timeline if timeline is not None else {}
+        self.on_wait, self.tick_s = on_wait, tick_s
+        self._engine = None  # the generate stage's engine, once made
+        self._started = False
+
+    def activity(self) -> str:
+        """What the run is doing now (see the module contract); "" before ``batches()`` starts."""
+        if not self._started:
+            return ""
+        if self._engine is None:
+            return "loading the model"
+        return f"engine: {self._engine.activity()}"
 
     def batches(self) -> Iterator[pa.Table]:
         """Figure tables of the written batches, as they finish (see the module contract)."""
         spec, tl = self.spec, self.timeline
         spec_json = spec.model_dump(mode="json")
+        self._started = True
         for name, value in MODEL_STACK_ENV.items():  # what the Ray runner gives its workers
             os.environ.setdefault(name, value)  # (a user's own setting wins)
         from stages.compression import method_for
@@ -82,6 +99,7 @@ class LocalPlan:
         tl["t_imported"] = time.time()
         t0 = time.time()
         generate = GenerateStage(spec_json)  # model load + engine warm-up, before any document
+        self._engine = generate.engine
         tl["generate_init_s"] = time.time() - t0
         tl["t_generate_ready"] = time.time()
         t0 = time.time()
@@ -95,7 +113,7 @@ class LocalPlan:
             text_stage = method.stage_class()(spec=spec_json)
             tl["text_stage_init_s"] = time.time() - t0
         write = WriteStage(self.output_root, self.run_date, self.run_id)
-        calls = _GenerateCalls(generate, generate_batches_in_flight(spec))
+        calls = _GenerateCalls(generate, generate_batches_in_flight(spec), self.on_wait, self.tick_s)
         tl.update(batches_in_flight=calls.limit, batch_size=spec.resources.batch_size,
                   read_s=0.0, tokenize_s=0.0, text_stage_s=0.0, documents=0, requests=0)
         try:
@@ -161,8 +179,9 @@ class _GenerateCalls:
     raised by ``next_done``.
     """
 
-    def __init__(self, stage, limit: int) -> None:
+    def __init__(self, stage, limit: int, on_wait: Callable[[], None] | None, tick_s: float) -> None:
         self.stage, self.limit = stage, limit
+        self.on_wait, self.tick_s = on_wait, tick_s
         self.pending = 0
         self._done: queue.Queue[tuple[dict | None, BaseException | None]] = queue.Queue()
 
@@ -180,8 +199,15 @@ class _GenerateCalls:
         threading.Thread(target=call, name="longdoc-generate-call", daemon=True).start()
 
     def next_done(self) -> dict:
-        """The next finished call's output batch (blocks); its exception if it raised."""
-        out, error = self._done.get()
+        """The next finished call's output batch (blocks, calling ``on_wait`` every
+        ``tick_s``); its exception if it raised."""
+        while True:
+            try:
+                out, error = self._done.get(timeout=self.tick_s)
+                break
+            except queue.Empty:
+                if self.on_wait is not None:
+                    self.on_wait()
         self.pending -= 1
         if error is not None:
             raise error

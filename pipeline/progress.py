@@ -98,6 +98,8 @@ class RunProgress:
         self._printed_rows = -1
         self._first_rows: tuple[float, int] | None = None  # (when, how many) rows were first written
         self.rows = self.failed = self.tokens = 0
+        # What the run is doing between written rows (the local runner's engine; "" = nothing to say).
+        self.activity: Callable[[], str] | None = None
 
     @classmethod
     def for_run(cls, spec: JobSpec, n_shards: int, skipped: int, enabled: bool = True) -> RunProgress:
@@ -115,6 +117,9 @@ class RunProgress:
         eta = self._eta_s(total)
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
+        doing = self.activity() if self.activity is not None else ""
+        if doing:
+            parts.append(doing)
         return " | ".join(parts)
 
     def _eta_s(self, total: int | None) -> float | None:
@@ -140,6 +145,11 @@ class RunProgress:
         elif self._last_print is None or now - self._last_print >= self.interval_s:
             self._emit(self.line())
             self._last_print = now
+
+    def tick(self) -> None:
+        """The same counts again: while nothing is written, the line's elapsed time and
+        activity still move (redrawn on a terminal, else one line per interval)."""
+        self.update(self.rows, self.failed, self.tokens)
 
     def close(self) -> None:
         """Print the final state (ends the redrawn line on a terminal)."""

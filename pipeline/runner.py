@@ -241,10 +241,15 @@ def run_job(
     retried = len(before.rows) - len(skip)
     if runner == "ray":
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
+        # After Ray's start: its console filter decides which stream the line goes to.
+        bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
     else:
+        bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         from pipeline.local_plan import LocalPlan
 
-        batches, guard = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline).batches, None
+        # In one process the engine is at hand: the line says what it holds between rows.
+        local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=bar.tick)
+        batches, guard, bar.activity = local.batches, None, local.activity
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
     n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
@@ -255,7 +260,6 @@ def run_job(
     seen_ids: set[str] = set()
     done = failed = out_tokens = duplicates = 0
     abort: BaseException | None = None
-    bar = RunProgress.for_run(spec, n_shards, len(skip), enabled=progress)
     next_ledger_look = time.monotonic()
 
     def iterate() -> None:
@@ -295,6 +299,7 @@ def run_job(
             guarded(guard, iterate)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
+    bar.activity = None  # the last line counts rows only
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.

@@ -286,6 +286,15 @@ class Engine:
         """Requests queued, prefilling or decoding."""
         return len(self.scheduler) + len(self.active) + (self.filling is not None)
 
+    def activity(self) -> str:
+        """What the engine holds now, for a progress line: ``"3 decoding (41 tokens), 1
+        prefilling, 5 queued"``. Safe to call from another thread (counts read without a
+        lock, so one may be a step old)."""
+        active = list(self.active)
+        tokens = sum(len(row.result.tokens) for row in active)
+        return (f"{len(active)} decoding ({tokens} tokens), {int(self.filling is not None)} prefilling, "
+                f"{len(self.scheduler)} queued")
+
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """One iteration (see the module docstring); the requests that finished in it."""

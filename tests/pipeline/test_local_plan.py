@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.local_plan import LocalPlan
 from pipeline.report.load import load_output
 from pipeline.runner import resolve_runner, run_job
 from schemas.output import RETRYABLE
@@ -82,6 +83,21 @@ def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heal
     rows = _rows(healed.output_uri)
     assert len(rows) == 11 and sum(r["error"] is None for r in rows.values()) == 10
     assert row["request_id"] not in rows
+
+
+def test_while_it_waits_for_the_engine_the_plan_says_what_the_engine_holds(tmp_path, tiny_model_dir):
+    from stages.read import list_shards
+
+    spec = _spec(tmp_path, str(tiny_model_dir))
+    seen: list[str] = []
+    plan = LocalPlan(spec, "r1", DATE, str(tmp_path / "out"), frozenset(), list_shards(spec.input, DATE),
+                     on_wait=lambda: seen.append(plan.activity()), tick_s=0.001)
+    assert plan.activity() == ""  # not started
+    tables = list(plan.batches())
+    assert sum(t.num_rows for t in tables) == 11 and seen
+    assert all(s.startswith("engine: ") and " decoding (" in s and "queued" in s for s in seen)
+    assert any(" 0 decoding" not in s for s in seen)  # it saw rows decoding
+    assert plan.timeline["engine"]["rows_done"] == 10  # the bad line's row never reaches the engine
 
 
 def test_the_local_runner_imports_no_ray(tmp_path, tiny_model_dir):

@@ -54,6 +54,24 @@ def test_non_tty_prints_a_line_per_interval_and_a_final_line():
     assert "rows 10/10 (100%) | failed 2" in lines[2] and "ETA" not in lines[2]
 
 
+def test_between_written_rows_a_tick_shows_elapsed_time_and_the_activity():
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(4, stream=out, tty=False, interval_s=30, clock=clock)
+    doing = ["engine: 2 decoding (17 tokens), 1 prefilling, 1 queued"]
+    p.activity = lambda: doing[0]
+    clock.t += 31
+    p.tick()  # nothing written yet: the line still moves, once per interval
+    clock.t += 10
+    p.tick()
+    doing[0] = ""  # nothing to say: no empty field
+    clock.t += 30
+    p.tick()
+    lines = [ln.strip() for ln in out.getvalue().splitlines()]
+    assert lines == ["rows 0/4 (0%) | failed 0 | 0.0 tok/s | 0.00 rows/s | elapsed 31s | "
+                     "engine: 2 decoding (17 tokens), 1 prefilling, 1 queued",
+                     "rows 0/4 (0%) | failed 0 | 0.0 tok/s | 0.00 rows/s | elapsed 1m11s"]
+
+
 def test_close_does_not_repeat_a_line_already_printed():
     out, clock = io.StringIO(), Clock()
     p = RunProgress(None, stream=out, tty=False, interval_s=30, clock=clock)

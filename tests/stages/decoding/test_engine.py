@@ -141,6 +141,24 @@ def test_cpu_slots_grow_within_the_budget_as_rows_wait(tiny_model, prompts, plai
     out = eng.run(_requests(many, many))
     assert [o.result.tokens for o in out] == plain_runs * 3
     assert eng.cache.slots > 8 and eng.stats.max_active > 8
+    # Every row was waiting at once: one relayout made room for all of them (each relayout
+    # zero-fills and copies the whole cache), not one per doubling.
+    assert eng.stats.relayouts == 1 and eng.cache.slots == len(many)
+
+
+def test_activity_says_what_the_engine_holds(tiny_model, prompts):
+    eng = Engine(tiny_model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS), slots=2, expected_tokens=48,
+                 chunk_tokens=8)
+    for r in _requests(prompts[1:4], prompts[1:4]):
+        eng.submit(r)
+    assert eng.activity() == "0 decoding (0 tokens), 0 prefilling, 3 queued"
+    eng.step()  # the first row's first chunk of 8 of its 11 tokens
+    assert eng.activity() == "0 decoding (0 tokens), 1 prefilling, 2 queued"
+    eng.step()  # its last chunk: it joins with its first token, then decodes one more
+    assert eng.activity() == "1 decoding (2 tokens), 0 prefilling, 2 queued"
+    while not eng.idle():
+        eng.step()
+    assert eng.activity() == "0 decoding (0 tokens), 0 prefilling, 0 queued"
 
 
 def _method_prefill(model, holes: bool, calls: list):
