@@ -97,6 +97,8 @@ class LocalPlan:
         from stages.write import WriteStage
 
         tl["t_imported"] = time.time()
+        if self.on_wait is not None:
+            self.on_wait()  # "loading the model": the load may take a while (a big model, a slow disk)
         t0 = time.time()
         generate = GenerateStage(spec_json)  # model load + engine warm-up, before any document
         self._engine = generate.engine

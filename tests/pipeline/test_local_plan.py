@@ -94,8 +94,8 @@ def test_while_it_waits_for_the_engine_the_plan_says_what_the_engine_holds(tmp_p
                      on_wait=lambda: seen.append(plan.activity()), tick_s=0.001)
     assert plan.activity() == ""  # not started
     tables = list(plan.batches())
-    assert sum(t.num_rows for t in tables) == 11 and seen
-    assert all(s.startswith("engine: ") and " decoding (" in s and "queued" in s for s in seen)
+    assert sum(t.num_rows for t in tables) == 11 and seen[0] == "loading the model"
+    assert all(s.startswith("engine: ") and " decoding (" in s and "queued" in s for s in seen[1:])
     assert any(" 0 decoding" not in s for s in seen)  # it saw rows decoding
     assert plan.timeline["engine"]["rows_done"] == 10  # the bad line's row never reaches the engine
 
