@@ -3,7 +3,7 @@
 Writes N small deterministic documents (JSONL files of ``--docs-per-file`` documents, a
 few hundred tokens each) and a summarize spec on ``random:tiny`` (a few M random
 weights: model time is small, so what a row costs is mostly the pipeline's own work),
-then runs the real CLI, ``longdoc run SPEC --date D``, as a subprocess twice:
+then runs the real CLI, ``longdoc run SPEC --date D --runner ray``, as a subprocess twice:
 
 1. **Full run.** Wall time of the command (Python imports, embedded Ray start, model
    load included) and rows/s; the driver's peak resident memory (``VmHWM`` of
@@ -240,7 +240,9 @@ class Watch:
 def longdoc_command(spec: Path, date: str, out: Path) -> list[str]:
     exe = Path(sys.executable).with_name("longdoc")
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
-    return [*head, "run", str(spec), "--date", date, "--set", f"output.uri={out}"]
+    # --runner ray: the study measures the Ray runner (its driver, GCS, raylet and workers,
+    # and their leftovers after a kill); `auto` would run one actor in one process.
+    return [*head, "run", str(spec), "--date", date, "--set", f"output.uri={out}", "--runner", "ray"]
 
 
 def start(cmd: list[str], log: Path, ray_tmp: Path) -> subprocess.Popen:
