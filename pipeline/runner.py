@@ -157,8 +157,13 @@ def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:
         raise ValueError(f"runner {runner!r} is not one of {', '.join(RUNNERS)}")
     if runner != "auto":
         return runner
-    one_actor = spec.resources.actors == 1
-    return "local" if cluster_address(address) is None and one_actor else "ray"
+    return auto_runner(spec.resources.actors, address)
+
+
+def auto_runner(actors: int | list[int] | tuple[int, int], address: str | None) -> str:
+    """``auto``'s choice for a generate pool of ``actors`` (``resources.actors``): ``local``
+    without a Ray cluster (``address``, ``$RAY_ADDRESS``) for one actor, else ``ray``."""
+    return "local" if cluster_address(address) is None and actors == 1 else "ray"
 
 
 def init_ray(address: str | None, spec: JobSpec) -> bool:

@@ -380,10 +380,12 @@ def _use_ray(s: JobBenchSettings, name: str, spec: dict) -> bool:
     process for one generate actor, Ray for a pool), and the in-process runner where Ray
     is not installed (GPU benchmark machines).
     """
+    from pipeline.runner import auto_runner
+
     runner = next((v.runner for v in s.variants if v.name == name and v.runner), s.runner)
     if runner != "auto":
         return runner == "ray"
-    return spec["resources"]["actors"] != 1 and importlib.util.find_spec("ray") is not None
+    return auto_runner(spec["resources"]["actors"], None) == "ray" and importlib.util.find_spec("ray") is not None
 
 
 def _runner_name(s: JobBenchSettings, name: str, spec: dict) -> str:
