@@ -203,15 +203,23 @@ def result_paths(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
 _SAME = ("spec_name", "model", "docs", "max_new_tokens", "synthetic_docs", "doc_tokens", "dtype")
 
 
+def _same_settings(old: dict, new: dict) -> bool:
+    """Whether two results measured the same thing: the settings above and the same ``--set``
+    overrides (a side measured with ``generation.compile=off`` is another engine than one
+    measured with captured steps; on 2026-11-27 such a side was merged into a captured
+    table before this check)."""
+    return all(old.get(k) == new.get(k) for k in _SAME) and list(old.get("set") or []) == list(new.get("set") or [])
+
+
 def merge_previous(result: dict, path: Path) -> dict:
     """``result`` plus the sides of the earlier file at ``path`` that this run did not measure,
-    when it was written for the same device and settings (``--merge``: a night measured
+    when it was written for the same device, settings and ``--set`` overrides (``--merge``: a night measured
     side by side in separate commands under a time limit). Recomputes ratios and targets."""
     if not path.is_file():
         return result
     old = json.loads(path.read_text())
     if old.get("layout_version") != LAYOUT_VERSION or old.get("device", {}).get("name") != result["device"]["name"] \
-            or any(old["settings"].get(k) != result["settings"].get(k) for k in _SAME):
+            or not _same_settings(old["settings"], result["settings"]):
         return result
     merged = dict(result)
     for key in ("sides", "summary", "runs_by_side", "agreement", "peer_probe"):

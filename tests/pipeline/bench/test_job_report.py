@@ -91,6 +91,9 @@ def test_merge_keeps_earlier_sides_of_the_same_settings(tmp_path):
     other = _result(walls={"longdoc": 50.0})
     other["settings"] = dict(other["settings"], max_new_tokens=8)
     assert set(merge_previous(other, js)["summary"]) == {"longdoc"}  # other settings: not merged
+    eager = _result(walls={"longdoc": 50.0})
+    eager["settings"] = dict(eager["settings"], set=["generation.compile=off"])
+    assert set(merge_previous(eager, js)["summary"]) == {"longdoc"}  # other --set overrides: not merged
     js2, md2, written = write_results(second, tmp_path, merge=True)
     assert js2 == js and set(json.loads(js.read_text())["summary"]) == {"longdoc", "peer"}
     assert "| longdoc |" in md2.read_text() and "| peer |" in md2.read_text()
