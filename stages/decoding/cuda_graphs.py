@@ -29,8 +29,10 @@ shape), instead of keeping results of its own. Why: the engine captures every (b
 width, span) shape at warm-up, and a sampling step's result is the logits [b, T, V] in
 float32, so one result per graph would add up to the sum over shapes: for an 8B model
 (V = 128,256) with 256 slots, widths 1/2/4/8 and four spans, ~16 GB beyond the memory
-budget; shared, it is at most about twice the largest result (~1 GB of it at b = 256,
-T = 8), since a buffer grows as larger shapes come (the smaller graphs keep the old one).
+budget; shared, it is the largest result (~1 GB of it at b = 256, T = 8): the engine
+warms up the largest shape first (slot_step.warm_up_shapes), so each buffer is allocated
+once at its final size (in another order a buffer grows as larger shapes come, and the
+smaller graphs keep the old one alive: up to about twice the largest result).
 """
 
 from __future__ import annotations

@@ -265,10 +265,9 @@ class Engine:
         if not self.backend.compiled:
             return
         widths = self.backend.widths(self.k_max) or (1,)
-        repeats = 3 if self.device.type == "cuda" else 1  # CUDA graph trees record on a later call
         from stages.decoding.slot_step import batch_buckets
 
-        self.step_fn.warm_up(batch_buckets(self.cache.slots), widths, greedy, repeats)
+        self.step_fn.warm_up(batch_buckets(self.cache.slots), widths, greedy)
 
     # ------------------------------------------------------------------ API
     def submit(self, request: Request) -> None:

@@ -95,6 +95,22 @@ def span_buckets(capacity: int, smallest: int = 256) -> tuple[int, ...]:
     return (*sizes, capacity)
 
 
+def warm_up_shapes(
+    batch_sizes: Sequence[int], widths: Sequence[int], spans: Sequence[int]
+) -> list[tuple[int, int, int]]:
+    """Every step shape (batch, width, span) a bucketed engine can run, largest first.
+
+    A span shorter than the width is never chosen (a step's span covers its width). Why
+    largest first (most tokens fed, then the longest span): captured CUDA graphs write
+    their results into shared buffers that are replaced by larger ones as larger shapes
+    come (cuda_graphs.SharedOutputs; earlier graphs keep the old buffer alive), and their
+    temporaries come from one memory pool whose blocks are reused by later, smaller
+    captures; the largest shape first allocates each buffer once, at its final size.
+    """
+    shapes = [(b, t, span) for b in batch_sizes for t in widths for span in spans if span >= t]
+    return sorted(shapes, key=lambda s: (s[0] * s[1], s[2], s[1]), reverse=True)
+
+
 def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
     """Let dynamo keep ``limit`` specialisations per function (names differ across torch versions)."""
     import torch._dynamo
@@ -233,12 +249,18 @@ class SlotStep:
         )
         return self.head(out.last_hidden_state[0, -1]).float()
 
-    @torch.inference_mode()
-    def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool, repeats: int = 1) -> None:
-        """Run (and so compile) every (batch bucket, width bucket, span) ``repeats`` times on free slots.
+    def warm_up_calls(self) -> int:
+        """Calls per shape that leave it ready: torch.compile's CUDA graph trees record a
+        graph on a later call than the one that compiles (3 on CUDA); a hand-captured
+        graph (cuda_graphs.CapturedSteps) is recorded on its first call, and a compiled CPU
+        step is ready after one (1)."""
+        torch_compiled_on_cuda = self.compiled and self._symbolic and self.cache.device.type == "cuda"
+        return 3 if torch_compiled_on_cuda else 1
 
-        CUDA graph trees record a graph on a later call than the one that compiles,
-        so on CUDA the engine warms up with ``repeats=3``.
+    @torch.inference_mode()
+    def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool) -> None:
+        """Run (and so compile or capture) every (batch bucket, width bucket, span), each
+        ``warm_up_calls()`` times on free slots, in ``warm_up_shapes`` order.
 
         Writes only slots ``0..T-1`` of rows whose length is 0 (free) and advances
         nothing, so it must run while every slot is free.
@@ -246,15 +268,11 @@ class SlotStep:
         if bool(self.cache.length.any()):
             raise RuntimeError("warm_up needs every slot free")
         dev = self.cache.length.device
-        for b in batch_sizes:
-            for t in widths:
-                feed = torch.zeros((b, t), dtype=torch.long, device=dev)
-                n_fed = torch.full((b,), t, dtype=torch.long, device=dev)
-                for span in self.spans:
-                    if span < t:
-                        continue  # never chosen: a step's span covers its width
-                    for _ in range(repeats):
-                        if greedy:
-                            self.greedy(feed, n_fed, span)
-                        else:
-                            self.step(feed, span)
+        for b, t, span in warm_up_shapes(batch_sizes, widths, self.spans):
+            feed = torch.zeros((b, t), dtype=torch.long, device=dev)
+            n_fed = torch.full((b,), t, dtype=torch.long, device=dev)
+            for _ in range(self.warm_up_calls()):
+                if greedy:
+                    self.greedy(feed, n_fed, span)
+                else:
+                    self.step(feed, span)

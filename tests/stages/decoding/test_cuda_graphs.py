@@ -161,3 +161,16 @@ def test_graphs_of_many_shapes_keep_one_results_buffer_not_one_each(model):
     # The buffer grew as the shapes came (2 + 4 + 8 units of V after the first shape's 1: ~1.75 x
     # largest), where a result kept per graph would hold 62 more units (~7.8 x largest).
     assert grown <= 2.5 * largest
+
+
+@needs_cuda
+def test_the_engine_warms_up_largest_first_so_each_results_buffer_is_allocated_once(model):
+    cfg = DecodeConfig(max_new_tokens=8, eos_ids=frozenset({-1}), speculative="prompt_lookup", num_draft_tokens=8)
+    eng = Engine(model, cfg, slots=8, expected_tokens=120, compile="cudagraphs", min_span=64)
+    eng.warm_up(greedy=True)
+    graphs = eng.step_fn._greedy
+    assert graphs.captures == len(graphs.graphs) > 1  # one call per shape: captured on its first
+    # (best [b, T], accepted [b]): one storage per result position across every graph.
+    for position in range(2):
+        storages = {g.outputs[position].untyped_storage().data_ptr() for g in graphs.graphs.values()}
+        assert len(storages) == 1

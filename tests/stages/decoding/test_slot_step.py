@@ -11,7 +11,14 @@ from stages.decoding.config import DecodeConfig
 from stages.decoding.engine import Engine, Request
 from stages.decoding.forward import decode_view
 from stages.decoding.reference import decode_plain
-from stages.decoding.slot_step import SlotStep, batch_buckets, bucket, span_buckets, width_buckets
+from stages.decoding.slot_step import (
+    SlotStep,
+    batch_buckets,
+    bucket,
+    span_buckets,
+    warm_up_shapes,
+    width_buckets,
+)
 from stages.decoding.slots import SlotCache
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts
@@ -32,6 +39,26 @@ def test_buckets():
     assert bucket(3, (1, 2, 4, 8)) == 4 and bucket(8, (1, 2, 4, 8)) == 8
     with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
         bucket(9, (1, 2, 4, 8))
+
+
+def test_warm_up_shapes_are_every_step_shape_largest_first():
+    shapes = warm_up_shapes((2, 4), (1, 4, 8), (4, 8, 16))
+    # Every (batch, width, span) with the span covering the width, once each.
+    assert sorted(shapes) == sorted((b, t, s) for b in (2, 4) for t in (1, 4, 8) for s in (4, 8, 16) if s >= t)
+    assert len(shapes) == len(set(shapes)) == 16
+    # Most tokens fed first, then the longest span: the first shape has the largest batch,
+    # width and span at once, so captured graphs' shared result buffers are allocated once,
+    # at their final size (stages/decoding/cuda_graphs.py).
+    assert shapes[:2] == [(4, 8, 16), (4, 8, 8)] and shapes[-1] == (2, 1, 4)
+    tokens = [b * t for b, t, _ in shapes]
+    assert tokens == sorted(tokens, reverse=True)
+
+
+def test_a_step_is_ready_after_one_warm_up_call_unless_graph_trees_record_later(tiny_model):
+    cache = SlotCache.for_model(tiny_model, slots=2, capacity=64)
+    assert SlotStep(decode_view(tiny_model), cache).warm_up_calls() == 1  # eager
+    compiled_on_cpu = SlotStep(decode_view(tiny_model), cache, compile=True, backend=CompileCounter())
+    assert compiled_on_cpu.warm_up_calls() == 1  # no CUDA graph trees off a GPU
 
 
 class CompileCounter:
