@@ -111,6 +111,21 @@ def test_prefill_bound_is_the_peers_wall_over_longdocs_prompt_reading():
     assert "prefill_bound" not in _result()["ratios"]["longdoc"]["vs_peer"]  # no figures, no bound
 
 
+def test_a_sides_start_before_its_first_row_tightens_the_whole_process_bound():
+    sides = {"greedy": {"kind": "longdoc", "method": "none", "speculative": "none", "peer": "peer", "what": ""},
+             "pld": {"kind": "longdoc", "method": "none", "speculative": "prompt_lookup", "peer": "peer", "what": ""}}
+    r = _result("cuda", sides, {"greedy": 31.0, "pld": 40.0})
+    r["runs_by_side"]["pld"][0]["where"] = {"rows_prefill_s": 3.0, "first_row_start_s": 28.0}
+    finish(r)
+    vs = r["ratios"]["pld"]["vs_first"]
+    # Free decoding could not make up for a start longer than greedy's whole run: 31 / (28 + 3).
+    assert vs["prefill_bound"] == pytest.approx(31 / 3) and vs["start_s"] == 28.0
+    assert vs["start_bound"] == pytest.approx(1.0)
+    assert "bound pld / greedy: at most 10.33x if all but its prompts' prefill (3.0 s) were free; 1.00x with its " \
+           "start too (28.0 s before its first row)" in summary_lines(r)
+    assert "start_bound" not in r["ratios"]["greedy"].get("vs_first", {})  # the first side has no vs_first
+
+
 def test_a_pool_of_engines_shares_its_prefill_in_the_bound():
     r = _result(walls={"longdoc": 100.0, "peer": 90.0})
     r["sides"]["longdoc"]["engines"] = 2  # resources.actors: 2 under Ray, prefilling at once
