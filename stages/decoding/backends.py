@@ -4,7 +4,8 @@ The engine's loop (engine.py) is the same on every device; a backend owns what
 differs:
 - ``view``: the model the steps run (forward.decode_view: the caller's weights in a
   module tree of its own). CPU: every linear layer routed to the BLAS kernel measured
-  fastest for its token count (linear_plan.py), measured at ``warm_up``.
+  fastest for its token count (linear_plan.py), measured at ``warm_up``; decode steps
+  attend through cpu_attention.py's kernel where it is built (forward.py routes them).
 - the shapes of a step: ``batch(n)`` (rows a step computes for ``n`` active rows),
   ``width(t)`` (tokens per row), ``span(need, capacity)`` (slots attention reads),
   ``widths(max_drafts)`` (the widths the width rule may choose; None = any).
@@ -28,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from stages.decoding import cpu_attention
 from stages.decoding.adaptive import default_cost_prior, step_indicator
 from stages.decoding.forward import decode_view
 from stages.decoding.linear_plan import LinearPlan, plan_for, route_linears
@@ -157,9 +159,12 @@ class CpuBackend(StepBackend):
         self._ready = False
 
     def warm_up(self) -> None:
-        """Measure (or read from the disk cache) the kernel plan and route the view; once."""
+        """Measure (or read from the disk cache) the kernel plan and route the view; build or
+        load the decode attention kernel (cpu_attention.py: ~0.5 s once per machine), so no
+        step's measured cost includes it; once."""
         if self._ready:
             return
+        cpu_attention.library()
         self.plan = plan_for(self.view, self.device, self._timer)
         if self.plan is not None:
             route_linears(self.view, self.plan)
@@ -180,7 +185,10 @@ class CpuBackend(StepBackend):
         else:
             routed = {m: r for m, r in self.plan.routes.items() if r != ("xwt", m)}
             plan = f"linear plan {routed or 'stock kernels everywhere'}"
-        return f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}"
+        return (
+            f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}, "
+            f"decode attention {cpu_attention.status()}"
+        )
 
 
 class CudaBackend(StepBackend):

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from stages.decoding import cpu_attention
+
 _ATTN_NAME = "longdoc_packed_gqa"
 
 
@@ -47,6 +49,17 @@ def packed_gqa_sdpa(
         # a compiled step keeps one graph for every span.
         span = attention_mask.shape[-1]
         key, value = key[:, :, :span], value[:, :, :span]
+        if (
+            query.device.type == "cpu" and query.shape[2] <= cpu_attention.MAX_STEP_TOKENS
+            and not torch.compiler.is_compiling()
+        ):
+            # A CPU decode or verify step: our kernel reads each row's keys and values once
+            # for all the queries sharing them (cpu_attention.py); None = not in use: SDPA.
+            b, hq, t, d = query.shape
+            packed = query.reshape(b, key.shape[1], hq // key.shape[1] * t, d)
+            out = cpu_attention.attend(packed, key, value, attention_mask[:, 0], d**-0.5 if scaling is None else scaling)
+            if out is not None:
+                return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous(), None
         if (
             query.shape[2] == 1 and attention_mask.device.type == "cpu"
             and not torch.compiler.is_compiling() and bool(attention_mask.all())

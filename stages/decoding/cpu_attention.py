@@ -1,0 +1,186 @@
+"""Decode-step attention on CPU through a kernel of our own (cpu_attention.c): ``attend``.
+
+Why: on CPU a decode step's attention reads every active row's keys and values once;
+SDPA's flash kernel does that at about half the machine's DRAM rate, and it is most of a
+step (the embedded model in fp32 at 39 rows of ~1,140 tokens: 58% of a 328 ms step,
+Intel Xeon, two threads, 2026-11-27). The kernel reads each (row, KV head)'s keys once
+for all the queries that share them, then its values once, and stops at the row's last
+visible key (a row shorter than the step's span reads only its own slots).
+
+Contract: ``attend(query, key, value, mask, scale)`` with query ``[B, G, R, D]`` (the
+``R = heads per KV head x T`` packed rows of forward.packed_gqa_sdpa; row r is step
+token ``r % T``), key ``[B, G, S, D]`` / value ``[B, G, S, Dv]`` (float32 or bfloat16,
+last axis contiguous), mask ``[B, T, L]`` bool (``L <= S``: query token t of row b sees
+key j iff ``mask[b, t, j]``) returns ``[B, G, R, Dv]`` in the query's dtype: the same as
+SDPA with that mask, softmax in float32 (within a few float32 ulps of SDPA, not bit for
+bit: another summation order). It returns None when the kernel is not in use (see
+``status``) or the inputs are outside its contract; the caller then runs SDPA.
+
+Build: the C source is compiled once per machine by the system C compiler (``$CC``,
+else ``cc``; ~0.5 s) with ``-O3 -march=native -fopenmp`` into
+``cache_dir()/kernels/<hash>.so``; the hash covers the source, the compiler's version,
+the flags and the CPU's model and flags, so a cache shared by other machines never
+serves a binary this CPU cannot run. It is written under a temporary name and renamed
+(concurrent actors never load half a file). The library names OpenMP by its soname
+(libgomp.so.1), which resolves to the copy torch has loaded: its threads are torch's.
+The kernel is used only where it was built with AVX-512 (the fast path measured above);
+elsewhere, without a compiler, or with ``LONGDOC_CPU_ATTENTION=sdpa`` (e.g. to compare),
+SDPA runs and ``status()`` says why (also in the engine's description line).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_suffix(".c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+MAX_STEP_TOKENS = 64  # decode and verify steps; prefill chunks keep SDPA's causal kernel
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+_lock = threading.Lock()
+_loaded: tuple[ctypes.CDLL | None, str] | None = None  # (library or None, status line)
+
+
+def _cpu_signature() -> str:
+    """The CPU's model name and feature flags (what -march=native compiles for)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _build(cc: str, target: Path) -> None:
+    """Compile SOURCE into ``target`` (atomically: a temporary file renamed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        proc = subprocess.run(
+            [cc, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def build_library() -> ctypes.CDLL:
+    """The kernel library, compiled into the cache on first use (see the module doc).
+
+    Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler: set CC or install gcc for the decode attention kernel")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(encoding="utf-8"), version, " ".join(FLAGS), _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    from stages.model_loading import cache_dir
+
+    target = cache_dir() / "kernels" / f"cpu_attention-{key}.so"
+    if not target.is_file():
+        _build(cc, target)
+    lib = ctypes.CDLL(str(target))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.ld_fast_path.restype = ctypes.c_int
+    lib.ld_attend.restype = ctypes.c_int
+    lib.ld_attend.argtypes = [ptr] * 5 + [i64] * 13 + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(library, status) when decode steps should use the kernel; (None, why not) otherwise."""
+    if os.environ.get("LONGDOC_CPU_ATTENTION", "kernel") == "sdpa":
+        return None, "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
+    if _compiler() is None:
+        return None, "SDPA (no C compiler: set CC or install gcc to build the decode attention kernel)"
+    try:
+        lib = build_library()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return None, f"SDPA (the decode attention kernel did not build or load: {e})"
+    if not lib.ld_fast_path():
+        return None, "SDPA (no AVX-512 on this CPU: the portable kernel is not faster than SDPA)"
+    return lib, "kernel (AVX-512)"
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, built on first use; None where SDPA runs instead (see ``status``)."""
+    global _loaded
+    if _loaded is None:
+        with _lock:
+            if _loaded is None:
+                _loaded = _load()
+                log.info("CPU decode attention: %s", _loaded[1])
+    return _loaded[0]
+
+
+def status() -> str:
+    """What CPU decode steps attend with: 'kernel (AVX-512)' or 'SDPA (why)'."""
+    library()
+    assert _loaded is not None
+    return _loaded[1]
+
+
+def run_kernel(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float,
+    lib: ctypes.CDLL, portable: bool = False,
+) -> torch.Tensor:
+    """The kernel's call (see the module contract; inputs already checked by ``attend``).
+    ``portable`` runs its plain-C path (tests compare both paths with SDPA)."""
+    b, g, r, d = query.shape
+    dv = value.shape[-1]
+    t, span = mask.shape[1], mask.shape[2]
+    q = query.to(torch.float32).contiguous()
+    m = mask.contiguous().view(torch.uint8)
+    out = torch.empty((b, g, r, dv), dtype=torch.float32)
+    rc = lib.ld_attend(
+        q.data_ptr(), key.data_ptr(), value.data_ptr(), m.data_ptr(), out.data_ptr(),
+        b, g, r, d, dv, t, span, *key.stride()[:3], *value.stride()[:3],
+        _DTYPES[key.dtype], float(scale), torch.get_num_threads(), int(portable),
+    )
+    if rc != 0:
+        raise MemoryError("the CPU attention kernel could not allocate its scratch memory")
+    return out.to(query.dtype)
+
+
+def attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """Attention of a decode step by the kernel (module contract), or None: use SDPA."""
+    lib = library()
+    if (
+        lib is None
+        or query.device.type != "cpu"
+        or mask.dtype != torch.bool
+        or mask.dim() != 3
+        or mask.shape[1] > MAX_STEP_TOKENS
+        or key.dtype not in _DTYPES
+        or value.dtype != key.dtype
+        or key.stride(-1) != 1
+        or value.stride(-1) != 1
+        or query.requires_grad
+        or mask.shape[0] != query.shape[0]
+        or mask.shape[2] > key.shape[2]
+        or query.shape[2] % mask.shape[1]
+    ):
+        return None
+    return run_kernel(query, key, value, mask, scale, lib)

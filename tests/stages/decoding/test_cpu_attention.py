@@ -1,0 +1,153 @@
+"""The CPU decode attention kernel (stages/decoding/cpu_attention.py, .c): SDPA's results,
+only the keys a row sees, and SDPA whenever the kernel is not in use."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stages.decoding import cpu_attention
+from stages.decoding.forward import packed_gqa_sdpa
+
+needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the kernel")
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch, tmp_path):
+    """The kernel's module state reset and its build cache in a temporary folder."""
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_attention, "_loaded", None)
+    return tmp_path
+
+
+def _step(b, g, rep, t, d, span, capacity, dtype, seed=0):
+    """Packed queries [b, g, rep*t, d], slot tensors [b, g, capacity, d] and the engine's mask
+    [b, t, span] (row i: context of lengths[i] slots, then its t step tokens causally)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, g, rep * t, d, generator=gen).to(dtype)
+    k = torch.randn(b, g, capacity, d, generator=gen).to(dtype)
+    v = torch.randn(b, g, capacity, d, generator=gen).to(dtype)
+    lengths = torch.randint(1, span - t + 1, (b,), generator=gen)
+    mask = torch.arange(span)[None, None, :] <= (lengths[:, None, None] + torch.arange(t)[None, :, None])
+    return q, k, v, mask
+
+
+def _sdpa(q, k, v, mask, rep):
+    span = mask.shape[-1]
+    return F.scaled_dot_product_attention(
+        q, k[:, :, :span], v[:, :, :span], attn_mask=mask[:, None].repeat(1, 1, rep, 1), scale=q.shape[-1] ** -0.5
+    )
+
+
+SHAPES = [  # (rows, KV heads, query heads per KV head, step width, head size, span, capacity)
+    (5, 3, 3, 1, 64, 257, 300),  # the embedded model's decode step
+    (5, 3, 3, 5, 64, 300, 300),  # a verify step of 4 drafts over the whole capacity
+    (2, 8, 4, 17, 128, 90, 100),  # Llama-8B's heads, the widest verify step
+    (3, 2, 1, 1, 48, 33, 40),  # no grouping; a head size the AVX-512 path does not take
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("portable", [False, True])
+def test_the_kernel_gives_sdpas_attention(fresh_kernel, shape, portable):
+    """float32: within a few float32 ulps of SDPA; bfloat16: within one bfloat16 rounding."""
+    lib = cpu_attention.build_library()
+    for dtype, tol in ((torch.float32, 3e-6), (torch.bfloat16, 8e-3)):
+        q, k, v, mask = _step(*shape, dtype)
+        span = mask.shape[-1]
+        out = cpu_attention.run_kernel(q, k[:, :, :span], v[:, :, :span], mask, q.shape[-1] ** -0.5, lib, portable)
+        ref = _sdpa(q, k, v, mask, shape[2])
+        assert out.dtype == dtype and out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=0)
+
+
+@needs_compiler
+@pytest.mark.parametrize("portable", [False, True])
+def test_keys_a_row_does_not_see_are_never_read(fresh_kernel, portable):
+    """NaN in every slot a row's mask hides (past its context, holes inside it) stays out."""
+    lib = cpu_attention.build_library()
+    q, k, v, mask = _step(4, 3, 3, 2, 64, 200, 256, torch.float32, seed=1)
+    mask[:, :, 5] = False  # a hole in every row's context
+    hidden = ~mask.any(dim=1)  # [b, span] slots no query of the row sees
+    for t in (k, v):
+        t[:, :, 200:] = float("nan")
+        t[:, :, :200].masked_fill_(hidden[:, None, :, None], float("nan"))
+    out = cpu_attention.run_kernel(q, k[:, :, :200], v[:, :, :200], mask, 0.125, lib, portable)
+    assert torch.isfinite(out).all()
+    clean_k, clean_v = k.nan_to_num(0.0), v.nan_to_num(0.0)
+    ref = F.scaled_dot_product_attention(
+        q, clean_k[:, :, :200], clean_v[:, :, :200], attn_mask=mask[:, None].repeat(1, 1, 3, 1), scale=0.125
+    )
+    torch.testing.assert_close(out, ref, atol=3e-6, rtol=0)
+
+
+@needs_compiler
+def test_a_query_that_sees_no_key_gets_zeros(fresh_kernel):
+    lib = cpu_attention.build_library()
+    q, k, v, mask = _step(2, 1, 2, 1, 64, 64, 64, torch.float32)
+    mask[1] = False
+    out = cpu_attention.run_kernel(q, k, v, mask, 0.125, lib)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[:1], _sdpa(q, k, v, mask, 2)[:1], atol=3e-6, rtol=0)
+
+
+@needs_compiler
+def test_the_model_view_attends_through_the_kernel_where_it_is_built(fresh_kernel):
+    """forward.packed_gqa_sdpa on a CPU decode step: the kernel's result when in use, SDPA's otherwise."""
+    q, k, v, mask = _step(3, 3, 3, 1, 64, 100, 128, torch.float32)
+    query = q.reshape(3, 9, 1, 64)  # [B, Hq, T, D]: head h = g * rep + r
+    out, _ = packed_gqa_sdpa(torch.nn.Module(), query, k, v, mask[:, None], scaling=0.125)
+    ref = _sdpa(q, k, v, mask, 3).reshape(3, 9, 1, 64).transpose(1, 2)
+    torch.testing.assert_close(out, ref, atol=3e-6, rtol=0)
+    if cpu_attention.library() is not None:  # the kernel ran: not SDPA's bits
+        lib = cpu_attention.library()
+        mine = cpu_attention.run_kernel(q, k[:, :, :100], v[:, :, :100], mask, 0.125, lib)
+        assert torch.equal(out, mine.reshape(3, 9, 1, 64).transpose(1, 2))
+
+
+def test_sdpa_runs_when_asked_or_when_nothing_can_build_the_kernel(fresh_kernel, monkeypatch):
+    q, k, v, mask = _step(2, 3, 3, 1, 64, 50, 64, torch.float32)
+    monkeypatch.setenv("LONGDOC_CPU_ATTENTION", "sdpa")
+    assert cpu_attention.status() == "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
+    assert cpu_attention.attend(q, k[:, :, :50], v[:, :, :50], mask, 0.125) is None
+    monkeypatch.delenv("LONGDOC_CPU_ATTENTION")
+    monkeypatch.setattr(cpu_attention, "_loaded", None)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert cpu_attention.status().startswith("SDPA (no C compiler")
+    assert not any(fresh_kernel.rglob("*.so"))
+
+
+@needs_compiler
+def test_a_failed_build_falls_back_to_sdpa_and_says_why(fresh_kernel, monkeypatch, tmp_path):
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: error: this compiler always fails' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    assert "did not build or load" in cpu_attention.status()
+    assert "always fails" in cpu_attention.status()
+
+
+@needs_compiler
+def test_the_kernel_is_built_once_per_machine_and_reused(fresh_kernel, monkeypatch):
+    cpu_attention.library()
+    built = sorted(fresh_kernel.rglob("cpu_attention-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(cpu_attention, "_loaded", None)  # a new process
+    cpu_attention.library()
+    assert sorted(fresh_kernel.rglob("cpu_attention-*.so")) == built and built[0].stat().st_mtime_ns == stamp
+    assert not any(fresh_kernel.rglob("*.tmp"))
+
+
+@needs_compiler
+def test_inputs_outside_the_contract_go_to_sdpa(fresh_kernel):
+    q, k, v, mask = _step(2, 3, 3, 1, 64, 50, 64, torch.float32)
+    k16, v16 = k.half(), v.half()
+    assert cpu_attention.attend(q, k16[:, :, :50], v16[:, :, :50], mask, 0.125) is None  # float16 slots
+    assert cpu_attention.attend(q, k[:, :, :50], v[:, :, :50], mask.float(), 0.125) is None  # additive mask
+    wide = torch.ones(2, cpu_attention.MAX_STEP_TOKENS + 1, 50, dtype=torch.bool)  # a prefill chunk
+    assert cpu_attention.attend(q.repeat(1, 1, 65, 1), k[:, :, :50], v[:, :, :50], wide, 0.125) is None
