@@ -49,12 +49,10 @@ def packed_gqa_sdpa(
         # a compiled step keeps one graph for every span.
         span = attention_mask.shape[-1]
         key, value = key[:, :, :span], value[:, :, :span]
-        if (
-            query.device.type == "cpu" and query.shape[2] <= cpu_attention.MAX_STEP_TOKENS
-            and not torch.compiler.is_compiling()
-        ):
-            # A CPU decode or verify step: our kernel reads each row's keys and values once
-            # for all the queries sharing them (cpu_attention.py); None = not in use: SDPA.
+        if query.device.type == "cpu" and not torch.compiler.is_compiling():
+            # A CPU decode or narrow verify step: our kernel reads each row's keys and values
+            # once for all the queries sharing them (cpu_attention.py); None = SDPA's turn
+            # (the kernel not built, a wide step or a prefill chunk, other dtypes).
             b, hq, t, d = query.shape
             packed = query.reshape(b, key.shape[1], hq // key.shape[1] * t, d)
             out = cpu_attention.attend(packed, key, value, attention_mask[:, 0], d**-0.5 if scaling is None else scaling)

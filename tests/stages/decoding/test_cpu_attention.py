@@ -149,5 +149,9 @@ def test_inputs_outside_the_contract_go_to_sdpa(fresh_kernel):
     k16, v16 = k.half(), v.half()
     assert cpu_attention.attend(q, k16[:, :, :50], v16[:, :, :50], mask, 0.125) is None  # float16 slots
     assert cpu_attention.attend(q, k[:, :, :50], v[:, :, :50], mask.float(), 0.125) is None  # additive mask
-    wide = torch.ones(2, cpu_attention.MAX_STEP_TOKENS + 1, 50, dtype=torch.bool)  # a prefill chunk
-    assert cpu_attention.attend(q.repeat(1, 1, 65, 1), k[:, :, :50], v[:, :, :50], wide, 0.125) is None
+    width = cpu_attention.MAX_QUERY_ROWS // 3 + 1  # 3 query heads per KV head: a step too wide
+    wide = torch.ones(2, width, 50, dtype=torch.bool)
+    assert cpu_attention.attend(q.repeat(1, 1, width, 1), k[:, :, :50], v[:, :, :50], wide, 0.125) is None
+    narrow = wide[:, : width - 1]
+    in_use = cpu_attention.library() is not None
+    assert (cpu_attention.attend(q.repeat(1, 1, width - 1, 1), k[:, :, :50], v[:, :, :50], narrow, 0.125) is not None) == in_use
