@@ -71,6 +71,19 @@ static inline __m512 load16(const void* p, int bf16, __mmask16 lanes) {
     return _mm512_maskz_loadu_ps(lanes, p);
 }
 
+/* One key or value row of `dim` elements as dim / 16 float32 vectors; prefetches the row
+   `ahead` bytes further on. */
+static inline void load_row(__m512* dst, const char* row, int64_t dim, int64_t esz, int bf16, int64_t ahead) {
+    for (int64_t c = 0; c < dim * esz; c += 64) _mm_prefetch(row + ahead + c, _MM_HINT_T0);
+    for (int64_t c = 0; c < dim / 16; ++c) dst[c] = load16(row + c * 16 * esz, bf16, 0xFFFF);
+}
+
+/* Of keys j..j+15 (those below n): which exist (*lanes) and which the query row sees (returned). */
+static inline __mmask16 seen_lanes(const uint8_t* mask_row, int64_t j, int64_t n, __mmask16* lanes) {
+    *lanes = (n - j >= 16) ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    return _mm_mask_cmpneq_epi8_mask(*lanes, _mm_maskz_loadu_epi8(*lanes, mask_row + j), _mm_setzero_si128());
+}
+
 /* e^x for x <= 0 (lanes below -87.3 give 0: e^-87.3 is below float32's smallest normal). */
 static inline __m512 exp_nonpositive(__m512 x) {
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
@@ -103,10 +116,8 @@ static void attend_one(const float* q, const char* kb, const char* vb, int64_t k
     for (int64_t i = 0; i < R * D; ++i) qs[i] = q[i] * scale;
     /* pass 1: scores[r, j] = q_r . k_j; one read of each key for all R queries */
     for (int64_t j = 0; j < n; ++j) {
-        const char* kj = kb + j * k_ss * esz;
-        for (int64_t c = 0; c < D * esz; c += 64) _mm_prefetch(kj + pf_k + c, _MM_HINT_T0);
         __m512 kv[16];
-        for (int64_t c = 0; c < dc; ++c) kv[c] = load16(kj + c * 16 * esz, bf16, 0xFFFF);
+        load_row(kv, kb + j * k_ss * esz, D, esz, bf16, pf_k);
         for (int64_t r = 0; r < R; ++r) {
             const float* qr = qs + r * D;
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
@@ -119,17 +130,16 @@ static void attend_one(const float* q, const char* kb, const char* vb, int64_t k
         float* s = scores + r * n;
         const uint8_t* mr = m + (r % Tq) * L;
         __m512 mx = _mm512_set1_ps(-INFINITY);
+        __mmask16 lanes;
         for (int64_t j = 0; j < n; j += 16) {
-            __mmask16 lanes = (n - j >= 16) ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            __mmask16 seen = _mm_mask_cmpneq_epi8_mask(lanes, _mm_maskz_loadu_epi8(lanes, mr + j), _mm_setzero_si128());
+            __mmask16 seen = seen_lanes(mr, j, n, &lanes);
             mx = _mm512_mask_max_ps(mx, seen, mx, _mm512_maskz_loadu_ps(seen, s + j));
         }
         float top = _mm512_reduce_max_ps(mx);
         __m512 sum = _mm512_setzero_ps();
         __m512 topv = _mm512_set1_ps(top);
         for (int64_t j = 0; j < n; j += 16) {
-            __mmask16 lanes = (n - j >= 16) ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            __mmask16 seen = _mm_mask_cmpneq_epi8_mask(lanes, _mm_maskz_loadu_epi8(lanes, mr + j), _mm_setzero_si128());
+            __mmask16 seen = seen_lanes(mr, j, n, &lanes);
             __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(seen, s + j), topv)));
             _mm512_mask_storeu_ps(s + j, lanes, e);
             sum = _mm512_add_ps(sum, e);
@@ -141,10 +151,8 @@ static void attend_one(const float* q, const char* kb, const char* vb, int64_t k
     float* acc = o; /* out rows accumulate in place */
     memset(acc, 0, sizeof(float) * R * Dv);
     for (int64_t j = 0; j < n; ++j) {
-        const char* vj = vb + j * v_ss * esz;
-        for (int64_t c = 0; c < Dv * esz; c += 64) _mm_prefetch(vj + pf_v + c, _MM_HINT_T0);
         __m512 vv[16];
-        for (int64_t c = 0; c < vc; ++c) vv[c] = load16(vj + c * 16 * esz, bf16, 0xFFFF);
+        load_row(vv, vb + j * v_ss * esz, Dv, esz, bf16, pf_v);
         for (int64_t r = 0; r < R; ++r) {
             float p = scores[r * n + j];
             if (p == 0.0f) continue;
