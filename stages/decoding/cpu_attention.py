@@ -14,8 +14,8 @@ last axis contiguous), mask ``[B, T, L]`` bool (``L <= S``: query token t of row
 key j iff ``mask[b, t, j]``) returns ``[B, G, R, Dv]`` in the query's dtype: the same as
 SDPA with that mask, softmax in float32 (within a few float32 ulps of SDPA, not bit for
 bit: another summation order). It returns None when the kernel is not in use (see
-``status``), the inputs are outside its contract, or ``R > MAX_QUERY_ROWS`` (wide verify
-steps, where SDPA is faster); the caller then runs SDPA.
+``status``), the inputs are outside its contract, or ``R`` exceeds ``MAX_QUERY_ROWS`` of
+its dtype (wide verify steps, where SDPA is faster); the caller then runs SDPA.
 
 Build: the C source is compiled once per machine by the system C compiler (``$CC``,
 else ``cc``; ~0.5 s) with ``-O3 -march=native -fopenmp`` into
@@ -48,11 +48,13 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_suffix(".c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Query rows per KV head (heads sharing it x step width) up to which the kernel is faster:
-# it computes each row's scores one by one, SDPA in blocks. 8 rows of ~1,100 keys, 30
-# layers, fp32, one thread (2026-11-27, Xeon): width 1 (3 rows) 44 ms against SDPA's 68,
-# width 4 (12 rows) 69 against 99, width 8 (24 rows) 120 against 123, width 17 (51 rows)
-# 221 against 207. Wider steps (and every prefill chunk) keep SDPA.
-MAX_QUERY_ROWS = 16
+# it computes each row's scores one by one, SDPA in blocks, so past a few rows the kernel's
+# arithmetic, not the memory it reads, sets its time. 8 rows of ~1,100 keys, 30 layers,
+# one thread, alternated (2026-11-27, Xeon), kernel against SDPA in ms:
+#   float32:  width 1 (3 rows) 44 / 68, 4 (12 rows) 69 / 99, 8 (24) 120 / 123, 17 (51) 221 / 207
+#   bfloat16: width 1 28 / 46, 2 (6) 35 / 48, 3 (9) 44 / 49, 4 (12) 54 / 52, 8 (24) 112 / 69
+# Wider steps (and every prefill chunk) keep SDPA.
+MAX_QUERY_ROWS = {torch.float32: 16, torch.bfloat16: 9}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 _lock = threading.Lock()
@@ -178,8 +180,8 @@ def attend(
         or query.device.type != "cpu"
         or mask.dtype != torch.bool
         or mask.dim() != 3
-        or query.shape[2] > MAX_QUERY_ROWS
         or key.dtype not in _DTYPES
+        or query.shape[2] > MAX_QUERY_ROWS[key.dtype]
         or value.dtype != key.dtype
         or key.stride(-1) != 1
         or value.stride(-1) != 1

@@ -149,9 +149,12 @@ def test_inputs_outside_the_contract_go_to_sdpa(fresh_kernel):
     k16, v16 = k.half(), v.half()
     assert cpu_attention.attend(q, k16[:, :, :50], v16[:, :, :50], mask, 0.125) is None  # float16 slots
     assert cpu_attention.attend(q, k[:, :, :50], v[:, :, :50], mask.float(), 0.125) is None  # additive mask
-    width = cpu_attention.MAX_QUERY_ROWS // 3 + 1  # 3 query heads per KV head: a step too wide
-    wide = torch.ones(2, width, 50, dtype=torch.bool)
-    assert cpu_attention.attend(q.repeat(1, 1, width, 1), k[:, :, :50], v[:, :, :50], wide, 0.125) is None
-    narrow = wide[:, : width - 1]
     in_use = cpu_attention.library() is not None
-    assert (cpu_attention.attend(q.repeat(1, 1, width - 1, 1), k[:, :, :50], v[:, :, :50], narrow, 0.125) is not None) == in_use
+    for dtype, rows in cpu_attention.MAX_QUERY_ROWS.items():
+        kd, vd, qd = k.to(dtype), v.to(dtype), q.to(dtype)
+        width = rows // 3 + 1  # 3 query heads per KV head: a step too wide for this dtype
+        wide = torch.ones(2, width, 50, dtype=torch.bool)
+        assert cpu_attention.attend(qd.repeat(1, 1, width, 1), kd[:, :, :50], vd[:, :, :50], wide, 0.125) is None
+        narrow = wide[:, : width - 1]
+        ran = cpu_attention.attend(qd.repeat(1, 1, width - 1, 1), kd[:, :, :50], vd[:, :, :50], narrow, 0.125)
+        assert (ran is not None) == in_use
