@@ -32,6 +32,7 @@ SDPA runs and ``status()`` says why (also in the engine's description line).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -56,9 +57,6 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Wider steps (and every prefill chunk) keep SDPA.
 MAX_QUERY_ROWS = {torch.float32: 16, torch.bfloat16: 9}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-_lock = threading.Lock()
-_loaded: tuple[ctypes.CDLL | None, str] | None = None  # (library or None, status line)
 
 
 def _cpu_signature() -> str:
@@ -130,22 +128,23 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return lib, "kernel (AVX-512)"
 
 
+@functools.cache
+def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
+    """(library or None, status line), decided once per process: a lazily built constant
+    (the environment and the machine do not change under a running process)."""
+    choice = _load()
+    log.info("CPU decode attention: %s", choice[1])
+    return choice
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded kernel library, built on first use; None where SDPA runs instead (see ``status``)."""
-    global _loaded
-    if _loaded is None:
-        with _lock:
-            if _loaded is None:
-                _loaded = _load()
-                log.info("CPU decode attention: %s", _loaded[1])
-    return _loaded[0]
+    return _kernel_choice()[0]
 
 
 def status() -> str:
     """What CPU decode steps attend with: 'kernel (AVX-512)' or 'SDPA (why)'."""
-    library()
-    assert _loaded is not None
-    return _loaded[1]
+    return _kernel_choice()[1]
 
 
 def run_kernel(

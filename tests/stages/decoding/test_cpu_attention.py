@@ -19,8 +19,9 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 def fresh_kernel(monkeypatch, tmp_path):
     """The kernel's module state reset and its build cache in a temporary folder."""
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    monkeypatch.setattr(cpu_attention, "_loaded", None)
-    return tmp_path
+    cpu_attention._kernel_choice.cache_clear()
+    yield tmp_path
+    cpu_attention._kernel_choice.cache_clear()  # the next user decides again, in its own environment
 
 
 def _step(b, g, rep, t, d, span, capacity, dtype, seed=0):
@@ -115,7 +116,7 @@ def test_sdpa_runs_when_asked_or_when_nothing_can_build_the_kernel(fresh_kernel,
     assert cpu_attention.status() == "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
     assert cpu_attention.attend(q, k[:, :, :50], v[:, :, :50], mask, 0.125) is None
     monkeypatch.delenv("LONGDOC_CPU_ATTENTION")
-    monkeypatch.setattr(cpu_attention, "_loaded", None)
+    cpu_attention._kernel_choice.cache_clear()
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert cpu_attention.status().startswith("SDPA (no C compiler")
     assert not any(fresh_kernel.rglob("*.so"))
@@ -137,7 +138,7 @@ def test_the_kernel_is_built_once_per_machine_and_reused(fresh_kernel, monkeypat
     built = sorted(fresh_kernel.rglob("cpu_attention-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(cpu_attention, "_loaded", None)  # a new process
+    cpu_attention._kernel_choice.cache_clear()  # a new process
     cpu_attention.library()
     assert sorted(fresh_kernel.rglob("cpu_attention-*.so")) == built and built[0].stat().st_mtime_ns == stamp
     assert not any(fresh_kernel.rglob("*.tmp"))
