@@ -133,7 +133,10 @@ def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
     """(library or None, status line), decided once per process: a lazily built constant
     (the environment and the machine do not change under a running process)."""
     choice = _load()
-    log.info("CPU decode attention: %s", choice[1])
+    # A compiler that fails is worth a warning (the user has one and expects the kernel);
+    # the other fallbacks are the machine's or the user's choice.
+    failed = choice[0] is None and "did not build or load" in choice[1]
+    log.log(logging.WARNING if failed else logging.INFO, "CPU decode attention: %s", choice[1])
     return choice
 
 

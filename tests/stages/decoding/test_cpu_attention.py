@@ -123,13 +123,15 @@ def test_sdpa_runs_when_asked_or_when_nothing_can_build_the_kernel(fresh_kernel,
 
 
 @needs_compiler
-def test_a_failed_build_falls_back_to_sdpa_and_says_why(fresh_kernel, monkeypatch, tmp_path):
+def test_a_failed_build_falls_back_to_sdpa_and_says_why(fresh_kernel, monkeypatch, tmp_path, caplog):
     broken = tmp_path / "cc"
     broken.write_text("#!/bin/sh\necho 'cc: error: this compiler always fails' >&2\nexit 1\n")
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
-    assert "did not build or load" in cpu_attention.status()
+    with caplog.at_level("WARNING", logger=cpu_attention.__name__):
+        assert "did not build or load" in cpu_attention.status()
     assert "always fails" in cpu_attention.status()
+    assert any(r.levelname == "WARNING" and "always fails" in r.getMessage() for r in caplog.records)
 
 
 @needs_compiler
