@@ -1,7 +1,8 @@
 """Generate stage: compressed context -> answer/summary, one output row per request.
 
 Ray: ``GenerateStage`` is the callable class of the generate actor pool. ``__init__``
-loads the model once per actor and starts ONE decode engine on a thread of its own
+starts ONE decode engine on a thread of its own, which loads the model (once per actor)
+and then runs every forward pass: torch's work stays on one thread
 (stages/decoding/engine.py behind decoding/service.py: continuous batching over KV
 slots sized by a memory budget, prefill chunked and interleaved with decoding,
 speculation through a drafter). ``__call__`` turns a batch of request rows (see
@@ -58,7 +59,7 @@ class GenerateStage:
 
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
-        gen, res = self.spec.generation, self.spec.resources
+        res = self.spec.resources
         self.device = pick_device(res.num_gpus)
         if self.device.type == "cpu":
             # One actor per node slice: use the CPUs Ray granted it, not every core.
@@ -69,6 +70,22 @@ class GenerateStage:
             if allocator:
                 log.info("host memory: %s", allocator)
         self.method = method_for(self.spec.compression)
+        # Ray runs several calls of this actor at once, and the engine thread decodes stop
+        # strings and runs the method's prefill (which may tokenize): a fast tokenizer must
+        # not be entered by two threads at a time (encoding mutates its settings). Re-entrant:
+        # a prefill holding it runs decode steps that decode stop strings.
+        self._tokenizer_lock = threading.RLock()
+        # The model loads and the engine is built (warmed up, its CPU kernel plan measured,
+        # so the first batch's figures do not include it) on the engine's own thread, the
+        # one that then runs every step: torch's OpenMP work on two threads costs every CPU
+        # forward pass ~15% (service.py, with what it measured).
+        self.service = EngineService(self._load_and_build)
+        self.engine = self.service.engine
+        log.info("decode engine: %s", self.engine.describe())
+
+    def _load_and_build(self) -> Engine:
+        """Load the model and tokenizer (setting the attributes that depend on them) and
+        return the warmed-up engine; the engine learns step cost and acceptance across batches."""
         loaded = self.method.load(self.spec, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         # Output columns a text method adds beyond its context (e.g. rag's retrieval
@@ -77,23 +94,14 @@ class GenerateStage:
             c for c in self.method.adds if c in out_schema.OUTPUT_COLUMNS and c not in CONTEXT_COLUMNS
         )
         self.prompts = PromptBuilder(self.tokenizer)
-        # Ray runs several calls of this actor at once, and the engine thread decodes stop
-        # strings and runs the method's prefill (which may tokenize): a fast tokenizer must
-        # not be entered by two threads at a time (encoding mutates its settings). Re-entrant:
-        # a prefill holding it runs decode steps that decode stop strings.
-        self._tokenizer_lock = threading.RLock()
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.device_name = (
             f"cuda:{torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
         )
-        self.decode_config = decode_config_for(gen, self.tokenizer, self.model.generation_config)
-        # The engine (made, warmed up and its CPU kernel plan measured now, so the first
-        # batch's figures do not include it) learns step cost and acceptance across batches.
+        self.decode_config = decode_config_for(self.spec.generation, self.tokenizer, self.model.generation_config)
         if not loaded.full_prefill:
             loaded = replace(loaded, prefill=self._locked(loaded.prefill))
-        self.engine = make_engine(self.spec, loaded, self.device, self.decode_config, self._decode_text)
-        log.info("decode engine: %s", self.engine.describe())
-        self.service = EngineService(self.engine)
+        return make_engine(self.spec, loaded, self.device, self.decode_config, self._decode_text)
 
     # ------------------------------------------------------------------ batches
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

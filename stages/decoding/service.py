@@ -7,7 +7,22 @@ background thread; each call submits its requests and waits for their results, w
 requests of other calls (the actor takes several batches at once) join the same
 decode batch as slots free up. Only the job's last requests form a tail.
 
-Contract: ``EngineService(engine)`` starts the thread. ``generate(requests)`` (from
+One thread for every torch call: a forward pass is ~2,000 OpenMP parallel regions, and
+libgomp keeps a team of worker threads for each thread that ever started one. Once two
+threads have teams (the model loaded and warmed up on the caller's thread, the steps run
+on the service's) there are more OpenMP threads than CPUs on a 2-core machine, and libgomp
+then lets idle workers spin only ~100 times before sleeping, so every region wakes its
+worker through the kernel. Measured 2026-11-27 on the 2-core Xeon, SmolLM2-135M fp32, one
+1,060-token prefill, 2 threads: 1.20-1.23 s where one thread did everything, 1.36-1.45 s
+on a second thread after the main thread had loaded the model (~2,040 voluntary context
+switches per prefill against ~0), user CPU time the same. So the service can build its
+engine itself: ``EngineService(build)`` calls ``build()`` on its own thread (model load,
+warm-up, kernel plans), and that thread then runs every step.
+
+Contract: ``EngineService(engine)`` starts the thread; ``EngineService(build)``, with
+``build`` a function returning an Engine, starts it and calls ``build()`` there first,
+returning once it has (its exception, if it raises, is raised by the constructor and the
+thread ends); either way ``service.engine`` is the engine. ``generate(requests)`` (from
 any thread) submits the requests, blocks until each has finished, and returns one
 ``Finished`` per request, in order; keys only need to be unique within the call.
 ``close()`` stops the thread after the work in hand. If the engine itself raises (a
@@ -21,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -37,8 +52,15 @@ class EngineStopped(RuntimeError):
 class EngineService:
     """One engine stepping on a background thread (see the module docstring)."""
 
-    def __init__(self, engine: Engine, name: str = "longdoc-engine") -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | Callable[[], Engine], name: str = "longdoc-engine") -> None:
+        self.engine: Engine  # set here, or by build() on the thread before __init__ returns
+        self._build: Callable[[], Engine] | None = None
+        if isinstance(engine, Engine):
+            self.engine = engine
+        else:
+            self._build = engine
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
         self._cond = threading.Condition()
         self._inbox: list[tuple[Request, Future]] = []
         self._futures: dict[object, Future] = {}
@@ -49,8 +71,12 @@ class EngineService:
         # with OpenMP's default from OMP_NUM_THREADS (Ray sets it for its workers), so a
         # 2-thread actor would run its matmuls on one thread (measured: 2x slower prefill).
         self._torch_threads = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            self._thread.join()
+            raise self._build_error
 
     def generate(self, requests: Sequence[Request]) -> list[Finished]:
         """Submit ``requests``, wait for all of them; their Finished, in order, keys as given."""
@@ -76,8 +102,20 @@ class EngineService:
             self._cond.notify()
         self._thread.join(timeout)
 
-    def _loop(self) -> None:
+    def _run(self) -> None:
         torch.set_num_threads(self._torch_threads)  # per thread for OpenMP (see __init__)
+        try:
+            if self._build is not None:
+                self.engine = self._build()
+        except BaseException as e:  # noqa: BLE001 - the constructor raises it
+            self._build_error = e
+            return
+        finally:
+            self._build = None
+            self._built.set()
+        self._loop()
+
+    def _loop(self) -> None:
         engine = self.engine
         try:
             while True:
