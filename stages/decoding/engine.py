@@ -59,7 +59,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from stages.decoding.adaptive import AcceptanceModel, DraftLengths, StepCost, Tuning, choose_width
+from stages.decoding.adaptive import (
+    AcceptanceModel,
+    DraftLengths,
+    StepCost,
+    Tuning,
+    choose_width,
+    explore_width,
+)
 from stages.decoding.backends import StepBackend, backend_for
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
@@ -570,16 +577,14 @@ class Engine:
             return props, levels
         self._draft_steps += 1
         widths = self.backend.widths(self.k_max)
-        longest = max(map(len, props))
+        remaining = [cfg.max_new_tokens - len(row.result.tokens) for row in active]
+        width = choose_width(
+            [len(p) for p in props], levels, self.acceptance, self.cost, self.tuning.min_gain, remaining,
+            candidates=widths, fed_rows=self.backend.batch(len(active), self.cache.slots),
+            refilling=bool(self.scheduler.queue) or self.filling is not None,
+        )
         if self.tuning.explore_every and self._draft_steps % self.tuning.explore_every == 0:
-            width = self.backend.width(1 + longest, self.k_max)  # explore (see Tuning.explore_every)
-        else:
-            remaining = [cfg.max_new_tokens - len(row.result.tokens) for row in active]
-            width = choose_width(
-                [len(p) for p in props], levels, self.acceptance, self.cost, self.tuning.min_gain, remaining,
-                candidates=widths, fed_rows=self.backend.batch(len(active), self.cache.slots),
-                refilling=bool(self.scheduler.queue) or self.filling is not None,
-            )
+            width = explore_width(width, max(map(len, props)), widths)  # see Tuning.explore_every
         return [p[: width - 1] for p in props], levels
 
     def _seeds(self, seeds: list[int]) -> torch.Tensor:

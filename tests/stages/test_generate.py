@@ -330,3 +330,30 @@ def test_slots_and_memory_are_checked_in_the_spec(method_env):
         spec_from_dict({**spec, "generation": {**spec["generation"], "engine": "dynamic"}})
     ok = spec_from_dict({**spec, "resources": {**spec["resources"], "batch_size": 4, "decode_slots": 64}})
     assert ok.resources.decode_slots == 64  # slots may exceed a batch: several batches share them
+
+
+def test_the_model_loads_and_every_forward_runs_on_the_engine_thread(tiny_model_dir, tokenizer, monkeypatch):
+    """torch's OpenMP work on two threads costs a CPU forward pass ~15% (stages/decoding/
+    service.py): the stage loads its model on the engine's thread, not the caller's, and
+    every forward pass (prefill and steps) runs there too."""
+    import stages.model_loading as model_loading
+
+    where: list[tuple[str, int]] = []
+    real_load = model_loading.load_causal_lm
+
+    def load(*args, **kwargs):
+        model, tok = real_load(*args, **kwargs)
+        where.append(("load", threading.get_ident()))
+        # The engine's view is a copy of the model that keeps its hooks (forward.decode_view).
+        model.get_input_embeddings().register_forward_pre_hook(
+            lambda *_: where.append(("forward", threading.get_ident()))
+        )
+        return model, tok
+
+    monkeypatch.setattr(model_loading, "load_causal_lm", load)
+    stage = GenerateStage(_spec(tiny_model_dir, max_new_tokens=3))
+    out = batch_to_rows(stage(rows_to_batch([_request(0, tokenizer, "a document about rivers")])))
+    stage.service.close(timeout=60)
+    assert out[0]["error"] is None
+    assert [w for w, _ in where[:1]] == ["load"] and any(w == "forward" for w, _ in where)
+    assert len({ident for _, ident in where}) == 1 and where[0][1] != threading.get_ident()

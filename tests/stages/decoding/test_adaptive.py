@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from stages.decoding.adaptive import AcceptanceModel, DraftLengths, StepCost, Tuning, choose_width
+from stages.decoding.adaptive import (
+    AcceptanceModel,
+    DraftLengths,
+    StepCost,
+    Tuning,
+    choose_width,
+    explore_width,
+)
 
 
 def test_draft_length_grows_shrinks_pauses_and_probes():
@@ -139,3 +146,12 @@ def test_acceptance_is_learned_per_source_level():
         am.update(("outputs", 3), drafted=4, accepted=0)
     assert am.rates(("prompt", 3))[0] > 0.9 > 0.1 > am.rates(("outputs", 3))[0]
     assert am.expected(("outputs", 0), 4) == 0.0  # no match, no draft value
+
+
+def test_an_exploring_width_is_the_next_one_past_the_choice_within_the_longest_draft():
+    assert [explore_width(c, longest=7) for c in (1, 3, 7, 8)] == [2, 4, 8, 8]
+    assert explore_width(1, longest=0) == 1  # no draft to feed: nothing to explore
+    buckets = (1, 2, 4, 8, 16)
+    assert [explore_width(c, longest=7, candidates=buckets) for c in (1, 2, 4, 8)] == [2, 4, 8, 8]
+    assert explore_width(4, longest=3, candidates=buckets) == 4  # 4 already holds the longest draft
+    assert explore_width(8, longest=12, candidates=buckets) == 16

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from schemas.output import mean_accepted_per_step
+from stages.decoding.adaptive import Tuning
 from stages.decoding.config import DecodeConfig
 from stages.decoding.engine import Engine, KvBudgetExceeded, Request
 from stages.decoding.memory import KvBudget
@@ -85,6 +86,39 @@ def test_adaptive_drafting_keeps_greedy_output(tiny_model, prompts, plain_runs):
     out = Engine(tiny_model, cfg, slots=4, expected_tokens=16).run(_requests(prompts, lookups))
     assert [o.result.tokens for o in out] == plain_runs
     assert sum(o.result.draft_tokens - o.result.accepted_tokens for o in out) > 0  # rejections happened
+
+
+def test_an_exploring_step_is_one_width_past_the_models_choice(tiny_model, prompts, plain_runs, monkeypatch):
+    """Tuning.explore_every: the widest step costs several ordinary ones on a CPU; exploring
+    one width past choose_width's choice keeps the models learning for far less."""
+    import stages.decoding.engine as engine_module
+
+    events: list[tuple[str, int]] = []
+    real_choose = engine_module.choose_width
+
+    def choose(*args, **kwargs):
+        width = real_choose(*args, **kwargs)
+        events.append(("chosen", width))
+        return width
+
+    monkeypatch.setattr(engine_module, "choose_width", choose)
+    noise = torch.Generator().manual_seed(8)
+    lookups = [p + torch.randint(3, 2000, (30,), generator=noise).tolist() + p for p in prompts]  # long drafts, rejected
+    cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS, speculative="prompt_lookup", num_draft_tokens=8)
+    eng = Engine(tiny_model, cfg, slots=4, expected_tokens=16, tuning=Tuning(explore_every=1))
+    real_greedy = eng.step_fn.greedy
+
+    def greedy(feed, n_fed, span=None):
+        events.append(("fed", feed.shape[1]))
+        return real_greedy(feed, n_fed, span)
+
+    monkeypatch.setattr(eng.step_fn, "greedy", greedy)
+    out = eng.run(_requests(prompts, lookups))
+    assert [o.result.tokens for o in out] == plain_runs
+    pairs = [(events[i][1], events[i + 1][1]) for i in range(len(events) - 1)
+             if events[i][0] == "chosen" and events[i + 1][0] == "fed"]
+    assert pairs and all(fed <= chosen + 1 for chosen, fed in pairs)  # every drafting step explored
+    assert any(fed == chosen + 1 for chosen, fed in pairs)
 
 
 def test_later_requests_join_while_earlier_ones_decode(tiny_model, prompts, plain_runs):

@@ -80,3 +80,35 @@ def test_the_engine_thread_runs_with_the_creators_torch_thread_count(tiny_model,
     finally:
         service.close()
     assert calls == [("engine-under-test", before)]
+
+
+def test_a_service_given_a_builder_builds_and_steps_its_engine_on_its_own_thread(tiny_model, prompts, monkeypatch):
+    """OpenMP teams on two threads slow every CPU forward pass (service.py): the builder's
+    torch work (model load, warm-up) and every step run on the service's one thread."""
+    where: list[tuple[str, int]] = []
+    cfg = DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS)
+
+    def build() -> Engine:
+        where.append(("build", threading.get_ident()))
+        return Engine(tiny_model, cfg, slots=2, expected_tokens=48)
+
+    service = EngineService(build)
+    real_step = service.engine.step
+    monkeypatch.setattr(service.engine, "step", lambda: (where.append(("step", threading.get_ident())), real_step())[1])
+    try:
+        out = service.generate([Request(key=0, parts=PromptParts([], prompts[0], []), lookup_ids=prompts[0])])
+    finally:
+        service.close(timeout=60)
+    assert out[0].error is None and len(out[0].result.tokens) == 4
+    assert {w for w, _ in where} == {"build", "step"}
+    assert len({ident for _, ident in where}) == 1 and where[0][1] != threading.get_ident()
+
+
+def test_a_builder_that_raises_fails_the_constructor_with_its_error():
+    def build() -> Engine:
+        raise ValueError("generate: the decode engine cannot run 'x' on cpu")
+
+    threads_before = threading.active_count()
+    with pytest.raises(ValueError, match="cannot run 'x'"):
+        EngineService(build, name="engine-that-never-was")
+    assert threading.active_count() == threads_before  # its thread has ended
