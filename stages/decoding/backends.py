@@ -160,7 +160,7 @@ class CpuBackend(StepBackend):
 
     def warm_up(self) -> None:
         """Measure (or read from the disk cache) the kernel plan and route the view; build or
-        load the decode attention kernel (cpu_attention.py: ~0.5 s once per machine), so no
+        load the CPU attention kernels (cpu_attention.py: ~0.5 s once per machine), so no
         step's measured cost includes it; once."""
         if self._ready:
             return
@@ -187,7 +187,7 @@ class CpuBackend(StepBackend):
             plan = f"linear plan {routed or 'stock kernels everywhere'}"
         return (
             f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}, "
-            f"decode attention {cpu_attention.status()}"
+            f"attention {cpu_attention.status()}"
         )
 
 

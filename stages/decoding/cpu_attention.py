@@ -1,4 +1,5 @@
-"""Decode-step attention on CPU through a kernel of our own (cpu_attention.c): ``attend``.
+"""CPU attention through kernels of our own (cpu_attention.c): ``attend`` (decode steps)
+and ``attend_causal`` (prefill chunks).
 
 Why: on CPU a decode step's attention reads every active row's keys and values once;
 SDPA's flash kernel does that at about half the machine's DRAM rate, and it is most of a
@@ -16,6 +17,16 @@ SDPA with that mask, softmax in float32 (within a few float32 ulps of SDPA, not 
 bit: another summation order). It returns None when the kernel is not in use (see
 ``status``), the inputs are outside its contract, or ``R`` exceeds ``MAX_QUERY_ROWS`` of
 its dtype (wide verify steps, where SDPA is faster); the caller then runs SDPA.
+
+Prefill chunks: a prefill's attention is compute-bound, and SDPA's causal flash kernel runs
+it at about half the rate of the model's matrix products. ``attend_causal(query, key,
+value, scale)`` with query ``[1, Hq, T, D]`` (any strides, last axis contiguous; the chunk's
+T tokens sit at positions ``S - T .. S - 1``) and key/value ``[1, Hkv, S, D]`` returns the
+causal attention ``[1, T, Hq, D]`` contiguous (query t sees keys ``j <= S - T + t``),
+float32 only, ``D`` a multiple of 16 up to 128, or None (SDPA's turn). Measured on the
+embedded model's shapes (9/3 heads of 64, two threads, 2026-11-27, Xeon), kernel against
+SDPA: a first chunk of 1,060 tokens 7.5 / 9.9 ms a layer; 512 tokens after 548 cached
+(SDPA with a mask) 5.5 / 8.7 ms. Within ~5e-7 of SDPA (another summation order).
 
 Build: the C source is compiled once per machine by the system C compiler (``$CC``,
 else ``cc``; ~0.5 s) with ``-O3 -march=native -fopenmp`` into
@@ -95,7 +106,7 @@ def build_library() -> ctypes.CDLL:
     Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
     cc = _compiler()
     if cc is None:
-        raise RuntimeError("no C compiler: set CC or install gcc for the decode attention kernel")
+        raise RuntimeError("no C compiler: set CC or install gcc for the CPU attention kernels")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(
         "\0".join([SOURCE.read_text(encoding="utf-8"), version, " ".join(FLAGS), _cpu_signature()]).encode()
@@ -110,6 +121,8 @@ def build_library() -> ctypes.CDLL:
     lib.ld_fast_path.restype = ctypes.c_int
     lib.ld_attend.restype = ctypes.c_int
     lib.ld_attend.argtypes = [ptr] * 5 + [i64] * 13 + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.ld_attend_causal.restype = ctypes.c_int
+    lib.ld_attend_causal.argtypes = [ptr] * 4 + [i64] * 13 + [ctypes.c_float, ctypes.c_int]
     return lib
 
 
@@ -118,14 +131,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("LONGDOC_CPU_ATTENTION", "kernel") == "sdpa":
         return None, "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
     if _compiler() is None:
-        return None, "SDPA (no C compiler: set CC or install gcc to build the decode attention kernel)"
+        return None, "SDPA (no C compiler: set CC or install gcc to build the CPU attention kernels)"
     try:
         lib = build_library()
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return None, f"SDPA (the decode attention kernel did not build or load: {e})"
+        return None, f"SDPA (the CPU attention kernels did not build or load: {e})"
     if not lib.ld_fast_path():
         return None, "SDPA (no AVX-512 on this CPU: the portable kernel is not faster than SDPA)"
-    return lib, "kernel (AVX-512)"
+    return lib, "kernels (AVX-512)"
 
 
 @functools.cache
@@ -136,7 +149,7 @@ def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
     # A compiler that fails is worth a warning (the user has one and expects the kernel);
     # the other fallbacks are the machine's or the user's choice.
     failed = choice[0] is None and "did not build or load" in choice[1]
-    log.log(logging.WARNING if failed else logging.INFO, "CPU decode attention: %s", choice[1])
+    log.log(logging.WARNING if failed else logging.INFO, "CPU attention: %s", choice[1])
     return choice
 
 
@@ -146,7 +159,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """What CPU decode steps attend with: 'kernel (AVX-512)' or 'SDPA (why)'."""
+    """What CPU decode steps and prefill chunks attend with: 'kernels (AVX-512)' or 'SDPA (why)'."""
     return _kernel_choice()[1]
 
 
@@ -194,3 +207,38 @@ def attend(
     ):
         return None
     return run_kernel(query, key, value, mask, scale, lib)
+
+
+def attend_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Causal attention of a prefill chunk by the kernel (module contract), or None: use SDPA."""
+    lib = library()
+    if (
+        lib is None
+        or query.device.type != "cpu"
+        or not (query.dtype == key.dtype == value.dtype == torch.float32)
+        or query.dim() != 4
+        or query.shape[0] != 1
+        or key.shape[0] != 1
+        or query.shape[1] % key.shape[1]
+        or query.shape[2] > key.shape[2]
+        or query.shape[3] % 16
+        or query.shape[3] > 128
+        or value.shape[3] != query.shape[3]
+        or key.shape[3] != query.shape[3]
+        or query.stride(-1) != 1
+        or key.stride(-1) != 1
+        or value.stride(-1) != 1
+        or query.requires_grad
+    ):
+        return None
+    _, hq, t, d = query.shape
+    hkv, s = key.shape[1], key.shape[2]
+    out = torch.empty((1, t, hq, d), dtype=torch.float32)
+    rc = lib.ld_attend_causal(
+        query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
+        hkv, hq // hkv, t, s - t, d, query.stride(1), query.stride(2), key.stride(1), key.stride(2),
+        value.stride(1), value.stride(2), out.stride(1), out.stride(2), float(scale), torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise MemoryError("the CPU causal attention kernel could not allocate its scratch memory")
+    return out

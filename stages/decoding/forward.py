@@ -76,6 +76,12 @@ def packed_gqa_sdpa(
         # transformers builds no mask for an attention name it does not know: the
         # causal mask of T new queries over S keys (a prefill chunk; decode steps pass their own).
         s = key.shape[2]
+        if query.device.type == "cpu" and not torch.compiler.is_compiling():
+            # Our causal kernel (cpu_attention.py: ~25% faster than SDPA's causal kernel on a
+            # first chunk, ~35% than SDPA with a mask on later ones); None = float32 only etc.
+            out = cpu_attention.attend_causal(query, key, value, d**-0.5 if scaling is None else scaling)
+            if out is not None:
+                return out, None
         if s == t:
             # A first chunk: plain causal attention. SDPA's causal kernel with grouped
             # heads needs no mask tensor (CPU: 35 vs 51-60 ms per layer at T = 1060 on

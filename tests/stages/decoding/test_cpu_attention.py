@@ -1,5 +1,5 @@
-"""The CPU decode attention kernel (stages/decoding/cpu_attention.py, .c): SDPA's results,
-only the keys a row sees, and SDPA whenever the kernel is not in use."""
+"""The CPU attention kernels (stages/decoding/cpu_attention.py, .c): SDPA's results for decode steps and
+causal prefill chunks, only the keys a row sees, and SDPA whenever a kernel is not in use."""
 
 from __future__ import annotations
 
@@ -161,3 +161,78 @@ def test_inputs_outside_the_contract_go_to_sdpa(fresh_kernel):
         narrow = wide[:, : width - 1]
         ran = cpu_attention.attend(qd.repeat(1, 1, width - 1, 1), kd[:, :, :50], vd[:, :, :50], narrow, 0.125)
         assert (ran is not None) == in_use
+
+
+def _chunk(hq, hkv, d, t, cached, capacity, seed=0):
+    """A prefill chunk as the model makes it: queries [1, Hq, T, D] as a transposed view of
+    [1, T, Hq, D], keys/values [1, Hkv, S = cached + T, D] as the slot cache's first S slots."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, t, hq, d, generator=gen).transpose(1, 2)
+    k = torch.randn(1, hkv, capacity, d, generator=gen)[:, :, : cached + t]
+    v = torch.randn(1, hkv, capacity, d, generator=gen)[:, :, : cached + t]
+    return q, k, v
+
+
+def _causal_sdpa(q, k, v):
+    """SDPA of a chunk whose T queries sit at the last T of S positions -> [1, T, Hq, D]."""
+    t, s = q.shape[2], k.shape[2]
+    mask = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+CHUNKS = [  # (query heads, KV heads, head size, chunk tokens, tokens cached before it, capacity)
+    (9, 3, 64, 300, 0, 320),  # the embedded model's first chunk
+    (9, 3, 64, 37, 50, 100),  # a later chunk: keys before it, SDPA needs a mask there
+    (32, 8, 128, 40, 9, 64),  # Llama-8B's heads
+    (4, 4, 32, 17, 0, 20),  # no grouping
+    (6, 2, 16, 1, 5, 8),  # one token; the tiny test models' head size
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", CHUNKS, ids=lambda s: "x".join(map(str, s)))
+def test_the_causal_kernel_gives_sdpas_results(fresh_kernel, shape):
+    if cpu_attention.library() is None:
+        pytest.skip(cpu_attention.status())
+    q, k, v = _chunk(*shape)
+    out = cpu_attention.attend_causal(q, k, v, q.shape[-1] ** -0.5)
+    assert out is not None and out.shape == (1, shape[3], shape[0], shape[2]) and out.is_contiguous()
+    torch.testing.assert_close(out, _causal_sdpa(q, k, v), atol=3e-6, rtol=0)
+
+
+@needs_compiler
+def test_a_query_never_sees_a_later_key(fresh_kernel):
+    """NaN in every key and value past the chunk's last token, and in the second half of the
+    chunk's own keys/values: the first half of the queries must stay finite."""
+    if cpu_attention.library() is None:
+        pytest.skip(cpu_attention.status())
+    q, clean_k, clean_v = _chunk(9, 3, 64, 40, 10, 64)
+    k, v = clean_k.clone(), clean_v.clone()
+    k[:, :, 30:], v[:, :, 30:] = float("nan"), float("nan")
+    out = cpu_attention.attend_causal(q, k, v, 0.125)
+    assert torch.isfinite(out[:, :20]).all() and torch.isnan(out[:, 20:]).all()
+    torch.testing.assert_close(out[:, :20], _causal_sdpa(q, clean_k, clean_v)[:, :20], atol=3e-6, rtol=0)
+
+
+def test_prefill_chunks_attend_through_the_causal_kernel_where_it_is_built(fresh_kernel):
+    """forward.packed_gqa_sdpa without a mask (a prefill chunk): the kernel's result when in use."""
+    q, k, v = _chunk(9, 3, 64, 37, 50, 100)
+    out, _ = packed_gqa_sdpa(torch.nn.Module(), q, k, v, None, scaling=0.125)
+    torch.testing.assert_close(out, _causal_sdpa(q, k, v), atol=3e-6, rtol=0)
+    mine = cpu_attention.attend_causal(q, k, v, 0.125)
+    assert (mine is not None) == (cpu_attention.library() is not None)
+    if mine is not None:
+        assert torch.equal(out, mine)
+
+
+def test_chunks_outside_the_causal_kernels_contract_go_to_sdpa(fresh_kernel, monkeypatch):
+    q, k, v = _chunk(9, 3, 64, 8, 4, 16)
+    assert cpu_attention.attend_causal(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125) is None
+    assert cpu_attention.attend_causal(*_chunk(4, 2, 40, 8, 0, 8), 0.125) is None  # head size not a multiple of 16
+    assert cpu_attention.attend_causal(*_chunk(2, 1, 256, 8, 0, 8), 0.125) is None  # head size over 128
+    two = [torch.cat([x, x]) for x in (q, k, v)]
+    assert cpu_attention.attend_causal(*two, 0.125) is None  # two sequences
+    monkeypatch.setenv("LONGDOC_CPU_ATTENTION", "sdpa")
+    cpu_attention._kernel_choice.cache_clear()
+    assert cpu_attention.attend_causal(q, k, v, 0.125) is None

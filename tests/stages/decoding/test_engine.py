@@ -105,7 +105,9 @@ def test_an_exploring_step_is_one_width_past_the_models_choice(tiny_model, promp
     noise = torch.Generator().manual_seed(8)
     lookups = [p + torch.randint(3, 2000, (30,), generator=noise).tolist() + p for p in prompts]  # long drafts, rejected
     cfg = DecodeConfig(max_new_tokens=24, eos_ids=NO_EOS, speculative="prompt_lookup", num_draft_tokens=8)
-    eng = Engine(tiny_model, cfg, slots=4, expected_tokens=16, tuning=Tuning(explore_every=1))
+    # min_gain out of reach: the models always choose plain decoding (width 1), whatever the
+    # measured step costs, and every drafting step explores.
+    eng = Engine(tiny_model, cfg, slots=4, expected_tokens=16, tuning=Tuning(explore_every=1, min_gain=1e9))
     real_greedy = eng.step_fn.greedy
 
     def greedy(feed, n_fed, span=None):
@@ -117,8 +119,7 @@ def test_an_exploring_step_is_one_width_past_the_models_choice(tiny_model, promp
     assert [o.result.tokens for o in out] == plain_runs
     pairs = [(events[i][1], events[i + 1][1]) for i in range(len(events) - 1)
              if events[i][0] == "chosen" and events[i + 1][0] == "fed"]
-    assert pairs and all(fed <= chosen + 1 for chosen, fed in pairs)  # every drafting step explored
-    assert any(fed == chosen + 1 for chosen, fed in pairs)
+    assert pairs and all((chosen, fed) == (1, 2) for chosen, fed in pairs)  # not 1 + the longest draft (up to 9)
 
 
 def test_later_requests_join_while_earlier_ones_decode(tiny_model, prompts, plain_runs):
