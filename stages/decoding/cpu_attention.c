@@ -79,9 +79,14 @@ static inline void load_row(__m512* dst, const char* row, int64_t dim, int64_t e
     for (int64_t c = 0; c < dim / 16; ++c) dst[c] = load16(row + c * 16 * esz, bf16, 0xFFFF);
 }
 
+/* Of lanes j..j+15, those below n (none when j >= n). */
+static inline __mmask16 lanes_below(int64_t n, int64_t j) {
+    return (n - j >= 16) ? 0xFFFF : (n > j ? (__mmask16)((1u << (n - j)) - 1) : 0);
+}
+
 /* Of keys j..j+15 (those below n): which exist (*lanes) and which the query row sees (returned). */
 static inline __mmask16 seen_lanes(const uint8_t* mask_row, int64_t j, int64_t n, __mmask16* lanes) {
-    *lanes = (n - j >= 16) ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    *lanes = lanes_below(n, j);
     return _mm_mask_cmpneq_epi8_mask(*lanes, _mm_maskz_loadu_epi8(*lanes, mask_row + j), _mm_setzero_si128());
 }
 
@@ -317,13 +322,13 @@ int ld_attend_causal(const float* q, const float* k, const float* v, float* out,
                 float* s = sc + r * ls;
                 __m512 mx = _mm512_set1_ps(-INFINITY);
                 for (int64_t j = 0; j < nv; j += 16) {
-                    __mmask16 m = (nv - j >= 16) ? 0xFFFF : (__mmask16)((1u << (nv - j)) - 1);
+                    const __mmask16 m = lanes_below(nv, j);
                     mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + j));
                 }
                 const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
                 __m512 sum = _mm512_setzero_ps();
                 for (int64_t j = 0; j < pn * 16; j += 16) {
-                    __mmask16 m = (nv - j >= 16) ? 0xFFFF : (nv > j ? (__mmask16)((1u << (nv - j)) - 1) : 0);
+                    const __mmask16 m = lanes_below(nv, j);
                     __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top)));
                     _mm512_storeu_ps(s + j, e);
                     sum = _mm512_add_ps(sum, e);
