@@ -25,17 +25,26 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1 (from the kernel's ephemeral range, so
+    outside Ray's worker port range).
+
+    Every socket stays bound until all are picked: a port released and asked for again at
+    once can come back, and `ray start` refuses two components on one port (CI saw the
+    dashboard agent and the runtime-env agent both given 50421).
+    """
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 @dataclass(frozen=True)
@@ -97,12 +106,12 @@ class _StartTimedOut(RuntimeError):
 def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None) -> Iterator[RayHead]:
     # Unix socket paths under the temp dir must stay short (< 108 bytes).
     temp_dir = Path(tempfile.mkdtemp(prefix="ldray", dir="/tmp"))
-    gcs_port, dash_port = free_port(), free_port()
+    gcs_port, dash_port, client_port, agent_port = free_ports(4)
     cmd = [
         str(VENV_BIN / "ray"), "start", "--head", "--block",
         f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
-        f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+        f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={agent_port}",
         f"--num-cpus={num_cpus}", "--object-store-memory=300000000",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]
@@ -210,13 +219,14 @@ def ray_worker(
     """
     temp_dir = Path(tempfile.mkdtemp(prefix="ldwrk", dir="/tmp"))
     resources = dict(resources or {})
+    node_port, object_port, agent_port, agent_grpc_port, runtime_env_port, metrics_port = free_ports(6)
     cmd = [
         str(VENV_BIN / "ray"), "start", f"--address={head.gcs_address}", "--block",
         "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
         f"--resources={json.dumps(resources)}", "--object-store-memory=200000000",
-        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+        f"--node-manager-port={node_port}", f"--object-manager-port={object_port}",
+        f"--dashboard-agent-listen-port={agent_port}", f"--dashboard-agent-grpc-port={agent_grpc_port}",
+        f"--runtime-env-agent-port={runtime_env_port}", f"--metrics-export-port={metrics_port}",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
         f"--labels={json.dumps({'longdoc-test-node': temp_dir.name})}",  # how the GCS names it
     ]
