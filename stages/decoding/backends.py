@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from stages.decoding import cpu_attention
+from stages.decoding import cpu_attention, cpu_linear
 from stages.decoding.adaptive import default_cost_prior, step_indicator
 from stages.decoding.forward import decode_view
 from stages.decoding.linear_plan import LinearPlan, plan_for, route_linears
@@ -183,8 +183,7 @@ class CpuBackend(StepBackend):
         if self.plan is None:
             plan = "stock kernels (no plan)"
         else:
-            routed = {m: r for m, r in self.plan.routes.items() if r != ("xwt", m)}
-            plan = f"linear plan {routed or 'stock kernels everywhere'}"
+            plan = f"linear plan {{{self.plan.describe()}}} (packed kernel: {cpu_linear.status()})"
         return (
             f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}, "
             f"attention {cpu_attention.status()}"

@@ -28,15 +28,9 @@ embedded model's shapes (9/3 heads of 64, two threads, 2026-11-27, Xeon), kernel
 SDPA: a first chunk of 1,060 tokens 7.5 / 9.9 ms a layer; 512 tokens after 548 cached
 (SDPA with a mask) 5.5 / 8.7 ms. Within ~5e-7 of SDPA (another summation order).
 
-Build: the C source is compiled once per machine by the system C compiler (``$CC``,
-else ``cc``; ~0.5 s) with ``-O3 -march=native -fopenmp`` into
-``cache_dir()/kernels/<hash>.so``; the hash covers the source, the compiler's version,
-the flags and the CPU's model and flags, so a cache shared by other machines never
-serves a binary this CPU cannot run. It is written under a temporary name and renamed
-(concurrent actors never load half a file). The library names OpenMP by its soname
-(libgomp.so.1), which resolves to the copy torch has loaded: its threads are torch's.
-The kernel is used only where it was built with AVX-512 (the fast path measured above);
-elsewhere, without a compiler, or with ``LONGDOC_CPU_ATTENTION=sdpa`` (e.g. to compare),
+Build: the C source is compiled once per machine and cached (native.py: ``-O3
+-march=native -fopenmp``; its OpenMP threads are torch's). The kernel is used only where it
+was built with AVX-512 (the fast path measured above); elsewhere, without a compiler, or with ``LONGDOC_CPU_ATTENTION=sdpa`` (e.g. to compare),
 SDPA runs and ``status()`` says why (also in the engine's description line).
 """
 
@@ -44,21 +38,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import torch
 
+from stages.decoding import native
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 # Query rows per KV head (heads sharing it x step width) up to which the kernel is faster:
 # it computes each row's scores one by one, SDPA in blocks, so past a few rows the kernel's
 # arithmetic, not the memory it reads, sets its time. 8 rows of ~1,100 keys, 30 layers,
@@ -70,53 +61,11 @@ MAX_QUERY_ROWS = {torch.float32: 16, torch.bfloat16: 9}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-def _cpu_signature() -> str:
-    """The CPU's model name and feature flags (what -march=native compiles for)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compiler() -> str | None:
-    cc = os.environ.get("CC") or "cc"
-    return shutil.which(cc)
-
-
-def _build(cc: str, target: Path) -> None:
-    """Compile SOURCE into ``target`` (atomically: a temporary file renamed)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        proc = subprocess.run(
-            [cc, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=120
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
-        tmp.replace(target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def build_library() -> ctypes.CDLL:
-    """The kernel library, compiled into the cache on first use (see the module doc).
+    """The kernel library, compiled into the cache on first use (native.py).
 
     Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler: set CC or install gcc for the CPU attention kernels")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(encoding="utf-8"), version, " ".join(FLAGS), _cpu_signature()]).encode()
-    ).hexdigest()[:16]
-    from stages.model_loading import cache_dir
-
-    target = cache_dir() / "kernels" / f"cpu_attention-{key}.so"
-    if not target.is_file():
-        _build(cc, target)
-    lib = ctypes.CDLL(str(target))
+    lib = native.load_library(SOURCE)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.ld_fast_path.restype = ctypes.c_int
     lib.ld_attend.restype = ctypes.c_int
@@ -130,7 +79,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     """(library, status) when decode steps should use the kernel; (None, why not) otherwise."""
     if os.environ.get("LONGDOC_CPU_ATTENTION", "kernel") == "sdpa":
         return None, "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
-    if _compiler() is None:
+    if native.compiler() is None:
         return None, "SDPA (no C compiler: set CC or install gcc to build the CPU attention kernels)"
     try:
         lib = build_library()

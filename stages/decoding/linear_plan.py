@@ -9,7 +9,10 @@ took 39 ms at M = 1 and 68 ms at M = 2. The same product computed as ``(W @ x^T)
 be cheaper, often costs a fraction of that; which kernel wins depends on the BLAS
 build and the CPU. Speculative verification and small batches pay this on every
 step, so we time the candidates once on the model's linear stack and route each
-``M`` to the winner.
+``M`` to the winner. A third candidate, where it is built (cpu_linear.py), is our own
+kernel over weights packed once: from a few rows up to a few hundred it beats both BLAS
+orders (M = 39: ~55-72 against ~74-93 ms for the embedded model's body linears), so it is
+probed up to ``PACKED_MAX_M`` and routes every M it wins.
 
 Contract:
 - ``plan_for(model, device, clock)`` returns the ``LinearPlan`` for this model
@@ -19,7 +22,8 @@ Contract:
   ``$LONGDOC_CACHE/linear_plans`` keyed by CPU, torch version, threads and weight
   shapes, so an actor pays it once per machine. Nothing is kept in the process: the
   step backend that asked holds the plan (cpu_backend.py).
-- ``LinearPlan.routes``: M -> (kernel, padded M), kernel ``"xwt"`` (stock) or ``"wxt"``;
+- ``LinearPlan.routes``: M -> (kernel, padded M), kernel ``"xwt"`` (stock), ``"wxt"``
+  (M <= ``ROUTE_MAX_M``) or ``"packed"`` (M <= ``PACKED_MAX_M``);
   ``LinearPlan.cost(M)``: measured seconds of the linear stack at M under the plan
   (interpolated between measured points, extrapolated linearly past the last).
 - ``route_linears(view, plan)``: turns every plain ``nn.Linear`` of ``view`` into a
@@ -27,7 +31,10 @@ Contract:
   routed M; the result is the same product (float rounding may differ in the last
   bits, as with any change of BLAS kernel; zero padding rows never touch real rows).
   It edits the modules it is given, so it is only ever applied to a backend's own
-  ``forward.decode_view`` copy, never to the caller's model.
+  ``forward.decode_view`` copy, never to the caller's model. A plan with packed routes
+  gives each routed layer a packed copy of its weight (memory: one more copy of the linear
+  weights, so calibration leaves the packed kernel out when that copy would take more than
+  a quarter of the available RAM).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from stages.decoding import cpu_linear
+
 log = logging.getLogger(__name__)
 
 # Token counts we route; larger M are BLAS's home ground. Routing up to 128 was measured
@@ -51,9 +60,12 @@ log = logging.getLogger(__name__)
 # to the stock kernel padded to 40, and steps cost the same as with the stock kernel alone
 # (264-326 ms either way, four alternations), for 13 s of calibration instead of a few.
 ROUTE_MAX_M = 16
-_PROBE_MS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
+# The packed kernel is probed and routed up to here: a CPU step of 39 rows x a width of a
+# few tokens lands in the hundreds; at 256 rows the BLAS was already level with it.
+PACKED_MAX_M = 256
+_PROBE_MS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 _MIN_WEIGHT_BYTES = 32 << 20  # below this (test models) the weights sit in cache: nothing to win
-_PLAN_VERSION = 2  # bump when calibration changes: cached plans are then re-measured
+_PLAN_VERSION = 3  # bump when calibration changes: cached plans are then re-measured
 _PAD_MARGIN = 0.97  # leave the stock choice only when another is clearly cheaper (timing noise)
 
 
@@ -80,6 +92,21 @@ class LinearPlan:
         """``cost(m) / cost(1) - 1``: the step-cost feature adaptive.StepCost fits."""
         return self.cost(m) / self.cost(1) - 1.0
 
+    def describe(self) -> str:
+        """The routes that are not the stock kernel, as M ranges: '2-3: wxt, 9-16: packed'
+        (padded routes say 'padded to M\'')."""
+        parts: list[tuple[int, int, str]] = []
+        for m in sorted(self.routes):
+            kernel, padded = self.routes[m]
+            if (kernel, padded) == ("xwt", m):
+                continue
+            what = kernel if padded == m else f"{kernel} padded to {padded}"
+            if parts and parts[-1][1] == m - 1 and parts[-1][2] == what:
+                parts[-1] = (parts[-1][0], m, what)
+            else:
+                parts.append((m, m, what))
+        return ", ".join(f"{a}{'' if a == b else f'-{b}'}: {what}" for a, b, what in parts) or "stock kernels everywhere"
+
     def to_json(self) -> dict:
         return {"routes": {str(m): list(r) for m, r in self.routes.items()},
                 "times": {str(m): t for m, t in self.times.items()}}
@@ -98,48 +125,85 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     ]
 
 
-def _matmul(kernel: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, in] (row-major), w [out, in] -> [M, out] (row-major)."""
+def _matmul(kernel: str, x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, in] (row-major), w [out, in] -> [M, out] (row-major); ``packed``: w packed
+    by cpu_linear.pack (kernel "packed" only)."""
     if kernel == "wxt":
         return torch.mm(w, x.t()).t().contiguous()
+    if kernel == "packed":
+        return cpu_linear.linear(x, packed, w.shape[0])
     return F.linear(x, w)
 
 
 @torch.inference_mode()
 def _time_stack(
-    weights: list[torch.Tensor], m: int, kernel: str, clock: Callable[[], float], reps: int = 3
+    weights: list[torch.Tensor], m: int, kernel: str, clock: Callable[[], float], reps: int = 3,
+    packs: list[torch.Tensor] | None = None,
 ) -> float:
     """Best-of-reps seconds to run every weight once at M = m with one kernel."""
     gen = torch.Generator().manual_seed(m)  # a private generator: the global RNG is the user's
     xs = {w.shape[1]: torch.randn(m, w.shape[1], dtype=w.dtype, generator=gen) for w in weights}
+    packs = packs or [None] * len(weights)
     best = float("inf")
     for _ in range(reps):
         t = clock()
-        for w in weights:
-            _matmul(kernel, xs[w.shape[1]], w)
+        for w, p in zip(weights, packs):
+            _matmul(kernel, xs[w.shape[1]], w, p)
         best = min(best, clock() - t)
     return best
+
+
+def _available_ram() -> int:
+    """Bytes of RAM the kernel says are available (MemAvailable); 0 where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            line = next(ln for ln in f if ln.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _packed_weights(weights: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Every weight packed for the packed kernel, or None: the kernel is not in use, a weight
+    is not float32, or one more copy of the weights would take over a quarter of the RAM."""
+    if not cpu_linear.available() or any(w.dtype != torch.float32 for w in weights):
+        return None
+    if 4 * sum(w.numel() * w.element_size() for w in weights) > _available_ram():
+        return None
+    return [cpu_linear.pack(w) for w in weights]
 
 
 def calibrate(
     model: torch.nn.Module, clock: Callable[[], float] = time.perf_counter, max_m: int = ROUTE_MAX_M
 ) -> LinearPlan:
-    """Time both kernels at every M <= max_m (and stock at larger probes); pick per M.
+    """Time the kernels at every probe M and pick per M.
 
-    Each M takes the cheapest (kernel, M') over M' >= M among the measured small
-    sizes (zero-padding to M'); the stock kernel and no padding stay unless the
-    alternative saves at least 3%.
+    Up to ``max_m``: stock, transposed and (where built) packed; each M takes the cheapest
+    (kernel, M') over M' >= M among the measured small sizes (zero-padding to M'). Past
+    ``max_m``: stock and packed (up to ``PACKED_MAX_M``); each M takes the kernel that won at
+    the first probe at or past it. The stock kernel and no padding stay unless another
+    saves at least 3%.
     """
     weights = [lin.weight.detach() for lin in _linears(model)]
+    packs = _packed_weights(weights)
     best: dict[int, tuple[float, str]] = {}
     times: dict[int, float] = {}
+    large: dict[int, str] = {}  # probes past max_m -> the kernel that won there
     for m in _PROBE_MS:
+        reps = 3 if m <= max_m else 2
+        stock = _time_stack(weights, m, "xwt", clock, reps)
+        others = {}
         if m <= max_m:
-            stock, alt = _time_stack(weights, m, "xwt", clock), _time_stack(weights, m, "wxt", clock)
-            # The other kernel must win clearly: a tie is timing noise.
-            best[m] = (alt, "wxt") if alt < _PAD_MARGIN * stock else (stock, "xwt")
+            others["wxt"] = _time_stack(weights, m, "wxt", clock, reps)
+        if packs is not None and m <= PACKED_MAX_M:
+            others["packed"] = _time_stack(weights, m, "packed", clock, reps, packs)
+        kernel = min(others, key=others.get, default="xwt")
+        # Another kernel must win clearly: a tie is timing noise.
+        won = (others[kernel], kernel) if others and others[kernel] < _PAD_MARGIN * stock else (stock, "xwt")
+        if m <= max_m:
+            best[m] = won
         else:
-            times[m] = _time_stack(weights, m, "xwt", clock, reps=2)
+            times[m], large[m] = won
     routes: dict[int, tuple[str, int]] = {}
     small = sorted(best)
     for m in range(1, max_m + 1):
@@ -150,6 +214,10 @@ def calibrate(
                 own, target = best[m2], m2
         routes[m] = (own[1], target)
         times[m] = own[0]
+    for m in range(max_m + 1, PACKED_MAX_M + 1):
+        probe = min((p for p in large if p >= m), default=None)
+        if probe is not None and large[probe] == "packed":
+            routes[m] = ("packed", m)
     return LinearPlan(routes, times)
 
 
@@ -162,7 +230,8 @@ def _plan_key(model: torch.nn.Module) -> str:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    raw = json.dumps([_PLAN_VERSION, cpu, torch.__version__, torch.get_num_threads(), shapes, len(_linears(model))])
+    raw = json.dumps([_PLAN_VERSION, cpu, torch.__version__, torch.get_num_threads(), shapes, len(_linears(model)),
+                      cpu_linear.status()])  # a plan made with the packed kernel needs it
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -208,6 +277,7 @@ class RoutedLinear(torch.nn.Linear):
     """
 
     routes: dict[int, tuple[str, int]]
+    packed: torch.Tensor | None  # the weight packed by cpu_linear.pack, where a route is "packed"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]: the stock product, by the kernel planned for M = x.numel() / in."""
@@ -219,7 +289,7 @@ class RoutedLinear(torch.nn.Linear):
         x2 = x.reshape(m, x.shape[-1]).contiguous()  # row-major: the BLAS path we timed
         if padded > m:
             x2 = torch.cat([x2, x2.new_zeros(padded - m, x2.shape[1])])
-        y = _matmul(kernel, x2, self.weight)[:m]
+        y = _matmul(kernel, x2, self.weight, self.packed)[:m]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -229,10 +299,17 @@ def route_linears(view: torch.nn.Module, plan: LinearPlan) -> int:
     """Route ``view``'s plain float linear layers by ``plan``; returns how many.
 
     ``view`` must be a decode view the caller owns (forward.decode_view): the modules
-    are changed in place (class and ``routes``), their tensors are not.
+    are changed in place (class, ``routes`` and ``packed``, a packed copy of the weight
+    where the plan routes some M to the packed kernel), their tensors are not.
     """
     lins = _linears(view)
+    uses_packed = any(kernel == "packed" for kernel, _ in plan.routes.values())
     for lin in lins:
+        packed = cpu_linear.pack(lin.weight) if uses_packed else None
         lin.__class__ = RoutedLinear
-        lin.routes = plan.routes
+        # A weight the kernel cannot take (another dtype) keeps the BLAS for those M.
+        lin.routes = plan.routes if packed is not None or not uses_packed else {
+            m: r for m, r in plan.routes.items() if r[0] != "packed"
+        }
+        lin.packed = packed
     return len(lins)

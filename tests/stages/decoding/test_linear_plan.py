@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from stages.decoding import linear_plan
+from stages.decoding import cpu_linear, linear_plan
 from stages.decoding.forward import decode_view
 from stages.decoding.linear_plan import LinearPlan, RoutedLinear, calibrate, plan_for, route_linears
 
@@ -50,11 +50,14 @@ def test_calibrate_routes_every_small_m_and_leaves_the_global_rng_alone(tiny_mod
     before = torch.get_rng_state()
     plan = calibrate(tiny_model, time.thread_time, max_m=8)
     assert torch.equal(torch.get_rng_state(), before)
-    assert sorted(plan.routes) == list(range(1, 9))
+    assert set(range(1, 9)) <= set(plan.routes)
     for m, (kernel, padded) in plan.routes.items():
-        assert kernel in ("xwt", "wxt") and m <= padded <= 8
-        assert plan.times[m] > 0
-    assert 64 in plan.times  # stock kernel probed past the routed range for the cost shape
+        if m <= 8:
+            assert kernel in ("xwt", "wxt", "packed") and m <= padded <= 8
+            assert plan.times[m] > 0
+        else:  # past the small range only the packed kernel is routed, unpadded
+            assert (kernel, padded) == ("packed", m) and m <= linear_plan.PACKED_MAX_M
+    assert 64 in plan.times  # probed past the routed range for the cost shape
 
 
 def test_plan_for_skips_small_models_caches_on_disk_and_obeys_the_switch(tiny_model, tmp_path, monkeypatch):
@@ -72,3 +75,30 @@ def test_plan_for_skips_small_models_caches_on_disk_and_obeys_the_switch(tiny_mo
     assert plan_for(tiny_model, cpu) == plan
     monkeypatch.setenv("LONGDOC_LINEAR_PLAN", "0")
     assert plan_for(tiny_model, cpu) is None
+
+
+def test_a_packed_plan_routes_through_packed_copies_and_computes_the_same_product(tiny_model):
+    if not cpu_linear.available():
+        pytest.skip(f"the packed kernel is not in use here: {cpu_linear.status()}")
+    plan = LinearPlan({m: ("packed", m) for m in range(1, 65)}, {1: 1.0, 64: 2.0})
+    ids = torch.randint(3, 2000, (2, 5), generator=torch.Generator().manual_seed(1))
+    view = decode_view(tiny_model)
+    route_linears(view, plan)
+    lin = view.model.layers[0].self_attn.q_proj
+    original = tiny_model.model.layers[0].self_attn.q_proj.weight
+    assert lin.weight is original and lin.packed is not None and lin.packed.data_ptr() != original.data_ptr()
+    with torch.inference_mode():
+        stock = tiny_model(ids).logits
+        routed = view(ids).logits  # M = 10 for every layer: the packed kernel
+    torch.testing.assert_close(routed, stock, rtol=1e-5, atol=1e-5)
+    assert plan.describe() == "1-64: packed"
+    assert FORCED.describe().startswith("1: wxt padded to 2, 2: wxt, 3: wxt padded to 4")
+
+
+def test_calibration_leaves_the_packed_kernel_out_without_room_for_a_copy(tiny_model, monkeypatch):
+    monkeypatch.setattr(linear_plan, "_available_ram", lambda: 0)
+    plan = calibrate(tiny_model, time.thread_time, max_m=4)
+    assert all(kernel != "packed" for kernel, _ in plan.routes.values())
+    view = decode_view(tiny_model)
+    route_linears(view, plan)
+    assert all(getattr(m, "packed", None) is None for m in view.modules())  # no copy made

@@ -1,0 +1,72 @@
+"""Build, cache and load the C kernels of stages/decoding (cpu_attention.c, cpu_linear.c).
+
+Contract: ``load_library(source)`` returns the ``ctypes.CDLL`` of ``source`` compiled by the
+system C compiler (``$CC``, else ``cc``; ~0.5 s) with ``FLAGS`` into
+``cache_dir()/kernels/<source stem>-<hash>.so``, building it on first use. The hash covers
+the source, the compiler's version, the flags and the CPU's model and flags, so a cache
+shared by other machines never serves a binary this CPU cannot run. The file is written
+under a temporary name and renamed (concurrent actors never load half a file). The
+libraries name OpenMP by its soname (libgomp.so.1), which resolves to the copy torch has
+loaded: their threads are torch's. Raises RuntimeError (no compiler, a failed build) or
+OSError (unloadable); each kernel module decides what to run instead and says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+
+
+def cpu_signature() -> str:
+    """The CPU's model name and feature flags (what -march=native compiles for)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def compiler() -> str | None:
+    """The C compiler's path (``$CC``, else ``cc``), or None where there is none."""
+    return shutil.which(os.environ.get("CC") or "cc")
+
+
+def _build(cc: str, source: Path, target: Path) -> None:
+    """Compile ``source`` into ``target`` (atomically: a temporary file renamed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        proc = subprocess.run(
+            [cc, *FLAGS, "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=120
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[-400:]}")
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_library(source: Path) -> ctypes.CDLL:
+    """``source`` compiled into the cache on first use, loaded (see the module contract)."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError(f"no C compiler: set CC or install gcc to build {source.name}")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(
+        "\0".join([source.read_text(encoding="utf-8"), version, " ".join(FLAGS), cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    from stages.model_loading import cache_dir
+
+    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    if not target.is_file():
+        _build(cc, source, target)
+    return ctypes.CDLL(str(target))
