@@ -29,8 +29,9 @@ from collections.abc import Callable
 
 import torch
 
-from stages.decoding import cpu_attention, cpu_linear
+from stages.decoding import cpu_attention, cpu_fused, cpu_linear
 from stages.decoding.adaptive import default_cost_prior, step_indicator
+from stages.decoding.cpu_fused import fuse_elementwise
 from stages.decoding.forward import decode_view
 from stages.decoding.linear_plan import LinearPlan, plan_for, route_linears
 from stages.decoding.slot_step import (
@@ -152,6 +153,7 @@ class CpuBackend(StepBackend):
     def __init__(self, model: torch.nn.Module, compile: str | bool | None = "off", min_span: int = 256) -> None:
         super().__init__(model, torch.device("cpu"), compile, None, min_span)
         self.plan: LinearPlan | None = None
+        self.fused = 0  # modules of the view fused by cpu_fused (0: transformers' ops)
         # One torch thread: the forward runs on the calling thread, so its CPU time is
         # the step's cost; with more, the work is spread over a pool and only wall time
         # covers it. Fixed now (the actor sets its thread count first).
@@ -168,6 +170,9 @@ class CpuBackend(StepBackend):
         self.plan = plan_for(self.view, self.device, self._timer)
         if self.plan is not None:
             route_linears(self.view, self.plan)
+            # Where the plan applies (weights large enough to matter), norms and activations
+            # run fused too; tiny models keep transformers' ops bit for bit (cpu_fused.py).
+            self.fused = fuse_elementwise(self.view)
         self._ready = True
 
     def clock(self) -> float:
@@ -186,7 +191,8 @@ class CpuBackend(StepBackend):
             plan = f"linear plan {{{self.plan.describe()}}} (packed kernel: {cpu_linear.status()})"
         return (
             f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}, "
-            f"attention {cpu_attention.status()}"
+            f"attention {cpu_attention.status()}, "
+            f"norms and activations {f'fused: {cpu_fused.status()}' if self.fused else 'torch ops'}"
         )
 
 

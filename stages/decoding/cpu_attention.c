@@ -26,9 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "cpu_simd.h"
 
 /* Software prefetch distance: the rows ~2 KB ahead (8 float32 or 16 bfloat16 rows of 64
    elements). Without it the loads stall on DRAM latency: 146 -> 124 ms (float32) and
@@ -79,10 +77,6 @@ static inline void load_row(__m512* dst, const char* row, int64_t dim, int64_t e
     for (int64_t c = 0; c < dim / 16; ++c) dst[c] = load16(row + c * 16 * esz, bf16, 0xFFFF);
 }
 
-/* Of lanes j..j+15, those below n (none when j >= n). */
-static inline __mmask16 lanes_below(int64_t n, int64_t j) {
-    return (n - j >= 16) ? 0xFFFF : (n > j ? (__mmask16)((1u << (n - j)) - 1) : 0);
-}
 
 /* Of keys j..j+15 (those below n): which exist (*lanes) and which the query row sees (returned). */
 static inline __mmask16 seen_lanes(const uint8_t* mask_row, int64_t j, int64_t n, __mmask16* lanes) {
@@ -90,26 +84,6 @@ static inline __mmask16 seen_lanes(const uint8_t* mask_row, int64_t j, int64_t n
     return _mm_mask_cmpneq_epi8_mask(*lanes, _mm_maskz_loadu_epi8(*lanes, mask_row + j), _mm_setzero_si128());
 }
 
-/* e^x for x <= 0 (lanes below -87.3 give 0: e^-87.3 is below float32's smallest normal). */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
-    const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
-    r = _mm512_fnmadd_ps(n, ln2_lo, r); /* |r| <= ln2 / 2 */
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(~tiny, _mm512_scalef_ps(p, n));
-}
 
 /* One (row, KV head): scores, softmax, weighted values, AVX-512. */
 static void attend_one(const float* q, const char* kb, const char* vb, int64_t k_ss, int64_t v_ss, int bf16,

@@ -28,8 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import torch
@@ -42,33 +40,19 @@ SOURCE = Path(__file__).with_suffix(".c")
 PANEL = 32  # output columns per packed panel (cpu_linear.c)
 
 
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    """(library, status) where the kernel should run; (None, why not) otherwise."""
-    if os.environ.get("LONGDOC_CPU_LINEAR", "kernel") == "blas":
-        return None, "BLAS (LONGDOC_CPU_LINEAR=blas)"
-    if native.compiler() is None:
-        return None, "BLAS (no C compiler: set CC or install gcc to build the CPU linear kernel)"
-    try:
-        lib = native.load_library(SOURCE)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return None, f"BLAS (the CPU linear kernel did not build or load: {e})"
+def _bind(lib: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.ld_fast_path.restype = ctypes.c_int
     lib.ld_pack_weight.restype = None
     lib.ld_pack_weight.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
     lib.ld_linear_packed.restype = ctypes.c_int
     lib.ld_linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
-    if not lib.ld_fast_path():
-        return None, "BLAS (no AVX-512 on this CPU)"
-    return lib, "kernel (AVX-512)"
 
 
 @functools.cache
 def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
     """(library or None, status line), decided once per process (a lazily built constant)."""
-    choice = _load()
-    failed = choice[0] is None and "did not build or load" in choice[1]
-    log.log(logging.WARNING if failed else logging.INFO, "CPU linear layers: %s", choice[1])
+    choice = native.choose(SOURCE, "LONGDOC_CPU_LINEAR", "blas", "BLAS", _bind)
+    log.info("CPU linear layers: %s", choice[1])
     return choice
 
 

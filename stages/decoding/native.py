@@ -3,24 +3,29 @@
 Contract: ``load_library(source)`` returns the ``ctypes.CDLL`` of ``source`` compiled by the
 system C compiler (``$CC``, else ``cc``; ~0.5 s) with ``FLAGS`` into
 ``cache_dir()/kernels/<source stem>-<hash>.so``, building it on first use. The hash covers
-the source, the compiler's version, the flags and the CPU's model and flags, so a cache
+the source and the headers beside it (``*.h``, which sources include), the compiler's version, the flags and the CPU's model and flags, so a cache
 shared by other machines never serves a binary this CPU cannot run. The file is written
 under a temporary name and renamed (concurrent actors never load half a file). The
 libraries name OpenMP by its soname (libgomp.so.1), which resolves to the copy torch has
 loaded: their threads are torch's. Raises RuntimeError (no compiler, a failed build) or
-OSError (unloadable); each kernel module decides what to run instead and says why.
+OSError (unloadable). ``choose`` turns that into a decision with a reason: each kernel
+module runs its fallback (SDPA, the BLAS, torch's ops) and says why.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
@@ -61,12 +66,35 @@ def load_library(source: Path) -> ctypes.CDLL:
     if cc is None:
         raise RuntimeError(f"no C compiler: set CC or install gcc to build {source.name}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(
-        "\0".join([source.read_text(encoding="utf-8"), version, " ".join(FLAGS), cpu_signature()]).encode()
-    ).hexdigest()[:16]
+    texts = [p.read_text(encoding="utf-8") for p in [source, *sorted(source.parent.glob("*.h"))]]
+    key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), cpu_signature()]).encode()).hexdigest()[:16]
     from stages.model_loading import cache_dir
 
     target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
     if not target.is_file():
         _build(cc, source, target)
     return ctypes.CDLL(str(target))
+
+
+def choose(
+    source: Path, switch: str, off: str, instead: str, bind: Callable[[ctypes.CDLL], None]
+) -> tuple[ctypes.CDLL | None, str]:
+    """Whether a kernel library runs: ``(library, "kernel (AVX-512)")``, or ``(None, "<instead>
+    (why not)")`` when ``$<switch>`` is ``off``, there is no compiler, the build or load
+    fails (logged as a warning: the user has a compiler and expects the kernel) or the CPU
+    lacks AVX-512 (the library's ``ld_fast_path()``). ``bind`` sets the library's ctypes
+    signatures. Kernel modules call it once per process (a cached function of their own)."""
+    if os.environ.get(switch, "kernel") == off:
+        return None, f"{instead} ({switch}={off})"
+    if compiler() is None:
+        return None, f"{instead} (no C compiler: set CC or install gcc to build {source.name})"
+    try:
+        lib = load_library(source)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        log.warning("%s did not build or load: %s", source.name, e)
+        return None, f"{instead} ({source.name} did not build or load: {e})"
+    lib.ld_fast_path.restype = ctypes.c_int
+    bind(lib)
+    if not lib.ld_fast_path():
+        return None, f"{instead} (no AVX-512 on this CPU)"
+    return lib, "kernel (AVX-512)"
