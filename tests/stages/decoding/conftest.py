@@ -58,3 +58,18 @@ def exact_marginals(small_vocab_model, prompt):
     p3 = probs_after(small_vocab_model, [prompt + [a, b] for a in range(V) for b in range(V)])  # [V*V, V]
     joint12 = p1[:, None] * p2  # [V, V]
     return joint12.sum(0), joint12.flatten() @ p3
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch, tmp_path):
+    """The C kernel modules' per-process choices reset and their build cache in a temporary
+    folder; reset again after the test, so the next user decides in its own environment."""
+    from stages.decoding import cpu_attention, cpu_fused, cpu_linear
+
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    modules = (cpu_attention, cpu_fused, cpu_linear)
+    for m in modules:
+        m._kernel_choice.cache_clear()
+    yield tmp_path
+    for m in modules:
+        m._kernel_choice.cache_clear()

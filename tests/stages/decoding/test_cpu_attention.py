@@ -15,15 +15,6 @@ from stages.decoding.forward import packed_gqa_sdpa
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the kernel")
 
 
-@pytest.fixture
-def fresh_kernel(monkeypatch, tmp_path):
-    """The kernel's module state reset and its build cache in a temporary folder."""
-    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    cpu_attention._kernel_choice.cache_clear()
-    yield tmp_path
-    cpu_attention._kernel_choice.cache_clear()  # the next user decides again, in its own environment
-
-
 def _step(b, g, rep, t, d, span, capacity, dtype, seed=0):
     """Packed queries [b, g, rep*t, d], slot tensors [b, g, capacity, d] and the engine's mask
     [b, t, span] (row i: context of lengths[i] slots, then its t step tokens causally)."""

@@ -12,15 +12,6 @@ from stages.decoding.forward import decode_view
 
 
 @pytest.fixture
-def fresh_kernel(monkeypatch, tmp_path):
-    """The kernels' per-process choice reset and their build cache in a temporary folder."""
-    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    cpu_fused._kernel_choice.cache_clear()
-    yield tmp_path
-    cpu_fused._kernel_choice.cache_clear()
-
-
-@pytest.fixture
 def kernel(fresh_kernel):
     if cpu_fused._kernel_choice()[0] is None:
         pytest.skip(f"the fused kernels are not in use here: {cpu_fused.status()}")

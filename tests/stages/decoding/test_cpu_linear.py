@@ -13,15 +13,6 @@ from stages.decoding import cpu_linear
 
 
 @pytest.fixture
-def fresh_kernel(monkeypatch, tmp_path):
-    """The kernel's per-process choice reset and its build cache in a temporary folder."""
-    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    cpu_linear._kernel_choice.cache_clear()
-    yield tmp_path
-    cpu_linear._kernel_choice.cache_clear()  # the next user decides again, in its own environment
-
-
-@pytest.fixture
 def kernel(fresh_kernel):
     if shutil.which("cc") is None or not cpu_linear.available():
         pytest.skip(f"the packed kernel is not in use here: {cpu_linear.status()}")
