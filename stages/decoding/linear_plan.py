@@ -18,7 +18,8 @@ Contract:
 - ``plan_for(model, device, clock)`` returns the ``LinearPlan`` for this model
   (``None`` off CPU, for tiny models where it cannot matter, or when disabled with
   ``LONGDOC_LINEAR_PLAN=0``), timed with ``clock`` (the CPU step backend's clock).
-  Calibration takes a few seconds and is cached on disk under
+  Calibration takes seconds (~15 s for the embedded model with the packed kernel's
+  probes, 2026-11-27, Xeon) and is cached on disk under
   ``$LONGDOC_CACHE/linear_plans`` keyed by CPU, torch version, threads and weight
   shapes, so an actor pays it once per machine. Nothing is kept in the process: the
   step backend that asked holds the plan (cpu_backend.py).
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 # (2026-11-26, embedded model, two threads, 39 rows decoding): the plan then sent M = 39
 # to the stock kernel padded to 40, and steps cost the same as with the stock kernel alone
 # (264-326 ms either way, four alternations), for 13 s of calibration instead of a few.
+# (The packed kernel below is probed up to PACKED_MAX_M instead: it wins there.)
 ROUTE_MAX_M = 16
 # The packed kernel is probed and routed up to here: a CPU step of 39 rows x a width of a
 # few tokens lands in the hundreds; at 256 rows the BLAS was already level with it.
@@ -304,12 +306,15 @@ def route_linears(view: torch.nn.Module, plan: LinearPlan) -> int:
     """
     lins = _linears(view)
     uses_packed = any(kernel == "packed" for kernel, _ in plan.routes.values())
-    for lin in lins:
-        packed = cpu_linear.pack(lin.weight) if uses_packed else None
+    packs = _packed_weights([lin.weight.detach() for lin in lins]) if uses_packed else None
+    routes = plan.routes
+    if uses_packed and packs is None:
+        # A cached plan met a process where the kernel is off, a weight is not float32 or
+        # the copy no longer fits the RAM: those M run on the BLAS.
+        log.info("linear plan: packed routes run on the BLAS here (%s)", cpu_linear.status())
+        routes = {m: r for m, r in plan.routes.items() if r[0] != "packed"}
+    for i, lin in enumerate(lins):
         lin.__class__ = RoutedLinear
-        # A weight the kernel cannot take (another dtype) keeps the BLAS for those M.
-        lin.routes = plan.routes if packed is not None or not uses_packed else {
-            m: r for m, r in plan.routes.items() if r[0] != "packed"
-        }
-        lin.packed = packed
+        lin.routes = routes
+        lin.packed = packs[i] if packs is not None else None
     return len(lins)

@@ -154,3 +154,19 @@ def test_a_compressed_side_is_bounded_by_its_prefill_against_the_first_side():
     assert "bound finch-1k / none: at most 1.50x if all but its prompts' prefill (48.0 s) were free" in lines
     assert "bound finch-1k / peer: at most 3.00x if all but its prompts' prefill (48.0 s) were free" in lines
     assert "prefill_bound" not in r["ratios"]["none"].get("vs_first", {})  # the first side has no first side
+
+
+def test_a_machine_that_slows_during_the_command_is_judged_by_its_rounds():
+    r = _result()
+    walls = {"longdoc": (88.0, 89.0, 117.0), "peer": (127.0, 146.0, 168.0)}  # the peer's later runs slowed
+    r["runs_by_side"] = {s: [dict(side_figures(39, 0, w, w, [1.0], 1.0, {}), run=k + 1, load_avg=1.0)
+                             for k, w in enumerate(ws)] for s, ws in walls.items()}
+    r["summary"] = {s: medians(v) for s, v in r["runs_by_side"].items()}
+    finish(r)
+    vs = r["ratios"]["longdoc"]["vs_peer"]
+    assert vs["wall"] == pytest.approx(146.0 / 89.0)  # the medians' ratio: 1.64x
+    assert vs["rounds"] == pytest.approx([127.0 / 88.0, 146.0 / 89.0, 168.0 / 117.0])
+    [t] = r["targets"]
+    assert t["value"] == pytest.approx(127.0 / 88.0) and t["pass"] is False  # the median round: 1.44x
+    assert any(line.startswith("rounds longdoc / peer: 1.44x, 1.64x, 1.44x") for line in summary_lines(r))
+    assert "rounds" not in _result()["ratios"]["longdoc"]["vs_peer"]  # one run: the medians alone

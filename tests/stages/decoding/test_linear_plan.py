@@ -102,3 +102,12 @@ def test_calibration_leaves_the_packed_kernel_out_without_room_for_a_copy(tiny_m
     view = decode_view(tiny_model)
     route_linears(view, plan)
     assert all(getattr(m, "packed", None) is None for m in view.modules())  # no copy made
+    # A cached plan with packed routes, met where the copy does not fit: those M take the BLAS.
+    cached = LinearPlan({m: ("packed", m) for m in range(1, 9)}, {1: 1.0, 8: 2.0})
+    view = decode_view(tiny_model)
+    route_linears(view, cached)
+    routed = [m for m in view.modules() if type(m) is RoutedLinear]
+    assert routed and all(m.packed is None and not m.routes for m in routed)
+    ids = torch.randint(3, 2000, (1, 4), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        torch.testing.assert_close(view(ids).logits, tiny_model(ids).logits)
