@@ -104,19 +104,29 @@ class FusedGatedMLP(torch.nn.Module):
         return self.down_proj(self.act_fn(gate) * up)
 
 
-def _is_rms_norm(m: torch.nn.Module) -> bool:
+def _same_code(f, g) -> bool:
+    """True when two functions are the same code: transformers copies Llama's RMSNorm and MLP
+    forwards into Mistral, Qwen2 and others ("Copied from"), so their bytecode is the same."""
+    cf, cg = getattr(f, "__code__", None), getattr(g, "__code__", None)
+    return cf is not None and cg is not None and (cf.co_code, cf.co_names, cf.co_consts) == (
+        cg.co_code, cg.co_names, cg.co_consts)
+
+
+def _is_rms_norm(m: torch.nn.Module, reference) -> bool:
+    """Llama's RMSNorm by its forward's code (Gemma's ``1 + weight`` and the like are not)."""
     w = getattr(m, "weight", None)
     return (
-        type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor) and w.dim() == 1
+        _same_code(type(m).forward, reference) and isinstance(w, torch.Tensor) and w.dim() == 1
         and isinstance(getattr(m, "variance_epsilon", None), float)
     )
 
 
-def _is_gated_silu_mlp(m: torch.nn.Module) -> bool:
+def _is_gated_silu_mlp(m: torch.nn.Module, reference) -> bool:
+    """Llama's gated MLP by its forward's code, with SiLU as its activation."""
     act = getattr(m, "act_fn", None)
     # transformers' SiLU is its own SiLUActivation (nn.functional.silu); torch's nn.SiLU is the same function
     silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
-    return silu and all(isinstance(getattr(m, n, None), torch.nn.Module) for n in ("gate_proj", "up_proj", "down_proj"))
+    return silu and _same_code(type(m).forward, reference)
 
 
 def _fused_class(mixin: type, base: type) -> type:
@@ -129,12 +139,15 @@ def fuse_elementwise(view: torch.nn.Module) -> int:
     """Route ``view``'s RMSNorms and gated SiLU MLPs through the kernels (module contract)."""
     if _kernel_choice()[0] is None:
         return 0
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
     changed = 0
     made: dict[type, type] = {}  # one fused class per module class of this view
     for m in view.modules():
         if isinstance(m, (FusedRMSNorm, FusedGatedMLP)):
             continue  # fused already
-        mixin = FusedRMSNorm if _is_rms_norm(m) else FusedGatedMLP if _is_gated_silu_mlp(m) else None
+        mixin = (FusedRMSNorm if _is_rms_norm(m, LlamaRMSNorm.forward)
+                 else FusedGatedMLP if _is_gated_silu_mlp(m, LlamaMLP.forward) else None)
         if mixin is not None:
             base = type(m)
             if base not in made:

@@ -61,3 +61,19 @@ def test_torch_ops_run_when_asked_and_say_why(fresh_kernel, monkeypatch, tiny_mo
     monkeypatch.setenv("LONGDOC_CPU_FUSED", "torch")
     assert cpu_fused.status() == "torch ops (LONGDOC_CPU_FUSED=torch)"
     assert cpu_fused.fuse_elementwise(decode_view(tiny_model)) == 0
+
+
+def test_only_llamas_own_norm_and_mlp_code_is_fused(kernel, tiny_model):
+    class OnePlusWeightRMSNorm(torch.nn.Module):  # Gemma's formula under an RMSNorm name
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(8))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return (1 + self.weight) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    other = torch.nn.Sequential(OnePlusWeightRMSNorm())
+    assert cpu_fused.fuse_elementwise(other) == 0
+    view = decode_view(tiny_model)
+    assert cpu_fused.fuse_elementwise(view) > 0  # Llama's own classes are
