@@ -30,8 +30,9 @@ SDPA: a first chunk of 1,060 tokens 7.5 / 9.9 ms a layer; 512 tokens after 548 c
 
 Build: the C source is compiled once per machine and cached (native.py: ``-O3
 -march=native -fopenmp``; its OpenMP threads are torch's). The kernel is used only where it
-was built with AVX-512 (the fast path measured above); elsewhere, without a compiler, or with ``LONGDOC_CPU_ATTENTION=sdpa`` (e.g. to compare),
-SDPA runs and ``status()`` says why (also in the engine's description line).
+was built with AVX-512 (the fast path measured above); elsewhere, without a compiler, or
+with ``LONGDOC_CPU_ATTENTION=sdpa`` (e.g. to compare), SDPA runs and ``status()`` says why
+(also in the engine's description line).
 """
 
 from __future__ import annotations
