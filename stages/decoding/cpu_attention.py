@@ -40,8 +40,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import torch
@@ -62,44 +60,32 @@ MAX_QUERY_ROWS = {torch.float32: 16, torch.bfloat16: 9}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
-def build_library() -> ctypes.CDLL:
-    """The kernel library, compiled into the cache on first use (native.py).
-
-    Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
-    lib = native.load_library(SOURCE)
+def _bind(lib: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.ld_fast_path.restype = ctypes.c_int
     lib.ld_attend.restype = ctypes.c_int
     lib.ld_attend.argtypes = [ptr] * 5 + [i64] * 13 + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.ld_attend_causal.restype = ctypes.c_int
     lib.ld_attend_causal.argtypes = [ptr] * 4 + [i64] * 13 + [ctypes.c_float, ctypes.c_int]
+
+
+def build_library() -> ctypes.CDLL:
+    """The kernel library, compiled into the cache on first use (native.py), whatever the CPU
+    (tests call its portable path too).
+
+    Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
+    lib = native.load_library(SOURCE)
+    _bind(lib)
     return lib
-
-
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    """(library, status) when decode steps should use the kernel; (None, why not) otherwise."""
-    if os.environ.get("LONGDOC_CPU_ATTENTION", "kernel") == "sdpa":
-        return None, "SDPA (LONGDOC_CPU_ATTENTION=sdpa)"
-    if native.compiler() is None:
-        return None, "SDPA (no C compiler: set CC or install gcc to build the CPU attention kernels)"
-    try:
-        lib = build_library()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return None, f"SDPA (the CPU attention kernels did not build or load: {e})"
-    if not lib.ld_fast_path():
-        return None, "SDPA (no AVX-512 on this CPU: the portable kernel is not faster than SDPA)"
-    return lib, "kernels (AVX-512)"
 
 
 @functools.cache
 def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
     """(library or None, status line), decided once per process: a lazily built constant
     (the environment and the machine do not change under a running process)."""
-    choice = _load()
-    # A compiler that fails is worth a warning (the user has one and expects the kernel);
-    # the other fallbacks are the machine's or the user's choice.
-    failed = choice[0] is None and "did not build or load" in choice[1]
-    log.log(logging.WARNING if failed else logging.INFO, "CPU attention: %s", choice[1])
+    choice = native.choose(SOURCE, "LONGDOC_CPU_ATTENTION", "sdpa", "SDPA", _bind, on="kernels (AVX-512)",
+                           without_avx512="no AVX-512 on this CPU: the portable kernel is not faster than SDPA")
+    log.info("CPU attention: %s", choice[1])
     return choice
 
 

@@ -77,10 +77,10 @@ def load_library(source: Path) -> ctypes.CDLL:
 
 
 def choose(
-    source: Path, switch: str, off: str, instead: str, bind: Callable[[ctypes.CDLL], None]
+    source: Path, switch: str, off: str, instead: str, bind: Callable[[ctypes.CDLL], None],
+    on: str = "kernel (AVX-512)", without_avx512: str = "no AVX-512 on this CPU",
 ) -> tuple[ctypes.CDLL | None, str]:
-    """Whether a kernel library runs: ``(library, "kernel (AVX-512)")``, or ``(None, "<instead>
-    (why not)")`` when ``$<switch>`` is ``off``, there is no compiler, the build or load
+    """Whether a kernel library runs: ``(library, on)``, or ``(None, "<instead> (why not)")`` when ``$<switch>`` is ``off``, there is no compiler, the build or load
     fails (logged as a warning: the user has a compiler and expects the kernel) or the CPU
     lacks AVX-512 (the library's ``ld_fast_path()``). ``bind`` sets the library's ctypes
     signatures. Kernel modules call it once per process (a cached function of their own)."""
@@ -96,5 +96,5 @@ def choose(
     lib.ld_fast_path.restype = ctypes.c_int
     bind(lib)
     if not lib.ld_fast_path():
-        return None, f"{instead} (no AVX-512 on this CPU)"
-    return lib, "kernel (AVX-512)"
+        return None, f"{instead} ({without_avx512})"
+    return lib, on
