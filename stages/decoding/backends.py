@@ -170,8 +170,8 @@ class CpuBackend(StepBackend):
         self.plan = plan_for(self.view, self.device, self._timer)
         if self.plan is not None:
             route_linears(self.view, self.plan)
-            # Where the plan applies (weights large enough to matter), norms and activations
-            # run fused too; tiny models keep transformers' ops bit for bit (cpu_fused.py).
+            # Where the plan applies (weights large enough to matter), norms, activations and
+            # RoPE run fused too; tiny models keep transformers' ops bit for bit (cpu_fused.py).
             self.fused = fuse_elementwise(self.view)
         self._ready = True
 
@@ -192,7 +192,7 @@ class CpuBackend(StepBackend):
         return (
             f"cpu, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}, {plan}, "
             f"attention {cpu_attention.status()}, "
-            f"norms and activations {f'fused: {cpu_fused.status()}' if self.fused else 'torch ops'}"
+            f"norms, activations and RoPE {f'fused: {cpu_fused.status()}' if self.fused else 'torch ops'}"
         )
 
 

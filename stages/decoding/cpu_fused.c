@@ -1,5 +1,6 @@
-/* Elementwise work of the CPU forward in one pass each: RMSNorm (ld_rms_norm) and the gated
-   MLP's SiLU(gate) * up (ld_silu_mul); stages/decoding/cpu_fused.py builds and calls them.
+/* Elementwise work of the CPU forward in one pass each: RMSNorm (ld_rms_norm), the gated
+   MLP's SiLU(gate) * up (ld_silu_mul) and rotary position embedding (ld_rope);
+   stages/decoding/cpu_fused.py builds and calls them.
 
    Why: transformers computes RMSNorm as five tensor ops (pow, mean, add, rsqrt, two muls)
    and the MLP's activation as two (silu, mul), each a pass over activations of megabytes
@@ -15,13 +16,23 @@
        another order than torch's mean (equal within float32 rounding).
    ld_silu_mul: g, u, out [n] contiguous: out = g / (1 + e^-g) * u, with e^-|g| from the
        shared exp (cpu_simd.h, ~2 ulp), so never an overflowing exponential.
-   Both return 0, or -2 where the library was built without AVX-512 (ld_fast_path() == 0).
+   ld_rope: x [B, H, T, D] by element strides (sb, sh, st; the last axis unit stride), cos and
+       sin [B, T, D] by strides (cb, ct), out [B, T, H, D] contiguous (transformers' own
+       result layout for its transposed query/key views): with h = D / 2,
+       out[.., j] = x[j] * cos[j] - x[j + h] * sin[j] for j < h and
+       out[.., j] = x[j] * cos[j] + x[j - h] * sin[j] for j >= h: transformers'
+       ``q * cos + rotate_half(q) * sin`` with its roundings (each product rounded, then
+       the sum; the explicitly rounded intrinsics keep the compiler from contracting them
+       into an FMA), so equal bit for bit. D even.
+   All return 0, or -2 where the library was built without AVX-512 (ld_fast_path() == 0).
 */
 #include <math.h>
 #include <stdint.h>
 #include "cpu_simd.h"
 
 #define BLOCK 4096 /* elements per OpenMP task of ld_silu_mul (16 KB of each input) */
+#define ROPE_PARALLEL 32768 /* elements of x below which ld_rope runs on one thread (a decode step's few rows) */
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 int ld_fast_path(void) {
 #ifdef __AVX512F__
@@ -71,6 +82,33 @@ int ld_silu_mul(const float* g, const float* u, float* out, int64_t n, int threa
     }
     return 0;
 }
+
+int ld_rope(const float* x, int64_t B, int64_t H, int64_t T, int64_t D, int64_t sb, int64_t sh, int64_t st,
+            const float* cos, const float* sin, int64_t cb, int64_t ct, float* out, int threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * H * T * D >= ROPE_PARALLEL)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float* c = cos + b * cb + t * ct;
+            const float* s = sin + b * cb + t * ct;
+            for (int64_t h = 0; h < H; h++) {
+                const float* xr = x + b * sb + h * sh + t * st;
+                float* o = out + ((b * T + t) * H + h) * D;
+                for (int64_t j = 0; j < half; j += 16) {
+                    __mmask16 m = lanes_below(half, j);
+                    __m512 x1 = _mm512_maskz_loadu_ps(m, xr + j), x2 = _mm512_maskz_loadu_ps(m, xr + half + j);
+                    __m512 c1 = _mm512_maskz_loadu_ps(m, c + j), c2 = _mm512_maskz_loadu_ps(m, c + half + j);
+                    __m512 s1 = _mm512_maskz_loadu_ps(m, s + j), s2 = _mm512_maskz_loadu_ps(m, s + half + j);
+                    __m512 lo = _mm512_sub_round_ps(_mm512_mul_round_ps(x1, c1, RN), _mm512_mul_round_ps(x2, s1, RN), RN);
+                    __m512 hi = _mm512_add_round_ps(_mm512_mul_round_ps(x2, c2, RN), _mm512_mul_round_ps(x1, s2, RN), RN);
+                    _mm512_mask_storeu_ps(o + j, m, lo);
+                    _mm512_mask_storeu_ps(o + half + j, m, hi);
+                }
+            }
+        }
+    }
+    return 0;
+}
 #else
 /* Without AVX-512 the caller never asks (ld_fast_path() is 0). */
 int ld_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* w, float eps, float* out,
@@ -80,6 +118,12 @@ int ld_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const fl
 }
 int ld_silu_mul(const float* g, const float* u, float* out, int64_t n, int threads) {
     (void)g; (void)u; (void)out; (void)n; (void)threads;
+    return -2;
+}
+int ld_rope(const float* x, int64_t B, int64_t H, int64_t T, int64_t D, int64_t sb, int64_t sh, int64_t st,
+            const float* cos, const float* sin, int64_t cb, int64_t ct, float* out, int threads) {
+    (void)x; (void)B; (void)H; (void)T; (void)D; (void)sb; (void)sh; (void)st;
+    (void)cos; (void)sin; (void)cb; (void)ct; (void)out; (void)threads;
     return -2;
 }
 #endif

@@ -101,17 +101,17 @@ def test_plan_switch_and_cost_model(tiny_model, tmp_path, monkeypatch):
     assert on.plan is not None and len(list((tmp_path / "linear_plans").glob("*.json"))) == 1
     assert on.cost_shape(8) == on.plan.shape(8) and on.cost_prior() == (0.02, 0.67)
     assert "linear plan" in on.describe()
-    # With the plan come the fused norms and activations (where the kernels are built).
+    # With the plan come the fused norms, activations and RoPE (where the kernels are built).
     fused = cpu_fused.status().startswith("kernel")
-    assert on.fused == (3 * len(tiny_model.model.layers) + 1 if fused else 0)
-    assert ("norms and activations fused" in on.describe()) == fused
+    assert on.fused == (4 * len(tiny_model.model.layers) + 1 if fused else 0)
+    assert ("norms, activations and RoPE fused" in on.describe()) == fused
     monkeypatch.setenv("LONGDOC_LINEAR_PLAN", "0")
     off = backend_for(tiny_model)
     off.warm_up()
     assert off.plan is None
     assert not any(type(m) is RoutedLinear for m in off.view.modules())
     assert off.cost_shape(8) == step_indicator(8) and off.cost_prior() == (0.06, 0.7)
-    assert "no plan" in off.describe() and off.fused == 0 and "norms and activations torch ops" in off.describe()
+    assert "no plan" in off.describe() and off.fused == 0 and "norms, activations and RoPE torch ops" in off.describe()
 
 
 def test_compile_choices_by_device():
