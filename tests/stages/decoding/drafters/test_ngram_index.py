@@ -80,3 +80,19 @@ def test_incremental_extend_matches_fresh_index_and_brute_force():
 def test_bad_settings_raise(kw):
     with pytest.raises(ValueError):
         NgramIndex([1, 2, 3], **kw)
+
+
+@pytest.mark.parametrize("prefer", ["latest", "earliest"])
+def test_an_index_built_at_once_equals_one_grown_token_by_token(prefer):
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(rng.randint(1, 6)) for _ in range(rng.randint(0, 50))]
+        lo = rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        built, grown = NgramIndex(tokens, hi, lo, prefer), NgramIndex([], hi, lo, prefer)
+        grown.extend(tokens)
+        assert built._next == grown._next and built.tokens == grown.tokens
+        more = [rng.randrange(6) for _ in range(4)]
+        built.extend(more)
+        grown.extend(more)
+        assert built._next == grown._next and built.match(4) == grown.match(4)
