@@ -20,8 +20,12 @@ One iteration (``step``):
    first served). A request no layout of the budget can hold becomes an error
    (``KvBudgetExceeded``); nothing is allocated past the budget.
 2. prefill, chunked and interleaved with decoding: a text-compressed or whole prompt
-   is prefilled by the engine itself, ``chunk_tokens`` per iteration, straight into
-   its slot (slots.RowWriter); a method's own prefill (Finch, AutoCompressor: the
+   is prefilled by the engine itself, straight into its slot (slots.RowWriter), in
+   chunks of ``chunk_tokens`` counted from the row's own start (so a row's KV never
+   depends on its neighbours); an iteration takes chunks of successive rows until it has
+   prefilled ``chunk_tokens`` prompt tokens (a per-iteration token budget, as vLLM's),
+   so short prompts do not each cost the running rows a decode step of their own (a
+   step's weight reads cost the same at any width); a method's own prefill (Finch, AutoCompressor: the
    ``prefill`` callable) runs for a group of up to ``group_rows`` requests and is
    handed an ``on_chunk`` callback, when it accepts one, through which the engine
    runs decode steps between its chunks. Either way running rows keep decoding while
@@ -183,8 +187,9 @@ class Engine:
         available RAM, memory.budget_bytes_for); ``slots``: a fixed slot count instead
         (``resources.decode_slots`` as a number). ``expected_tokens``: the KV tokens a
         typical request holds after its prefill (the first layout's capacity, so a
-        compiled engine rarely changes shape). ``chunk_tokens``: the engine's prefill
-        chunk (default: 2048 on CPU, 4096 on CUDA). ``group_rows``: requests a method
+        compiled engine rarely changes shape). ``chunk_tokens``: the engine's own prefill
+        chunk and the prompt tokens after which an iteration stops starting chunks and
+        runs its decode step (default: 2048 on CPU, 4096 on CUDA). ``group_rows``: requests a method
         prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
         backend's (backends.backend_for), or ``backend`` itself. ``prefix_cache``:
         prefill each prompt's part before the question once and reuse it for the requests
@@ -304,9 +309,14 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """One iteration (see the module docstring); the requests that finished in it."""
-        self._admit()
-        if self.filling is not None:
-            self._prefill_chunk()
+        spent = 0  # prompt tokens this iteration prefilled (its budget: chunk_tokens)
+        while spent < self.chunk_tokens:
+            self._admit()  # a method's group prefill runs whole in here (its own chunks)
+            if self.filling is None:
+                break
+            spent += self._prefill_chunk()
+            if self.filling is not None:
+                break  # the row's next chunk is the next iteration's
         if self.active:
             self._guarded_decode_step()
         done, self._finished = self._finished, []
@@ -336,8 +346,9 @@ class Engine:
     def _admit(self) -> None:
         """Carry out the scheduler's decisions until it starts a request or waits (step 1).
 
-        One start per iteration (a prefill chunk or a method's group prefill), so the
-        running rows get their decode step in between.
+        At most one start a call (a row to prefill, or a method's group prefill, run here);
+        ``step`` calls again while its prefill budget lasts, so the running rows get their
+        decode step between budgets.
         """
         while True:
             cache = self.cache
@@ -397,8 +408,9 @@ class Engine:
         self.filling = _Filling(row, slot, self.cache.row_writer(slot), ids, done=done,
                                 started=time.perf_counter(), shared=shared, store_key=store_key)
 
-    def _prefill_chunk(self) -> None:
-        """One chunk of the filling row (step 2); on its last chunk the row joins the batch."""
+    def _prefill_chunk(self) -> int:
+        """The filling row's next chunk (step 2); on its last chunk the row joins the batch.
+        Returns the tokens prefilled (0 when it failed)."""
         f = self.filling
         assert f is not None
         t0 = self.backend.clock()
@@ -417,10 +429,10 @@ class Engine:
             self.cache.free(f.slot)
             self._account_prefill(t0, [f.row])
             self._drop(f.row, e, retry=True)
-            return
+            return 0
         self._account_prefill(t0, [f.row])
         if f.done < f.ids.numel():
-            return
+            return chunk.numel()
         self.filling = None
         f.row.length = f.done
         f.row.result.context_tokens = len(f.row.waiting.request.parts.context_ids)
@@ -428,6 +440,7 @@ class Engine:
             self.cache.move(f.slot, len(self.active), f.done)
             self.cache.free(f.slot)
         self._join(f.row, logits[None])
+        return chunk.numel()
 
     def _method_prefill(self, group: list[Waiting]) -> None:
         """A method's own prefill for ``group`` (decode steps run through on_chunk), then

@@ -189,11 +189,27 @@ def test_activity_says_what_the_engine_holds(tiny_model, prompts):
     assert eng.activity() == "0 decoding (0 tokens), 0 prefilling, 3 queued"
     eng.step()  # the first row's first chunk of 8 of its 11 tokens
     assert eng.activity() == "0 decoding (0 tokens), 1 prefilling, 2 queued"
-    eng.step()  # its last chunk: it joins with its first token, then decodes one more
-    assert eng.activity() == "1 decoding (2 tokens), 0 prefilling, 2 queued"
+    # its last 3 tokens: it joins with its first token; 3 < 8 tokens this iteration, so
+    # the second row's first chunk of 8 too; then the first row decodes one more
+    eng.step()
+    assert eng.activity() == "1 decoding (2 tokens), 1 prefilling, 1 queued"
     while not eng.idle():
         eng.step()
     assert eng.activity() == "0 decoding (0 tokens), 0 prefilling, 0 queued"
+
+
+def test_an_iteration_prefills_rows_until_its_token_budget_is_spent(tiny_model, prompts):
+    # Short prompts: one iteration takes whole rows until chunk_tokens prompt tokens are
+    # prefilled (the last may pass it), then its one decode step.
+    lengths = [len(p) for p in prompts[:4]]
+    budget = lengths[0] + lengths[1] + 1  # the first two rows leave room: a third starts
+    eng = Engine(tiny_model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS), slots=4, expected_tokens=48,
+                 chunk_tokens=max(budget, *lengths))
+    for r in _requests(prompts[:4], prompts[:4]):
+        eng.submit(r)
+    eng.step()
+    assert eng.activity() == "3 decoding (6 tokens), 0 prefilling, 1 queued"
+    assert eng.stats.steps == 1
 
 
 def _method_prefill(model, holes: bool, calls: list):
