@@ -216,7 +216,7 @@ def _fused_attention_class(base: type, llama) -> type | None:
     """``base`` (an attention class whose forward is Llama's code, reading Llama's
     ``apply_rotary_pos_emb`` and ``rotate_half`` from its module) with a forward that calls
     the kernel's RoPE; None for any other attention."""
-    forward = base.__dict__.get("forward", getattr(base, "forward", None))
+    forward = getattr(base, "forward", None)
     inner = inspect.unwrap(forward) if callable(forward) else None
     if inner is None or not _same_code(inner, inspect.unwrap(llama.LlamaAttention.forward)):
         return None

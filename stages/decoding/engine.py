@@ -25,10 +25,10 @@ One iteration (``step``):
    depends on its neighbours); an iteration takes chunks of successive rows until it has
    prefilled ``chunk_tokens`` prompt tokens (a per-iteration token budget, as vLLM's),
    so short prompts do not each cost the running rows a decode step of their own (a
-   step's weight reads cost the same at any width); a method's own prefill (Finch, AutoCompressor: the
-   ``prefill`` callable) runs for a group of up to ``group_rows`` requests and is
-   handed an ``on_chunk`` callback, when it accepts one, through which the engine
-   runs decode steps between its chunks. Either way running rows keep decoding while
+   step's weight reads cost the same at any width). A method's own prefill (Finch,
+   AutoCompressor: the ``prefill`` callable) runs for a group of up to ``group_rows``
+   requests and is handed an ``on_chunk`` callback, when it accepts one, through which
+   the engine runs decode steps between its chunks. Either way running rows keep decoding while
    newcomers prefill; the time they wait is ``stats.stall_s``. With the prefix cache on
    (``prefix_cache``, prefix_cache.py), the engine's own prefill ends a chunk where the
    question starts; that prefix's KV is stored after its last chunk, and a later request
@@ -189,8 +189,8 @@ class Engine:
         typical request holds after its prefill (the first layout's capacity, so a
         compiled engine rarely changes shape). ``chunk_tokens``: the engine's own prefill
         chunk and the prompt tokens after which an iteration stops starting chunks and
-        runs its decode step (default: 2048 on CPU, 4096 on CUDA). ``group_rows``: requests a method
-        prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
+        runs its decode step (default: 2048 on CPU, 4096 on CUDA). ``group_rows``:
+        requests a method prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
         backend's (backends.backend_for), or ``backend`` itself. ``prefix_cache``:
         prefill each prompt's part before the question once and reuse it for the requests
         that share it (prefix_cache.py), within ``PREFIX_CACHE_SHARE`` of the KV budget

@@ -57,9 +57,10 @@ class NgramIndex:
         self._next: dict[tuple[int, ...], int] = self._index_of(self.tokens)
 
     def _index_of(self, toks: list[int]) -> dict[tuple[int, ...], int]:
-        """The table ``extend(toks)`` builds from empty, in one pass of C loops per n (zip and
-        dict): what the engine's thread pays when a row joins, ~20 ms for a 10k-token
-        document token by token against ~3 ms."""
+        """The table ``extend(toks)`` builds from empty, with one pass of C loops per n (zip
+        and dict) instead of Python's per token: the engine's thread builds it as a row
+        joins (a profile of the sample night: ~0.76 s for 39 documents token by token;
+        isolated, a 12,000-token sequence ~8 ms against ~11 ms)."""
         table: dict[tuple[int, ...], int] = {}
         size = len(toks)
         for n in range(self.min_ngram, min(self.max_ngram, size - 1) + 1):
