@@ -24,12 +24,13 @@ an engine owns its backend, and a backend what it measured.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 import torch
 
-from stages.decoding import cpu_attention, cpu_fused, cpu_linear
+from stages.decoding import cpu_attention, cpu_fused, cpu_linear, native
 from stages.decoding.adaptive import default_cost_prior, step_indicator
 from stages.decoding.cpu_fused import fuse_elementwise
 from stages.decoding.forward import decode_view
@@ -44,6 +45,8 @@ from stages.decoding.slot_step import (
 from stages.decoding.slots import SlotCache
 
 COMPILE_CHOICES = ("auto", "inductor", "cudagraphs", "off")
+
+log = logging.getLogger(__name__)
 
 
 def compile_plan(compile: str | bool | None, device: torch.device) -> tuple[str | None, str | None]:
@@ -166,6 +169,11 @@ class CpuBackend(StepBackend):
         step's measured cost includes it; once."""
         if self._ready:
             return
+        if native.compiler() is None:
+            # the one fallback a user can undo, and worth a line: the night runs slower
+            log.warning("no C compiler (cc or $CC): the CPU kernels of stages/decoding are not built and "
+                        "PyTorch's attention, BLAS and ops run instead, slower; install gcc (or set CC) "
+                        "to build them on the next run")
         cpu_attention.library()
         self.plan = plan_for(self.view, self.device, self._timer)
         if self.plan is not None:

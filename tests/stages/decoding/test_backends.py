@@ -126,3 +126,14 @@ def test_compile_choices_by_device():
         compile_plan("cudagraphs", cpu)
     with pytest.raises(ValueError, match="allowed: auto, inductor, cudagraphs, off"):
         compile_plan("fast", cpu)
+
+
+def test_a_cpu_backend_without_a_compiler_says_so_once_and_runs(fresh_kernel, tiny_model, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with caplog.at_level("WARNING", logger="stages.decoding.backends"):
+        backend = CpuBackend(tiny_model)
+        backend.warm_up()
+        backend.warm_up()  # once: warm_up does its work once
+    warnings = [r.getMessage() for r in caplog.records if r.name == "stages.decoding.backends"]
+    assert len(warnings) == 1 and "no C compiler" in warnings[0] and "install gcc" in warnings[0]
+    assert "SDPA" in backend.describe()  # the fallback it runs, on the description line
