@@ -224,10 +224,24 @@ def _fused_attention_class(base: type, llama) -> type | None:
     rotate = inner.__globals__.get("rotate_half")
     if not (_same_code(stock, llama.apply_rotary_pos_emb) and _same_code(rotate, llama.rotate_half)):
         return None
-    rebound = _with_global(forward, "apply_rotary_pos_emb", make_apply_rotary_pos_emb(stock))
+    fused = make_apply_rotary_pos_emb(stock)
+    if not _agrees(fused, stock):
+        log.warning("RoPE not fused: this transformers' apply_rotary_pos_emb computes another formula")
+        return None
+    rebound = _with_global(forward, "apply_rotary_pos_emb", fused)
     if rebound is None:
         return None
     return type(f"Fused{base.__name__}", (base,), {"forward": rebound, "_longdoc_fused_rope": True})
+
+
+def _agrees(fused: Callable, stock: Callable) -> bool:
+    """The kernel's RoPE equals ``stock`` bit for bit on a small probe in its contract: a guard
+    against a transformers version whose function keeps its name but changes its formula."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 4 * 2 * 16, generator=gen).view(2, 3, 4, 32).transpose(1, 2)
+    k = torch.randn(2, 3, 2 * 32, generator=gen).view(2, 3, 2, 32).transpose(1, 2)
+    cos, sin = (torch.randn(2, 3, 32, generator=gen) for _ in range(2))
+    return all(torch.equal(a, b) for a, b in zip(fused(q, k, cos, sin), stock(q, k, cos, sin), strict=True))
 
 
 def fuse_elementwise(view: torch.nn.Module) -> int:

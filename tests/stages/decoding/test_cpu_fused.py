@@ -140,3 +140,17 @@ def test_only_llamas_own_norm_and_mlp_code_is_fused(kernel, tiny_model):
     assert cpu_fused.fuse_elementwise(other) == 0
     view = decode_view(tiny_model)
     assert cpu_fused.fuse_elementwise(view) > 0  # Llama's own classes are
+
+
+def test_rope_is_not_fused_where_transformers_function_computes_another_formula(kernel, monkeypatch, caplog):
+    from transformers.models.llama import modeling_llama as llama
+
+    def negated(q, k, cos, sin, unsqueeze_dim=1):  # a future version's formula under the same name
+        return apply_rotary_pos_emb(q, k, cos, -sin, unsqueeze_dim)
+
+    assert cpu_fused._agrees(cpu_fused.make_apply_rotary_pos_emb(apply_rotary_pos_emb), apply_rotary_pos_emb)
+    assert not cpu_fused._agrees(cpu_fused.make_apply_rotary_pos_emb(negated), negated)
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", negated)  # what Llama's forward reads, too
+    with caplog.at_level("WARNING", logger="stages.decoding.cpu_fused"):
+        assert cpu_fused._fused_attention_class(llama.LlamaAttention, llama) is None
+    assert "RoPE not fused" in caplog.text
