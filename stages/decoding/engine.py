@@ -22,8 +22,10 @@ One iteration (``step``):
 2. prefill, chunked and interleaved with decoding: a text-compressed or whole prompt
    is prefilled by the engine itself, straight into its slot (slots.RowWriter), in
    chunks of ``chunk_tokens`` counted from the row's own start (so a row's KV never
-   depends on its neighbours); an iteration takes chunks of successive rows until it has
-   prefilled ``chunk_tokens`` prompt tokens (a per-iteration token budget, as vLLM's),
+   depends on its neighbours); an iteration takes chunks (of one row, then the next)
+   until it has prefilled ``chunk_tokens`` prompt tokens (a per-iteration token budget,
+   as vLLM's; with the prefix cache on, a prompt's part before the question and the
+   question, two chunks, share an iteration where the budget holds both),
    so short prompts do not each cost the running rows a decode step of their own (a
    step's weight reads cost the same at any width). A method's own prefill (Finch,
    AutoCompressor: the ``prefill`` callable) runs for a group of up to ``group_rows``
@@ -314,9 +316,9 @@ class Engine:
             self._admit()  # a method's group prefill runs whole in here (its own chunks)
             if self.filling is None:
                 break
+            # the filling row's next chunk (its boundaries are its own: the budget only
+            # decides how many chunks, of one row or the next, come before the decode step)
             spent += self._prefill_chunk()
-            if self.filling is not None:
-                break  # the row's next chunk is the next iteration's
         if self.active:
             self._guarded_decode_step()
         done, self._finished = self._finished, []

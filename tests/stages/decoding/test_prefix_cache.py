@@ -166,3 +166,16 @@ def test_a_hit_row_reads_the_same_kv_as_if_it_had_prefilled_its_prefix_itself(ti
     torch.testing.assert_close(alone["alone"], unsplit, rtol=1e-5, atol=1e-5)
     other_doc = with_siblings[2]  # d3q1: another document's logits differ
     assert not torch.allclose(other_doc, alone["alone"], atol=1e-3)
+
+
+def test_a_prompt_split_at_its_question_is_prefilled_in_one_iteration_where_the_budget_holds_it(tiny_model):
+    # The part before the question (34 tokens) and the question (3) are two chunks; under a
+    # budget of 64 tokens one iteration takes both, and the second request's two as well.
+    parts = _qa_parts()[:2]  # one document, two questions: the second a hit
+    eng = Engine(tiny_model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS), slots=2, expected_tokens=64,
+                 chunk_tokens=64, prefix_cache=True)
+    for i, p in enumerate(parts):
+        eng.submit(Request(i, p, p.full_ids))
+    eng.step()
+    assert eng.activity() == "2 decoding (4 tokens), 0 prefilling, 0 queued"
+    assert eng.stats.prefix_hits == 1 and eng.stats.steps == 1
