@@ -150,8 +150,10 @@ class GenerateStage:
             return []
         parts = self._prompt_parts(rows)
         lookups, seeds = self._lookups_and_seeds(parts, rows)
+        once = self.method.reads_once_per_document(self.spec)
         requests = [
-            Request(key=i, parts=p, lookup_ids=lk, seed=sd, kv_tokens=self.method.kv_tokens(self.spec, p))
+            Request(key=i, parts=p, lookup_ids=lk, seed=sd, kv_tokens=self.method.kv_tokens(self.spec, p),
+                    doc_key=hash((tuple(p.prefix_ids), tuple(p.context_ids))) if once else None)
             for i, (p, lk, sd) in enumerate(zip(parts, lookups, seeds, strict=True))
         ]
         outs: list[OutputRow] = []

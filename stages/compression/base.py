@@ -140,6 +140,12 @@ class CompressionMethod(ABC):
 
         return Loaded(model, tok, full, full_prefill=True)
 
+    def reads_once_per_document(self, job: JobSpec) -> bool:
+        """True: this method's prefill reads a document once for all the rows given to one
+        call (Finch's chunk reading), so the engine hands it a document's queued requests
+        together (engine.Request.doc_key)."""
+        return False
+
     def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
         """KV slots a request holds after this method's prefill (for the engine's admission
         by memory); None: the whole prompt (``len(parts)``), right for text methods."""

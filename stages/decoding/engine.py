@@ -106,6 +106,9 @@ class Request:
     lookup_ids: list[int]  # drafting source: the ORIGINAL prefix + document + query ids
     seed: int = 0
     kv_tokens: int | None = None  # KV slots the row holds after its prefill; None: len(parts)
+    # Requests with the same doc_key (not None) are handed to one method prefill together,
+    # which reads their document once (compression.base.reads_once_per_document).
+    doc_key: Hashable | None = None
 
 
 @dataclass

@@ -105,7 +105,8 @@ class Scheduler:
         head = self.queue[0]
         need = self.need(head.kv_tokens)
         if need <= capacity:
-            if busy < slots:
+            wanted = 1 if own_prefill or head.alone else len(self._same_document(head))
+            if busy < slots and (busy + wanted <= slots or not self._can_grow(slots, capacity)):
                 return Admit(self._group(head, slots - busy, capacity, own_prefill))
             if self.grow_slots and self.budget.fixed_slots is None:
                 most, _ = self.budget.layout(capacity) or (0, 0)
@@ -132,11 +133,32 @@ class Scheduler:
             return Wait()  # until enough rows have left for the longer slots
         return Relayout(new_slots, new_capacity)
 
+    def _same_document(self, head: Waiting) -> list[Waiting]:
+        """The queued requests (head included) that share the head's document key."""
+        key = head.request.doc_key
+        if key is None:
+            return [head]
+        return [w for w in self.queue if w.request.doc_key == key and not w.alone]
+
+    def _can_grow(self, slots: int, capacity: int) -> bool:
+        """More than ``slots`` slots of ``capacity`` fit the budget (and the engine grows)."""
+        if not self.grow_slots or self.budget.fixed_slots is not None:
+            return False
+        most, _ = self.budget.layout(capacity) or (0, 0)
+        return most > slots
+
     def _group(self, head: Waiting, free: int, capacity: int, own_prefill: bool) -> list[Waiting]:
-        """The head, plus (a method prefill) the next requests that fit the free slots."""
+        """The head, plus (a method prefill) the head's document's other queued requests
+        (read once, whatever group_rows says) and the next requests, all fitting the
+        free slots."""
         group = [self.queue.popleft()]
         if own_prefill or head.alone:
             return group
+        if head.request.doc_key is not None:
+            for w in self._same_document(head)[: max(0, free - 1)]:
+                if self.need(w.kv_tokens) <= capacity:
+                    self.queue.remove(w)
+                    group.append(w)
         while len(group) < min(free, self.group_rows) and self.queue and not self.queue[0].alone:
             if self.need(self.queue[0].kv_tokens) > capacity:
                 break

@@ -93,7 +93,7 @@ from stages.kv.queries import QueryCapture
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
-    from stages.compression.finch import FinchCompression
+    from stages.finch.config import FinchCompression
 
 __all__ = ["FinchStep", "check_supported", "finch_prefill"]
 
@@ -238,6 +238,24 @@ def _first_layers(base, n: int):
         base.layers = full
 
 
+@dataclass
+class Reading:
+    """What a reading pass leaves (per row, B rows): ``cache`` [prefix | kept] per layer
+    of the layers run, ``valid`` [B, Lp + K] its real slots, ``prefix_len`` [B] and
+    ``kept`` [B] the real prefix and kept entries, ``doc_index0`` [B, H_kv, K] the
+    document index held by each kept slot of layer 0 (-1 on invalid slots),
+    ``kept_score`` [B, K] the last scoring pass's score of each kept slot (early exit),
+    ``compress_s`` the pass's own seconds (on_chunk excluded)."""
+
+    cache: DynamicCache
+    valid: torch.Tensor
+    prefix_len: torch.Tensor
+    kept: torch.Tensor
+    doc_index0: torch.Tensor
+    kept_score: torch.Tensor
+    compress_s: float
+
+
 @torch.inference_mode()
 def finch_prefill(
     model,
@@ -271,12 +289,85 @@ def finch_prefill(
     check_inputs(model, parts, config)
     t0 = time.perf_counter()
     device = model.device
-    if heads is _AUTO:
-        heads = find_heads(model) if config.scoring == "heads" else None
-    selector = make_selector(model, config, heads)  # type: ignore[arg-type]
     early = config.mode == "early_exit"
     if early and all(len(p.context_ids) <= config.target_tokens for p in parts):
         return _prefill_kept(model, parts, [list(range(len(p.context_ids))) for p in parts], pad_id, t0, 0.0)
+    read = read_document(model, parts, config, pad_id, trace=trace, heads=heads, on_chunk=on_chunk)
+    compress_s = read.compress_s
+    b = len(parts)
+    if early:
+        kept_tokens, spent = kept_text(parts, read, config, boundaries, similarity)
+        del read  # the scoring cache goes before the kept text is prefilled
+        return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s + spent)
+    cache, valid, kept, prefix_len = read.cache, read.valid, read.kept, read.prefix_len
+    ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
+    pos = positions_from_real(real, prefix_len + kept)
+    logits, valid = forward_step(model, cache, valid, ids, pos, real, logits_to_keep=1)
+    if device.type == "cuda":  # prefill_s must include the queued kernels
+        torch.cuda.synchronize(device)
+    state = PrefillState(
+        cache=cache,
+        valid=valid,
+        next_pos=prefix_len + kept + real.long().sum(dim=1),
+        last_logits=logits[:, -1, :],
+        prefill_s=time.perf_counter() - t0,
+    )
+    return CompressedPrefill(
+        state=state,
+        context_tokens=kept.tolist(),
+        compress_s=[compress_s / b] * b,
+    )
+
+
+def kept_text(parts: list[PromptParts], read: Reading, config: FinchCompression,
+              boundaries: Boundaries | None, similarity: Similarity | None) -> tuple[list[list[int]], float]:
+    """Early exit's choice of the text to re-read: per row, the document indices kept (in
+    the order the model reads them), and the seconds the choice took. ``config``
+    resolved; ``boundaries``/``similarity`` as finch_prefill takes them."""
+    scores = _kept_scores(read.doc_index0, read.kept_score, read.kept)
+    kept_tokens = [list(sc) for sc in scores]  # ascending document indices (slot order)
+    if config.keep != "sentences":
+        return [
+            k if len(k) >= len(p.context_ids) else lay_out(k, None, sc, config.order, config.relevance_floor)
+            for k, p, sc in zip(kept_tokens, parts, scores, strict=True)
+        ], 0.0
+    ts = time.perf_counter()
+    join = config.sentence_split == "prose"
+    spans = [sentence_spans(p.context_ids, boundaries, join_lines=join) for p in parts]
+    if config.evidence == "fused":
+        kept_tokens = _fused_text(parts, spans, scores, config, similarity)
+    else:
+        kept_tokens = _head_text(parts, spans, kept_tokens, read.kept.tolist(), scores, config)
+    return kept_tokens, time.perf_counter() - ts
+
+
+@torch.inference_mode()
+def read_document(
+    model,
+    parts: list[PromptParts],
+    config: FinchCompression,
+    pad_id: int,
+    trace: list[FinchStep] | None = None,
+    heads: HeadSet | None | object = _AUTO,
+    on_chunk: Callable[[], None] | None = None,
+) -> Reading:
+    """The chunked reading pass of every row (steps 1-4 of the module docstring), through
+    the layers early exit needs (mode early_exit) or all of them (mode kv). ``reading:
+    chunk`` reads each distinct document once for all its rows (shared.py)."""
+    if heads is _AUTO:
+        heads = find_heads(model) if config.scoring == "heads" else None
+    selector = make_selector(model, config, heads)  # type: ignore[arg-type]
+    if config.reading == "chunk":
+        from stages.finch.shared import read_shared
+
+        return read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
+    return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
+
+
+def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None) -> Reading:
+    """The paper's reading: each chunk is read after its row's kept entries."""
+    early = config.mode == "early_exit"
+    device = model.device
     base = decoder(model)
     attn = attention_modules(model)
     inv_freq = rotary_module(model).inv_freq
@@ -313,34 +404,14 @@ def finch_prefill(
                  use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]
         assert slots <= bound, f"Finch cache grew to {slots} slots, bound {bound}"
-        new_kept = torch.tensor(
-            [s[i] if i < len(s) else int(k) for s, k in zip(schedules, kept.tolist(), strict=True)],
-            device=device,
-        )
-        plan = make_plan(new_kept, prefix_len)
+        new_kept = next_kept(schedules, kept, i)
         cand_valid = torch.cat([valid[:, lp:], blk.is_chunk], dim=1)  # [B, C]
         cand_pos = torch.cat([doc_pos, pos], dim=1)  # [B, C]
-        # Rows keeping all their candidates (document shorter than the budget so
-        # far) leave nothing to rank: skip the scoring matmuls when all rows do.
-        if bool((new_kept == cand_valid.sum(dim=1)).all()):
-            zeros = torch.zeros((b, 1, slots - lp), device=device)
-            chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
-            kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
-        elif early:  # one shared selection; its scores order the kept text
-            scores = selector.scores(_pass_view(capture, cache, mask, blk, lp, cand_valid))  # [B, 1, C]
-            chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
-            # A row without a chunk in this pass has no question in it either: it keeps
-            # the scores of its last pass.
-            fresh = torch.where(blk.is_chunk.any(dim=1)[:, None], scores[:, 0], _carried(kept_score, cand_valid))
-            kept_score = _follow_score(fresh, chosen[0], plan)
-        else:
-            chosen = selector.select(_pass_view(capture, cache, mask, blk, lp, cand_valid), plan)
-        for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
-            if trace is not None or layer_idx == 0:
-                doc_index[layer_idx] = _follow(doc_index[layer_idx], blk.doc_index, idx, plan)
-            layer.keys, layer.values = gather_layer(
-                layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq
-            )
+        view = _pass_view(capture, cache, mask, blk, lp, cand_valid)
+        plan, kept_score = select_and_compact(
+            selector, view, cache, new_kept, prefix_len, blk.is_chunk.any(dim=1), kept_score,
+            cand_pos, inv_freq, early, doc_index, blk.doc_index, trace is not None,
+        )
         if trace is not None:
             row_slots = torch.cat([valid, blk.real], dim=1).sum(dim=1).tolist()
             trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index),
@@ -350,42 +421,54 @@ def finch_prefill(
         compress_s += time.perf_counter() - ts
         if on_chunk is not None:
             on_chunk()
-    if early:
-        del cache
-        scores = _kept_scores(doc_index[0], kept_score, kept)
-        kept_tokens = [list(sc) for sc in scores]  # ascending document indices (slot order)
-        if config.keep == "sentences":
-            ts = time.perf_counter()
-            join = config.sentence_split == "prose"
-            spans = [sentence_spans(p.context_ids, boundaries, join_lines=join) for p in parts]
-            if config.evidence == "fused":
-                kept_tokens = _fused_text(parts, spans, scores, config, similarity)
-            else:
-                kept_tokens = _head_text(parts, spans, kept_tokens, kept.tolist(), scores, config)
-            compress_s += time.perf_counter() - ts
-        else:
-            kept_tokens = [
-                k if len(k) >= len(p.context_ids) else lay_out(k, None, sc, config.order, config.relevance_floor)
-                for k, p, sc in zip(kept_tokens, parts, scores, strict=True)
-            ]
-        return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s)
-    ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
-    pos = positions_from_real(real, prefix_len + kept)
-    logits, valid = forward_step(model, cache, valid, ids, pos, real, logits_to_keep=1)
-    if device.type == "cuda":  # prefill_s must include the queued kernels
-        torch.cuda.synchronize(device)
-    state = PrefillState(
-        cache=cache,
-        valid=valid,
-        next_pos=prefix_len + kept + real.long().sum(dim=1),
-        last_logits=logits[:, -1, :],
-        prefill_s=time.perf_counter() - t0,
+    return Reading(cache, valid, prefix_len, kept, doc_index[0], kept_score, compress_s)
+
+
+def next_kept(schedules: list[list[int]], kept: torch.Tensor, i: int) -> torch.Tensor:
+    """[B] entries each row keeps after chunk ``i`` (its schedule; unchanged once its
+    document is exhausted)."""
+    return torch.tensor(
+        [s[i] if i < len(s) else int(k) for s, k in zip(schedules, kept.tolist(), strict=True)],
+        device=kept.device,
     )
-    return CompressedPrefill(
-        state=state,
-        context_tokens=kept.tolist(),
-        compress_s=[compress_s / b] * b,
-    )
+
+
+def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: torch.Tensor,
+                       prefix_len: torch.Tensor, scored: torch.Tensor, kept_score: torch.Tensor,
+                       cand_pos: torch.Tensor, inv_freq: torch.Tensor, early: bool,
+                       doc_index: list[torch.Tensor], block_doc: torch.Tensor, trace: bool):
+    """Step 4 of one pass, for both readings: rank the candidates (the kept entries and
+    the chunk's, ``view.cand_valid`` [B, C]), keep ``new_kept`` [B] per row and rebuild
+    each layer of ``cache`` as [prefix | kept] (re-rotated to contiguous positions).
+    ``scored`` [B]: rows whose question scored in this pass (the others carry their
+    scores). Updates ``doc_index`` in place (layer 0 always, every layer for a trace;
+    ``block_doc`` [B, C - K] the document index of the non-kept candidates). Returns
+    (plan, kept_score [B, K'])."""
+    lp = view.lp
+    cand_valid = view.cand_valid
+    b = cand_valid.shape[0]
+    plan = make_plan(new_kept, prefix_len)
+    slots = cache.layers[0].keys.shape[2]
+    # Rows keeping all their candidates (document shorter than the budget so
+    # far) leave nothing to rank: skip the scoring matmuls when all rows do.
+    if bool((new_kept == cand_valid.sum(dim=1)).all()):
+        zeros = torch.zeros((b, 1, slots - lp), device=cand_valid.device)
+        chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
+        kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
+    elif early:  # one shared selection; its scores order the kept text
+        scores = selector.scores(view)  # [B, 1, C]
+        chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
+        # A row without a chunk in this pass has no question in it either: it keeps
+        # the scores of its last pass.
+        fresh = torch.where(scored[:, None], scores[:, 0], _carried(kept_score, cand_valid))
+        kept_score = _follow_score(fresh, chosen[0], plan)
+    else:
+        chosen = selector.select(view, plan)
+    for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
+        if trace or layer_idx == 0:
+            doc_index[layer_idx] = _follow(doc_index[layer_idx], block_doc, idx, plan)
+        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
+    return plan, kept_score
 
 
 def _head_text(parts, spans, kept_tokens, kept, scores, config) -> list[list[int]]:

@@ -17,7 +17,7 @@ from stages.kv.rope import check_rope
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
-    from stages.compression.finch import FinchCompression
+    from stages.finch.config import FinchCompression
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from schemas.loading import spec_from_dict
-from stages.compression.finch import (
-    AUTO_MIN_RELEVANCE,
-    FinchCompression,
-    FinchMethod,
-    prompt_similarity,
-)
+from stages.compression.finch import FinchMethod, prompt_similarity
+from stages.finch.config import AUTO_MIN_RELEVANCE, FinchCompression, SelectCompression
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts
 
@@ -30,15 +26,29 @@ def _job(model_dir, kind: str, **compression):
 @pytest.mark.parametrize(
     ("settings", "kind", "want"),
     [
-        ({}, "qa", ("sentences", "relevance", AUTO_MIN_RELEVANCE, "fused")),
-        ({}, "summarize", ("sentences", "document", 0.0, "heads")),
-        ({"mode": "kv"}, "qa", ("tokens", "document", 0.0, "heads")),
-        ({"keep": "tokens"}, "qa", ("tokens", "relevance", AUTO_MIN_RELEVANCE, "heads")),
-        ({"min_relevance": 0.2, "order": "document", "evidence": "heads"}, "qa", ("sentences", "document", 0.2, "heads")),
+        ({"method": "select"}, "qa", ("sentences", "relevance", AUTO_MIN_RELEVANCE, "fused")),
+        ({"method": "select"}, "summarize", ("sentences", "document", 0.0, "heads")),
+        ({}, "qa", ("tokens", "document", 0.0, "heads")),  # finch: the paper's frame
+        ({"mode": "kv", "scoring": "heads"}, "qa", ("tokens", "document", 0.0, "heads")),
+        ({"method": "select", "keep": "tokens"}, "qa", ("tokens", "relevance", AUTO_MIN_RELEVANCE, "heads")),
+        ({"method": "select", "min_relevance": 0.2, "order": "document", "evidence": "heads"}, "qa",
+         ("sentences", "document", 0.2, "heads")),
     ],
 )
+def test_finch_defaults_are_the_paper_and_select_names_the_selection():
+    """Names are claims: finch's defaults are the paper's frame; select is the selection."""
+    f = FinchCompression()
+    assert (f.mode, f.scoring, f.reading) == ("kv", "paper", "kept")
+    s = SelectCompression()
+    assert (s.mode, s.scoring, s.reading, s.scorer) == ("early_exit", "heads", "chunk", None)
+    with pytest.raises(ValueError, match="select reads through the selecting heads.*use method finch"):
+        SelectCompression(mode="kv")
+
+
 def test_auto_settings_resolve_per_task(settings, kind, want):
-    cfg = FinchCompression(**settings)
+    settings = dict(settings)
+    model = SelectCompression if settings.pop("method", "finch") == "select" else FinchCompression
+    cfg = model(**settings)
     r = cfg.resolved(kind)
     assert (r.keep, r.order, r.min_relevance, r.evidence) == want
     assert r.relevance_floor == want[2]
@@ -48,8 +58,9 @@ def test_auto_settings_resolve_per_task(settings, kind, want):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"scoring": "paper"}, "mode early_exit keeps one token selection.*got scoring paper.*set mode: kv"),
-        ({"head_mode": "kv_group"}, "head_mode kv_group"),
+        ({"scoring": "paper", "mode": "early_exit"},
+         "mode early_exit keeps one token selection.*got scoring paper.*set mode: kv"),
+        ({"head_mode": "kv_group", "scoring": "heads", "mode": "early_exit"}, "head_mode kv_group"),
         ({"mode": "kv", "order": "relevance"}, "order relevance needs mode early_exit.*allowed: order document"),
         ({"mode": "kv", "min_relevance": 0.3}, "min_relevance needs mode early_exit.*allowed: min_relevance 0"),
         ({"mode": "kv", "keep": "sentences"}, "keep sentences needs mode early_exit.*allowed: keep tokens"),

@@ -31,9 +31,27 @@ def random_parts(lengths: list[tuple[int, int, int]], seed: int = 0) -> list[Pro
 VARIANTS: dict[str, dict] = {
     "paper-sum": {"scoring": "paper", "mode": "kv"},
     "paper-kv_group": {"scoring": "paper", "head_mode": "kv_group", "mode": "kv"},
-    "heads-shared-kv": {"mode": "kv"},
-    "heads-kv_group": {"head_mode": "kv_group", "mode": "kv"},
-    "heads-per_layer": {"selection": "per_layer", "mode": "kv"},
-    "heads-early_exit": {"mode": "early_exit"},
+    "heads-shared-kv": {"scoring": "heads", "mode": "kv"},
+    "heads-kv_group": {"scoring": "heads", "head_mode": "kv_group", "mode": "kv"},
+    "heads-per_layer": {"scoring": "heads", "selection": "per_layer", "mode": "kv"},
+    "heads-early_exit": {"scoring": "heads", "mode": "early_exit"},
+    # Chunk reading (stages/finch/shared.py): a document read once for all its questions.
+    "paper-sum-chunk": {"scoring": "paper", "mode": "kv", "reading": "chunk"},
+    "heads-kv_group-chunk": {"scoring": "heads", "head_mode": "kv_group", "mode": "kv", "reading": "chunk"},
+    "heads-early_exit-chunk": {"scoring": "heads", "mode": "early_exit", "reading": "chunk"},
 }
 KV_VARIANTS = [v for v in VARIANTS if VARIANTS[v].get("mode") == "kv"]
+#: Variants whose kept entries were read with the document before them (the paper's
+#: reading): with a budget holding every document they equal one full prefill.
+CONTEXT_VARIANTS = [v for v in VARIANTS if VARIANTS[v].get("reading", "kept") == "kept"]
+
+
+def heads_config(**fields):
+    """Finch settings that select with the retrieval heads (early exit unless ``mode`` is
+    given), read as the paper reads unless ``reading`` is given: the settings these
+    tests were written for, before method finch's defaults became the paper's."""
+    from stages.finch.config import FinchCompression
+
+    fields.setdefault("scoring", "heads")
+    fields.setdefault("mode", "early_exit")
+    return FinchCompression(**fields)

@@ -1,5 +1,7 @@
 """End to end with the embedded SmolLM2: a fact in the middle of a long real
-document survives 8x Finch compression and the model answers from it."""
+document survives 8x compression and the model answers from it: Finch as the paper
+wrote it (kept KV entries), and select's sentences (read once per document, then
+prefilled)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from schemas.spec import DEFAULT_QA_INSTRUCTION
-from stages.compression.finch import FinchCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.finch import finch_prefill
+from stages.finch.config import FinchCompression, SelectCompression
 from stages.finch.spans import sentence_boundaries
 from stages.prompting import PromptBuilder
 
@@ -23,6 +25,8 @@ QUESTION = "What is the password for the vault?"
 @pytest.mark.e2e
 @pytest.mark.parametrize("keep", ["tokens", "sentences"])
 def test_answer_from_the_middle_of_a_document_8x_the_budget(embedded_model, keep) -> None:
+    """keep tokens: method finch's defaults (the paper); sentences: method select's, heads'
+    evidence only (the embedder is another test's)."""
     model, tok = embedded_model
     builder = PromptBuilder(tok)
     text = "".join(p.read_text() + "\n\n" for p in sorted(CORPUS.glob("*.txt"))[5:8])
@@ -33,7 +37,11 @@ def test_answer_from_the_middle_of_a_document_8x_the_budget(embedded_model, keep
     )
     assert "pelican" not in text and len(doc) >= 8 * 500
     parts = builder.build(doc, DEFAULT_QA_INSTRUCTION, QUESTION)
-    cfg = FinchCompression(target_tokens=512, chunk_tokens=256, keep=keep)
+    if keep == "tokens":
+        cfg = FinchCompression(target_tokens=512, chunk_tokens=256)
+    else:
+        cfg = SelectCompression(target_tokens=512, chunk_tokens=256, evidence="heads", order="document",
+                                min_relevance=0.0)
     bounds = sentence_boundaries(tok) if keep == "sentences" else None
     out = finch_prefill(model, [parts], cfg, tok.pad_token_id, boundaries=bounds)
     assert out.context_tokens == [512]

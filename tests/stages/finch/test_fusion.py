@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from finch_testlib import heads_config
 
 from schemas.spec import EMBEDDED_EMBEDDER
-from stages.compression.finch import FinchCompression
 from stages.decoding.state import prefill_full
 from stages.embedding import load_embedder
 from stages.finch.fusion import (
@@ -139,7 +139,7 @@ def test_finch_prefill_reads_the_sentence_the_embedder_finds(tokenizer, tiny_mod
     parts = [_fact_prompt(builder, 2), _fact_prompt(builder, 7)]
     bounds = sentence_boundaries(tokenizer)
     similarity = make_similarity(embedder, tokenizer)
-    cfg = FinchCompression(target_tokens=48, chunk_tokens=32, keep="sentences", order="relevance",
+    cfg = heads_config(target_tokens=48, chunk_tokens=32, keep="sentences", order="relevance",
                            min_relevance=0.5, evidence="fused", similarity_weight=1.0, sentence_split="prose")
     heads = HeadSet("tiny", "-", all_heads(tiny_model))
     out = finch_prefill(tiny_model, parts, cfg, tokenizer.pad_token_id, heads=heads, boundaries=bounds,
@@ -183,7 +183,7 @@ def test_the_qa_default_reads_the_sentence_after_the_one_it_chooses(tokenizer, t
     evidence = similarity_evidence(view.cosine, view.content)
     answer_ids = set(range(*spans[texts.index(ANSWER)]))
 
-    default = FinchCompression(target_tokens=48, chunk_tokens=32, similarity_weight=1.0).resolved("qa")
+    default = heads_config(target_tokens=48, chunk_tokens=32, similarity_weight=1.0).resolved("qa")
     assert default.next_sentence and default.evidence == "fused" and default.min_relevance == 0.5
     for cfg in (default, default.model_copy(update={"next_sentence": False})):
         read = choose_sentences(spans, evidence, 48, 0.5, "relevance", view.follows if cfg.next_sentence else None)
@@ -199,13 +199,13 @@ def test_the_qa_default_reads_the_sentence_after_the_one_it_chooses(tokenizer, t
 
 def test_fused_settings_are_checked_and_resolved():
     with pytest.raises(ValueError, match="evidence fused scores whole sentences"):
-        FinchCompression(evidence="fused", mode="kv")
+        heads_config(evidence="fused", mode="kv")
     with pytest.raises(ValueError, match="evidence fused scores whole sentences"):
-        FinchCompression(evidence="fused", keep="tokens")
+        heads_config(evidence="fused", keep="tokens")
     with pytest.raises(ValueError, match="similarity_weight"):
-        FinchCompression(similarity_weight=1.5)
-    assert FinchCompression().resolved("qa").evidence == "fused"
-    assert FinchCompression().resolved("summarize").evidence == "heads"
-    assert FinchCompression(mode="kv").resolved("qa").evidence == "heads"
+        heads_config(similarity_weight=1.5)
+    assert heads_config().resolved("qa").evidence == "fused"
+    assert heads_config().resolved("summarize").evidence == "heads"
+    assert heads_config(mode="kv").resolved("qa").evidence == "heads"
     with pytest.raises(ValueError, match="needs a question-sentence similarity"):
-        finch_prefill(None, [], FinchCompression(evidence="fused", keep="sentences"), 0, boundaries=object())
+        finch_prefill(None, [], heads_config(evidence="fused", keep="sentences"), 0, boundaries=object())

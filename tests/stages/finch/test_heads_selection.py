@@ -9,10 +9,10 @@ import logging
 
 import pytest
 import torch
-from finch_testlib import random_parts
+from finch_testlib import heads_config, random_parts
 from planted import HEAD, doc_with_marker, planted_model
 
-from stages.compression.finch import FinchCompression, warn_uncalibrated
+from stages.compression.finch import warn_uncalibrated
 from stages.decoding.state import prefill_full
 from stages.finch.heads import (
     HeadSet,
@@ -42,7 +42,7 @@ def _kept(trace: list[FinchStep], row: int, k: int) -> list[int]:
 def test_one_pass_keeps_exactly_the_marker_window(mode: str) -> None:
     model = planted_model()
     parts = _parts(100, 50, seed=1)
-    cfg = FinchCompression(target_tokens=7, chunk_tokens=128, pool_window=7, mode=mode)
+    cfg = heads_config(target_tokens=7, chunk_tokens=128, pool_window=7, mode=mode)
     trace: list[FinchStep] = []
     out = finch_prefill(model, [parts], cfg, 0, trace=trace, heads=PLANTED)
     assert out.context_tokens == [7]
@@ -53,7 +53,7 @@ def test_one_pass_keeps_exactly_the_marker_window(mode: str) -> None:
 def test_chunked_reading_keeps_the_window_and_batches_like_rows_alone(mode: str) -> None:
     model = planted_model()
     parts = [_parts(200, 150, seed=2), _parts(130, 20, seed=3), _parts(90, 60, seed=4)]
-    cfg = FinchCompression(target_tokens=32, chunk_tokens=16, mode=mode)
+    cfg = heads_config(target_tokens=32, chunk_tokens=16, mode=mode)
     trace: list[FinchStep] = []
     out = finch_prefill(model, parts, cfg, 0, trace=trace, heads=PLANTED)
     for row, at in enumerate([150, 20, 60]):
@@ -69,7 +69,7 @@ def test_early_exit_reads_only_up_to_the_selecting_layer_within_the_bound() -> N
     model.config.max_position_embeddings = 128  # documents 3-5x the window
     rows = [(5, 600, 9), (5, 400, 9), (5, 400, 9)]
     parts = [_parts(600, 555, seed=5), _parts(400, 300, seed=6), _parts(400, 10, seed=7)]
-    cfg = FinchCompression(target_tokens=24, chunk_tokens=32, mode="early_exit")
+    cfg = heads_config(target_tokens=24, chunk_tokens=32, mode="early_exit")
     trace: list[FinchStep] = []
     out = finch_prefill(model, parts, cfg, 0, trace=trace, heads=PLANTED)
     assert len(trace) == -(-600 // 32)
@@ -96,7 +96,7 @@ def test_uncalibrated_model_scores_with_all_heads(tmp_path, monkeypatch) -> None
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
     model = planted_model()
     parts = _parts(100, 50, seed=1)
-    cfg = FinchCompression(target_tokens=40, chunk_tokens=128, mode="kv")
+    cfg = heads_config(target_tokens=40, chunk_tokens=128, mode="kv")
     trace: list[FinchStep] = []
     finch_prefill(model, [parts], cfg, 0, trace=trace)
     assert set(range(47, 54)) <= set(_kept(trace, 0, 40))
@@ -104,10 +104,10 @@ def test_uncalibrated_model_scores_with_all_heads(tmp_path, monkeypatch) -> None
 
 def test_early_exit_needs_one_shared_selection() -> None:
     with pytest.raises(ValueError, match="early_exit"):
-        FinchCompression(scoring="paper")
+        heads_config(scoring="paper")
     with pytest.raises(ValueError, match="early_exit"):
-        FinchCompression(head_mode="kv_group")
-    FinchCompression(scoring="paper", mode="kv", head_mode="kv_group")
+        heads_config(head_mode="kv_group")
+    heads_config(scoring="paper", mode="kv", head_mode="kv_group")
 
 
 def test_max_scoring_layers_caps_the_layers_an_uncalibrated_model_reads(tmp_path, monkeypatch) -> None:
@@ -120,15 +120,15 @@ def test_max_scoring_layers_caps_the_layers_an_uncalibrated_model_reads(tmp_path
     parts = [_parts(300, 200, seed=8), _parts(260, 40, seed=9)]
     base = {"target_tokens": 24, "chunk_tokens": 64, "mode": "early_exit", "keep": "tokens"}
     whole: list[FinchStep] = []
-    finch_prefill(model, parts, FinchCompression(**base), 0, trace=whole)
+    finch_prefill(model, parts, heads_config(**base), 0, trace=whole)
     assert all(len(step.kept_index) == 2 for step in whole)  # both layers read every chunk
     capped: list[FinchStep] = []
-    out = finch_prefill(model, parts, FinchCompression(**base, max_scoring_layers=1), 0, trace=capped)
+    out = finch_prefill(model, parts, heads_config(**base, max_scoring_layers=1), 0, trace=capped)
     assert all(len(step.kept_index) == 1 for step in capped)  # layer 1 never read the document
     for row, at in enumerate([200, 40]):
         assert at in _kept(capped, row, 24)  # the planted head of layer 0 still finds its marker
     layer0: list[FinchStep] = []
-    named = finch_prefill(model, parts, FinchCompression(**base), 0, trace=layer0,
+    named = finch_prefill(model, parts, heads_config(**base), 0, trace=layer0,
                           heads=HeadSet("layer 0", "-", all_heads(model, 1)))
     assert [_kept(layer0, r, 24) for r in range(2)] == [_kept(capped, r, 24) for r in range(2)]
     assert torch.equal(out.state.last_logits, named.state.last_logits)
@@ -146,25 +146,25 @@ def test_selecting_heads_keeps_calibrated_heads_within_the_cap_or_every_head_of_
 
 def test_max_scoring_layers_needs_shared_head_selection() -> None:
     with pytest.raises(ValueError, match="max_scoring_layers .* needs scoring heads and selection shared"):
-        FinchCompression(mode="kv", scoring="paper", max_scoring_layers=4)
+        heads_config(mode="kv", scoring="paper", max_scoring_layers=4)
     with pytest.raises(ValueError, match="got scoring heads, selection per_layer"):
-        FinchCompression(mode="kv", selection="per_layer", max_scoring_layers=4)
+        heads_config(mode="kv", selection="per_layer", max_scoring_layers=4)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
-        FinchCompression(max_scoring_layers=0)
-    assert FinchCompression(mode="kv", max_scoring_layers=4).max_scoring_layers == 4
+        heads_config(max_scoring_layers=0)
+    assert heads_config(mode="kv", max_scoring_layers=4).max_scoring_layers == 4
 
 
 def test_an_uncalibrated_model_is_named_once_at_load_with_what_it_costs(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
     model = planted_model()
     with caplog.at_level(logging.WARNING, logger="stages.compression.finch"):
-        assert warn_uncalibrated(model, "tiny", FinchCompression())
+        assert warn_uncalibrated(model, "tiny", heads_config())
     [record] = caplog.records
     assert "tiny has no calibrated retrieval heads" in record.getMessage()
     assert "all 2 layers" in record.getMessage() and "max_scoring_layers" in record.getMessage()
     # Capped, in mode kv (every layer's cache is read anyway), or calibrated: nothing to say.
-    assert not warn_uncalibrated(model, "tiny", FinchCompression(max_scoring_layers=1))
-    assert not warn_uncalibrated(model, "tiny", FinchCompression(mode="kv"))
+    assert not warn_uncalibrated(model, "tiny", heads_config(max_scoring_layers=1))
+    assert not warn_uncalibrated(model, "tiny", heads_config(mode="kv"))
     save_heads(HeadSet("tiny", model_fingerprint(model), ((0, HEAD),)))
     forget(model)
-    assert not warn_uncalibrated(model, "tiny", FinchCompression())
+    assert not warn_uncalibrated(model, "tiny", heads_config())

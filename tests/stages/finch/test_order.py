@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from finch_testlib import random_parts
+from finch_testlib import heads_config, random_parts
 from planted import HEAD, doc_with_marker, planted_model
 
-from stages.compression.finch import AUTO_MIN_RELEVANCE, FinchCompression
+from stages.compression.finch import AUTO_MIN_RELEVANCE
 from stages.decoding.state import prefill_full
 from stages.finch.heads import HeadSet
 from stages.finch.order import kept_units, lay_out, order_by_relevance
@@ -44,7 +44,7 @@ def test_relevance_order_puts_the_marker_window_next_to_the_question():
     and the state is a plain prefill of prefix + reordered tokens + query."""
     model = planted_model()
     parts = [_parts(200, 40, seed=2), _parts(160, 120, seed=3)]
-    base = FinchCompression(target_tokens=24, chunk_tokens=32)
+    base = heads_config(target_tokens=24, chunk_tokens=32)
     trace: list[FinchStep] = []
     doc_order = finch_prefill(model, parts, base, 0, trace=trace, heads=PLANTED)
     rel_cfg = base.model_copy(update={"order": "relevance"})
@@ -67,8 +67,8 @@ def test_relevance_order_puts_the_marker_window_next_to_the_question():
 
 def test_relevance_order_needs_early_exit():
     with pytest.raises(ValueError, match="order relevance needs mode early_exit"):
-        FinchCompression(order="relevance", mode="kv")
-    assert FinchCompression(order="relevance").mode == "early_exit"
+        heads_config(order="relevance", mode="kv")
+    assert heads_config(order="relevance").mode == "early_exit"
 
 
 def test_sentences_in_relevance_order_through_finch_prefill():
@@ -81,7 +81,7 @@ def test_sentences_in_relevance_order_through_finch_prefill():
     frame = random_parts([(5, 0, 9)], seed=4)[0]
     part = PromptParts(frame.prefix_ids, doc, frame.query_ids)
     bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
-    cfg = FinchCompression(target_tokens=30, chunk_tokens=32, keep="sentences", order="relevance")
+    cfg = heads_config(target_tokens=30, chunk_tokens=32, keep="sentences", order="relevance")
     trace: list[FinchStep] = []
     out = finch_prefill(model, [part], cfg, 0, trace=trace, heads=PLANTED, boundaries=bounds)
     step = trace[-1]
@@ -95,16 +95,16 @@ def test_sentences_in_relevance_order_through_finch_prefill():
 
 
 def test_auto_settings_resolve_by_mode_and_task():
-    cfg = FinchCompression()
+    cfg = heads_config()
     assert (cfg.keep, cfg.order, cfg.min_relevance) == ("auto", "auto", "auto")
     assert cfg.relevance_floor == 0.0  # unresolved auto fills the budget
     qa, summary = cfg.resolved("qa"), cfg.resolved("summarize")
     assert (qa.keep, qa.order, qa.min_relevance) == ("sentences", "relevance", AUTO_MIN_RELEVANCE)
     # A summary keeps the story's order and the whole budget.
     assert (summary.keep, summary.order, summary.min_relevance) == ("sentences", "document", 0.0)
-    kv = FinchCompression(mode="kv").resolved("qa")
+    kv = heads_config(mode="kv").resolved("qa")
     assert (kv.keep, kv.order, kv.min_relevance) == ("tokens", "document", 0.0)
-    explicit = FinchCompression(keep="tokens", order="document", min_relevance=0.5).resolved("qa")
+    explicit = heads_config(keep="tokens", order="document", min_relevance=0.5).resolved("qa")
     assert (explicit.keep, explicit.order, explicit.min_relevance) == ("tokens", "document", 0.5)
 
 
@@ -125,10 +125,10 @@ def test_floor_drops_units_below_a_fraction_of_the_best():
 def test_floor_settings_are_checked():
     for bad in (1.0, -0.1, "high"):
         with pytest.raises(ValueError, match="min_relevance"):
-            FinchCompression(min_relevance=bad)
+            heads_config(min_relevance=bad)
     with pytest.raises(ValueError, match="min_relevance needs mode early_exit"):
-        FinchCompression(mode="kv", min_relevance=0.3)
-    assert FinchCompression(mode="kv", min_relevance=0).relevance_floor == 0.0
+        heads_config(mode="kv", min_relevance=0.3)
+    assert heads_config(mode="kv", min_relevance=0).relevance_floor == 0.0
 
 
 def test_floor_through_finch_prefill_reads_only_the_best_sentences():
@@ -141,7 +141,7 @@ def test_floor_through_finch_prefill_reads_only_the_best_sentences():
     frame = random_parts([(5, 0, 9)], seed=4)[0]
     part = PromptParts(frame.prefix_ids, doc, frame.query_ids)
     bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
-    cfg = FinchCompression(target_tokens=30, chunk_tokens=32, keep="sentences", order="relevance",
+    cfg = heads_config(target_tokens=30, chunk_tokens=32, keep="sentences", order="relevance",
                            min_relevance=0.5)
     trace: list[FinchStep] = []
     out = finch_prefill(model, [part], cfg, 0, trace=trace, heads=PLANTED, boundaries=bounds)
@@ -165,7 +165,7 @@ def test_a_document_within_the_budget_keeps_its_order_in_any_batch():
         doc[j] = 3
     parts = [_parts(200, 40, seed=2), PromptParts(short.prefix_ids, doc, short.query_ids)]
     bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
-    cfg = FinchCompression(target_tokens=24, chunk_tokens=32, keep="sentences", order="relevance")
+    cfg = heads_config(target_tokens=24, chunk_tokens=32, keep="sentences", order="relevance")
     batch = finch_prefill(model, parts, cfg, 0, heads=PLANTED, boundaries=bounds)
     alone = finch_prefill(model, [parts[1]], cfg, 0, heads=PLANTED, boundaries=bounds)
     assert batch.context_tokens[1] == alone.context_tokens[0] == 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from finch_testlib import VARIANTS, random_parts, tiny
+from finch_testlib import CONTEXT_VARIANTS, VARIANTS, random_parts, tiny
 
 from stages.compression.finch import FinchCompression
 from stages.decoding.config import DecodeConfig
@@ -15,7 +15,7 @@ from stages.finch.prefill import FinchStep, check_supported, finch_prefill
 ROWS = [(7, 100, 9), (5, 37, 12), (7, 0, 4), (6, 64, 9)]  # (prefix, doc, query) lengths
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", CONTEXT_VARIANTS + ["heads-early_exit-chunk"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 def test_full_budget_equals_full_context_prefill(family: str, variant: str) -> None:
     """target >= every document: same next-token logits as one full prefill (fp32)."""

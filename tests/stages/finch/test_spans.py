@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from finch_testlib import heads_config
 
 from stages.finch.spans import Boundaries, sentence_boundaries, sentence_spans, snap_to_sentences
 
@@ -65,8 +66,7 @@ def test_boundaries_of_the_embedded_tokenizer(tokenizer):
 
 
 def test_keep_sentences_needs_early_exit():
-    from stages.compression.finch import FinchCompression
 
     with pytest.raises(ValueError, match="keep sentences needs mode early_exit"):
-        FinchCompression(keep="sentences", mode="kv")
-    assert FinchCompression(keep="sentences").mode == "early_exit"
+        heads_config(keep="sentences", mode="kv")
+    assert heads_config(keep="sentences").mode == "early_exit"

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from finch_testlib import tiny
+from finch_testlib import heads_config, tiny
 
-from stages.compression.finch import FinchCompression
 from stages.finch.compaction import make_plan
 from stages.finch.heads import HeadSet
 from stages.finch.strategies import (
@@ -45,14 +44,14 @@ def _heads(*pairs: tuple[int, int]) -> HeadSet:
     ],
 )
 def test_make_selector_picks_the_strategy_and_its_layers(model, settings, heads, kind, capture, run, groups):
-    sel = make_selector(model, FinchCompression(**settings), _heads(*heads) if heads else None)
+    sel = make_selector(model, heads_config(**settings), _heads(*heads) if heads else None)
     assert type(sel) is kind
     assert sel.capture_layers == capture and sel.run_layers == run and sel.groups == groups
     assert sel.scaling == [D**-0.5, D**-0.5]
 
 
 def test_head_selector_groups_its_heads_by_layer_and_kv_head(model):
-    cfg = FinchCompression(head_mode="kv_group", mode="kv")
+    cfg = heads_config(head_mode="kv_group", mode="kv")
     sel = make_selector(model, cfg, _heads((1, 3), (0, 1), (1, 2), (0, 1)))
     assert sel.by_layer == {0: [1], 1: [2, 3]}  # sorted, duplicates dropped
     assert sel.has_head.tolist() == [True, True]  # query head 1 -> KV head 0; 2, 3 -> KV head 1
@@ -87,13 +86,13 @@ def _plan(kept: int):
 
 def test_paper_and_per_layer_keep_each_layers_own_choice_heads_share_the_selecting_layers(model):
     view = _planted_view([[[3, 6, 9]] * 2, [[4, 7, 10]] * 2])  # layer 0 and layer 1 disagree
-    paper = make_selector(model, FinchCompression(scoring="paper", mode="kv"), None).select(view, _plan(3))
-    per_layer = make_selector(model, FinchCompression(selection="per_layer", mode="kv", pool_window=1),
+    paper = make_selector(model, heads_config(scoring="paper", mode="kv"), None).select(view, _plan(3))
+    per_layer = make_selector(model, heads_config(selection="per_layer", mode="kv", pool_window=1),
                               None).select(view, _plan(3))
     assert [i.tolist() for i in paper] == [[[[3, 6, 9]]], [[[4, 7, 10]]]]
     assert [i.tolist() for i in per_layer] == [[[[3, 6, 9]]], [[[4, 7, 10]]]]
     # Heads only in layer 1: one selection, layer 1's, for every layer of the pass.
-    shared = make_selector(model, FinchCompression(mode="kv", pool_window=1), _heads((1, 0), (1, 3)))
+    shared = make_selector(model, heads_config(mode="kv", pool_window=1), _heads((1, 0), (1, 3)))
     got = shared.select(view, _plan(3))
     assert len(got) == 2 and got[0] is got[1]
     assert got[0].tolist() == [[[4, 7, 10]]]
@@ -102,17 +101,17 @@ def test_paper_and_per_layer_keep_each_layers_own_choice_heads_share_the_selecti
 def test_kv_groups_select_apart_and_a_group_without_heads_follows_the_others(model):
     view = _planted_view([[[2, 3, 4], [8, 9, 10]]] * 2)  # KV head 0 and KV head 1 look apart
     for settings in ({"scoring": "paper"}, {"selection": "per_layer", "pool_window": 1}):
-        cfg = FinchCompression(head_mode="kv_group", mode="kv", **settings)
+        cfg = heads_config(head_mode="kv_group", mode="kv", **settings)
         got = make_selector(model, cfg, None).select(view, _plan(3))
         assert [i.tolist() for i in got] == [[[[2, 3, 4], [8, 9, 10]]]] * 2, settings
-    cfg = FinchCompression(head_mode="kv_group", mode="kv", pool_window=1)
+    cfg = heads_config(head_mode="kv_group", mode="kv", pool_window=1)
     only_group_0 = make_selector(model, cfg, _heads((0, 0), (0, 1))).select(view, _plan(3))
     assert only_group_0[0].tolist() == [[[2, 3, 4], [2, 3, 4]]]
 
 
 def test_pooled_heads_keep_a_run_around_a_strong_token_the_paper_keeps_tokens(model):
     view = _planted_view([[[7]] * 2] * 2)
-    pooled = make_selector(model, FinchCompression(mode="kv", pool_window=3), None).select(view, _plan(3))
+    pooled = make_selector(model, heads_config(mode="kv", pool_window=3), None).select(view, _plan(3))
     assert pooled[0].tolist() == [[[6, 7, 8]]]  # the peak and its window
-    paper = make_selector(model, FinchCompression(scoring="paper", mode="kv"), None).select(view, _plan(3))
+    paper = make_selector(model, heads_config(scoring="paper", mode="kv"), None).select(view, _plan(3))
     assert 7 in paper[0][0, 0].tolist() and paper[0][0, 0].tolist() != [6, 7, 8]

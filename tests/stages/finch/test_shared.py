@@ -1,0 +1,93 @@
+"""stages/finch/shared.py: a document read once for all its questions equals each
+question read alone (kept entries, scores, logits and greedy text), in every mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from finch_testlib import random_parts, tiny
+
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
+from stages.finch.config import FinchCompression
+from stages.finch.prefill import FinchStep, finch_prefill, read_document
+from stages.finch.shared import document_groups
+from stages.prompting import PromptParts
+
+MODES = {
+    "paper-kv": {"scoring": "paper", "mode": "kv"},
+    "heads-kv": {"scoring": "heads", "mode": "kv"},
+    "heads-early_exit": {"scoring": "heads", "mode": "early_exit"},
+}
+
+
+def _questions(doc_len: int = 90, n: int = 3, seed: int = 4) -> list[PromptParts]:
+    """One document (same prefix) asked ``n`` questions of different lengths, plus
+    another document, interleaved."""
+    a = random_parts([(6, doc_len, 5 + 2 * q) for q in range(n)], seed=seed)
+    other = random_parts([(6, 57, 7)], seed=seed + 1)[0]
+    same = [PromptParts(a[0].prefix_ids, a[0].context_ids, p.query_ids) for p in a]
+    other = PromptParts(a[0].prefix_ids, other.context_ids, other.query_ids)
+    return [same[0], other, *same[1:]]
+
+
+def test_document_groups() -> None:
+    parts = _questions()
+    row_doc, doc_row = document_groups(parts)
+    assert row_doc == [0, 1, 0, 0] and doc_row == [0, 1]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_one_pass_equals_each_question_alone(mode: str) -> None:
+    model = tiny("llama", seed=3)  # float64: no near-tie flips between batch layouts
+    parts = _questions()
+    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", **MODES[mode])
+    together = read_document(model, parts, cfg, 0)
+    for row, p in enumerate(parts):
+        alone = read_document(model, [p], cfg, 0)
+        k = int(alone.kept[0])
+        assert int(together.kept[row]) == k
+        assert torch.equal(together.doc_index0[row][:, -k:], alone.doc_index0[0][:, -k:])
+        if mode == "heads-early_exit":
+            torch.testing.assert_close(together.kept_score[row][-k:], alone.kept_score[0][-k:])
+    # The whole prefill: same logits and the same greedy answer, row by row.
+    out = finch_prefill(model, parts, cfg, 0)
+    for row, p in enumerate(parts):
+        one = finch_prefill(model, [p], cfg, 0)
+        torch.testing.assert_close(out.state.last_logits[row], one.state.last_logits[0])
+        assert out.context_tokens[row] == one.context_tokens[0]
+    greedy = DecodeConfig(max_new_tokens=6, eos_ids=frozenset({-1}))
+    texts = [r.tokens for r in decode_plain(model, out.state, greedy)]
+    assert texts == [decode_plain(model, finch_prefill(model, [p], cfg, 0).state, greedy)[0].tokens
+                     for p in parts]
+
+
+def test_questions_keep_their_own_entries() -> None:
+    """Sharing the reading does not share the selection: questions keep different entries."""
+    model = tiny("llama", seed=3)
+    parts = _questions(doc_len=120)
+    cfg = FinchCompression(target_tokens=12, chunk_tokens=16, reading="chunk", scoring="paper", mode="kv")
+    read = read_document(model, parts, cfg, 0)
+    kept = [read.doc_index0[r][0, -12:].tolist() for r in (0, 2, 3)]
+    assert kept[0] != kept[1] or kept[1] != kept[2]
+
+
+def test_document_read_once_and_memory_bounded() -> None:
+    """The document pass reads each distinct document's chunk once; every row's cache stays
+    within prefix + target + chunk + |P|."""
+    model = tiny("llama", seed=3)
+    parts = _questions(doc_len=100)
+    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", scoring="heads",
+                           mode="early_exit")
+    fed: list[int] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, a, o: fed.append(int(a[0].shape[0])))
+    trace: list[FinchStep] = []
+    try:
+        read_document(model, parts, cfg, 0, trace=trace)
+    finally:
+        hook.remove()
+    # Per chunk: one document pass of G=2 rows, one question pass of B=4 rows (after the prefix pass).
+    assert fed[0] == 2 and fed[1:] == [2, 4] * len(trace)
+    lp, pmax = 6, max(len(p.query_ids) for p in parts)
+    for step in trace:
+        assert step.slots <= lp + cfg.target_tokens + cfg.chunk_tokens + pmax
