@@ -357,3 +357,41 @@ def test_the_model_loads_and_every_forward_runs_on_the_engine_thread(tiny_model_
     assert out[0]["error"] is None
     assert [w for w, _ in where[:1]] == ["load"] and any(w == "forward" for w, _ in where)
     assert len({ident for _, ident in where}) == 1 and where[0][1] != threading.get_ident()
+
+
+def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, tokenizer, monkeypatch):
+    """Method select (reading chunk): the engine hands a document's questions to one reading
+    pass (share_reading on), with the same answers as one pass per question (off)."""
+    import stages.finch.shared as shared
+
+    calls: list[tuple[int, int]] = []  # (rows, documents) per reading pass
+    groups = shared.document_groups
+
+    def counted(parts):
+        row_doc, doc_row = groups(parts)
+        calls.append((len(row_doc), len(doc_row)))
+        return row_doc, doc_row
+
+    monkeypatch.setattr(shared, "document_groups", counted)
+    docs = ["rivers and mountains of the north. " * 12, "a long note on tea and its history. " * 10]
+    questions = ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]
+    reqs = []
+    for d, text in enumerate(docs):
+        for q in questions:
+            r = _request(len(reqs), tokenizer, text)
+            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q})
+    texts = {}
+    for share in (True, False):
+        calls.clear()
+        spec = spec_from_dict({
+            "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
+            "compression": {"method": "select", "target_tokens": 24, "chunk_tokens": 32, "evidence": "heads",
+                            "share_reading": share},
+            "generation": {"model": str(tiny_model_dir), "max_new_tokens": 6},
+        })  # fmt: skip
+        out = batch_to_rows(GenerateStage(spec.model_dump(mode="json"))(rows_to_batch(reqs)))
+        assert all(row["error"] is None for row in out)
+        assert calls == ([(3, 1), (3, 1)] if share else [(1, 1)] * 6)
+        assert all(0 < row["context_tokens"] <= 24 and row["compress_s"] > 0 for row in out)
+        texts[share] = [row["output_text"] for row in out]
+    assert texts[True] == texts[False]

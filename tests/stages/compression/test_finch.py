@@ -9,8 +9,8 @@ import torch
 
 from schemas.loading import spec_from_dict
 from stages.compression.finch import FinchMethod, prompt_similarity
-from stages.finch.config import AUTO_MIN_RELEVANCE, FinchCompression, SelectCompression
 from stages.decoding.state import prefill_full
+from stages.finch.config import AUTO_MIN_RELEVANCE, FinchCompression, SelectCompression
 from stages.prompting import PromptParts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
