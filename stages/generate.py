@@ -273,7 +273,7 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
             kv_memory_gb=res.kv_memory_gb, kv_memory_fraction=res.kv_memory_fraction,
             slots=None if res.decode_slots == "auto" else res.decode_slots,
             expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,
-            group_rows=4 if device.type == "cuda" else 1,
+            group_rows=(method.prefill_group_rows(spec) or 4) if device.type == "cuda" else 1,
             prefix_cache=spec.reuses_document_prefix,
         )
     except ValueError as e:

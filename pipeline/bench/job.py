@@ -484,6 +484,10 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
         steady, where = _ray_steady(m, watch, rows)
     else:
         tl = json.loads(timeline_path.read_text())
+        if "engine" not in tl:  # the run aborted before its engine started: say why, not KeyError
+            errors = sorted({r["error"] for r in rows if r["error"]})
+            raise RuntimeError(f"longdoc side {variant} (run {k}) aborted before its engine ran: "
+                               f"{errors[:1] or 'no rows'}; log {side_dir / 'log.txt'}")
         steady = tl["t_last_written"] - tl["t_first_start"] if tl.get("t_first_start") else None
         eng = tl["engine"]
         before = {"interpreter_s": tl["t_start"] - m.t_start}  # the process's start, up to the first row

@@ -140,6 +140,12 @@ class CompressionMethod(ABC):
 
         return Loaded(model, tok, full, full_prefill=True)
 
+    def prefill_group_rows(self, job: JobSpec) -> int | None:
+        """Requests one call of this method's prefill may take on an accelerator (None: the
+        engine's default). A method whose reading is launch-bound (a small scorer model)
+        asks for more, so each pass reads many documents."""
+        return None
+
     def reads_once_per_document(self, job: JobSpec) -> bool:
         """True: this method's prefill reads a document once for all the rows given to one
         call (Finch's chunk reading), so the engine hands it a document's queued requests

@@ -47,6 +47,10 @@ class SelectMethod(FinchMethod):
     paper = "https://arxiv.org/abs/2409.17422"  # GemFilter: early-layer selection, then prefill
     order = 4
 
+    def prefill_group_rows(self, job: JobSpec) -> int | None:
+        """A small scorer's passes are launch-bound on a GPU: 16 documents per pass (the generator's prefill of their kept text stays within a few GB)."""
+        return 16 if self.config(job).scorer is not None else None
+
     def load(self, job: JobSpec, device: torch.device) -> Loaded:
         config = self.config(job)
         if config.scorer is None:

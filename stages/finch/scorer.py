@@ -74,14 +74,27 @@ class Scorer:
 
     def __post_init__(self) -> None:
         self.prompts = PromptBuilder(self.tokenizer)
+        self._same_vocab: dict[int, bool] = {}
+
+    def _shares_vocabulary(self, gen_tokenizer) -> bool:
+        """The generator's tokenizer maps every token as the scorer's does (checked once per
+        tokenizer): its ids are then read as they are, with no decode and re-encode."""
+        key = id(gen_tokenizer)
+        if key not in self._same_vocab:
+            self._same_vocab[key] = (type(gen_tokenizer) is type(self.tokenizer)
+                                     and gen_tokenizer.get_vocab() == self.tokenizer.get_vocab())
+        return self._same_vocab[key]
 
     def _document(self, gen_tokenizer, context_ids: list[int], spans: Spans) -> _ScorerDoc:
-        """The generator's sentences, decoded and encoded in the scorer's tokens."""
+        """The generator's sentences in the scorer's tokens (decoded and encoded in one batch
+        each, unless the two share a vocabulary)."""
+        if self._shares_vocabulary(gen_tokenizer):
+            return _ScorerDoc(list(context_ids), list(spans))
+        texts = gen_tokenizer.batch_decode([context_ids[s:e] for s, e in spans])
+        pieces = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         ids: list[int] = []
         out: Spans = []
-        for s, e in spans:
-            text = gen_tokenizer.decode(context_ids[s:e])
-            piece = self.prompts.encode_text(text)
+        for piece in pieces:
             out.append((len(ids), len(ids) + len(piece)))
             ids.extend(piece)
         return _ScorerDoc(ids, out)
@@ -178,4 +191,4 @@ def load_scorer(job: JobSpec, config: SelectCompression, dtype: str, device: tor
     assert config.scorer is not None
     model, tok = load_causal_lm(config.scorer, dtype, device)
     check_supported(model)
-    return Scorer(model, tok, config, job.task.resolved_instruction(), job.task.kind == "qa")
+    return Scorer(model, tok, config, job.task.resolved_instruction, job.task.kind == "qa")
