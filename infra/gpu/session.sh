@@ -228,11 +228,11 @@ NIGHT_VARIANTS=${NIGHT_VARIANTS:-none finch-capped finch rag}
 NIGHT_FINCH_LAYERS=${NIGHT_FINCH_LAYERS:-14}
 # select: method select with a small scorer model reading for the 8B generator. The embedded
 # SmolLM2-135M's weights (a 98 MB GGUF) do not travel in one call, so the night's scorer is a
-# random-weight model of its architecture (the same reading cost) read through the layers its
-# shipped calibrated heads reach (index 22: 23 of 30 layers); the selection's quality is the
-# CPU eval's, with the real weights.
+# random-weight model of its architecture selecting with the embedded model's shipped calibrated
+# heads (compression.heads_from: the same layers read, 23 of 30, and the same 8 heads, so the
+# same reading cost); the selection's quality is the CPU eval's, with the real weights.
 NIGHT_SCORER=${NIGHT_SCORER:-random:smollm2-135m}
-NIGHT_SCORER_LAYERS=${NIGHT_SCORER_LAYERS:-23}
+NIGHT_SCORER_HEADS=${NIGHT_SCORER_HEADS:-embedded:smollm2-135m-instruct}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
 NIGHT_PEER_BATCHES=${NIGHT_PEER_BATCHES:-8,16,32}
 NIGHT_RUNS=${NIGHT_RUNS:-1}
@@ -266,7 +266,7 @@ night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm
           echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET"
         fi ;;
       bm25) echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET" ;;
-      select) echo "--variant=select-$NIGHT_TARGET-scorer:compression.method=select;compression.target_tokens=$NIGHT_TARGET;compression.scorer=$NIGHT_SCORER;compression.max_scoring_layers=$NIGHT_SCORER_LAYERS" ;;
+      select) echo "--variant=select-$NIGHT_TARGET-scorer:compression.method=select;compression.target_tokens=$NIGHT_TARGET;compression.scorer=$NIGHT_SCORER;compression.heads_from=$NIGHT_SCORER_HEADS" ;;
       -) ;;  # none of these: the sides come from NIGHT_JOB_ARGS' own --variant options
       *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch finch-capped rag bm25 select, or - (only NIGHT_JOB_ARGS' variants)" >&2; return 2 ;;
     esac

@@ -88,8 +88,9 @@ def gather_layer(
     sel_k, sel_v = gather_slots(keys[:, :, prefix_width:], values[:, :, prefix_width:], idx)  # [B, Hkv, K', D]
     old_pos = cand_pos[:, None].expand(b, h_kv, cand_pos.shape[-1]).gather(2, idx)  # [B, Hkv, K']
     delta = torch.where(plan.slot_valid[:, None], plan.new_pos[:, None] - old_pos, 0)
-    if bool((delta != 0).any()):
-        sel_k = rerotate(sel_k, delta, inv_freq)
+    # Rotating by 0 is exact (cos 1, sin 0), and asking whether any delta is non-zero would
+    # cost a host sync per layer: on a GPU the pass is launch-bound, so rotate always.
+    sel_k = rerotate(sel_k, delta, inv_freq)
     new_k = torch.cat([keys[:, :, :prefix_width], sel_k], dim=2)
     new_v = torch.cat([values[:, :, :prefix_width], sel_v], dim=2)
     return new_k, new_v

@@ -39,7 +39,7 @@ class FinchCompression(CompressionSpec):
     """Finch's settings; the defaults are the paper's (mode kv, scoring paper, reading kept)."""
 
     method: Literal["finch"] = "finch"
-    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading")
+    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from")
     target_tokens: int = Field(
         default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
     )
@@ -74,6 +74,13 @@ class FinchCompression(CompressionSpec):
         "without calibrated heads otherwise reads it through every layer and then prefills "
         "the kept tokens again, more than no compression costs (GemFilter selects with one "
         "early layer: index 13 of Llama-3.1-8B's 32). null: no cap.",
+    )
+    heads_from: str | None = Field(
+        default=None,
+        description="scoring heads: select with the heads calibrated on this model (a shipped "
+        "set, e.g. embedded:smollm2-135m-instruct) instead of the model's own: for a fine-tune "
+        "of that model, or a random-weight stand-in of its architecture in benchmarks. null: "
+        "the model's own calibrated heads (every head when it has none).",
     )
     mode: Literal["kv", "early_exit"] = Field(
         default="kv",

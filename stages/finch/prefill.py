@@ -82,7 +82,7 @@ from stages.finch.fusion import (
     head_evidence,
     similarity_evidence,
 )
-from stages.finch.heads import HeadSet, find_heads
+from stages.finch.heads import HeadSet, check_heads, find_heads, heads_named
 from stages.finch.order import lay_out
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
@@ -355,7 +355,11 @@ def read_document(
     the layers early exit needs (mode early_exit) or all of them (mode kv). ``reading:
     chunk`` reads each distinct document once for all its rows (shared.py)."""
     if heads is _AUTO:
-        heads = find_heads(model) if config.scoring == "heads" else None
+        heads = None
+        if config.scoring == "heads":
+            heads = heads_named(config.heads_from) if config.heads_from else find_heads(model)
+            if heads is not None:
+                check_heads(model, heads)
     selector = make_selector(model, config, heads)  # type: ignore[arg-type]
     if config.reading == "chunk":
         from stages.finch.shared import read_shared

@@ -132,12 +132,13 @@ def read_shared(
                  use_cache=True, **cache_kwargs(base, doc_cache))
         # 2. Each row's cache gets its document's chunk, moved past the row's kept entries.
         delta = kept[:, None, None].expand(b, h_kv, t)  # [B, Hkv, T]
+        moved = i > 0 and bool(kept.any())  # one host sync per pass, not one per layer
         for layer_idx in range(run_layers):
             dl = doc_cache.layers[layer_idx]
             ck = dl.keys[:, :, lp:].index_select(0, by_row)  # [B, Hkv, T, D]
             cv = dl.values[:, :, lp:].index_select(0, by_row)
             dl.keys, dl.values = dl.keys[:, :, :lp], dl.values[:, :, :lp]
-            if bool((delta != 0).any()):
+            if moved:
                 ck = rerotate(ck, delta, inv_freq)
             if layer_idx < len(cache.layers):
                 ql = cache.layers[layer_idx]

