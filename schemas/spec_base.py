@@ -37,6 +37,8 @@ DEFAULT_QA_INSTRUCTION = (
 EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
     "model": (EMBEDDED_MODEL,),
     "embedder": (EMBEDDED_EMBEDDER,),
+    "scorer": (EMBEDDED_MODEL,),  # method select's small reader (stages/finch/scorer.py)
+    "heads_from": (EMBEDDED_MODEL,),  # a shipped head set, by the model it was calibrated on
 }
 #: Shapes a ``random:<shape>`` model name may name (random weights, no download; built
 #: by stages/random_models.py, whose SHAPES must hold exactly these).

