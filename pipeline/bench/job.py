@@ -631,6 +631,15 @@ def agreement(p: Prepared, variant: str, rows: list[dict], peer_rows: list[dict]
             "differs": [a["doc_id"] for v, (a, _) in zip(verdicts, pairs, strict=True) if v == "differs"][:20]}
 
 
+def side_agreement(first: list[dict], other: list[dict]) -> dict:
+    """Rows of another longdoc side with the first side's output text (same request ids):
+    variants that must not change answers (a scheduling switch) are checked here."""
+    theirs = {r["request_id"]: r for r in first}
+    pairs = [(r, theirs[r["request_id"]]) for r in other if r["error"] is None and r["request_id"] in theirs]
+    return {"compared": len(pairs), "text_equal": sum(a["output_text"] == b["output_text"] for a, b in pairs),
+            "differs": [a["request_id"] for a, b in pairs if a["output_text"] != b["output_text"]][:20]}
+
+
 def _cut_short(ours: dict, peer: dict) -> bool:
     """Our row stopped earlier than the peer's and its text is where the peer's begins."""
     a, b = ours["output_text"] or "", peer["output_text"] or ""
@@ -748,6 +757,8 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
         "summary": {side: medians(runs) for side, runs in runs_by_side.items()},
         "agreement": {name: agreement(p, name, last_rows[name], last_rows.get(p.peer_of[name] or ""))
                       for name in longdoc_sides if p.peer_of.get(name) in run_peers},
+        "agreement_sides": {name: side_agreement(last_rows[longdoc_sides[0]], last_rows[name])
+                            for name in longdoc_sides[1:] if name in last_rows and longdoc_sides[0] in last_rows},
         "notes": _notes(s, p),
     }
 

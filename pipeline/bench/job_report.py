@@ -341,6 +341,16 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"agreement {side} vs {a['peer']}: {a['text_equal']}/{a['compared']} rows with equal text{cut} "
                      f"({a['dtype']}); {a['prompt_tokens_equal']}/{a['compared']} equal prompt lengths"
                      if a.get("compared") else f"agreement {side}: {a.get('reason')}")
+    first = next(iter(result["summary"]), None)
+    for side, a in result.get("agreement_sides", {}).items():
+        lines.append(f"agreement {side} vs {first}: {a['text_equal']}/{a['compared']} rows with equal text")
+    for side, runs in result.get("runs_by_side", {}).items():
+        w = runs[-1].get("where") if runs else None
+        if isinstance(w, dict) and w.get("engine_prefill_s") is not None:
+            read = w.get("rows_compress_s") or 0.0
+            lines.append(f"time {side}: method reading {_f(read)} s, model prefill {_f(w['engine_prefill_s'] - read)} s, "
+                         f"decode steps {_f(w.get('engine_step_s'))} s, of which prefill stalled decoding "
+                         f"{_f(w.get('engine_stall_s'))} s (last run)")
     for t in result["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
         lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
