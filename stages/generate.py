@@ -40,7 +40,8 @@ from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
 from stages.compression.base import CONTEXT_COLUMNS
 from stages.decoding.config import RowResult, decode_config_for
-from stages.decoding.engine import Engine, KvBudgetExceeded, Request
+from stages.decoding.engine import Engine, KvBudgetExceeded
+from stages.decoding.request import Request
 from stages.decoding.service import EngineService
 from stages.decoding.stops import cut_text
 from stages.host_memory import keep_freed_memory

@@ -78,6 +78,7 @@ from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
 from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
 from stages.decoding.prefix_cache import PrefixCache
+from stages.decoding.request import Finished, Request
 from stages.decoding.sampling import target_probs
 from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Waiting
 from stages.decoding.slot_step import width_buckets
@@ -85,7 +86,6 @@ from stages.decoding.slots import RowWriter, SlotCache, bytes_per_token, layer_s
 from stages.decoding.state import CompressedPrefill
 from stages.decoding.stops import StopChecker
 from stages.decoding.verify import sample_accept
-from stages.prompting import PromptParts
 
 #: A method's prefill strategy (compression.base.Loaded.prefill): B prompts -> a state
 #: whose cache the engine loads into slots. It may accept ``on_chunk``, a callable
@@ -95,24 +95,6 @@ MethodPrefill = Callable[..., CompressedPrefill]
 #: The prefix cache's share of the KV budget when it is on: room for a few documents'
 #: prefixes at once (requests of one document arrive together), taken from the slots.
 PREFIX_CACHE_SHARE = 1 / 8
-
-
-@dataclass
-class Request:
-    """One generation request (see the module contract)."""
-
-    key: Hashable  # the caller's handle, returned with the result
-    parts: PromptParts  # what the model reads (before a prefill method compresses it)
-    lookup_ids: list[int]  # drafting source: the ORIGINAL prefix + document + query ids
-    seed: int = 0
-    kv_tokens: int | None = None  # KV slots the row holds after its prefill; None: len(parts)
-
-
-@dataclass
-class Finished:
-    key: Hashable
-    result: RowResult | None  # None when ``error`` is set
-    error: BaseException | None = None
 
 
 @dataclass

@@ -11,9 +11,10 @@ from stages.decoding import backends, cpu_fused, linear_plan
 from stages.decoding.adaptive import step_indicator
 from stages.decoding.backends import CpuBackend, CudaBackend, StepBackend, backend_for, compile_plan
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.linear_plan import LinearPlan, RoutedLinear
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts
 

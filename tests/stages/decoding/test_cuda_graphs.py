@@ -14,8 +14,9 @@ from tiny_models import tiny_causal_lm
 
 from stages.decoding.config import DecodeConfig
 from stages.decoding.cuda_graphs import CapturedSteps, SharedOutputs
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.forward import decode_view
+from stages.decoding.request import Request
 from stages.decoding.slot_step import SlotStep
 from stages.decoding.slots import SlotCache
 from stages.decoding.state import prefill_full

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.forward import decode_view
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.slot_step import (
     SlotStep,
     batch_buckets,
