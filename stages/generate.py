@@ -11,7 +11,7 @@ batch's requests to the engine and waits for them. The actor takes several batch
 once (pipeline/plan.py), so requests of later batches join the decode batch while
 earlier rows still decode: the engine's slots stay full for the whole job.
 
-Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
+Prefill strategies (infra/README.md, "Architecture": they need the generating model's weights, so they run
 here) come from the compression method (stages/compression/, ``CompressionMethod.load``):
 a whole prompt (the document as a text method kept it) is prefilled by the engine
 itself, chunk by chunk; Finch's KV-cache compression and the AutoCompressor's summaries
