@@ -88,6 +88,14 @@ class ModelStage:
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     resources: dict[str, float] = field(default_factory=dict)
+    gpu_field: str = "resources.compress_num_gpus"  # the spec field num_gpus comes from
+
+    def needs(self) -> dict[str, float]:
+        """What one instance needs of a node, as Ray counts it (CPU, GPU, custom resources)."""
+        need = {"CPU": float(self.num_cpus), **{k: float(v) for k, v in self.resources.items()}}
+        if self.num_gpus > 0:
+            need["GPU"] = float(self.num_gpus)
+        return need
 
 
 def model_stages(spec: JobSpec) -> list[ModelStage]:
@@ -104,6 +112,7 @@ def model_stages(spec: JobSpec) -> list[ModelStage]:
     stages.append(ModelStage(
         "generate", GenerateStage, res.batch_size, res.actors, generate_batches_in_flight(spec),
         num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=dict(res.custom_resources),
+        gpu_field="resources.num_gpus",
     ))
     return stages
 
