@@ -7,6 +7,12 @@ cpu_native/ (CPU with the causal prefill kernel, where it pays).
 """
 
 from stages.decoding.backends.base import COMPILE_CHOICES, StepBackend
-from stages.decoding.backends.registry import backend_class, backend_for, compile_plan, registry
+from stages.decoding.backends.registry import (
+    backend_class,
+    backend_for,
+    compile_plan,
+    registry,
+    synchronize,
+)
 
-__all__ = ["COMPILE_CHOICES", "StepBackend", "backend_class", "backend_for", "compile_plan", "registry"]
+__all__ = ["COMPILE_CHOICES", "StepBackend", "backend_class", "backend_for", "compile_plan", "registry", "synchronize"]

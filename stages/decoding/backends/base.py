@@ -18,8 +18,9 @@ every registered backend to it):
   Exact sizes for eager steps (padding would be computed for nothing), buckets for compiled
   or captured ones (a handful of graphs, replayed): ``ExactShapes`` / ``BucketShapes``.
 - ``clock()``: the clock step cost is measured with (seconds; differences only), after
-  whatever synchronisation makes queued device work count; ``synchronize()`` alone (for
-  code that times its own work, e.g. a method's prefill).
+  whatever synchronisation makes queued device work count; ``synchronize()`` alone, and
+  ``synchronize_device(device)`` at class level (code that times its own device work,
+  e.g. a method's prefill: registry.synchronize(device)).
 - ``cost_prior()``/``cost_shape(m)``: what adaptive.StepCost starts from.
 - memory: ``free_memory_bytes()`` (what the KV budget is a fraction of, measured now: after
   the weights loaded) and ``kv_memory_fraction`` (the default fraction);
@@ -195,8 +196,14 @@ class StepBackend:
         return self.shapes.span(need, capacity)
 
     # ------------------------------------------------------------------ clock, cost, memory
+    @classmethod
+    def synchronize_device(cls, device: torch.device) -> None:
+        """Wait for ``device``'s queued work (nothing where work runs as it is called); for
+        code that times device work without a backend of its own (registry.synchronize)."""
+
     def synchronize(self) -> None:
-        """Wait for the device's queued work (nothing where work runs as it is called)."""
+        """Wait for the device's queued work (``synchronize_device`` of this backend's device)."""
+        self.synchronize_device(self.device)
 
     def clock(self) -> float:
         self.synchronize()

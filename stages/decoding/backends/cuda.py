@@ -70,8 +70,9 @@ class CudaBackend(StepBackend):
     def device_name(cls, device: torch.device) -> str:
         return f"cuda:{torch.cuda.get_device_name(device)}"
 
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
+    @classmethod
+    def synchronize_device(cls, device: torch.device) -> None:
+        torch.cuda.synchronize(device)
 
     def clock(self) -> float:
         torch.cuda.synchronize(self.device)

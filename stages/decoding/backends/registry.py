@@ -90,3 +90,10 @@ def backend_for(
 def compile_plan(compile: str | bool | None, device: torch.device | str) -> tuple[str | None, str | None]:
     """(torch.compile mode, compiler) the backend for ``device`` runs a compile choice with."""
     return backend_class(device, compile).compile_plan(compile_choice(compile))
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work, as its step backend does (no-op on CPU): for code
+    that times device work outside an engine (e.g. a method's prefill figures)."""
+    device = torch.device(device)
+    backend_class(device, "off" if device.type != "cuda" else "auto").synchronize_device(device)

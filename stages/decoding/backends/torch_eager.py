@@ -94,9 +94,10 @@ class TorchEagerBackend(StepBackend):
     def attention(self, model: torch.nn.Module) -> Attention:
         return host_attention if self.on_host and not self.compiled else packed_gqa_sdpa
 
-    def synchronize(self) -> None:
-        if not self.on_host:
-            getattr(torch, self.device.type).synchronize()  # mps, xpu, ...
+    @classmethod
+    def synchronize_device(cls, device: torch.device) -> None:
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()  # mps, xpu, ...
 
     def clock(self) -> float:
         self.synchronize()

@@ -198,3 +198,13 @@ def test_the_native_kernel_goes_only_to_the_families_it_was_measured_with(tiny_m
     assert CpuNativeBackend(other, portable=True).attention(other) is host_attention
     with pytest.raises(ValueError, match="eager steps on the CPU"):
         CpuNativeBackend(tiny_model, compile="inductor")
+
+
+def test_code_outside_an_engine_synchronises_through_the_registry():
+    """registry.synchronize(device): what a method's prefill calls to time its device work."""
+    from stages.decoding.backends import synchronize
+
+    synchronize("cpu")  # nothing queued on the host: returns
+    synchronize(torch.device("cpu"))
+    if torch.cuda.is_available():
+        synchronize("cuda")
