@@ -56,7 +56,7 @@ BENCH_OUT ?= jobs/results/bench-decode
 BENCH_GPU_ARGS ?= --device cuda --model random:llama-8b --batch-sizes 1,8,32 --prompt-tokens 1024 --new-tokens 128 --usd-per-device-hour 2.50
 PACK_PY_VERSION ?= 3.12
 PYDANTIC_PKGS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
-# pytest for the GPU-only tests the night runs (tests/stages/decoding/test_cuda_graphs.py).
+# pytest for the GPU-only tests the night runs (tests/stages/decoding/backends/test_cuda_graphs.py).
 GPU_TEST_PKGS := pytest pluggy iniconfig
 
 bench-gpu:

@@ -14,11 +14,12 @@ batch as it finishes (completion order), exactly what the Ray plan's
 ``iter_batches`` yields, so pipeline/runner.py treats both alike:
 - The same stage objects in the same order: ReadDocuments (document error rows and
   the run's ledger, per input file in listed order), ``input.limit`` documents,
-  ExpandRequests (minus ``skip``), TokenizeStage, a text-stage method (e.g. rag),
-  GenerateStage, WriteStage (staged files named by their request ids, as Ray's).
+  ExpandRequests (minus ``skip``), then the model stages the Ray plan declares
+  (pipeline/plan.py ``model_stages``: tokenize, a text-stage method such as rag,
+  generate), each called with its declared batch size, then WriteStage (staged files
+  named by their request ids, as Ray's).
 - The generate stage is made first (model load and warm-up, before any document is
-  read); ``generate_batches_in_flight(spec)`` batches of ``resources.batch_size`` are
-  in its engine at once, from threads, as Ray calls one actor, so the engine's slots
+  read); its declared ``in_flight`` batches of its ``batch_size`` are in its engine at once, from threads, as Ray calls one actor, so the engine's slots
   stay full across batches. One generate stage whatever ``resources.actors`` says.
 - A stage that raises (a model that does not load, a broken device) ends the
   iteration with that exception: the runner's abort path turns every request
@@ -45,7 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.plan import check_chain, generate_batches_in_flight, stage_chain
+from pipeline.plan import ModelStage, check_chain, model_stages, stage_chain
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
 from pipeline.progress import MODEL_STACK_ENV
 from schemas.spec import JobSpec
@@ -89,45 +90,49 @@ class LocalPlan:
         self._started = True
         for name, value in MODEL_STACK_ENV.items():  # what the Ray runner gives its workers
             os.environ.setdefault(name, value)  # (a user's own setting wins)
-        from stages.compression import method_for
-        from stages.generate import GenerateStage
         from stages.read import resolve_uri
-        from stages.rows import rows_to_batch
-        from stages.tokenize import TokenizeStage
+        from stages.rows import batch_to_rows, rows_to_batch
         from stages.write import WriteStage
 
+        stages = model_stages(spec)  # the Ray plan's stages, folded here into one process
         tl["t_imported"] = time.time()
         if self.on_wait is not None:
             self.on_wait()  # "loading the model": the load may take a while (a big model, a slow disk)
+        *text_stages, gen = stages
         t0 = time.time()
-        generate = GenerateStage(spec_json)  # model load + engine warm-up, before any document
+        # Model load + engine warm-up, before any document. ``make`` is the class Ray's actor
+        # pool gets (pipeline/stage_actors.py: the stage imported in its constructor), so
+        # the stage itself is its ``stage``.
+        generate = gen.make(spec=spec_json).stage
         self._engine = generate.engine
         tl["generate_init_s"] = time.time() - t0
         tl["t_generate_ready"] = time.time()
-        t0 = time.time()
-        tokenize = TokenizeStage(spec_json)
-        tl["tokenize_init_s"] = time.time() - t0
-        method = method_for(spec.compression)
-        text_stage = None
+        made: list[tuple[ModelStage, Any]] = []
         tl["text_stage_init_s"] = 0.0
-        if method.runs_at == "text_stage":
+        for stage in text_stages:
             t0 = time.time()
-            text_stage = method.stage_class()(spec=spec_json)
-            tl["text_stage_init_s"] = time.time() - t0
+            made.append((stage, stage.make(spec=spec_json)))
+            tl["tokenize_init_s" if stage.name == "tokenize" else "text_stage_init_s"] = time.time() - t0
         write = WriteStage(self.output_root, self.run_date, self.run_id)
-        calls = _GenerateCalls(generate, generate_batches_in_flight(spec), self.on_wait, self.tick_s)
-        tl.update(batches_in_flight=calls.limit, batch_size=spec.resources.batch_size,
+        calls = _GenerateCalls(generate, gen.in_flight, self.on_wait, self.tick_s)
+        tl.update(batches_in_flight=calls.limit, batch_size=gen.batch_size,
                   read_s=0.0, tokenize_s=0.0, text_stage_s=0.0, documents=0, requests=0)
+
+        def run_stage(stage: ModelStage, fn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            """``fn`` over ``rows`` in calls of the stage's own batch size, as Ray calls it."""
+            out: list[dict[str, Any]] = []
+            for i in range(0, len(rows), stage.batch_size):
+                out.extend(batch_to_rows(fn(rows_to_batch(rows[i : i + stage.batch_size]))))
+            return out
+
         try:
             for chunk in self._request_batches(resolve_uri(spec.input.uri, self.run_date)):
-                t0 = time.time()
-                tl.setdefault("t_first_start", t0)
-                batch = tokenize(rows_to_batch(chunk))
-                tl["tokenize_s"] += time.time() - t0
-                if text_stage is not None:
+                tl.setdefault("t_first_start", time.time())
+                for stage, fn in made:
                     t0 = time.time()
-                    batch = text_stage(batch)
-                    tl["text_stage_s"] += time.time() - t0
+                    chunk = run_stage(stage, fn, chunk)
+                    tl["tokenize_s" if stage.name == "tokenize" else "text_stage_s"] += time.time() - t0
+                batch = rows_to_batch(chunk)
                 while calls.full():
                     yield self._written(write, calls.next_done())
                 tl.setdefault("t_first_submit", time.time())
@@ -150,7 +155,7 @@ class LocalPlan:
         spec, tl = self.spec, self.timeline
         read = ReadDocuments(spec, root_uri, self.output_root, self.run_id, self.run_date)
         expand = ExpandRequests(spec, self.run_id, self.run_date, self.skip)
-        limit, size = spec.input.limit, spec.resources.batch_size
+        limit, size = spec.input.limit, model_stages(spec)[-1].batch_size
         pending: list[dict[str, Any]] = []
         for index, shard in enumerate(self.shards):
             if limit is not None and tl["documents"] >= limit:

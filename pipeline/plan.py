@@ -10,7 +10,9 @@
                                           several batches in flight per actor, one engine
            -> write Parquet               tasks; returns per-row figures to the driver
 
-What runs where comes from the compression method's declaration (stages/compression/).
+What runs where comes from the compression method's declaration (stages/compression/);
+the model stages, their batch sizes and resources are declared once (``model_stages``)
+and folded by this plan and by the local plan (pipeline/local_plan.py) alike.
 Each stage and method declares the columns it needs and adds (schemas/rows.py);
 ``check_chain`` verifies the chain when the plan is built, so a wiring mistake fails
 before any model loads.
@@ -19,7 +21,8 @@ before any model loads.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # Neither module imports torch: Ray's task workers import the read side, and the driver
 # hands Ray the model stages by name (they are imported inside their actors).
@@ -59,6 +62,59 @@ def stage_chain(spec: JobSpec) -> list[StageColumns]:
     m = method_for(spec.compression)
     method = StageColumns(f"compression {m.name!r} ({m.runs_at})", m.needs, m.adds)
     return [READ, TOKENIZE, method, GENERATE, WRITE]
+
+
+#: Rows a tokenize or text-stage call takes: small batches keep the pipeline streaming
+#: (a batch is tokenized while the generate stage decodes the one before).
+TEXT_BATCH = 16
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """One model stage of the plan, declared once (``model_stages``) and folded by both
+    runners: the Ray plan (``_build_plan``: an actor pool per stage) and the local plan
+    (local_plan.py: one instance per stage, called on this process's threads).
+
+    ``make``: the stage class, made with ``{"spec": spec_json}``; ``batch_size``: rows per
+    call; ``actors``: the Ray pool size; ``in_flight``: calls one instance takes at once;
+    ``num_cpus``/``num_gpus``/``resources``: what one instance needs (Ray schedules by it;
+    the fit checks of pipeline/runner.py refuse what no machine offers)."""
+
+    name: str
+    make: Any
+    batch_size: int
+    actors: int | tuple[int, int] = 1
+    in_flight: int = 1
+    num_cpus: float = 0.5
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    gpu_field: str = "resources.compress_num_gpus"  # the spec field num_gpus comes from
+
+    def needs(self) -> dict[str, float]:
+        """What one instance needs of a node, as Ray counts it (CPU, GPU, custom resources)."""
+        need = {"CPU": float(self.num_cpus), **{k: float(v) for k, v in self.resources.items()}}
+        if self.num_gpus > 0:
+            need["GPU"] = float(self.num_gpus)
+        return need
+
+
+def model_stages(spec: JobSpec) -> list[ModelStage]:
+    """The model stages of ``spec`` in order: tokenize (+ a runs_at=tokenize method), a
+    runs_at=text_stage method's own stage, generate (+ a runs_at=prefill method)."""
+    res = spec.resources
+    method = method_for(spec.compression)
+    stages = [ModelStage("tokenize", TokenizeStage, TEXT_BATCH, res.compress_actors)]
+    if method.runs_at == "text_stage":
+        stages.append(ModelStage(
+            f"compression {method.name!r}", method.stage_class(), TEXT_BATCH, res.compress_actors,
+            num_gpus=res.compress_num_gpus if method.uses_compress_gpus else 0.0,
+        ))
+    stages.append(ModelStage(
+        "generate", GenerateStage, res.batch_size, res.actors, generate_batches_in_flight(spec),
+        num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=dict(res.custom_resources),
+        gpu_field="resources.num_gpus",
+    ))
+    return stages
 
 
 def check_chain(chain: list[StageColumns]) -> None:
@@ -146,53 +202,32 @@ def _build_plan(
     if spec.input.limit:
         ds = ds.limit(spec.input.limit)
     ds = ds.flat_map(ExpandRequests(spec, run_id, run_date, skip))
-    ds = ds.map_batches(
-        TokenizeStage,
-        fn_constructor_kwargs={"spec": spec_json},
-        compute=_actor_pool(res.compress_actors),
-        batch_size=16,
-        num_cpus=0.5,
-        batch_format="numpy",
-        max_restarts=res.max_retries,  # finite, as for generate below
-        max_task_retries=res.max_retries,
-    )
-    method = method_for(spec.compression)
-    if method.runs_at == "text_stage":
+    for stage in model_stages(spec):
+        if stage.name == "generate":
+            # One block per generate batch: a shard (a big JSONL file) otherwise reaches the
+            # generate pool as ONE block, so a single actor would decode the whole file before
+            # anything is written: no progress, no use of the other actors, and a crash loses it all.
+            ds = ds.repartition(target_num_rows_per_block=stage.batch_size)
+        # Each generate actor takes several batches at once (in_flight: its calls only queue
+        # requests for the actor's one engine and wait), so the engine's slots stay full.
         ds = ds.map_batches(
-            method.stage_class(),
+            stage.make,
             fn_constructor_kwargs={"spec": spec_json},
-            compute=_actor_pool(res.compress_actors),
-            batch_size=16,
-            num_cpus=0.5,
-            num_gpus=res.compress_num_gpus if method.uses_compress_gpus else 0,
+            compute=_actor_pool(stage.actors, stage.in_flight),
+            batch_size=stage.batch_size,
+            num_cpus=stage.num_cpus,
+            num_gpus=stage.num_gpus,
+            # Pins the actors to the nodes that offer these (labelled GPU pools, a node with
+            # the model's local disk); the embedded Ray offers them itself (runner.init_ray).
+            resources=stage.resources or None,
             batch_format="numpy",
-            max_restarts=res.max_retries,  # finite, as for generate below
+            # Finite (Ray Data's default is -1: an actor that dies on every batch would be
+            # restarted for ever): a dead actor (OOM, node loss, kill -9) is restarted and
+            # its batch retried up to resources.max_retries times; after that Ray aborts the
+            # run and the runner writes the unfinished requests as retryable error rows.
+            # Staged file names are deterministic, so retries add no duplicates.
+            max_restarts=res.max_retries,
             max_task_retries=res.max_retries,
         )
-    # One block per generate batch: a shard (a big JSONL file) otherwise reaches the
-    # generate pool as ONE block, so a single actor would decode the whole file before
-    # anything is written: no progress, no use of the other actors, and a crash loses it all.
-    ds = ds.repartition(target_num_rows_per_block=res.batch_size)
-    # Each generate actor takes several batches at once (its calls only queue requests
-    # for the actor's one engine and wait), so the engine's slots stay full across batches.
-    ds = ds.map_batches(
-        GenerateStage,
-        fn_constructor_kwargs={"spec": spec_json},
-        compute=_actor_pool(res.actors, generate_batches_in_flight(spec)),
-        batch_size=res.batch_size,
-        num_cpus=res.num_cpus,
-        num_gpus=res.num_gpus,
-        # Pins the actors to the nodes that offer these (labelled GPU pools, a node with
-        # the model's local disk); the embedded Ray offers them itself (runner.init_ray).
-        resources=dict(res.custom_resources) or None,
-        batch_format="numpy",
-        # Finite (Ray Data's default is -1: an actor that dies on every batch would be
-        # restarted for ever): a dead actor (OOM, node loss, kill -9) is restarted and
-        # its batch retried up to resources.max_retries times; after that Ray aborts the
-        # run and the runner writes the unfinished requests as retryable error rows.
-        # Staged file names are deterministic, so retries add no duplicates.
-        max_restarts=res.max_retries,
-        max_task_retries=res.max_retries,
-    )
     ds = ds.map_batches(WriteStage(output_root, run_date, run_id), batch_size=None, batch_format="numpy")
     return ds, len(shards)

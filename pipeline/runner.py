@@ -54,7 +54,6 @@ from schemas.output import (
     rows_to_table,
 )
 from schemas.spec import JobSpec
-from stages.compression import method_for
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
 from stages.partition import commit_date, scan_date
@@ -95,44 +94,44 @@ def output_root(spec: JobSpec, run_date: str) -> str:
 
 def actor_resources(spec: JobSpec) -> dict[str, float]:
     """What Ray must find on one node for one generate actor (CPU, GPU, custom resources)."""
-    res = spec.resources
-    need = {"CPU": float(res.num_cpus), **{k: float(v) for k, v in res.custom_resources.items()}}
-    if res.num_gpus > 0:
-        need["GPU"] = float(res.num_gpus)
-    return need
+    from pipeline.plan import model_stages
+
+    return model_stages(spec)[-1].needs()
 
 
-def check_embedded_fits(spec: JobSpec) -> None:
-    """On the embedded Ray (this machine, nothing will be added): ValueError naming what an
-    actor needs that no node has, before anything is read or written."""
-    import ray
+def check_fits(spec: JobSpec, runner: str) -> None:
+    """The one fit check, before anything is read or written: every model stage of the plan
+    (pipeline/plan.py ``model_stages``, as both runners fold them) must fit this machine.
 
-    from pipeline.watchdog import describe_unschedulable
+    ``runner`` ``ray`` (the embedded Ray: nothing will be added): each stage's CPUs, GPUs and
+    custom resources against the alive nodes' (ValueError naming what is missing).
+    ``local`` (one process, no scheduler): each stage's GPUs against the GPUs this machine
+    has (ValueError naming the field); CPUs and custom resources are Ray's to schedule."""
+    from pipeline.plan import model_stages
 
-    nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
-    need = actor_resources(spec)
-    if not any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
-        raise ValueError(describe_unschedulable(need, nodes, 0.0).replace(
-            "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)"))
+    stages = [st for st in model_stages(spec) if runner == "ray" or st.num_gpus > 0]
+    if not stages:
+        return
+    if runner == "ray":
+        import ray
 
+        from pipeline.watchdog import describe_unschedulable
 
-def check_local_fits(spec: JobSpec) -> None:
-    """The local runner's ``check_embedded_fits``: a stage asking for more GPUs than this
-    machine has is refused (ValueError naming the field) before anything is read or written."""
-    res = spec.resources
-    asks = [("resources.num_gpus", res.num_gpus)]
-    if method_for(spec.compression).uses_compress_gpus:
-        asks.append(("resources.compress_num_gpus", res.compress_num_gpus))
-    asks = [(name, n) for name, n in asks if n > 0]
-    if not asks:
+        nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+        for st in stages:
+            need = st.needs()
+            if not any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
+                raise ValueError(describe_unschedulable(need, nodes, 0.0).replace(
+                    "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)").replace(
+                    "a generate actor", f"a {st.name} actor"))
         return
     import torch
 
     have = torch.cuda.device_count()
-    for name, n in asks:
-        if math.ceil(n) > have:
-            raise ValueError(f"{name}: {n:g} GPU(s) asked; this machine has {have} (runner local, on this "
-                             f"machine); allowed: {name} <= {have} here, or a Ray cluster "
+    for st in stages:
+        if math.ceil(st.num_gpus) > have:
+            raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have} (runner local, "
+                             f"on this machine); allowed: {st.gpu_field} <= {have} here, or a Ray cluster "
                              "(--address or $RAY_ADDRESS)")
 
 
@@ -233,7 +232,7 @@ def run_job(
     # anything is written.
     shards = list_shards(spec.input, run_date)
     if runner == "local":
-        check_local_fits(spec)
+        check_fits(spec, "local")
 
     from pipeline.progress import RunProgress, ledger_total
 
@@ -346,7 +345,7 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
     from pipeline.watchdog import PoolWatchdog
 
     if init_ray(address, spec):
-        check_embedded_fits(spec)
+        check_fits(spec, "ray")
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.

@@ -11,7 +11,7 @@ batch's requests to the engine and waits for them. The actor takes several batch
 once (pipeline/plan.py), so requests of later batches join the decode batch while
 earlier rows still decode: the engine's slots stay full for the whole job.
 
-Prefill strategies (DESIGN.md: they need the generating model's weights, so they run
+Prefill strategies (infra/README.md, "Architecture": they need the generating model's weights, so they run
 here) come from the compression method (stages/compression/, ``CompressionMethod.load``):
 a whole prompt (the document as a text method kept it) is prefilled by the engine
 itself, chunk by chunk; Finch's KV-cache compression and the AutoCompressor's summaries
@@ -39,11 +39,12 @@ from schemas.rows import GENERATE_NEEDS, GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
 from stages.compression.base import CONTEXT_COLUMNS
+from stages.decoding.backends import backend_class
 from stages.decoding.config import RowResult, decode_config_for
-from stages.decoding.engine import Engine, KvBudgetExceeded, Request
+from stages.decoding.engine import Engine, KvBudgetExceeded
+from stages.decoding.request import Request
 from stages.decoding.service import EngineService
 from stages.decoding.stops import cut_text
-from stages.host_memory import keep_freed_memory
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
 from stages.rows import batch_to_rows, rows_to_batch
@@ -61,14 +62,12 @@ class GenerateStage:
         self.spec = JobSpec.model_validate(spec)
         res = self.spec.resources
         self.device = pick_device(res.num_gpus)
-        if self.device.type == "cpu":
-            # One actor per node slice: use the CPUs Ray granted it, not every core.
-            torch.set_num_threads(max(1, int(res.num_cpus)))
-            # Before the model loads: activations freed by one forward pass are reused by
-            # the next instead of page-faulted back in (host_memory.py, with what it measured).
-            allocator = keep_freed_memory()
-            if allocator:
-                log.info("host memory: %s", allocator)
+        # Before the model loads: the step backend's process settings (CPU: torch's threads
+        # = the CPUs Ray granted this actor, and the allocator keeps freed memory).
+        self.backend_class = backend_class(self.device, self.spec.generation.compile)
+        prepared = self.backend_class.prepare_process(self.device, res.num_cpus)
+        if prepared:
+            log.info("%s", prepared)
         self.method = method_for(self.spec.compression)
         # Ray runs several calls of this actor at once, and the engine thread decodes stop
         # strings and runs the method's prefill (which may tokenize): a fast tokenizer must
@@ -95,9 +94,7 @@ class GenerateStage:
         )
         self.prompts = PromptBuilder(self.tokenizer)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
-        self.device_name = (
-            f"cuda:{torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
-        )
+        self.device_name = self.backend_class.device_name(self.device)
         self.decode_config = decode_config_for(self.spec.generation, self.tokenizer, self.model.generation_config)
         if not loaded.full_prefill:
             loaded = replace(loaded, prefill=self._locked(loaded.prefill))
@@ -273,7 +270,7 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
             kv_memory_gb=res.kv_memory_gb, kv_memory_fraction=res.kv_memory_fraction,
             slots=None if res.decode_slots == "auto" else res.decode_slots,
             expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,
-            group_rows=(method.prefill_group_rows(spec) or 4) if device.type == "cuda" else 1,
+            group_rows=method.prefill_group_rows(spec),
             prefix_cache=spec.reuses_document_prefix,
         )
     except ValueError as e:

@@ -1,4 +1,4 @@
-"""Rules of the house that no single module's test sees (DESIGN.md, "Layout"):
+"""Rules of the house that no single module's test sees (infra/README.md, "Architecture"):
 
 - jobs/ holds data only (specs, corpora, results); every tool is a module of pipeline/
   or an infra script, and `make lint` reads every Python file of the repository;

@@ -38,7 +38,8 @@ from pipeline.bench.compress import corpus_tokens  # noqa: E402
 from schemas.spec import DEFAULT_SUMMARY_INSTRUCTION, EMBEDDED_MODEL  # noqa: E402
 from stages.compression.finch import FinchCompression  # noqa: E402
 from stages.decoding.config import DecodeConfig  # noqa: E402
-from stages.decoding.engine import Engine, Request  # noqa: E402
+from stages.decoding.engine import Engine  # noqa: E402
+from stages.decoding.request import Request
 from stages.decoding.state import CompressedPrefill  # noqa: E402
 from stages.finch import finch_prefill  # noqa: E402
 from stages.finch.spans import sentence_boundaries  # noqa: E402

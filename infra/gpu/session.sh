@@ -343,7 +343,7 @@ part_night_graphs() {  # the GPU-only tests of the captured CUDA graphs (correct
   fi
   mkdir -p "$WORK/night-graphs"
   run_capped night-graphs "${NIGHT_GRAPHS_S:-120}" "${1:-0}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="-ra" \
-    tests/stages/decoding/test_cuda_graphs.py > "$WORK/night-graphs/pytest.txt" 2>&1
+    tests/stages/decoding/backends/test_cuda_graphs.py > "$WORK/night-graphs/pytest.txt" 2>&1
   local rc=$?
   tail -20 "$WORK/night-graphs/pytest.txt"
   pack night.tar.gz "${NIGHT_PACKED[@]}"

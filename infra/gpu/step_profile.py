@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
+from stages.decoding.request import Request
 from stages.decoding.slot_step import batch_buckets
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptParts

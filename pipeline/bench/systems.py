@@ -117,7 +117,7 @@ def run_longdoc(engine, prompts: list[list[int]], config, clock: Clock, lookups:
     """Generate for ``prompts`` on ``engine`` with ``config`` (all submitted at once).
     ``lookups``: what the drafter reads (default: the prompts, as in the product).
     A request that fails raises (the bench records the system as an error)."""
-    from stages.decoding.engine import Request
+    from stages.decoding.request import Request
     from stages.prompting import PromptParts
 
     engine.configure(config)

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from pipeline.eval.nll import continuation_nll, read_eval_documents, split_document, start_ids
+from stages.autocompressor.config import AutoCompressorCompression
 from stages.autocompressor.prefill import autocompressor_prefill, load_autocompressor
-from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.state import prefill_full
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptParts

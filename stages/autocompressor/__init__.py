@@ -3,6 +3,8 @@
 model.py: the wrapper (LM + summary-token embeddings; compress, training forward).
 kv_form.py: the second summary form, each segment kept as every k-th token's keys/values.
 checkpoint.py: our small LoRA directory format and the published princeton-nlp checkpoints.
+config.py: the method's settings (``AutoCompressorCompression``; the registry entry is
+stages/compression/autocompressor.py).
 prefill.py: the generate actor's prefill strategy.
 data.py / train.py: the training job's data blocks and loop (pipeline/train/autocompressor.py
 is its CLI); resume.py: resumable checkpoints and the per-step loss log; curve.py: its PNG.

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
@@ -46,8 +46,18 @@ from stages.kv.model_parts import decoder
 from stages.kv.slots import keep_slots, stack_rows
 from stages.prompting import PromptParts
 
-if TYPE_CHECKING:
-    from stages.autocompressor.model import AutoCompressor, SegmentLoss
+
+class AutoCompressor(Protocol):
+    """What this module reads of model.AutoCompressor (declared here, not imported: model.py
+    dispatches its kv-form training pass to ``kv_forward``, so importing it back would close
+    an import circle; tests/stages/test_import_graph.py)."""
+
+    lm: torch.nn.Module  # the causal LM (a transformers PreTrainedModel)
+    config: object  # model.ACConfig; this module reads ``kv_stride``
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...  # [B, T] -> [B, T, H_in]
+
+    def next_token_loss(self, hidden: torch.Tensor, ids: torch.Tensor, loss_from: int) -> tuple[torch.Tensor, int]: ...
 
 
 def kept_offsets(length: int, stride: int) -> list[int]:
@@ -73,21 +83,22 @@ def kv_block_mask(segment_lengths: Sequence[int], stride: int, device: torch.dev
     return causal & ((seg[:, None] == seg[None, :]) | kept[None, :])
 
 
-def kv_forward(ac: AutoCompressor, ids: torch.Tensor, segment_lengths: Sequence[int], loss_from: int = 0) -> SegmentLoss:
-    """Training pass of the kv form: next-token loss over ids [B, T] read as segments.
+def kv_forward(
+    ac: AutoCompressor, ids: torch.Tensor, segment_lengths: Sequence[int], loss_from: int = 0
+) -> tuple[torch.Tensor, int]:
+    """Training pass of the kv form: (summed next-token loss, predicted tokens) over ids [B, T]
+    read as segments.
 
     One decoder pass under ``kv_block_mask``, positions 0..T-1. The loss counts targets at
-    index >= loss_from, as ``AutoCompressor.forward``. The returned soft prompt is empty
-    (the kv form carries nothing between substeps; TrainConfig requires one substep).
+    index >= loss_from, as ``AutoCompressor.forward``, which wraps it in a SegmentLoss with an
+    empty soft prompt (the kv form carries nothing between substeps; TrainConfig requires one
+    substep).
     """
-    from stages.autocompressor.model import SegmentLoss
-
     b, t = ids.shape
     mask = kv_block_mask(segment_lengths, ac.config.kv_stride, ids.device)[None, None].expand(b, 1, t, t)
     pos = torch.arange(t, device=ids.device)[None].expand(b, t)
     out = decoder(ac.lm)(inputs_embeds=ac.embed(ids), attention_mask=mask, position_ids=pos, use_cache=False)
-    loss_sum, n = ac.next_token_loss(out.last_hidden_state, ids, loss_from)
-    return SegmentLoss(loss_sum, n, ac.empty_softprompt(b))
+    return ac.next_token_loss(out.last_hidden_state, ids, loss_from)
 
 
 def _feed(lm, cache: DynamicCache, ids: list[int], pos0: int) -> torch.Tensor:

@@ -358,7 +358,8 @@ class AutoCompressor(nn.Module):
         if self.config.summary_form == "kv":
             from stages.autocompressor.kv_form import kv_forward
 
-            return kv_forward(self, ids, segment_lengths, loss_from)
+            loss_sum, n = kv_forward(self, ids, segment_lengths, loss_from)
+            return SegmentLoss(loss_sum, n, self.empty_softprompt(ids.shape[0]))
         b = ids.shape[0]
         soft = self.empty_softprompt(b) if softprompt is None else softprompt
         valid = torch.ones_like(ids, dtype=torch.bool)

@@ -31,8 +31,8 @@ from stages.autocompressor.model import AutoCompressor, position_ids
 from stages.decoding.state import CompressedPrefill, PrefillState, forward_step
 from stages.prompting import PromptParts
 
-if TYPE_CHECKING:  # the settings model lives with its method; imported for types only
-    from stages.compression.autocompressor import AutoCompressorCompression
+if TYPE_CHECKING:
+    from stages.autocompressor.config import AutoCompressorCompression
 
 __all__ = ["autocompressor_prefill", "document_segments", "load_autocompressor", "prefill_soft"]
 

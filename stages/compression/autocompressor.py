@@ -7,50 +7,24 @@ and tokenizer (``tokenizer_source``), so it runs as a prefill strategy inside th
 generate actor and reads documents of any length. A checkpoint of summary form ``kv``
 (stages/autocompressor/kv_form.py) keeps each segment as the keys/values of every k-th
 token instead, where the document sits in the prompt. This module only declares the
-method and its settings; the model, checkpoints and training are stages/autocompressor/.
+method; its settings (stages/autocompressor/config.py), model, checkpoints and training
+are stages/autocompressor/.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field
-
-from schemas.compression import CompressionSpec
 from schemas.spec import JobSpec
+from stages.autocompressor.config import AutoCompressorCompression
 from stages.compression.base import CompressionMethod, Loaded
+
+__all__ = ["AutoCompressorCompression", "AutoCompressorMethod"]
 
 if TYPE_CHECKING:
     import torch
 
     from stages.prompting import PromptParts
-
-
-class AutoCompressorCompression(CompressionSpec):
-    """Compress the document into learned summary vectors, used as a soft prompt."""
-
-    method: Literal["autocompressor"] = "autocompressor"
-    checkpoint: str | None = Field(
-        default=None,
-        description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
-        "or a published princeton-nlp AutoCompressor id/path. Unset: the checkpoint shipped for "
-        "generation.model (the embedded SmolLM2-135M has one; other models must set this).",
-    )
-    segment_tokens: int = Field(
-        default=1024, ge=16, description="Document tokens per compressed segment."
-    )
-    target_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        description="Optional: read at most this many document tokens (tail kept) before compressing.",
-    )
-    soft_prompt_at: Literal["start", "document"] = Field(
-        default="start",
-        description="Where the summary vectors go in the prompt. start: before the whole prompt "
-        "(the published checkpoints' convention and what training teaches); document: where the "
-        "document text would sit, after the chat-template prefix. Summary vectors only: a "
-        "checkpoint of summary form kv always keeps its slots where the document sits.",
-    )
 
 
 class AutoCompressorMethod(CompressionMethod):

@@ -13,7 +13,7 @@ Where a method runs (``runs_at``):
   callable class taking ``spec=<JobSpec as JSON>``), ``resources.compress_actors``
   actors with ``resources.compress_num_gpus`` each when ``uses_compress_gpus``;
 - ``"prefill"``: a prefill strategy inside the generate actor (``load``), because it
-  needs the generating model's own weights (DESIGN.md).
+  needs the generating model's own weights (infra/README.md, "Architecture").
 Text compression (tokenize, text_stage) adds ``context_ids``/``context_tokens``/
 ``compress_s`` to the row (schemas/rows.CompressedRow); a prefill strategy reports
 its ``context_tokens``/``compress_s`` through ``CompressedPrefill``.

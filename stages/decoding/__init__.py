@@ -1,4 +1,4 @@
 """Decoding: the prefill->decode contract (state.py), the plain reference decoder
 (reference.py), and the batched prompt-lookup speculative engine: one decode loop
-(engine.py) over a per-actor state (engine_state.py) and a device step backend
-(backend.py; CPU: cpu_backend.py with the measured kernel plan of linear_plan.py)."""
+(engine.py; its request type in request.py, admission in scheduler.py) over the step
+backend of its device (backends/: the contract in backends/base.py, one module per device)."""

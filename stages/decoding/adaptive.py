@@ -22,9 +22,7 @@ more than one token in the whole batch costs far more than a one-token step
    whole batch, fitted online (decayed least squares around a device prior) from
    the engine's own timed steps (engine_state.EngineState holds one per actor), so
    each actor learns its hardware. The prior and ``h``, the kernel-cost shape,
-   come from the device's step backend: on CPU with a kernel plan, the measured
-   cost of the model's linear layers at M relative to M = 1 (linear_plan.py: flat
-   up to a few tokens, then jumps), else the indicator ``[M > 1]``.
+   come from the device's step backend (backends/): the indicator ``[M > 1]``.
 4. ``choose_width``: the T saving the most expected decode time for the batch,
    which ends with its last row (accepted tokens of rows that will finish early
    save little; see the function), and T = 1 (plain decoding) unless speculation
@@ -364,13 +362,12 @@ def explore_width(chosen: int, longest: int, candidates: Sequence[int] | None = 
     return max(chosen, min(chosen + 1, top))
 
 
-def default_cost_prior(device_type: str, calibrated: bool = False) -> tuple[float, float]:
+def default_cost_prior(accelerator: bool) -> tuple[float, float]:
     """(c/a, j/a) of StepCost before measurements, measured on SmolLM2-135M.
 
-    ``calibrated``: h is the measured linear-stack shape (linear_plan.py); the linear
-    layers are about two thirds of a CPU step, attention and the rest grow ~2% of a
-    one-token step per extra token.
+    A CPU step grows ~6% of a one-token step per extra token and jumps ~70% once it feeds
+    more than one (h = the indicator); an accelerator's step barely grows at these sizes.
     """
-    if device_type != "cpu":
+    if accelerator:
         return (0.002, 0.0)
-    return (0.02, 0.67) if calibrated else (0.06, 0.7)
+    return (0.06, 0.7)

@@ -39,7 +39,7 @@ One iteration (``step``):
    proposal (drafters/; capped by adaptive.DraftLengths and the width rule
    adaptive.choose_width, which maximises tokens per second while requests wait and
    accounts for the batch's slowest row once none do), one forward pass of the step
-   backend (backends.py: the CPU kernel plan with exact shapes, or CUDA graphs (captured, or compiled)
+   backend (backends/: eager steps of exact shapes on CPU, CUDA graphs (captured, or compiled)
    over bucketed shapes), verification on the device (verify.py: greedy match, or
    Leviathan's rule with keyed uniforms) and ONE host transfer. Finished rows leave;
    the last active row moves into the freed slot, so active rows stay packed.
@@ -78,6 +78,7 @@ from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
 from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
 from stages.decoding.prefix_cache import PrefixCache
+from stages.decoding.request import Finished, Request
 from stages.decoding.sampling import target_probs
 from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Waiting
 from stages.decoding.slot_step import width_buckets
@@ -85,7 +86,6 @@ from stages.decoding.slots import RowWriter, SlotCache, bytes_per_token, layer_s
 from stages.decoding.state import CompressedPrefill
 from stages.decoding.stops import StopChecker
 from stages.decoding.verify import sample_accept
-from stages.prompting import PromptParts
 
 #: A method's prefill strategy (compression.base.Loaded.prefill): B prompts -> a state
 #: whose cache the engine loads into slots. It may accept ``on_chunk``, a callable
@@ -95,27 +95,6 @@ MethodPrefill = Callable[..., CompressedPrefill]
 #: The prefix cache's share of the KV budget when it is on: room for a few documents'
 #: prefixes at once (requests of one document arrive together), taken from the slots.
 PREFIX_CACHE_SHARE = 1 / 8
-
-
-@dataclass
-class Request:
-    """One generation request (see the module contract)."""
-
-    key: Hashable  # the caller's handle, returned with the result
-    parts: PromptParts  # what the model reads (before a prefill method compresses it)
-    lookup_ids: list[int]  # drafting source: the ORIGINAL prefix + document + query ids
-    seed: int = 0
-    kv_tokens: int | None = None  # KV slots the row holds after its prefill; None: len(parts)
-    # Requests with the same doc_key (not None) are handed to one method prefill together,
-    # which reads their document once (compression.base.reads_once_per_document).
-    doc_key: Hashable | None = None
-
-
-@dataclass
-class Finished:
-    key: Hashable
-    result: RowResult | None  # None when ``error`` is set
-    error: BaseException | None = None
 
 
 @dataclass
@@ -175,7 +154,7 @@ class Engine:
         slots: int | None = None,
         expected_tokens: int = 512,
         chunk_tokens: int | None = None,
-        group_rows: int = 1,
+        group_rows: int | None = None,
         compile: str | bool | None = "auto",
         compile_backend: Callable | None = None,
         backend: StepBackend | None = None,
@@ -194,8 +173,8 @@ class Engine:
         typical request holds after its prefill (the first layout's capacity, so a
         compiled engine rarely changes shape). ``chunk_tokens``: the engine's own prefill
         chunk and the prompt tokens after which an iteration stops starting chunks and
-        runs its decode step (default: 2048 on CPU, 4096 on CUDA). ``group_rows``:
-        requests a method prefill takes at once. ``compile``/``compile_backend``/``min_span``: the step
+        runs its decode step (default: the backend's, 2048 on CPU, 4096 on CUDA). ``group_rows``:
+        requests a method prefill takes at once (default: the backend's). ``compile/``compile_backend``/``min_span``: the step
         backend's (backends.backend_for), or ``backend`` itself. ``prefix_cache``:
         prefill each prompt's part before the question once and reuse it for the requests
         that share it (prefix_cache.py), within ``PREFIX_CACHE_SHARE`` of the KV budget
@@ -209,8 +188,11 @@ class Engine:
         self.prefill = prefill
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
         self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
-        self.group_rows = max(1, group_rows)
-        self.chunk_tokens = chunk_tokens or (4096 if self.device.type == "cuda" else 2048)
+        # A method's own wish (a small scorer's launch-bound passes) counts where the backend
+        # groups method prefills at all (accelerators); on CPU a group is one request.
+        wish = group_rows if group_rows and self.backend.method_prefill_rows > 1 else None
+        self.group_rows = max(1, wish or self.backend.method_prefill_rows)
+        self.chunk_tokens = chunk_tokens or self.backend.default_chunk_tokens
         self.max_retries = max_retries
         self.cost = StepCost(self.backend.cost_prior(), shape=self.backend.cost_shape)
         self.acceptance = AcceptanceModel()
@@ -220,11 +202,12 @@ class Engine:
         dtype = next(model.parameters()).dtype
         if budget is None:
             reserve = 0
-            if self.device.type == "cuda":
+            if self.backend.reserves_step_memory:
                 reserve = step_reserve_bytes(model.config, 256, self._widest, self.chunk_tokens, dtype)
+            fraction = self.backend.kv_memory_fraction if kv_memory_fraction is None else kv_memory_fraction
             budget = KvBudget(
                 bytes_per_token(shapes, dtype),
-                budget_bytes_for(self.device, kv_memory_fraction, kv_memory_gb, reserve),
+                budget_bytes_for(self.backend.free_memory_bytes(), fraction, kv_memory_gb, reserve),
                 fixed_slots=slots,
             )
         self.prefix_cache: PrefixCache | None = None
@@ -240,14 +223,13 @@ class Engine:
                 "tokens; raise resources.kv_memory_gb / kv_memory_fraction or compress more"
             )
         n_slots, capacity = layout
-        if self.device.type == "cpu" and slots is None:
-            # CPU memory is zero-filled (touched) when allocated: start small and add
-            # slots as rows wait for them (relayouts are cheap copies on CPU).
+        if self.backend.grows_slots and slots is None:
+            # Start small and add slots as rows wait for them (the backend says why).
             n_slots = min(n_slots, 8)
-        self.cache = SlotCache(shapes, n_slots, capacity, dtype, self.device)
+        self.cache = SlotCache(shapes, n_slots, capacity, dtype, self.device, self.backend.indexed_slot_writes)
         self.step_fn = self.backend.make_step(self.cache)
         self.scheduler = Scheduler(budget, self._need, self.group_rows,
-                                   grow_slots=self.device.type == "cpu" and slots is None)
+                                   grow_slots=self.backend.grows_slots and slots is None)
         self.active: list[_Row] = []
         self.filling: _Filling | None = None
         self._finished: list[Finished] = []

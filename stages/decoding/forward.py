@@ -1,11 +1,10 @@
 """The engine's model view and its attention: GQA attention without copies.
 
-``decode_view(model)``: the model a step backend runs. A copy of the module tree
-that shares every parameter and buffer with ``model`` (no weight is copied) and
-has its own config, in which an ``sdpa`` model attends through
-``packed_gqa_sdpa``. Backends may change how the view computes (linear_plan.py
-routes its linear layers); the caller's model is never touched: its modules,
-forwards and config are the same before, during and after decoding.
+``decode_view(model, attention)``: the model a step backend runs. A copy of the module
+tree that shares every parameter and buffer with ``model`` (no weight is copied) and
+has its own config, in which an ``sdpa`` model attends through ``attention`` (default
+``packed_gqa_sdpa``; a backend may wrap it: backends/). The caller's model is never
+touched: its modules, forwards and config are the same before, during and after decoding.
 
 Why packed GQA: with a mask and more than one query token, transformers' SDPA path
 repeats every key/value head ``n_rep`` times (a copy of the whole cache per layer
@@ -18,14 +17,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-
-from stages.decoding import cpu_attention
-
-_ATTN_NAME = "longdoc_packed_gqa"
 
 
 def packed_gqa_sdpa(
@@ -49,23 +45,6 @@ def packed_gqa_sdpa(
         # a compiled step keeps one graph for every span.
         span = attention_mask.shape[-1]
         key, value = key[:, :, :span], value[:, :, :span]
-        if query.device.type == "cpu" and not torch.compiler.is_compiling():
-            # A CPU decode or narrow verify step: our kernel reads each row's keys and values
-            # once for all the queries sharing them (cpu_attention.py); None = SDPA's turn
-            # (the kernel not built, a wide step or a prefill chunk, other dtypes).
-            b, hq, t, d = query.shape
-            packed = query.reshape(b, key.shape[1], hq // key.shape[1] * t, d)
-            out = cpu_attention.attend(packed, key, value, attention_mask[:, 0], d**-0.5 if scaling is None else scaling)
-            if out is not None:
-                return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous(), None
-        if (
-            query.shape[2] == 1 and attention_mask.device.type == "cpu"
-            and not torch.compiler.is_compiling() and bool(attention_mask.all())
-        ):
-            # One token per row, every key in the span visible (rows of equal length, e.g.
-            # batch 1): SDPA without a mask runs a faster kernel (~4-15% of a CPU step's
-            # attention). Eager CPU only: the check reads the mask on the host.
-            attention_mask = None
     b, hq, t, d = query.shape
     hkv = key.shape[1]
     rep = hq // hkv
@@ -76,12 +55,6 @@ def packed_gqa_sdpa(
         # transformers builds no mask for an attention name it does not know: the
         # causal mask of T new queries over S keys (a prefill chunk; decode steps pass their own).
         s = key.shape[2]
-        if query.device.type == "cpu" and not torch.compiler.is_compiling():
-            # Our causal kernel (cpu_attention.py: ~25% faster than SDPA's causal kernel on a
-            # first chunk, ~35% than SDPA with a mask on later ones); None = float32 only etc.
-            out = cpu_attention.attend_causal(query, key, value, d**-0.5 if scaling is None else scaling)
-            if out is not None:
-                return out, None
         if s == t:
             # A first chunk: plain causal attention. SDPA's causal kernel with grouped
             # heads needs no mask tensor (CPU: 35 vs 51-60 ms per layer at T = 1060 on
@@ -95,21 +68,38 @@ def packed_gqa_sdpa(
     return out.reshape(b, hq, t, d).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(_ATTN_NAME, packed_gqa_sdpa)
+def attention_name(attention: Callable) -> str:
+    """The name ``attention`` is installed under (unique per function)."""
+    return f"longdoc:{attention.__module__}.{attention.__qualname__}"
 
 
-def decode_view(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` sharing its weights, for a step backend to own (see module doc).
+def install_attention(view: torch.nn.Module, attention: Callable) -> str:
+    """Make ``view`` (and only it) attend through ``attention``; returns the name used.
+
+    transformers finds a model's attention by the name in its config
+    (``config._attn_implementation``, looked up in its AttentionInterface), so the function
+    is entered in that table under a name of its own, when a backend first installs it (never
+    at import), and only the view's config names it: every other model, the caller's
+    included, keeps the attention it had."""
+    name = attention_name(attention)
+    AttentionInterface.register(name, attention)  # idempotent: the same name, the same function
+    view.config._attn_implementation = name
+    return name
+
+
+def decode_view(model: torch.nn.Module, attention: Callable = packed_gqa_sdpa) -> torch.nn.Module:
+    """A copy of ``model`` sharing its weights, attending through ``attention``, for a step
+    backend to own (see module doc).
 
     ``copy.deepcopy`` with every parameter and buffer pre-entered in the memo copies
     the module objects and the config but maps each tensor to itself, so tied
-    weights stay tied and in-place weight updates of ``model`` show in the view.
+    weights stay tied and in-place weight updates of ``model`` show in the view. Only an
+    ``sdpa`` model gets ``attention``: eager/flash/custom are the user's choice and stand.
     """
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     view = copy.deepcopy(model, shared)
-    cfg = view.config
-    if getattr(cfg, "_attn_implementation", None) == "sdpa":  # eager/flash/custom: the user's choice stands
-        cfg._attn_implementation = _ATTN_NAME
+    if getattr(view.config, "_attn_implementation", None) == "sdpa":
+        install_attention(view, attention)
     return view.eval()
 
 

@@ -14,10 +14,11 @@ Contract:
   ``MAX_SLOTS``; None when not even one such slot fits (the row can never run).
   With ``fixed_slots`` (``resources.decode_slots`` as a number) the slot count is the
   user's and the budget only caps ``capacity`` from below at the need.
-- ``budget_bytes_for(device, fraction, explicit_gb, reserve)``: the auto budget. CUDA:
-  ``fraction`` of the device memory free now (the caller measures after loading the
-  weights) minus ``reserve`` (the largest step's activations); CPU: ``fraction`` of
-  the RAM available now. ``explicit_gb`` overrides both.
+- ``budget_bytes_for(free_bytes, fraction, explicit_gb, reserve)``: the auto budget,
+  ``fraction`` of ``free_bytes`` minus ``reserve``. The step backend says what is free
+  (backends/: the device memory free after the weights on CUDA, the available RAM on
+  CPU), its default fraction, and whether the largest step's activations are reserved
+  (``step_reserve_bytes``). ``explicit_gb`` overrides all of it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import torch
 
 CAPACITY_STEP = 256  # slot capacities are multiples of this many tokens
 MAX_SLOTS = 256  # the largest batch bucket
-DEFAULT_FRACTION = {"cuda": 0.85, "cpu": 0.25}
 
 
 def round_up(n: int, step: int = CAPACITY_STEP) -> int:
@@ -82,16 +82,12 @@ def available_ram_bytes() -> int:
 
 
 def budget_bytes_for(
-    device: torch.device, fraction: float | None = None, explicit_gb: float | None = None, reserve: int = 0
+    free_bytes: int, fraction: float, explicit_gb: float | None = None, reserve: int = 0
 ) -> int:
     """The engine's KV budget in bytes (see the module contract)."""
     if explicit_gb is not None:
         return int(explicit_gb * 2**30)
-    frac = DEFAULT_FRACTION.get(device.type, 0.25) if fraction is None else fraction
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(frac * free) - reserve
-    return int(frac * available_ram_bytes()) - reserve
+    return int(fraction * free_bytes) - reserve
 
 
 def step_reserve_bytes(model_config, max_batch: int, max_width: int, chunk_tokens: int, dtype: torch.dtype) -> int:

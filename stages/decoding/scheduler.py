@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Union
 from stages.decoding.memory import KvBudget
 
 if TYPE_CHECKING:
-    from stages.decoding.engine import Request
+    from stages.decoding.request import Request
 
 
 class KvBudgetExceeded(ValueError):

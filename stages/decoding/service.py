@@ -42,7 +42,8 @@ from dataclasses import replace
 
 import torch
 
-from stages.decoding.engine import Engine, Finished, Request
+from stages.decoding.engine import Engine
+from stages.decoding.request import Finished, Request
 
 
 class EngineStopped(RuntimeError):

@@ -1,8 +1,7 @@
 """One decode step over ``SlotCache`` rows, optionally compiled, and a prefill chunk: ``SlotStep``.
 
 Contract: ``SlotStep(view, cache, compile=...)`` runs ``view`` (a step backend's
-forward.decode_view of the model: CPU routes its linears by the measured kernel
-plan) over ``cache``. ``step(feed, span)`` feeds ``feed`` ``[b, T]`` (row i: its last
+forward.decode_view of the model, with the backend's attention installed) over ``cache``. ``step(feed, span)`` feeds ``feed`` ``[b, T]`` (row i: its last
 emitted token, then its drafts, then padding; ``n_fed[i]`` = 1 + drafts) to the
 first ``b`` slots and returns logits ``[b, T, V]`` float32. ``greedy(feed, n_fed,
 span)`` also decides acceptance ON THE DEVICE (verify.greedy_accept): ``best``
@@ -12,14 +11,14 @@ the caller does (``SlotCache.advance``) once it knows the accepted counts.
 its slot through a ``slots.RowWriter`` (eager, never compiled: prefill shapes vary)
 and returns the logits ``[V]`` float32 of its last token.
 
-Shapes: the step backend chooses them (backends.py). On CUDA ``b`` and ``T`` come from
+Shapes: the step backend chooses them (backends/). On CUDA ``b`` and ``T`` come from
 small bucket lists (``bucket``), the span from ``span_buckets``, and batch, width and
 span are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per
 cache capacity S whatever the bucket lists; with ``mode="reduce-overhead"`` a CUDA
 graph is recorded once per concrete (batch, width, span) and replayed after
 (``compile_counter`` in the tests counts compilations). The ``cudagraphs`` backend
 compiles nothing: it captures the eager step once per concrete shape
-(cuda_graphs.py). On CPU the step is eager and
+(backends/cuda_graphs.py). On CPU the step is eager and
 every size is exact (no padding rows or slots to compute).
 
 Mask: query t of row b sits at slot ``length[b] + t`` and sees slots ``<= length[b]
@@ -132,13 +131,17 @@ class SlotStep:
         compile_mode: str | None = None,
         backend: str | Callable = "inductor",
         min_span: int = 256,
+        capture: Callable[[Callable, SlotCache], Callable] | None = None,
+        warm_up_calls: int = 1,
     ) -> None:
         """``min_span``: the smallest attention span (span_buckets); tests lower it.
-        ``backend="cudagraphs"``: the eager step captured as one CUDA graph per concrete
-        shape (cuda_graphs.CapturedSteps), not torch.compile: on torch 2.11 the compile
-        backend's graph trees replayed a graph recorded for one width with inputs of another
-        ("size of tensor a (4) must match the size of tensor b (8)", H100, 2026-11-24), and
-        it copies the KV cache inside each graph (out of memory, H200, 2026-11-26)."""
+        ``capture``: instead of torch.compile, wrap the eager step functions as
+        ``capture(fn, cache)`` (the CUDA backend's hand-captured graphs,
+        backends/cuda_graphs.CapturedSteps: on torch 2.11 the compile backend's graph trees
+        replayed a graph recorded for one width with inputs of another ("size of tensor a (4)
+        must match the size of tensor b (8)", H100, 2026-11-24), and it copies the KV cache
+        inside each graph (out of memory, H200, 2026-11-26)). ``warm_up_calls``: calls per
+        shape that leave it ready (the backend knows; see ``warm_up_calls()``)."""
         self.view = view
         self.cache = cache
         self.min_span = min_span
@@ -150,13 +153,10 @@ class SlotStep:
         self.compiled = compile
         name = backend if isinstance(backend, str) else type(backend).__name__
         self.how = f"compiled: {name}" + (f", {compile_mode}" if compile_mode else "") if compile else "eager"
-        if compile and backend == "cudagraphs":
-            # Captured by hand, not through torch.compile (see cuda_graphs.py: the compile
-            # backend copies the whole KV cache inside each graph).
-            from stages.decoding.cuda_graphs import CapturedSteps
-
-            self._logits = CapturedSteps(self._logits_eager, cache)
-            self._greedy = CapturedSteps(self._greedy_eager, cache)
+        self._warm_up_calls = warm_up_calls
+        if capture is not None:
+            self._logits = capture(self._logits_eager, cache)
+            self._greedy = capture(self._greedy_eager, cache)
         elif compile:
             self._symbolic = True
             raise_recompile_limit()
@@ -250,12 +250,11 @@ class SlotStep:
         return self.head(out.last_hidden_state[0, -1]).float()
 
     def warm_up_calls(self) -> int:
-        """Calls per shape that leave it ready: torch.compile's CUDA graph trees record a
-        graph on a later call than the one that compiles (3 on CUDA); a hand-captured
-        graph (cuda_graphs.CapturedSteps) is recorded on its first call, and a compiled CPU
-        step is ready after one (1)."""
-        torch_compiled_on_cuda = self.compiled and self._symbolic and self.cache.device.type == "cuda"
-        return 3 if torch_compiled_on_cuda else 1
+        """Calls per shape that leave it ready, as the backend said: torch.compile's CUDA graph
+        trees record a graph on a later call than the one that compiles (3 on CUDA); a
+        hand-captured graph (backends/cuda_graphs.CapturedSteps) is recorded on its first
+        call, and a compiled CPU step is ready after one (1)."""
+        return self._warm_up_calls
 
     @torch.inference_mode()
     def warm_up(self, batch_sizes: Sequence[int], widths: Sequence[int], greedy: bool) -> None:

@@ -16,7 +16,7 @@ rejected draft needs no rollback.
   positions of its kept tokens (next position > slots used).
 
 Contract:
-- ``SlotCache(layer_shapes, slots, capacity, dtype, device)`` is a transformers
+- ``SlotCache(layer_shapes, slots, capacity, dtype, device, indexed_writes)`` is a transformers
   ``Cache`` the model writes through (``SlotLayer.update``). The batch of a step
   may be the first ``b <= B_slots`` slots (a batch bucket): layers then write and
   return the ``[:b]`` views, so a smaller bucket reads less.
@@ -65,12 +65,11 @@ class SlotLayer(CacheLayerMixin):
         """key/value_states ``[b, H_kv, T, D]`` -> the ``[b, H_kv, S, D]`` slot views, written in place."""
         b, h, t, d = key_states.shape
         write = self.owner.length[:b, None] + torch.arange(t, device=key_states.device)  # [b, T]
-        if self.device.type == "cpu":
-            # Indexed assignment, the same bytes written: on CPU, scatter_ on a bfloat16
-            # slot tensor rewrites the whole tensor (13 ms a call at 39 rows, 60 calls a step
-            # for the embedded model), while float32 scatter_ and this cost ~0.02 ms
-            # (measured 2026-11-26, Intel Xeon with AMX, two threads). CUDA keeps scatter_,
-            # the form its compiled steps and graphs were measured with.
+        if self.owner.indexed_writes:
+            # Indexed assignment, the same bytes written, where the step backend asks for it
+            # (CPU: scatter_ on a bfloat16 slot tensor rewrites the whole tensor; the figures
+            # are in backends/torch_eager.py). Elsewhere scatter_, the form CUDA's compiled
+            # steps and graphs were measured with.
             rows = torch.arange(b, device=key_states.device)[:, None]  # [b, 1]
             self.keys[rows, :, write] = key_states.to(self.keys.dtype).transpose(1, 2)  # [b, T, H, D]
             self.values[rows, :, write] = value_states.to(self.values.dtype).transpose(1, 2)
@@ -102,13 +101,16 @@ class SlotCache(Cache):
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
+        indexed_writes: bool = False,
     ) -> None:
-        """layer_shapes: per layer (H_kv, D_key, D_value)."""
+        """layer_shapes: per layer (H_kv, D_key, D_value); ``indexed_writes``: steps write their
+        keys/values by indexed assignment instead of scatter_ (the step backend's choice)."""
         if slots < 1 or capacity < 1:
             raise ValueError(f"need slots >= 1 and capacity >= 1, got {slots} and {capacity}")
         self.layer_shapes = list(layer_shapes)
         self.slots, self.capacity = slots, capacity
         self.dtype, self.device = dtype, torch.device(device)
+        self.indexed_writes = indexed_writes
         self.length = torch.zeros(slots, dtype=torch.long, device=device)  # [B_slots]
         self.pos = torch.zeros(slots, dtype=torch.long, device=device)  # [B_slots]
         layers = [

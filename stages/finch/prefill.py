@@ -57,13 +57,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
+from stages.decoding.backends import synchronize
 from stages.decoding.forward import cache_kwargs
 from stages.decoding.state import (
     CompressedPrefill,
@@ -74,7 +74,6 @@ from stages.decoding.state import (
     prefill_full,
     step_mask,
 )
-from stages.finch.compaction import gather_layer, make_plan, select_indices
 from stages.finch.fusion import (
     Similarity,
     choose_sentences,
@@ -84,7 +83,16 @@ from stages.finch.fusion import (
 )
 from stages.finch.heads import HeadSet, check_heads, find_heads, heads_named
 from stages.finch.order import lay_out
+from stages.finch.passes import (
+    FinchStep,
+    Reading,
+    first_layers,
+    next_kept,
+    prefill_prefix,
+    select_and_compact,
+)
 from stages.finch.schedule import chunk_spans, kept_after_chunks
+from stages.finch.shared import read_shared
 from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
 from stages.finch.strategies import PassView, make_selector
 from stages.finch.support import check_inputs, check_supported
@@ -96,43 +104,6 @@ if TYPE_CHECKING:  # the spec model lives with its method; imported for types on
     from stages.finch.config import FinchCompression
 
 __all__ = ["FinchStep", "check_supported", "finch_prefill"]
-
-
-@dataclass(frozen=True)
-class FinchStep:
-    """One chunk pass, for tests and benchmarks: ``slots`` is the cache width per layer
-    during the pass (block included), ``row_slots`` the valid slots per row then,
-    ``kept`` the document entries per row after the step, ``kept_index[l]``
-    [B, H_kv, K'] the document token index held by each kept slot of layer l
-    (-1 on invalid slots), ``kept_score`` [B, K'] (early exit) the score of each kept
-    slot of layer 0 in the latest scoring pass (-inf on invalid slots, 0 when no pass
-    has scored yet)."""
-
-    chunk: int
-    slots: int
-    row_slots: list[int]
-    kept: list[int]
-    kept_index: list[torch.Tensor]
-    kept_score: torch.Tensor | None = None
-
-
-def _prefill_prefix(base, cache: DynamicCache, prefixes: list[list[int]], pad_id: int, device):
-    """Feed the left-padded prefixes. Returns (valid [B, Lp] bool, prefix_len [B] long)."""
-    b = len(prefixes)
-    if max(len(p) for p in prefixes) == 0:
-        return torch.zeros((b, 0), dtype=torch.bool, device=device), torch.zeros(
-            b, dtype=torch.long, device=device
-        )
-    ids, real = left_pad(prefixes, pad_id, device)
-    empty = torch.zeros((b, 0), dtype=torch.bool, device=device)
-    base(
-        input_ids=ids,
-        attention_mask=step_mask(empty, real),
-        position_ids=positions_from_real(real),
-        use_cache=True,
-        **cache_kwargs(base, cache),
-    )
-    return real, real.long().sum(dim=1)
 
 
 @dataclass
@@ -175,29 +146,6 @@ def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int,
     )
 
 
-def _follow(kept_doc: torch.Tensor, block_doc: torch.Tensor, idx: torch.Tensor, plan) -> torch.Tensor:
-    """Document indices after a selection (trace only): kept_doc [B, Hkv, K],
-    block_doc [B, T], idx [B, G, K']. Returns [B, Hkv, K'] with -1 on invalid slots."""
-    b, h_kv, _ = kept_doc.shape
-    t = block_doc.shape[1]
-    cand = torch.cat([kept_doc, block_doc[:, None].expand(b, h_kv, t)], dim=2)
-    picked = cand.gather(2, idx.expand(b, h_kv, idx.shape[-1]))
-    return torch.where(plan.slot_valid[:, None], picked, -1)
-
-
-def _follow_score(cand_score: torch.Tensor, idx: torch.Tensor, plan) -> torch.Tensor:
-    """Scores of the kept slots: cand_score [B, C], idx [B, G, K'] -> [B, K'] (-inf on
-    invalid slots)."""
-    picked = cand_score.gather(1, idx[:, 0])
-    return torch.where(plan.slot_valid, picked, float("-inf"))
-
-
-def _carried(kept_score: torch.Tensor, cand_valid: torch.Tensor) -> torch.Tensor:
-    """The kept slots' scores [B, K] widened to the candidates [B, C] (0 on the chunk)."""
-    pad = cand_valid.shape[1] - kept_score.shape[1]
-    return torch.cat([kept_score, kept_score.new_zeros(kept_score.shape[0], pad)], dim=1)
-
-
 def _pass_view(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
     """What the selector sees of this pass (strategies.PassView)."""
     return PassView(
@@ -222,38 +170,6 @@ def _kept_scores(index0: torch.Tensor, kept_score: torch.Tensor, kept: torch.Ten
 
 
 _AUTO = object()
-
-
-@contextmanager
-def _first_layers(base, n: int):
-    """Run only the first ``n`` decoder layers of ``base`` inside the block (early exit)."""
-    full = base.layers
-    if n >= len(full):
-        yield
-        return
-    base.layers = torch.nn.ModuleList(list(full)[:n])
-    try:
-        yield
-    finally:
-        base.layers = full
-
-
-@dataclass
-class Reading:
-    """What a reading pass leaves (per row, B rows): ``cache`` [prefix | kept] per layer
-    of the layers run, ``valid`` [B, Lp + K] its real slots, ``prefix_len`` [B] and
-    ``kept`` [B] the real prefix and kept entries, ``doc_index0`` [B, H_kv, K] the
-    document index held by each kept slot of layer 0 (-1 on invalid slots),
-    ``kept_score`` [B, K] the last scoring pass's score of each kept slot (early exit),
-    ``compress_s`` the pass's own seconds (on_chunk excluded)."""
-
-    cache: DynamicCache
-    valid: torch.Tensor
-    prefix_len: torch.Tensor
-    kept: torch.Tensor
-    doc_index0: torch.Tensor
-    kept_score: torch.Tensor
-    compress_s: float
 
 
 @torch.inference_mode()
@@ -303,8 +219,7 @@ def finch_prefill(
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
     logits, valid = forward_step(model, cache, valid, ids, pos, real, logits_to_keep=1)
-    if device.type == "cuda":  # prefill_s must include the queued kernels
-        torch.cuda.synchronize(device)
+    synchronize(device)  # prefill_s must include the queued kernels
     state = PrefillState(
         cache=cache,
         valid=valid,
@@ -362,8 +277,6 @@ def read_document(
                 check_heads(model, heads)
     selector = make_selector(model, config, heads)  # type: ignore[arg-type]
     if config.reading == "chunk":
-        from stages.finch.shared import read_shared
-
         return read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
     return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
 
@@ -378,8 +291,8 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
     b = len(parts)
     run_layers = selector.run_layers if early else len(attn)
     cache = DynamicCache()
-    with _first_layers(base, run_layers):
-        valid, prefix_len = _prefill_prefix(base, cache, [p.prefix_ids for p in parts], pad_id, device)
+    with first_layers(base, run_layers):
+        valid, prefix_len = prefill_prefix(base, cache, [p.prefix_ids for p in parts], pad_id, device)
     lp = valid.shape[1]
     bound = lp + config.target_tokens + config.chunk_tokens + max(len(p.query_ids) for p in parts)
     spans = [chunk_spans(len(p.context_ids), config.chunk_tokens) for p in parts]
@@ -403,7 +316,7 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
         blk = _block(parts, spans, i, pad_id, device)
         pos = positions_from_real(blk.real, prefix_len + kept)  # [B, T]
         mask = step_mask(valid, blk.real)  # [B, 1, T, S + T]
-        with capture.capturing(blk.p_rows), _first_layers(base, run_layers):
+        with capture.capturing(blk.p_rows), first_layers(base, run_layers):
             base(input_ids=blk.ids, attention_mask=mask, position_ids=pos,
                  use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]
@@ -426,53 +339,6 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
         if on_chunk is not None:
             on_chunk()
     return Reading(cache, valid, prefix_len, kept, doc_index[0], kept_score, compress_s)
-
-
-def next_kept(schedules: list[list[int]], kept: torch.Tensor, i: int) -> torch.Tensor:
-    """[B] entries each row keeps after chunk ``i`` (its schedule; unchanged once its
-    document is exhausted)."""
-    return torch.tensor(
-        [s[i] if i < len(s) else int(k) for s, k in zip(schedules, kept.tolist(), strict=True)],
-        device=kept.device,
-    )
-
-
-def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: torch.Tensor,
-                       prefix_len: torch.Tensor, scored: torch.Tensor, kept_score: torch.Tensor,
-                       cand_pos: torch.Tensor, inv_freq: torch.Tensor, early: bool,
-                       doc_index: list[torch.Tensor], block_doc: torch.Tensor, trace: bool):
-    """Step 4 of one pass, for both readings: rank the candidates (the kept entries and
-    the chunk's, ``view.cand_valid`` [B, C]), keep ``new_kept`` [B] per row and rebuild
-    each layer of ``cache`` as [prefix | kept] (re-rotated to contiguous positions).
-    ``scored`` [B]: rows whose question scored in this pass (the others carry their
-    scores). Updates ``doc_index`` in place (layer 0 always, every layer for a trace;
-    ``block_doc`` [B, C - K] the document index of the non-kept candidates). Returns
-    (plan, kept_score [B, K'])."""
-    lp = view.lp
-    cand_valid = view.cand_valid
-    b = cand_valid.shape[0]
-    plan = make_plan(new_kept, prefix_len)
-    slots = cache.layers[0].keys.shape[2]
-    # Rows keeping all their candidates (document shorter than the budget so
-    # far) leave nothing to rank: skip the scoring matmuls when all rows do.
-    if bool((new_kept == cand_valid.sum(dim=1)).all()):
-        zeros = torch.zeros((b, 1, slots - lp), device=cand_valid.device)
-        chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
-        kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
-    elif early:  # one shared selection; its scores order the kept text
-        scores = selector.scores(view)  # [B, 1, C]
-        chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
-        # A row without a chunk in this pass has no question in it either: it keeps
-        # the scores of its last pass.
-        fresh = torch.where(scored[:, None], scores[:, 0], _carried(kept_score, cand_valid))
-        kept_score = _follow_score(fresh, chosen[0], plan)
-    else:
-        chosen = selector.select(view, plan)
-    for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
-        if trace or layer_idx == 0:
-            doc_index[layer_idx] = _follow(doc_index[layer_idx], block_doc, idx, plan)
-        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
-    return plan, kept_score
 
 
 def _head_text(parts, spans, kept_tokens, kept, scores, config) -> list[list[int]]:
@@ -515,8 +381,7 @@ def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id
         for p, k in zip(parts, kept, strict=True)
     ]
     state = prefill_full(model, prompts, pad_id)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
+    synchronize(model.device)
     state.prefill_s = time.perf_counter() - t0
     b = len(parts)
     return CompressedPrefill(state=state, context_tokens=[len(k) for k in kept],

@@ -36,6 +36,14 @@ from transformers import DynamicCache
 
 from stages.decoding.forward import cache_kwargs
 from stages.decoding.state import left_pad, positions_from_real, step_mask
+from stages.finch.passes import (
+    FinchStep,
+    Reading,
+    first_layers,
+    next_kept,
+    prefill_prefix,
+    select_and_compact,
+)
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.strategies import PassView, Selector
 from stages.kv.model_parts import attention_modules, decoder, rotary_module
@@ -45,7 +53,6 @@ from stages.prompting import PromptParts
 
 if TYPE_CHECKING:
     from stages.finch.config import FinchCompression
-    from stages.finch.prefill import FinchStep, Reading
 
 
 def document_groups(parts: list[PromptParts]) -> tuple[list[int], list[int]]:
@@ -73,15 +80,6 @@ def read_shared(
     on_chunk: Callable[[], None] | None = None,
 ) -> Reading:
     """The chunk reading of every row, each distinct document read once (module docstring)."""
-    from stages.finch.prefill import (
-        FinchStep,
-        Reading,
-        _first_layers,
-        _prefill_prefix,
-        next_kept,
-        select_and_compact,
-    )
-
     early = config.mode == "early_exit"
     device = model.device
     base = decoder(model)
@@ -93,8 +91,8 @@ def read_shared(
     b = len(parts)
     by_row = torch.tensor(row_doc, dtype=torch.long, device=device)  # [B]
     doc_cache = DynamicCache()
-    with _first_layers(base, run_layers):
-        d_valid, d_prefix_len = _prefill_prefix(base, doc_cache, [p.prefix_ids for p in docs], pad_id, device)
+    with first_layers(base, run_layers):
+        d_valid, d_prefix_len = prefill_prefix(base, doc_cache, [p.prefix_ids for p in docs], pad_id, device)
     lp = d_valid.shape[1]
     # Each row starts from its document's prefix entries.
     cache = DynamicCache()
@@ -127,7 +125,7 @@ def read_shared(
         d_ids, d_real = left_pad(rows, pad_id, device)  # [G, T]
         t = d_ids.shape[1]
         d_pos = positions_from_real(d_real, d_prefix_len)  # [G, T]
-        with _first_layers(base, run_layers):
+        with first_layers(base, run_layers):
             base(input_ids=d_ids, attention_mask=step_mask(d_valid, d_real), position_ids=d_pos,
                  use_cache=True, **cache_kwargs(base, doc_cache))
         # 2. Each row's cache gets its document's chunk, moved past the row's kept entries.
@@ -155,7 +153,7 @@ def read_shared(
         past_valid = torch.cat([valid, chunk_real], dim=1)  # [B, Lp + K + T]
         p_pos = positions_from_real(p_real, prefix_len + kept + chunk_real.long().sum(dim=1))
         mask = step_mask(past_valid, p_real)  # [B, 1, P, S]
-        with capture.capturing(p_rows), _first_layers(base, run_layers):
+        with capture.capturing(p_rows), first_layers(base, run_layers):
             base(input_ids=p_ids, attention_mask=mask, position_ids=p_pos,
                  use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]

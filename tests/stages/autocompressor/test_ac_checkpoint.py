@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from stages.autocompressor.checkpoint import load_autocompressor
+from stages.autocompressor.config import AutoCompressorCompression
 from stages.autocompressor.model import ACConfig
 from stages.autocompressor.prefill import autocompressor_prefill
-from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.prompting import PromptParts

@@ -11,11 +11,11 @@ import torch
 from ac_cases import N_KEYS, N_SYMBOLS, assert_rows_as_alone, copy_task
 
 from stages.autocompressor.checkpoint import load_autocompressor
+from stages.autocompressor.config import AutoCompressorCompression
 from stages.autocompressor.kv_form import kept_offsets, kv_block_mask, kv_prefill
 from stages.autocompressor.model import ACConfig, AutoCompressor
 from stages.autocompressor.prefill import autocompressor_prefill
 from stages.autocompressor.train import TrainConfig, fit, make_trainable, train
-from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.state import forward_step
 from stages.prompting import PromptParts
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from ac_cases import assert_rows_as_alone
 
+from stages.autocompressor.config import AutoCompressorCompression
 from stages.autocompressor.prefill import autocompressor_prefill, document_segments
-from stages.compression.autocompressor import AutoCompressorCompression
 from stages.decoding.config import DecodeConfig
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import forward_step

@@ -62,14 +62,11 @@ def exact_marginals(small_vocab_model, prompt):
 
 @pytest.fixture
 def fresh_kernel(monkeypatch, tmp_path):
-    """The C kernel modules' per-process choices reset and their build cache in a temporary
-    folder; reset again after the test, so the next user decides in its own environment."""
-    from stages.decoding import cpu_attention, cpu_fused, cpu_linear
+    """The C kernel's per-process choice reset and its build cache in a temporary folder;
+    reset again after the test, so the next user decides in its own environment."""
+    from stages.decoding.backends.cpu_native import attention
 
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    modules = (cpu_attention, cpu_fused, cpu_linear)
-    for m in modules:
-        m._kernel_choice.cache_clear()
+    attention._kernel_choice.cache_clear()
     yield tmp_path
-    for m in modules:
-        m._kernel_choice.cache_clear()
+    attention._kernel_choice.cache_clear()

@@ -18,9 +18,10 @@ import torch
 from schemas.output import mean_accepted_per_step
 from stages.decoding.adaptive import Tuning
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, KvBudgetExceeded, Request
+from stages.decoding.engine import Engine, KvBudgetExceeded
 from stages.decoding.memory import KvBudget
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.slots import bytes_per_token, layer_shapes_of
 from stages.decoding.state import CompressedPrefill, prefill_full
 from stages.prompting import PromptParts

@@ -11,8 +11,9 @@ import pytest
 
 from schemas.spec import DEFAULT_QA_INSTRUCTION
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptBuilder
 

@@ -15,7 +15,8 @@ from sampling_stats import ROWS, TEMP, TOP_P, chi2_excess, second_third_counts
 
 from stages.decoding import verify
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
+from stages.decoding.request import Request
 from stages.decoding.state import CompressedPrefill, prefill_full
 from stages.prompting import PromptParts
 

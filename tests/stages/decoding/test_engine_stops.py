@@ -7,8 +7,9 @@ import copy
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.state import prefill_full
 from stages.decoding.stops import StopChecker, cut_text
 from stages.prompting import PromptParts

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stages.decoding.forward import cache_kwargs, decode_view, packed_gqa_sdpa
+from stages.decoding.forward import attention_name, cache_kwargs, decode_view, packed_gqa_sdpa
 
 
 def _qkv(b: int, hq: int, hkv: int, t: int, s: int, d: int = 8, seed: int = 0):
@@ -68,7 +68,7 @@ def test_decode_view_shares_every_weight_and_leaves_the_model_alone(tiny_llama_f
     before = model.config._attn_implementation
     view = decode_view(model)
     assert view is not model and view.config is not model.config
-    assert view.config._attn_implementation == "longdoc_packed_gqa"  # sdpa models attend packed
+    assert view.config._attn_implementation == attention_name(packed_gqa_sdpa)  # sdpa models attend packed
     assert model.config._attn_implementation == before == "sdpa"
     ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
     assert {n: p.data_ptr() for n, p in view.named_parameters()} == ptrs  # no weight copied
@@ -80,6 +80,25 @@ def test_decode_view_shares_every_weight_and_leaves_the_model_alone(tiny_llama_f
         model.model.norm.weight.mul_(2.0)  # an in-place update of the model shows in the view
         torch.testing.assert_close(view(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(view(ids).logits, want)
+
+
+def test_the_attention_is_installed_on_the_view_alone(tiny_llama_factory):
+    """A backend's attention reaches the view it made, never another model (no global switch)."""
+    calls = []
+
+    def counting(module, query, key, value, attention_mask, *args, **kwargs):
+        calls.append(query.shape)
+        return packed_gqa_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+
+    model = tiny_llama_factory(300, seed=2)
+    other = tiny_llama_factory(300, seed=3)
+    view = decode_view(model, counting)
+    ids = torch.tensor([[5, 17, 42, 7]])
+    with torch.inference_mode():
+        model(ids), other(ids), decode_view(other)(ids)
+        assert not calls  # the caller's model, another model and another view: their own attention
+        view(ids)
+    assert len(calls) == model.config.num_hidden_layers
 
 
 def test_decode_view_keeps_an_explicit_attention_choice(tiny_llama_factory):

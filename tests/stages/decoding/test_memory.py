@@ -28,14 +28,11 @@ def test_layouts_fill_the_budget_with_slots_of_the_needed_capacity():
         KvBudget(1000, 10, fixed_slots=0)
 
 
-def test_auto_budget_on_cpu_follows_available_ram(monkeypatch):
-    from stages.decoding import memory
-
-    monkeypatch.setattr(memory, "available_ram_bytes", lambda: 8 * 2**30)
-    cpu = torch.device("cpu")
-    assert budget_bytes_for(cpu) == 2 * 2**30  # the CPU default: a quarter of what is free
-    assert budget_bytes_for(cpu, fraction=0.5, reserve=2**30) == 3 * 2**30
-    assert budget_bytes_for(cpu, explicit_gb=1.5) == int(1.5 * 2**30)
+def test_the_auto_budget_is_a_fraction_of_what_is_free_less_the_reserve():
+    free = 8 * 2**30  # what the step backend measured (backends/: RAM on CPU, device memory on CUDA)
+    assert budget_bytes_for(free, 0.25) == 2 * 2**30
+    assert budget_bytes_for(free, 0.5, reserve=2**30) == 3 * 2**30
+    assert budget_bytes_for(free, 0.25, explicit_gb=1.5) == int(1.5 * 2**30)  # the user's figure wins
 
 
 def test_step_reserve_grows_with_batch_width_and_vocabulary(tiny_model):

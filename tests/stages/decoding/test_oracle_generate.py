@@ -46,8 +46,9 @@ from hf_oracle import finish_reason, hf_greedy
 from tiny_models import tiny_causal_lm
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.memory import KvBudget
+from stages.decoding.request import Request
 from stages.decoding.slots import bytes_per_token, layer_shapes_of
 from stages.prompting import PromptBuilder, PromptParts
 

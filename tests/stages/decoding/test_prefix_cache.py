@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import PREFIX_CACHE_SHARE, Engine, Request
+from stages.decoding.engine import PREFIX_CACHE_SHARE, Engine
 from stages.decoding.memory import KvBudget
 from stages.decoding.prefix_cache import PrefixCache, kv_bytes
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.slots import SlotCache, bytes_per_token, layer_shapes_of
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts

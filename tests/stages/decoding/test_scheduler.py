@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stages.decoding.engine import Request
 from stages.decoding.memory import KvBudget
+from stages.decoding.request import Request
 from stages.decoding.scheduler import (
     Admit,
     KvBudgetExceeded,

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.service import EngineService, EngineStopped
 from stages.decoding.state import prefill_full
 from stages.prompting import PromptParts

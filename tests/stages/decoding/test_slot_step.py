@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from stages.decoding.config import DecodeConfig
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.forward import decode_view
 from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
 from stages.decoding.slot_step import (
     SlotStep,
     batch_buckets,
@@ -48,7 +49,7 @@ def test_warm_up_shapes_are_every_step_shape_largest_first():
     assert len(shapes) == len(set(shapes)) == 16
     # Most tokens fed first, then the longest span: the first shape has the largest batch,
     # width and span at once, so captured graphs' shared result buffers are allocated once,
-    # at their final size (stages/decoding/cuda_graphs.py).
+    # at their final size (stages/decoding/backends/cuda_graphs.py).
     assert shapes[:2] == [(4, 8, 16), (4, 8, 8)] and shapes[-1] == (2, 1, 4)
     tokens = [b * t for b, t, _ in shapes]
     assert tokens == sorted(tokens, reverse=True)

@@ -75,7 +75,7 @@ def test_reshape_keeps_the_first_rows_and_refuses_what_does_not_fit(tiny_model, 
         before = cache.layers[1].values[:2, :, :7].clone()
         assert cache.layout_version == 0
         cache.reshape(slots=5, capacity=8, keep=2)
-    # New tensors: captured CUDA graphs (cuda_graphs.py) key on this to drop old addresses.
+    # New tensors: captured CUDA graphs (backends/cuda_graphs.py) key on this to drop old addresses.
     assert cache.layout_version == 1
     assert (cache.slots, cache.capacity) == (5, 8) and cache.layers[0].keys.shape[:3] == (5, 2, 8)
     assert cache.length.tolist() == [7, 3, 0, 0, 0] and cache.pos.tolist() == [7, 3, 0, 0, 0]

@@ -1,4 +1,4 @@
-"""Building the decoding stages' C kernels (stages/decoding/native.py): once per machine into
+"""Building the decoding stages' C kernels (stages/decoding/backends/cpu_native/build.py): once per machine into
 the cache, atomically, with the compiler's own words when it fails."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from stages.decoding import native
+from stages.decoding.backends.cpu_native import build as native
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 

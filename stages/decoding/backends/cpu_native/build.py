@@ -1,10 +1,10 @@
-"""Build, cache and load the C kernels of stages/decoding (cpu_attention.c, cpu_linear.c).
+"""Build, cache and load the CPU-native backend's C kernel (attention.c).
 
 Contract: ``load_library(source)`` returns the ``ctypes.CDLL`` of ``source`` compiled by the
 system C compiler (``$CC``, else ``cc``; ~0.5 s) with ``FLAGS`` into
 ``cache_dir()/kernels/<source stem>-<hash>.so``, building it on first use. The hash covers
-the source and the headers beside it (``*.h``, which sources include), the compiler's version, the flags and the CPU's model and flags, so a cache
-shared by other machines never serves a binary this CPU cannot run. The file is written
+the source and the headers beside it (``*.h``), the compiler's version, the flags and the
+CPU's model and flags. The file is written
 under a temporary name and renamed (concurrent actors never load half a file). The
 libraries name OpenMP by its soname (libgomp.so.1), which resolves to the copy torch has
 loaded: their threads are torch's. Raises RuntimeError (no compiler, a failed build) or
@@ -27,11 +27,16 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+# No -march=native: one binary runs on every CPU of its architecture (a cache shared by
+# machines never holds a build another CPU cannot run, and CI on any x86-64 machine runs the
+# tests of the same binary); the source compiles its AVX-512 path with a target pragma and
+# picks it at run time (attention.c).
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")
 
 
 def cpu_signature() -> str:
-    """The CPU's model name and feature flags (what -march=native compiles for)."""
+    """The CPU's model name and feature flags (part of the cache key: a build is tied to the
+    machine that measured and tested it)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
@@ -77,15 +82,14 @@ def load_library(source: Path) -> ctypes.CDLL:
 
 
 def choose(
-    source: Path, switch: str, off: str, instead: str, bind: Callable[[ctypes.CDLL], None],
+    source: Path, instead: str, bind: Callable[[ctypes.CDLL], None],
     on: str = "kernel (AVX-512)", without_avx512: str = "no AVX-512 on this CPU",
 ) -> tuple[ctypes.CDLL | None, str]:
-    """Whether a kernel library runs: ``(library, on)``, or ``(None, "<instead> (why not)")`` when ``$<switch>`` is ``off``, there is no compiler, the build or load
-    fails (logged as a warning: the user has a compiler and expects the kernel) or the CPU
-    lacks AVX-512 (the library's ``ld_fast_path()``). ``bind`` sets the library's ctypes
-    signatures. Kernel modules call it once per process (a cached function of their own)."""
-    if os.environ.get(switch, "kernel") == off:
-        return None, f"{instead} ({switch}={off})"
+    """Whether a kernel library runs: ``(library, on)``, or ``(None, "<instead> (why not)")`` when
+    there is no compiler, the build or load fails (logged as a warning: the user has a
+    compiler and expects the kernel) or the CPU lacks AVX-512 (the library's
+    ``ld_fast_path()``). ``bind`` sets the library's ctypes signatures. Called once per
+    process (a cached function of the kernel module)."""
     if compiler() is None:
         return None, f"{instead} (no C compiler: set CC or install gcc to build {source.name})"
     try:

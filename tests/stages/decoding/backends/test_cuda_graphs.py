@@ -1,8 +1,8 @@
-"""Captured CUDA graphs of the decode step (stages/decoding/cuda_graphs.py).
+"""Captured CUDA graphs of the decode step (stages/decoding/backends/cuda_graphs.py).
 
 They need a GPU: skipped here and in CI, run on the device machine by the GPU kit
 (``make gpu-night`` step ``graphs``, infra/README.md). On CPU they are refused, naming the
-device (the first test; and the ``cudagraphs`` choice in tests/stages/decoding/test_backends.py);
+device (the first test; and the ``cudagraphs`` choice in tests/stages/decoding/backends/test_contract.py);
 the buffers they write their results into are plain tensors, tested here on the CPU.
 """
 
@@ -12,10 +12,11 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
+from stages.decoding.backends.cuda_graphs import CapturedSteps, SharedOutputs
 from stages.decoding.config import DecodeConfig
-from stages.decoding.cuda_graphs import CapturedSteps, SharedOutputs
-from stages.decoding.engine import Engine, Request
+from stages.decoding.engine import Engine
 from stages.decoding.forward import decode_view
+from stages.decoding.request import Request
 from stages.decoding.slot_step import SlotStep
 from stages.decoding.slots import SlotCache
 from stages.decoding.state import prefill_full
@@ -30,7 +31,7 @@ def test_graphs_are_refused_off_a_gpu(tiny_model):
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
         CapturedSteps(lambda x: x, cache)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
-        SlotStep(decode_view(tiny_model), cache, compile=True, backend="cudagraphs")
+        SlotStep(decode_view(tiny_model), cache, compile=True, backend="cudagraphs", capture=CapturedSteps)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_a_replayed_step_equals_the_eager_step_bit_for_bit(model):
     got = {}
     for how in ("eager", "graphs"):
         cache = _loaded_cache(model, prompts)
-        step = SlotStep(decode_view(model), cache, compile=how == "graphs", backend="cudagraphs", min_span=64)
+        step = SlotStep(decode_view(model), cache, compile=how == "graphs", backend="cudagraphs", capture=CapturedSteps if how == "graphs" else None, min_span=64)
         runs = [step.greedy(feed, n_fed, 64) for _ in range(3)]  # capture, then two replays
         got[how] = (step.step(feed, 64), runs, cache.layers[0].keys.clone())
         if how == "graphs":
@@ -84,7 +85,7 @@ def test_the_engine_captures_at_warm_up_and_never_while_decoding(model):
 @needs_cuda
 def test_a_relayout_drops_the_graphs_that_hold_old_addresses(model):
     cache = _loaded_cache(model, [list(range(5, 40))])
-    step = SlotStep(decode_view(model), cache, compile=True, backend="cudagraphs", min_span=64)
+    step = SlotStep(decode_view(model), cache, compile=True, backend="cudagraphs", capture=CapturedSteps, min_span=64)
     feed = torch.tensor([[7]], device="cuda")
     step.step(feed, 64)
     assert isinstance(step._logits, CapturedSteps) and len(step._logits.graphs) == 1

@@ -1,0 +1,41 @@
+"""The ``autocompressor`` method's settings (``compression:`` in a job spec), beside its algorithm.
+
+The registry module (stages/compression/autocompressor.py) declares the method and
+names this model as its ``spec_model``; the prefill (prefill.py) reads it. Defined here,
+where the algorithm lives, so the algorithm never imports the registry back.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.compression import CompressionSpec
+
+
+class AutoCompressorCompression(CompressionSpec):
+    """Compress the document into learned summary vectors, used as a soft prompt."""
+
+    method: Literal["autocompressor"] = "autocompressor"
+    checkpoint: str | None = Field(
+        default=None,
+        description="AutoCompressor checkpoint: a directory saved by `longdoc train-autocompressor`, "
+        "or a published princeton-nlp AutoCompressor id/path. Unset: the checkpoint shipped for "
+        "generation.model (the embedded SmolLM2-135M has one; other models must set this).",
+    )
+    segment_tokens: int = Field(
+        default=1024, ge=16, description="Document tokens per compressed segment."
+    )
+    target_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Optional: read at most this many document tokens (tail kept) before compressing.",
+    )
+    soft_prompt_at: Literal["start", "document"] = Field(
+        default="start",
+        description="Where the summary vectors go in the prompt. start: before the whole prompt "
+        "(the published checkpoints' convention and what training teaches); document: where the "
+        "document text would sit, after the chat-template prefix. Summary vectors only: a "
+        "checkpoint of summary form kv always keeps its slots where the document sits.",
+    )

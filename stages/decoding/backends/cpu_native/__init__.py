@@ -1,0 +1,94 @@
+"""The CPU-native backend: the torch eager CPU backend with prefill chunks attending through
+the C kernel of attention.c (attention.py; build.py compiles it once per machine).
+
+Why only this kernel: of the CPU kernels the project wrote, it is the one that saved at least
+5% of the sample night side by side (13% on an Intel Xeon with AVX-512; the decode-attention,
+packed-linear and fused norm/activation/RoPE kernels saved 0-3% there and nothing on CPUs
+without AVX-512, and were removed: jobs/results/cpu-kernels/README.md).
+
+Chosen (registry.py) for CPU steps, eager (``generation.compile`` auto or off), where the
+kernel is in use (``attention.status()``: a C compiler and a CPU with AVX-512); the torch
+backend runs otherwise. The kernel is installed on the view only for model families whose
+declared structure it was measured and tested with (``KERNEL_FAMILIES``, by
+``config.model_type``: plain causal attention over RoPE'd heads, no sliding window or logit
+soft-capping); other families keep torch's attention. ``portable=True`` runs the kernel's
+plain-C path whatever the CPU (correct everywhere, slower than SDPA: for tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from stages.decoding.backends.base import Attention, compile_choice
+from stages.decoding.backends.cpu_native import attention as kernel
+from stages.decoding.backends.torch_eager import TorchEagerBackend, host_attention
+
+#: config.model_type of the families the kernel was measured and tested with.
+KERNEL_FAMILIES = frozenset({"llama"})
+
+
+def _native(portable: bool) -> Attention:
+    def native_attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        """A prefill chunk (no mask, T > 1: the engine's own chunks and method prefills that
+        pass none) through the causal kernel; everything else, and inputs outside the
+        kernel's contract, through torch_eager.host_attention."""
+        if attention_mask is None and query.shape[2] > 1 and not torch.compiler.is_compiling():
+            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+            out = kernel.attend_causal(query, key, value, scale, portable=portable)
+            if out is not None:
+                return out, None
+        return host_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+    native_attention.__qualname__ = f"native_attention_{'portable' if portable else 'fast'}"
+    return native_attention
+
+
+native_attention = _native(portable=False)
+portable_native_attention = _native(portable=True)
+
+
+class CpuNativeBackend(TorchEagerBackend):
+    """CPU eager steps with the causal prefill kernel (see the module docstring)."""
+
+    name = "cpu-native"
+    summary = "CPU eager steps; prefill chunks attend through the causal C kernel (AVX-512 CPUs)"
+    priority = 5
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device | str = "cpu",
+        compile: str | bool | None = "off",
+        compile_backend: Callable | None = None,
+        min_span: int = 256,
+        portable: bool = False,
+    ) -> None:
+        self.portable = portable
+        super().__init__(model, device, compile, compile_backend, min_span)
+        if not self.on_host or self.compiled:
+            raise ValueError(f"the {self.name} backend runs eager steps on the CPU, not {self.describe()}")
+
+    @classmethod
+    def claims(cls, device: torch.device, compile: str) -> bool:
+        eager = cls.compile_plan(compile_choice(compile))[1] is None
+        return device.type == "cpu" and eager and kernel.library() is not None
+
+    def attention(self, model: torch.nn.Module) -> Attention:
+        if getattr(model.config, "model_type", None) not in KERNEL_FAMILIES:
+            return host_attention
+        return portable_native_attention if self.portable else native_attention
+
+    def describe(self) -> str:
+        how = "portable path (tests)" if self.portable else kernel.status()
+        return f"{super().describe()}, prefill attention: {how}"

@@ -1,0 +1,83 @@
+"""The CUDA backend: the eager step captured as CUDA graphs (cuda_graphs.py) over bucketed shapes.
+
+Buckets (base.BucketShapes) keep the graphs to a handful of shapes, captured at warm-up and
+replayed. The clock is wall time after a synchronise; the KV budget is a fraction of the
+device memory free after the weights loaded, less the largest step's activations
+(``reserves_step_memory``); a prefill chunk is 4,096 tokens and a method's own prefill
+takes 4 rows at once (the GPU's work per call grows with rows until it saturates).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from stages.decoding.backends.base import StepBackend
+from stages.decoding.backends.cuda_graphs import CapturedSteps
+from stages.decoding.slot_step import SlotStep
+from stages.decoding.slots import SlotCache
+
+
+class CudaBackend(StepBackend):
+    """CUDA: captured (or compiled) steps over bucketed shapes by default; synchronised wall clock."""
+
+    name = "cuda"
+    summary = "CUDA: the eager step captured as CUDA graphs over bucketed shapes (compile: auto)"
+    priority = 10
+    kv_memory_fraction = 0.85
+    reserves_step_memory = True
+    default_chunk_tokens = 4096
+    method_prefill_rows = 4
+
+    @classmethod
+    def claims(cls, device: torch.device, compile: str) -> bool:
+        return device.type == "cuda"
+
+    @classmethod
+    def compile_plan(cls, choice: str) -> tuple[str | None, str | None]:
+        """``auto`` is ``cudagraphs`` (the eager step captured by hand, cuda_graphs.py): it
+        replays the eager step bit for bit and warms up in seconds, where inductor compiles
+        for minutes, for a step about as fast at batch 1. Random-weight Llama-3-8B in bf16 on
+        an H100 (jobs/results/bench-decode): captured 10.1 ms a step after a 0.8 s warm-up
+        (2026-11-27), eager 57 ms; inductor 9.7 ms after 148 s of compilation for batches 1,
+        8 and 32 (2026-11-24, an older engine); on an H200 inductor took 66 s for one slot
+        (2026-11-26). In a night of 8k-token documents (32 rows, H100, 2026-11-27) captured
+        steps took 22.7 ms against 70 ms eager. ``compile: inductor`` stays a choice (with
+        torch's CUDA graphs: mode reduce-overhead); a night with it is unmeasured.
+
+        Off CUDA ``auto`` is eager because inductor was measured slower there: the embedded
+        model in fp32 on a 2-core AMD EPYC (2026-11-26, 8 fixed slots of 1,536 tokens,
+        prompts of 1,024 tokens, two threads) stepped at 94-97 ms at batch 1 and 196-242 ms
+        at batch 8 compiled, against 54-58 ms and 109-113 ms eager, and its first warm-up
+        took 162 s (23 s with the compiler's cache warm).
+        """
+        if choice in ("auto", "cudagraphs"):
+            return None, "cudagraphs"
+        if choice == "inductor":
+            return "reduce-overhead", "inductor"
+        return None, None
+
+    def make_step(self, cache: SlotCache) -> SlotStep:
+        """Captured graphs (``cudagraphs``: the eager step, CapturedSteps), inductor (its CUDA
+        graph trees record a shape on the third call), or eager."""
+        if self.compiler == "cudagraphs":
+            return SlotStep(self.view, cache, True, None, "cudagraphs", self.min_span, capture=CapturedSteps)
+        return SlotStep(self.view, cache, self.compiled, self.mode, self.compiler or "inductor", self.min_span,
+                        warm_up_calls=3 if self.compiled else 1)
+
+    @classmethod
+    def device_name(cls, device: torch.device) -> str:
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+
+    @classmethod
+    def synchronize_device(cls, device: torch.device) -> None:
+        torch.cuda.synchronize(device)
+
+    def clock(self) -> float:
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def free_memory_bytes(self) -> int:
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return int(free)

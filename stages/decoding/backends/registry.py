@@ -1,0 +1,99 @@
+"""Step backends, one module (or package) each, found by scanning backends/: the device seam.
+
+Contract: every module of this package except ``base``, ``registry`` and ``cuda_graphs``
+(a helper of cuda.py) defines exactly one ``StepBackend`` subclass (base.py) declaring
+``name`` and ``summary``. ``registry()`` returns name -> class, highest ``priority``
+first; ``backend_for(model, device, compile, ...)`` makes the first whose ``claims(device,
+compile)`` holds, or the one ``$LONGDOC_STEP_BACKEND`` names (e.g. ``torch``, to measure a
+native backend against PyTorch's kernels; refused when that backend does not claim the
+device). ``backend_class(device, compile)`` is the class alone (process set-up before the
+model loads). Adding a device is adding one module and its contract test
+(tests/stages/decoding/backends/test_contract.py runs against every registered backend).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import pkgutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from stages.decoding.backends.base import StepBackend, compile_choice
+
+_NOT_BACKENDS = ("base", "registry", "cuda_graphs")
+SWITCH = "LONGDOC_STEP_BACKEND"
+
+
+@functools.lru_cache(maxsize=1)
+def registry() -> Mapping[str, type[StepBackend]]:
+    """name -> StepBackend class, every module of backends/ scanned, highest priority first."""
+    found: dict[str, type[StepBackend]] = {}
+    package = __name__.rpartition(".")[0]  # by path, not by importing the package (no circle)
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name in _NOT_BACKENDS or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        classes = [
+            obj for obj in vars(module).values()
+            if inspect.isclass(obj) and issubclass(obj, StepBackend) and obj.__module__ == module.__name__
+        ]
+        if len(classes) != 1:
+            raise TypeError(f"{module.__name__} must define exactly one StepBackend, found {len(classes)}")
+        cls = classes[0]
+        for attr in ("name", "summary"):
+            if not getattr(cls, attr, None):
+                raise TypeError(f"{module.__name__}: {cls.__name__} does not declare {attr!r}")
+        if cls.name in found:
+            raise TypeError(f"step backend name {cls.name!r} is taken")
+        found[cls.name] = cls
+    ordered = sorted(found.items(), key=lambda kv: (-kv[1].priority, kv[0]))
+    return MappingProxyType(dict(ordered))
+
+
+def backend_class(device: torch.device | str, compile: str | bool | None = "auto") -> type[StepBackend]:
+    """The class that runs steps on ``device`` (see the module contract)."""
+    device, choice = torch.device(device), compile_choice(compile)
+    forced = os.environ.get(SWITCH)
+    if forced:
+        cls = registry().get(forced)
+        if cls is None:
+            raise ValueError(f"${SWITCH}={forced!r}: allowed: {', '.join(registry())}")
+        if not cls.claims(device, choice):
+            raise ValueError(f"${SWITCH}={forced!r} does not run on {device} with compile {choice} here")
+        return cls
+    for cls in registry().values():
+        if cls.claims(device, choice):
+            return cls
+    raise ValueError(f"no step backend runs on {device} (registered: {', '.join(registry())})")
+
+
+def backend_for(
+    model: torch.nn.Module,
+    device: torch.device | str | None = None,
+    compile: str | bool | None = "auto",
+    compile_backend: Callable | None = None,
+    min_span: int = 256,
+) -> StepBackend:
+    """The step backend for ``device`` (default: the model's); a ``compile_backend`` (tests: a
+    counting torch.compile backend) is a compiled step, so the native backend does not claim it."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cls = backend_class(device, "inductor" if compile_backend is not None else compile)
+    return cls(model, device, compile, compile_backend, min_span)
+
+
+def compile_plan(compile: str | bool | None, device: torch.device | str) -> tuple[str | None, str | None]:
+    """(torch.compile mode, compiler) the backend for ``device`` runs a compile choice with."""
+    return backend_class(device, compile).compile_plan(compile_choice(compile))
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work, as its step backend does (no-op on CPU): for code
+    that times device work outside an engine (e.g. a method's prefill figures)."""
+    device = torch.device(device)
+    backend_class(device, "off" if device.type != "cuda" else "auto").synchronize_device(device)

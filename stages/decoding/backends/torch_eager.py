@@ -1,0 +1,112 @@
+"""The torch eager backend: PyTorch's own kernels, exact shapes, on CPU and any other device.
+
+The backend for a CPU without the native kernel (cpu_native/), and for devices without a
+backend of their own (mps, xpu, ...: eager steps, a wall clock after the device's own
+synchronise, the accelerator cost prior). Where ``generation.compile`` asks for inductor
+it compiles the step (bucketed shapes); ``auto`` stays eager (base.StepBackend.compile_plan).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from stages.decoding.adaptive import default_cost_prior
+from stages.decoding.backends.base import Attention, StepBackend
+from stages.decoding.forward import packed_gqa_sdpa
+from stages.host_memory import keep_freed_memory
+
+
+def host_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """forward.packed_gqa_sdpa, where reading the mask on the host is free (eager CPU steps).
+
+    A one-token step whose span every row sees whole (rows of equal length, e.g. batch 1)
+    attends without a mask: SDPA then runs a faster kernel (~4-15% of a CPU step's
+    attention). Not for devices that would synchronise to read the mask, nor compiled steps.
+    """
+    if (
+        attention_mask is not None and query.shape[2] == 1 and not torch.compiler.is_compiling()
+        and bool(attention_mask.all())
+    ):
+        span = attention_mask.shape[-1]
+        key, value, attention_mask = key[:, :, :span], value[:, :, :span], None
+    return packed_gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+class TorchEagerBackend(StepBackend):
+    """PyTorch's kernels on CPU or any torch device (see the module docstring)."""
+
+    name = "torch"
+    summary = "PyTorch's own kernels, eager steps of exact shapes (CPU and any other torch device)"
+    priority = 0
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device | str,
+        compile: str | bool | None = "off",
+        compile_backend: Callable | None = None,
+        min_span: int = 256,
+    ) -> None:
+        device = torch.device(device)
+        self.on_host = device.type == "cpu"
+        super().__init__(model, device, compile, compile_backend, min_span)
+        # One torch thread: the forward runs on the calling thread, so its CPU time is the
+        # step's cost (leaves out other processes' bursts); with more, the work is spread
+        # over a pool and only wall time covers it. Fixed now (the actor sets its threads first).
+        self._timer = time.thread_time if self.on_host and torch.get_num_threads() == 1 else time.perf_counter
+        if self.on_host:
+            # CPU memory is zero-filled (touched) when allocated: start with a few slots and
+            # add them as rows wait (relayouts are cheap copies on the host). Indexed
+            # assignment writes the same bytes as scatter_, but on CPU scatter_ on a bfloat16
+            # slot tensor rewrites the whole tensor (13 ms a call at 39 rows, 60 calls a step
+            # for the embedded model; float32 scatter_ and indexing ~0.02 ms; 2026-11-26,
+            # Intel Xeon with AMX, two threads).
+            self.grows_slots = True
+            self.indexed_slot_writes = True
+
+    @classmethod
+    def claims(cls, device: torch.device, compile: str) -> bool:
+        return device.type != "cuda"
+
+    @classmethod
+    def prepare_process(cls, device: torch.device, num_cpus: float) -> str | None:
+        """On CPU, one actor per node slice: torch uses the CPUs Ray granted it, not every core;
+        and activations freed by one forward pass are reused by the next instead of
+        page-faulted back in (host_memory.py, with what it measured)."""
+        if device.type != "cpu":
+            return None
+        torch.set_num_threads(max(1, int(num_cpus)))
+        allocator = keep_freed_memory()
+        return f"host memory: {allocator}" if allocator else None
+
+    def attention(self, model: torch.nn.Module) -> Attention:
+        return host_attention if self.on_host and not self.compiled else packed_gqa_sdpa
+
+    @classmethod
+    def synchronize_device(cls, device: torch.device) -> None:
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()  # mps, xpu, ...
+
+    def clock(self) -> float:
+        self.synchronize()
+        return self._timer()
+
+    def cost_prior(self) -> tuple[float, float]:
+        return default_cost_prior(accelerator=not self.on_host)
+
+    def describe(self) -> str:
+        if not self.on_host:
+            return super().describe()
+        return f"{super().describe()}, {torch.get_num_threads()} thread(s), clock {self._timer.__name__}"

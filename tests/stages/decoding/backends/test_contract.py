@@ -1,0 +1,210 @@
+"""The step backend contract (stages/decoding/backends/base.py), held against every registered backend.
+
+Each backend runs on the device it claims where this machine has one (CUDA's GPU parts skip
+cleanly without a GPU); the CPU-native backend runs its kernel's portable path, so it is
+tested on every CPU. What needs no device (CUDA's compile plan, shapes and buckets) is tested
+everywhere. Adding a backend is adding its module; ``_CASES`` then needs its device here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from stages.decoding.backends import StepBackend, backend_class, backend_for, compile_plan, registry
+from stages.decoding.backends.base import BucketShapes, ExactShapes
+from stages.decoding.backends.cpu_native import (
+    CpuNativeBackend,
+    native_attention,
+    portable_native_attention,
+)
+from stages.decoding.backends.cpu_native import attention as kernel
+from stages.decoding.backends.cuda import CudaBackend
+from stages.decoding.backends.torch_eager import TorchEagerBackend, host_attention
+from stages.decoding.config import DecodeConfig
+from stages.decoding.engine import Engine
+from stages.decoding.forward import attention_name
+from stages.decoding.reference import decode_plain
+from stages.decoding.request import Request
+from stages.decoding.state import prefill_full
+from stages.prompting import PromptParts
+
+NO_EOS = frozenset({-1})
+
+
+def _make(name: str, model: torch.nn.Module) -> StepBackend:
+    """The backend ``name`` on the device it claims, or a clean skip where this machine has none."""
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("the CUDA backend's device parts need a GPU (its shapes are tested on CPU below)")
+        return CudaBackend(model.cuda(), "cuda", "auto")
+    if name == "cpu-native":
+        return CpuNativeBackend(model, "cpu", portable=True)  # the kernel's portable path: any CPU
+    cls = registry()[name]
+    return cls(model, "cpu", "off")
+
+
+@pytest.fixture
+def fresh_model(tiny_llama_factory):
+    return tiny_llama_factory(512, seed=1)
+
+
+def _fingerprint(model: torch.nn.Module) -> list:
+    """Everything a backend could change on a model, per module."""
+    return [
+        (name, type(m), id(m), "forward" in m.__dict__, tuple(id(p) for p in m.parameters(recurse=False)))
+        for name, m in model.named_modules()
+    ] + [model.config._attn_implementation]
+
+
+@pytest.mark.parametrize("name", list(registry()))
+def test_every_backend_keeps_the_contract(name, fresh_model):
+    model = fresh_model
+    before = _fingerprint(model)
+    backend = _make(name, model)
+    cls = type(backend)
+    # registered: a name, a summary, found by the registry; claims its own device
+    assert cls.name == name and cls.summary and registry()[name] is cls
+    assert cls.claims(backend.device, "off") or name == "cpu-native"  # native claims only with its fast path
+    # the view: shares every weight, installs the backend's attention on itself alone
+    assert _fingerprint(model) == before
+    ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+    assert {n: p.data_ptr() for n, p in backend.view.named_parameters()} == ptrs
+    assert backend.view.config._attn_implementation == attention_name(backend.attention(model))
+    # shapes: never smaller than asked, within the slots / capacity
+    for n, slots in ((1, 1), (3, 8), (8, 8)):
+        assert n <= backend.batch(n, slots) <= max(slots, n)
+    assert backend.width(3, 8) >= 3 and backend.span(100, 1024) >= 100 and backend.span(5000, 1024) == 1024
+    widths = backend.widths(8)
+    assert widths is None or (1 in widths and max(widths) >= 9)
+    # clock: seconds, monotone; synchronize returns
+    backend.synchronize()
+    t0 = backend.clock()
+    sum(range(10000))
+    assert backend.clock() >= t0
+    # cost prior, memory, slots, prefill: the figures the engine asks for
+    c, j = backend.cost_prior()
+    assert c >= 0 and j >= 0 and backend.cost_shape(1) == 0 and backend.cost_shape(4) >= 0
+    assert backend.free_memory_bytes() > 0 and 0 < cls.kv_memory_fraction <= 1
+    assert backend.default_chunk_tokens >= 256 and backend.method_prefill_rows >= 1
+    assert isinstance(backend.grows_slots, bool) and isinstance(backend.indexed_slot_writes, bool)
+    assert isinstance(backend.describe(), str) and name in backend.describe()
+    assert isinstance(cls.device_name(backend.device), str)
+
+
+@pytest.mark.parametrize("name", list(registry()))
+def test_greedy_decoding_through_every_backend_equals_the_reference(name, fresh_model, monkeypatch):
+    """The engine over the backend: the same tokens as plain greedy decoding (reference.py),
+    with drafts verified (so wide steps and the prefill attention run too)."""
+    ran = []
+    attend = kernel.attend_causal
+
+    def counted(*args, **kwargs):
+        out = attend(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(kernel, "attend_causal", counted)
+    backend = _make(name, fresh_model)
+    device = backend.device
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 37, 19)]
+    cfg = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS)
+    want = [r.tokens for r in decode_plain(fresh_model, prefill_full(fresh_model, prompts, 0), cfg)]
+    spec = DecodeConfig(max_new_tokens=12, eos_ids=NO_EOS, speculative="prompt_lookup", num_draft_tokens=4,
+                        max_ngram=3, adaptive=False)
+    engine = Engine(fresh_model, spec, slots=3, expected_tokens=64, backend=backend, chunk_tokens=16)
+    reqs = [Request(i, PromptParts([], p, []), p + w) for i, (p, w) in enumerate(zip(prompts, want, strict=True))]
+    got = [f.result.tokens for f in engine.run(reqs)]
+    assert got == want, f"{name} on {device}"
+    assert (name == "cpu-native") == any(ran)  # the native backend's prefill chunks went through its kernel
+
+
+# ---------------------------------------------------------------------------- choosing a backend
+def test_the_registry_finds_each_backend_by_its_module_and_orders_them_by_priority():
+    names = list(registry())
+    assert set(names) >= {"cuda", "cpu-native", "torch"}
+    priorities = [registry()[n].priority for n in names]
+    assert priorities == sorted(priorities, reverse=True)
+
+
+def test_the_backend_for_a_device(tiny_model, monkeypatch):
+    native = kernel.library() is not None  # a C compiler and an AVX-512 CPU
+    assert backend_class("cpu") is (CpuNativeBackend if native else TorchEagerBackend)
+    assert backend_class("cpu", "inductor") is TorchEagerBackend  # compiled steps: torch's kernels
+    assert backend_class("cuda") is CudaBackend
+    assert backend_class("meta") is TorchEagerBackend  # any other torch device: eager
+    assert type(backend_for(tiny_model, "cpu", compile="off")) is backend_class("cpu")
+    monkeypatch.setenv("LONGDOC_STEP_BACKEND", "torch")  # e.g. to measure the native backend against it
+    assert backend_class("cpu") is TorchEagerBackend
+    monkeypatch.setenv("LONGDOC_STEP_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="does not run on cpu"):
+        backend_class("cpu")
+    monkeypatch.setenv("LONGDOC_STEP_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="allowed: "):
+        backend_class("cpu")
+
+
+def test_compile_choices_per_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_plan("auto", cpu) == (None, None) and compile_plan(None, cpu) == (None, None)
+    assert compile_plan(True, cpu) == (None, "inductor")
+    assert compile_plan("auto", cuda) == (None, "cudagraphs") and compile_plan("cudagraphs", cuda) == (None, "cudagraphs")
+    assert compile_plan("inductor", cuda) == ("reduce-overhead", "inductor")
+    assert compile_plan("off", cuda) == (None, None)
+    with pytest.raises(ValueError, match="cudagraphs needs a CUDA device"):
+        compile_plan("cudagraphs", cpu)
+    with pytest.raises(ValueError, match="allowed: auto, inductor, cudagraphs, off"):
+        compile_plan("fast", cpu)
+
+
+# ---------------------------------------------------------------------------- shapes, on any machine
+def test_shapes_exact_when_eager_bucketed_when_compiled_or_captured(tiny_model):
+    exact, buckets = ExactShapes(), BucketShapes(min_span=256)
+    assert (exact.batch(3, 8), exact.width(5, 16), exact.span(300, 1024), exact.widths(16)) == (3, 5, 300, None)
+    assert buckets.batch(3, 8) == 4 and buckets.width(5, 16) == 8 and buckets.span(300, 1024) == 512
+    assert buckets.widths(16) == (1, 4, 8, 17)
+    eager = TorchEagerBackend(tiny_model, "cpu", "off")
+    compiled = TorchEagerBackend(tiny_model, "cpu", "inductor")
+    assert isinstance(eager.shapes, ExactShapes) and isinstance(compiled.shapes, BucketShapes)
+    # CUDA's captured steps take buckets: its plan for auto is a compiled one
+    assert CudaBackend.compile_plan("auto")[1] == "cudagraphs"
+
+
+def test_cuda_declares_its_memory_and_prefill_figures():
+    """No GPU needed: what the engine reads off the class."""
+    assert CudaBackend.reserves_step_memory and CudaBackend.kv_memory_fraction == 0.85
+    assert CudaBackend.default_chunk_tokens == 4096 and CudaBackend.method_prefill_rows == 4
+    assert not CudaBackend.grows_slots and not CudaBackend.indexed_slot_writes
+    assert CudaBackend.clock is not StepBackend.clock  # synchronises before reading the time
+
+
+def test_cpu_backends_grow_slots_write_by_index_and_time_this_threads_cpu(tiny_model):
+    for backend in (TorchEagerBackend(tiny_model, "cpu"), CpuNativeBackend(tiny_model, portable=True)):
+        assert backend.grows_slots and backend.indexed_slot_writes
+        assert backend._timer is (time.thread_time if torch.get_num_threads() == 1 else time.perf_counter)
+        assert backend.cost_prior() == (0.06, 0.7)
+
+
+def test_the_native_kernel_goes_only_to_the_families_it_was_measured_with(tiny_model, tiny_llama_factory):
+    """Recognised by the declared structure (config.model_type), not by code inspection."""
+    llama = CpuNativeBackend(tiny_model, portable=True)
+    assert llama.attention(tiny_model) is portable_native_attention
+    assert CpuNativeBackend(tiny_model).attention(tiny_model) is native_attention
+    other = tiny_llama_factory(64)
+    other.config.model_type = "gemma2"  # declared: soft-capping and sliding windows the kernel lacks
+    assert CpuNativeBackend(other, portable=True).attention(other) is host_attention
+    with pytest.raises(ValueError, match="eager steps on the CPU"):
+        CpuNativeBackend(tiny_model, compile="inductor")
+
+
+def test_code_outside_an_engine_synchronises_through_the_registry():
+    """registry.synchronize(device): what a method's prefill calls to time its device work."""
+    from stages.decoding.backends import synchronize
+
+    synchronize("cpu")  # nothing queued on the host: returns
+    synchronize(torch.device("cpu"))
+    if torch.cuda.is_available():
+        synchronize("cuda")
