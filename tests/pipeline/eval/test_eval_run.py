@@ -80,8 +80,8 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
     styles = {(r["method"], r["style"]): r["n"] for r in summary["by_style_detail"]}
     assert styles[("rag", "echoed")] == 2 and styles[("rag", "paraphrased")] == 1
     kinds = {(r["method"], r["kind"]): r["n"] for r in summary["by_kind"]}
-    assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1,
-                     ("rag", "inserted"): 2, ("rag", "native"): 1}  # fmt: skip
+    assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1, ("rag", "inserted"): 2,
+                     ("rag", "native"): 1, ("bm25", "inserted"): 2, ("bm25", "native"): 1}  # fmt: skip
 
     import csv
 
