@@ -13,7 +13,8 @@ Agg backend, so it works without a display.
 
 ``plot_cost_quality(summary, path)``: cost against quality, one point per qa summary row
 (method and budget; equal-reading runs hollow): x = seconds per question (the run's
-``wall_s_per_request``, else its mean ``e2e_s``; log scale), y = ``contains`` (left panel)
+``wall_s_per_request``, else its mean ``e2e_s``, marked ``*``: a row's latency, not the run's
+throughput; log scale), y = ``contains`` (left panel)
 and ``evidence_recall`` (right panel; rows without recall are left out). Each point is
 labelled with its method and budget.
 """
@@ -156,13 +157,15 @@ def plot_cost_quality(summary: Sequence[dict[str, Any]], path: str | Path, title
             eq = s.get("equal_to")
             ax.scatter([x], [y], s=60, marker="o", color=c if not eq else "none", edgecolors=c, linewidths=1.5)
             name = f"{s['method']} {s['target_tokens'] or 'full'}" + (f" (={eq})" if eq else "")
+            name += "" if s.get("wall_s_per_request") else " *"  # x is its mean e2e_s
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=c)
         ax.set_xscale("log")
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("seconds per question (log)")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: cost vs quality (hollow: equal reading)")
+    fig.suptitle(f"{title}: cost vs quality (hollow: equal reading; *: mean e2e_s per row, "
+                 "the run has no wall time, e.g. resumed)")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
