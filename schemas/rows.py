@@ -60,6 +60,9 @@ class CompressedRow(TokenizedRow):
 
     context_ids: list[int] | None  # a subsequence of doc_ids, at most target_tokens long
     context_tokens: int | None
+    # where context_ids sit in doc_ids: flattened half-open [start, end) pairs in document
+    # order (the output's kept_spans, schemas/output.py)
+    context_spans: list[int] | None
     compress_s: float | None  # seconds this row's compression took (its share of a batch)
 
 

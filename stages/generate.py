@@ -38,7 +38,7 @@ from schemas import output as out_schema
 from schemas.rows import GENERATE_NEEDS, GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
 from stages.compression import budgeted_names, method_for
-from stages.compression.base import CONTEXT_COLUMNS
+from stages.compression.base import CONTEXT_COLUMNS, spans_of
 from stages.decoding.backends import backend_class
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import Engine, KvBudgetExceeded
@@ -87,6 +87,7 @@ class GenerateStage:
         return the warmed-up engine; the engine learns step cost and acceptance across batches."""
         loaded = self.method.load(self.spec, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self._full_prefill = loaded.full_prefill  # the whole prompt prefilled (text methods, none)
         # Output columns a text method adds beyond its context (e.g. rag's retrieval
         # figures) are copied as they are; context_tokens/compress_s are combined below.
         self._carried = tuple(
@@ -192,7 +193,20 @@ class GenerateStage:
             extra_compress_s=res.compress_s, prefill_s=res.prefill_s,
         )
         o["device_s"] = res.device_s
+        o["kept_spans"] = self._kept_spans(row, res)
         return o
+
+    def _kept_spans(self, row: GenerateInput, res: RowResult) -> list[int] | None:
+        """The output's ``kept_spans`` (schemas/output.py): what the method's prefill
+        reported, else the text method's ``context_spans``, else the whole document for a
+        full prefill of it (none); None when nothing says which positions were read."""
+        if res.kept_positions is not None:  # a layout may reorder them (relevance order)
+            return spans_of(sorted(set(res.kept_positions)))
+        if row.get("context_spans") is not None:
+            return [int(x) for x in row["context_spans"]]
+        if self._full_prefill and row.get("context_ids") is None and row.get("doc_tokens"):
+            return [0, int(row["doc_tokens"])]
+        return None
 
     def _locked(self, prefill):
         """``prefill`` run holding the tokenizer lock (keeps its ``on_chunk`` keyword)."""

@@ -5,7 +5,7 @@ actor). It adds ``doc_ids``/``doc_tokens`` to every row, in the tokenizer the
 compression method names (``CompressionMethod.tokenizer_source``: the generating
 model's, or an AutoCompressor checkpoint's own). A method that runs at ``tokenize``
 (a slice of the ids, e.g. truncate) rides along here rather than costing a pool: it
-also adds ``context_ids``/``context_tokens``/``compress_s`` (CompressedRow).
+also adds ``context_ids``/``context_tokens``/``compress_s``/``context_spans`` (CompressedRow).
 A document over ``input.max_doc_tokens`` becomes an error row of kind ``input``
 (stages/read.doc_tokens_error). Rows with ``error`` pass through untouched; see
 schemas/rows.py.
@@ -58,6 +58,7 @@ class TokenizeStage:
             if in_tokenize:
                 ctx = self.method.compress_ids(self.spec.compression, ids)
                 row["context_ids"], row["context_tokens"] = ctx, len(ctx)
+                row["context_spans"] = self.method.compress_spans(self.spec.compression, ids)
                 row["compress_s"] = time.perf_counter() - t0
         except Exception as e:
             fail(row, "tokenize", e)

@@ -142,13 +142,24 @@ def head_paragraphs(text: str, max_chars: int) -> str:
     return text[:cut] + "\n"
 
 
-def sentence_around(text: str, index: int) -> str:
-    """The sentence of ``text`` holding character ``index``: from the previous sentence end
-    (``.``, ``!`` or ``?`` then whitespace) or paragraph break to the next."""
+def sentence_span(text: str, index: int) -> tuple[int, int]:
+    """Character span ``[start, end)`` of the sentence of ``text`` holding character
+    ``index``: from the previous sentence end (``.``, ``!`` or ``?`` then whitespace) or
+    paragraph break to the next, surrounding whitespace excluded."""
     ends = list(re.finditer(r"[.!?]\s|\n\n", text))
     start = max((m.end() for m in ends if m.end() <= index), default=0)
     end = min((m.start() + 1 for m in ends if m.start() >= index), default=len(text))
-    return text[start:end].strip()
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def sentence_around(text: str, index: int) -> str:
+    """The sentence of ``text`` holding character ``index`` (``sentence_span``)."""
+    start, end = sentence_span(text, index)
+    return text[start:end]
 
 
 def part_facts(part: EvalPart) -> list[list[tuple[str, Fact]]]:

@@ -10,6 +10,13 @@ task "nll" rows (pipeline/eval/nll.py) a third row of panels shows continuation 
 gap recovered and time per row at the NLL budgets (no-context, none = full context and
 autocompressor as dashed lines); an NLL-only summary draws that row alone. Uses the
 Agg backend, so it works without a display.
+
+``plot_cost_quality(summary, path)``: cost against quality, one point per qa summary row
+(method and budget; equal-reading runs hollow): x = seconds per question (the run's
+``wall_s_per_request``, else its mean ``e2e_s``, marked ``*``: a row's latency, not the run's
+throughput; log scale), y = ``contains`` (left panel)
+and ``evidence_recall`` (right panel; rows without recall are left out). Each point is
+labelled with its method and budget.
 """
 
 from __future__ import annotations
@@ -115,6 +122,50 @@ def plot_eval(
         if handles:
             a.legend(fontsize=7)
     fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _seconds(row: dict[str, Any]) -> float | None:
+    """Seconds per question of a summary row: its wall time per request, else mean e2e_s."""
+    v = row.get("wall_s_per_request") or row.get("e2e_s")
+    return float(v) if v else None
+
+
+def plot_cost_quality(summary: Sequence[dict[str, Any]], path: str | Path, title: str = "longdoc eval") -> Path:
+    """Accuracy and evidence recall against seconds per question (see the module contract)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    qa = [s for s in summary if s.get("task", "qa") == "qa" and _seconds(s)]
+    methods = list(dict.fromkeys(s["method"] for s in qa))
+    cmap = plt.get_cmap("tab10")
+    colors = {m: cmap(i % 10) for i, m in enumerate(methods)}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), squeeze=False)
+    panels = (("contains", "accuracy (contains answer)"), ("evidence_recall", "evidence recall (answer sentence kept)"))
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
+        for s in qa:
+            if s.get(key) is None:
+                continue
+            x, y, c = _seconds(s), float(s[key]), colors[s["method"]]
+            eq = s.get("equal_to")
+            ax.scatter([x], [y], s=60, marker="o", color=c if not eq else "none", edgecolors=c, linewidths=1.5)
+            name = f"{s['method']} {s['target_tokens'] or 'full'}" + (f" (={eq})" if eq else "")
+            name += "" if s.get("wall_s_per_request") else " *"  # x is its mean e2e_s
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color=c)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("seconds per question (log)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: cost vs quality (hollow: equal reading; *: mean e2e_s per row, "
+                 "the run has no wall time, e.g. resumed)")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,15 @@ Contract:
   continuation NLL of every method at each of ``nll_budgets``, in-process, one model at
   a time, no Ray). NLL rows join the same summary table and plot (``task`` "nll"), their
   per-document rows go to scored_nll.csv. NLL is recomputed on resume.
+- Evidence recall (pipeline/eval/recall.py): every qa row is also scored on whether the
+  answer-bearing sentence survived compression (its ``kept_spans``), whatever the reader
+  answered; summary.md gains a table of evidence recall per question style, and
+  cost_quality.png (pipeline/eval/plot.py) plots accuracy and recall against seconds
+  per question, one point per method and budget.
+- Equal reading (``equal_reading``: reference methods, e.g. finch): after the reference
+  ran at budget B, each of ``equal_methods`` (default rag, bm25) runs again with
+  target_tokens = the reference's mean context_tokens at B (rounded; at least 1), its
+  summary row's ``equal_to`` = "REF@B". A reference that failed at B skips those runs.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ from pipeline.eval.nll import (
     read_eval_documents,
     run_nll,
 )
+from pipeline.eval.recall import EvidenceIndex, evidence_for
 from pipeline.eval.specs import (
     EvalRun,
     build_eval_spec,
+    equal_reading_plan,
     load_question_meta,
     plan_runs,
     split_overrides,
@@ -75,6 +86,7 @@ class EvalResult:
     by_style: list[dict[str, Any]] = field(default_factory=list)
     scored_nll: list[dict[str, Any]] = field(default_factory=list)
     failed_runs: dict[str, str] = field(default_factory=dict)  # run tag -> error
+    recall_by_style: list[dict[str, Any]] = field(default_factory=list)  # evidence_recall per style
 
 
 def _read_rows(output_uri: str) -> list[dict[str, Any]]:
@@ -113,6 +125,8 @@ def run_eval(
     nll_budgets: list[int] | None = None,
     continuation_tokens: int = DEFAULT_CONTINUATION,
     query_tokens: int = DEFAULT_QUERY_TOKENS,
+    equal_reading: list[str] | None = None,
+    equal_methods: list[str] | None = None,
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
     from pipeline.runner import cluster_address, new_run_id, run_job, today_utc
@@ -126,11 +140,13 @@ def run_eval(
         raise ValueError(f"--metrics {wanted}: allowed {', '.join(METRIC_NAMES)} (comma-separated)")
     runs = plan_runs(methods, list(target_tokens or DEFAULT_BUDGETS), autocompressor) if "qa" in wanted else []
     nll_runs = plan_runs(methods, list(nll_budgets or DEFAULT_NLL_BUDGETS), autocompressor) if "nll" in wanted else []
-    common, scoped = split_overrides(list(overrides or []), {r.method for r in runs + nll_runs})
+    refs, others = equal_reading_plan(equal_reading, equal_methods, runs)
+    common, scoped = split_overrides(list(overrides or []), {r.method for r in runs + nll_runs} | set(others))
     eval_id = eval_id or new_run_id()
     out_dir = Path(out) / eval_id
-    specs = {
-        r.tag: build_eval_spec(
+
+    def spec_of(r: EvalRun):
+        return build_eval_spec(
             r,
             eval_uri,
             str((out_dir / "runs" / r.tag).resolve()),
@@ -140,8 +156,11 @@ def run_eval(
             autocompressor=autocompressor,
             cpus=None if cluster_address(address) else embedded_cpus(),
         )
-        for r in dict.fromkeys(runs + nll_runs)
-    }  # every spec is validated before the first run starts
+
+    specs = {r.tag: spec_of(r) for r in dict.fromkeys(runs + nll_runs)}
+    for m in others:  # an equal-reading run's budget is known later: check its spec now
+        spec_of(EvalRun(m, 1))
+    # every spec is validated before the first run starts
     scored: list[dict[str, Any]] = []
     wall: dict[tuple[str, int | None], float] = {}
     failed: dict[str, str] = {}
@@ -150,7 +169,11 @@ def run_eval(
         query_tokens=query_tokens, failed=failed, progress=progress,
     ) if nll_runs else []  # fmt: skip
     meta = load_question_meta(eval_uri) if runs else {}
-    for r in runs:
+    evidence = _evidence(eval_uri, specs[runs[0].tag]) if runs else {}
+    equal_to: dict[tuple[str, int | None], str] = {}
+    queue = list(runs)
+    while queue:
+        r = queue.pop(0)
         t0 = time.perf_counter()
         try:
             res = run_job(
@@ -169,24 +192,44 @@ def run_eval(
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
         if not res.skipped:  # a resumed run's wall time covers only the rows it added
             wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
-        scored += score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta)
+        rows = score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta, evidence)
+        scored += rows
+        if r.equal_to:
+            equal_to[(r.method, r.target_tokens)] = r.equal_to
+        elif r.method in refs and r.target_tokens is not None:
+            reading = [x["context_tokens"] for x in rows if x["error"] is None and x["context_tokens"]]
+            if reading:
+                n = max(1, round(sum(reading) / len(reading)))
+                for m in others:
+                    eq = EvalRun(m, n, equal_to=f"{r.method}@{r.target_tokens}")
+                    specs[eq.tag] = spec_of(eq)
+                    queue.append(eq)
     result = EvalResult(
         eval_id=eval_id,
         out_dir=out_dir,
-        summary=aggregate(scored, wall) + aggregate_nll(scored_nll),
+        summary=aggregate(scored, wall, equal_to) + aggregate_nll(scored_nll),
         by_kind=breakdown(scored, "kind"),
         by_depth=breakdown(scored, "depth_bin"),
         scored=scored,
         by_style=per_style(scored),
         scored_nll=scored_nll,
         failed_runs=failed,
+        recall_by_style=per_style(scored, "evidence_recall"),
     )
     _write(result, eval_uri, runs)
     return result
 
 
+def _evidence(eval_uri: str, spec) -> EvidenceIndex:
+    """The eval set's evidence in the tokens of ``spec``'s method (the generating model's)."""
+    from stages.compression import method_for
+    from stages.model_loading import load_tokenizer
+
+    return evidence_for(eval_uri, load_tokenizer(method_for(spec.compression).tokenizer_source(spec)))
+
+
 def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
-    from pipeline.eval.plot import plot_eval
+    from pipeline.eval.plot import plot_cost_quality, plot_eval
 
     d = result.out_dir
     d.mkdir(parents=True, exist_ok=True)
@@ -203,6 +246,7 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
         "failed_runs": result.failed_runs,
         "summary": result.summary,
         "by_style": result.by_style,
+        "recall_by_style": result.recall_by_style,
         "by_style_detail": breakdown(result.scored, "style"),
         "by_kind": result.by_kind,
         "by_depth": result.by_depth,
@@ -215,6 +259,8 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
             d / "eval.png",
             title=f"longdoc eval {result.eval_id}",
         )
+    if any(s.get("task", "qa") == "qa" for s in result.summary):
+        plot_cost_quality(result.summary, d / "cost_quality.png", title=f"longdoc eval {result.eval_id}")
 
 
 def render_markdown(result: EvalResult) -> str:
@@ -222,6 +268,9 @@ def render_markdown(result: EvalResult) -> str:
     parts = [f"## {title} {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
     if result.by_style:
         parts += ["", "### contains by question style", "", to_markdown(result.by_style)]
+    if any(v is not None for r in result.recall_by_style for k, v in r.items() if k not in ("method", "target_tokens")):
+        parts += ["", "### evidence recall by question style (answer sentence kept whole; reader-independent)",
+                  "", to_markdown(result.recall_by_style)]
     if result.by_kind:
         parts += ["", "### by question kind", "", to_markdown(result.by_kind)]
     if result.failed_runs:
@@ -285,6 +334,14 @@ def eval_command(
     query_tokens: Annotated[
         int, typer.Option(help="NLL: query for rag/bm25/finch = the earlier text's last N tokens.")
     ] = DEFAULT_QUERY_TOKENS,
+    equal_reading: Annotated[
+        list[str] | None,
+        typer.Option(help="Equal reading: after METHOD ran at a budget, run --equal-methods at the mean tokens it kept (repeatable or comma-separated)."),
+    ] = None,
+    equal_methods: Annotated[
+        list[str] | None,
+        typer.Option(help="Methods run at --equal-reading's mean reading (default: rag,bm25)."),
+    ] = None,
 ) -> None:
     """Compare every compression method on a QA eval set at the same context budget."""
     from schemas.loading import SpecError
@@ -310,13 +367,15 @@ def eval_command(
             nll_budgets=budgets,
             continuation_tokens=continuation_tokens,
             query_tokens=query_tokens,
+            equal_reading=equal_reading,
+            equal_methods=equal_methods,
         )
     except (ValueError, SpecError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(render_markdown(result))
     typer.echo(
-        f"\nwritten: {result.out_dir}/summary.md, summary.csv, summary.json, scored*.csv, eval.png"
+        f"\nwritten: {result.out_dir}/summary.md, summary.csv, summary.json, scored*.csv, eval.png, cost_quality.png"
     )
     if result.failed_runs:
         raise typer.Exit(1)

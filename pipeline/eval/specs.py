@@ -17,6 +17,9 @@ Contract:
   generate actor's CPUs when given (`longdoc eval` on the embedded Ray gives it every
   core of the machine: the spec default of one left half of a 2-core machine idle).
 - ``load_question_meta`` reads each question's ``kind``, ``style`` and ``depths`` entry.
+- ``equal_reading_plan`` checks ``--equal-reading REF`` (a budgeted method of the eval) and
+  ``--equal-methods`` (default rag, bm25): each of those runs again per budget B at the
+  mean context_tokens REF kept at B (``EvalRun.equal_to`` = "REF@B").
 Bad values raise ValueError naming the value and what is allowed.
 """
 
@@ -39,10 +42,13 @@ NEEDS_CHECKPOINT = tuple(m.name for m in registry().values() if m.needs_checkpoi
 class EvalRun:
     method: str
     target_tokens: int | None  # None: the method takes no budget
+    # equal reading: the run ("finch@512") whose mean context_tokens set target_tokens
+    equal_to: str | None = None
 
     @property
     def tag(self) -> str:
-        return f"{self.method}-{self.target_tokens or 'full'}"
+        tag = f"{self.method}-{self.target_tokens or 'full'}"
+        return tag + (f"-eq-{self.equal_to.replace('@', '-')}" if self.equal_to else "")
 
 
 def plan_runs(
@@ -61,6 +67,25 @@ def plan_runs(
         budgets_of_m = [None] if m in UNBUDGETED else list(dict.fromkeys(budgets))
         runs += [EvalRun(m, b) for b in budgets_of_m]
     return runs
+
+
+def equal_reading_plan(
+    reference: list[str] | None, equal_methods: list[str] | None, runs: list[EvalRun]
+) -> tuple[list[str], list[str]]:
+    """(reference methods, methods run at their reading) for ``--equal-reading``, checked:
+    a reference must be a budgeted method among ``runs``, an equal method a budgeted one."""
+    refs = [m.strip() for item in reference or [] for m in item.split(",") if m.strip()]
+    if not refs:
+        return [], []
+    others = [m.strip() for item in equal_methods or ["rag,bm25"] for m in item.split(",") if m.strip()]
+    ran = {r.method for r in runs if r.target_tokens is not None}
+    bad = [m for m in refs if m not in ran]
+    if bad:
+        raise ValueError(f"--equal-reading {bad}: not a budgeted method of this eval; run: {sorted(ran)}")
+    bad = [m for m in others if m not in BUDGETED]
+    if bad:
+        raise ValueError(f"--equal-methods {bad}: allowed budgeted methods {', '.join(BUDGETED)}")
+    return refs, others
 
 
 def split_overrides(

@@ -1,15 +1,19 @@
 """Score output rows against references and aggregate them per method and budget.
 
 Contract:
-- ``score_rows(method, target_tokens, rows, meta)`` turns the pipeline's output rows
+- ``score_rows(method, target_tokens, rows, meta, evidence)`` turns the pipeline's output rows
   (schemas/output.py columns) of one run into scored rows: the run's method and
-  budget, the question's ``kind``, ``style`` and ``depth`` from the eval set, and every metric
-  of pipeline.eval.metrics. Error rows score 0 (a failure is a wrong answer) and
-  keep their ``error``.
+  budget, the question's ``kind``, ``style`` and ``depth`` from the eval set, every metric
+  of pipeline.eval.metrics, and the reader-independent evidence recall of
+  pipeline.eval.recall (``RECALL_COLUMNS``, from the row's ``kept_spans`` and ``evidence``;
+  None without them). Error rows score 0 (a failure is a wrong answer) and
+  keep their ``error``; their recall is None.
 - ``aggregate(scored)`` -> one summary dict per (method, target_tokens), task "qa", in
-  ``METHOD_ORDER`` then budget order. Accuracy figures average over all rows;
-  cost figures (compression_ratio, context_tokens, compress_s, e2e_s) over the
-  successful rows only, since failed rows have none.
+  ``METHOD_ORDER`` then budget order. Accuracy figures average over all rows; recall
+  over the rows that have it (``recall_n`` of them); cost figures (compression_ratio,
+  context_tokens: the tokens the reader sees, compress_s, e2e_s) over the successful
+  rows only, since failed rows have none. ``equal_to`` names, for an equal-reading run,
+  the run whose mean reading set its budget (``"finch@512"``; pipeline/eval/runner.py).
 - ``breakdown(scored, key)`` -> accuracy per (method, budget, key value), for
   ``kind``, ``style`` or ``depth_bin``.
 - ``per_style(scored, metric)`` -> one row per (method, budget): ``metric`` per question
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.eval.metrics import METRICS, score
+from pipeline.eval.recall import RECALL_COLUMNS, EvidenceIndex, recall_figures
 from stages.compression import registry
 
 METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
@@ -39,9 +44,13 @@ SUMMARY_COLUMNS = (
     "task",
     "method",
     "target_tokens",
+    "equal_to",
     "n",
     "failed",
     *METRICS,
+    "evidence_recall",
+    "answer_recall",
+    "recall_n",
     *NLL_COLUMNS,
     *COST_COLUMNS,
     "wall_s_per_request",
@@ -61,7 +70,8 @@ def depth_bin(depth: float | None) -> str | None:
 
 
 def score_rows(
-    method: str, target_tokens: int | None, rows: Iterable[dict[str, Any]], meta: QuestionMeta
+    method: str, target_tokens: int | None, rows: Iterable[dict[str, Any]], meta: QuestionMeta,
+    evidence: EvidenceIndex | None = None,
 ) -> list[dict[str, Any]]:
     out = []
     for r in rows:
@@ -84,6 +94,11 @@ def score_rows(
                 "depth": info.get("depth"),
                 "depth_bin": depth_bin(info.get("depth")),
                 **metrics,
+                **recall_figures(
+                    r.get("kept_spans") if ok else None,
+                    (evidence or {}).get((str(r.get("doc_id")), str(question))),
+                    r.get("doc_tokens"),
+                ),
                 "doc_tokens": r.get("doc_tokens"),
                 **{c: r.get(c) for c in COST_COLUMNS},
                 "error": r.get("error"),
@@ -112,17 +127,22 @@ def _groups(scored: Sequence[dict[str, Any]], extra: str | None = None) -> dict[
 
 
 def aggregate(
-    scored: Sequence[dict[str, Any]], wall_s: dict[tuple[str, int | None], float] | None = None
+    scored: Sequence[dict[str, Any]], wall_s: dict[tuple[str, int | None], float] | None = None,
+    equal_to: dict[tuple[str, int | None], str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Summary per (method, budget); ``wall_s`` maps a run to its pipeline wall time."""
+    """Summary per (method, budget); ``wall_s`` maps a run to its pipeline wall time,
+    ``equal_to`` an equal-reading run to the run it reads as much as."""
     out = []
     for (method, budget), rows in _groups(scored).items():
         ok = [r for r in rows if r["error"] is None]
         wall = (wall_s or {}).get((method, budget))
         summary: dict[str, Any] = {"task": "qa", "method": method, "target_tokens": budget}
+        summary["equal_to"] = (equal_to or {}).get((method, budget))
         summary["n"] = len(rows)
         summary["failed"] = len(rows) - len(ok)
         summary.update({m: _mean(r[m] for r in rows) for m in METRICS})
+        summary.update({c: _mean(r.get(c) for r in rows) for c in RECALL_COLUMNS})
+        summary["recall_n"] = sum(r.get("evidence_recall") is not None for r in rows)
         summary.update({c: _mean(r[c] for r in ok) for c in COST_COLUMNS})
         summary["wall_s_per_request"] = wall / len(rows) if wall and rows else None
         out.append(summary)
@@ -137,6 +157,7 @@ def breakdown(scored: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]
             continue
         entry = {"method": method, "target_tokens": budget, key: value, "n": len(rows)}
         entry.update({m: _mean(r[m] for r in rows) for m in METRICS})
+        entry.update({c: _mean(r.get(c) for r in rows) for c in RECALL_COLUMNS})
         out.append(entry)
     return out
 
@@ -158,8 +179,8 @@ def per_style(scored: Sequence[dict[str, Any]], metric: str = "contains") -> lis
     for (method, budget), rows in _groups(scored).items():
         entry: dict[str, Any] = {"method": method, "target_tokens": budget}
         for s in styles:
-            entry[f"{s} (n={len(questions[s])})"] = _mean(r[metric] for r in rows if r.get("style") == s)
-        entry[f"all (n={len(every)})"] = _mean(r[metric] for r in rows)
+            entry[f"{s} (n={len(questions[s])})"] = _mean(r.get(metric) for r in rows if r.get("style") == s)
+        entry[f"all (n={len(every)})"] = _mean(r.get(metric) for r in rows)
         out.append(entry)
     return out
 

@@ -22,8 +22,12 @@ The OPT models are full fine-tunes (train.sh: lr 2e-5, no LoRA; float32 pytorch_
 Current transformers loads the stock weights (ignoring ``embed_summary.weight``); we read that tensor ourselves.
 
 Shipped checkpoints (package data, our format without training state): ``SHIPPED`` maps a
-base model name to its directory under ``checkpoints/``; ``resolve_checkpoint`` picks it
-when a job names no checkpoint (jobs/results/autocompressor/ says how it was trained).
+base model name and a summary form to its directory under ``checkpoints/``: ``vectors``
+(the paper's AutoCompressor: summary vectors accumulated over segments, read as a soft
+prompt; the default) and ``kv`` (the named variant: every k-th token's keys/values kept
+per segment, with a LoRA). ``resolve_checkpoint`` picks it when a job names no checkpoint,
+and refuses a named checkpoint whose form is not the one the job asks for
+(jobs/results/autocompressor/ says how each was trained and what it measures).
 """
 
 from __future__ import annotations
@@ -47,26 +51,48 @@ SUMMARY_FILE = "summary_embeddings.safetensors"
 ADAPTER_DIR = "adapter"
 SUMMARY_KEY = "embed_summary.weight"  # the published checkpoints' parameter name
 SHIPPED_DIR = Path(__file__).parent / "checkpoints"
-SHIPPED: dict[str, str] = {EMBEDDED_MODEL: "smollm2-135m-instruct-kv"}
+SUMMARY_FORMS = ("vectors", "kv")  # model.ACConfig.summary_form; the first is the default
+SHIPPED: dict[str, dict[str, str]] = {
+    EMBEDDED_MODEL: {"vectors": "smollm2-135m-instruct", "kv": "smollm2-135m-instruct-kv"},
+}
 
 
-def shipped_checkpoint(model: str) -> Path | None:
-    """The checkpoint shipped with the package for base model ``model``, or None."""
-    name = SHIPPED.get(model)
+def shipped_checkpoint(model: str, form: str = "vectors") -> Path | None:
+    """The checkpoint of summary form ``form`` shipped for base model ``model``, or None."""
+    name = SHIPPED.get(model, {}).get(form)
     return SHIPPED_DIR / name if name and is_own_checkpoint(SHIPPED_DIR / name) else None
 
 
-def resolve_checkpoint(checkpoint: str | None, model: str) -> str:
-    """``checkpoint`` when given, else the shipped one for ``model`` (the generating model);
-    ValueError naming ``compression.checkpoint`` when neither exists."""
+def checkpoint_form(checkpoint: str) -> str:
+    """The summary form of a checkpoint: ours say it (absent before the kv form: vectors);
+    the published princeton-nlp checkpoints are summary vectors."""
+    if is_own_checkpoint(checkpoint):
+        return str(read_own_config(checkpoint).get("summary_form", "vectors"))
+    return "vectors"
+
+
+def resolve_checkpoint(checkpoint: str | None, model: str, form: str | None = None) -> str:
+    """``checkpoint`` when given (ValueError when ``form`` is given and the checkpoint is of
+    another form), else the shipped one of ``form`` (default vectors) for ``model`` (the
+    generating model); ValueError naming ``compression.checkpoint`` when neither exists."""
+    if form is not None and form not in SUMMARY_FORMS:
+        raise ValueError(f"summary_form {form!r}; allowed: {', '.join(SUMMARY_FORMS)}")
     if checkpoint:
+        got = checkpoint_form(checkpoint)
+        if form is not None and got != form:
+            raise ValueError(
+                f"compression.checkpoint {checkpoint!r} is of summary form {got!r}, but "
+                f"compression.summary_form is {form!r}; allowed: set summary_form to {got!r} "
+                "or leave it unset (the checkpoint's own form is used)"
+            )
         return checkpoint
-    shipped = shipped_checkpoint(model)
+    form = form or SUMMARY_FORMS[0]
+    shipped = shipped_checkpoint(model, form)
     if shipped is None:
-        have = ", ".join(m for m in SHIPPED if shipped_checkpoint(m)) or "none"
+        have = ", ".join(f"{m} ({f})" for m, forms in SHIPPED.items() for f in forms if shipped_checkpoint(m, f)) or "none"
         raise ValueError(
-            f"compression.checkpoint is not set and no AutoCompressor checkpoint ships for "
-            f"generation.model {model!r} (shipped for: {have}); allowed: set "
+            f"compression.checkpoint is not set and no AutoCompressor checkpoint of summary form "
+            f"{form!r} ships for generation.model {model!r} (shipped for: {have}); allowed: set "
             "compression.checkpoint to a directory saved by `longdoc train-autocompressor` "
             "or a published princeton-nlp AutoCompressor"
         )

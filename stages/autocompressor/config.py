@@ -32,6 +32,14 @@ class AutoCompressorCompression(CompressionSpec):
         ge=1,
         description="Optional: read at most this many document tokens (tail kept) before compressing.",
     )
+    summary_form: Literal["vectors", "kv"] | None = Field(
+        default=None,
+        description="Which AutoCompressor. vectors: the paper's, summary vectors accumulated over "
+        "segments and read as a soft prompt. kv: the named variant, every k-th token's keys/values "
+        "kept per segment with a LoRA (learned token subsampling, not summary tokens). Unset: the "
+        "form of compression.checkpoint when set, else vectors. Picks the shipped checkpoint when "
+        "compression.checkpoint is unset; a named checkpoint of another form is refused.",
+    )
     soft_prompt_at: Literal["start", "document"] = Field(
         default="start",
         description="Where the summary vectors go in the prompt. start: before the whole prompt "

@@ -1,14 +1,17 @@
-"""Method ``autocompressor``: learned summaries per segment (kept keys/values or soft-prompt vectors).
+"""Method ``autocompressor``: summary vectors accumulated over segments, read as a soft prompt.
 
 AutoCompressors (Chevalier et al., EMNLP 2023, https://arxiv.org/abs/2305.14788)
-compress each ``segment_tokens`` segment of the document into a few summary vectors
-that the generating model reads as a soft prompt. The checkpoint brings its own model
-and tokenizer (``tokenizer_source``), so it runs as a prefill strategy inside the
-generate actor and reads documents of any length. A checkpoint of summary form ``kv``
-(stages/autocompressor/kv_form.py) keeps each segment as the keys/values of every k-th
-token instead, where the document sits in the prompt. This module only declares the
-method; its settings (stages/autocompressor/config.py), model, checkpoints and training
-are stages/autocompressor/.
+compress each ``segment_tokens`` segment of the document, read after the summaries of the
+segments before it, into a few summary vectors; the summaries of all segments accumulate
+and the generating model reads them as a soft prompt. That is what runs by default
+(``summary_form`` vectors). The named variant ``summary_form: kv``
+(stages/autocompressor/kv_form.py) is not the paper's: it keeps each segment as the
+keys/values of every k-th token, where the document sits in the prompt, with a LoRA
+trained to pack each stretch into its kept slot (learned token subsampling of the cache).
+The checkpoint brings its own model and tokenizer (``tokenizer_source``), so it runs as a
+prefill strategy inside the generate actor and reads documents of any length. This module
+only declares the method; its settings (stages/autocompressor/config.py), the model,
+checkpoints and training are stages/autocompressor/ (what each form measures: jobs/results/autocompressor/README.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 class AutoCompressorMethod(CompressionMethod):
     name = "autocompressor"
     spec_model = AutoCompressorCompression
-    summary = "learned summaries per segment: kept keys/values of every k-th token (the embedded model's default) or soft-prompt vectors"
+    summary = "summary vectors accumulated over segments, read as a soft prompt (`summary_form: kv`: every k-th token's keys/values with a LoRA)"
     paper = "https://arxiv.org/abs/2305.14788"
     order = 4
     runs_at = "prefill"
@@ -39,10 +42,12 @@ class AutoCompressorMethod(CompressionMethod):
     needs_checkpoint = True
 
     def checkpoint(self, job: JobSpec) -> str:
-        """compression.checkpoint, or the one shipped for generation.model (ValueError if none)."""
+        """compression.checkpoint, or the one of ``summary_form`` shipped for generation.model
+        (ValueError if none, or if the named checkpoint is of another form)."""
         from stages.autocompressor.checkpoint import resolve_checkpoint
 
-        return resolve_checkpoint(self.config(job).checkpoint, job.generation.model)
+        config = self.config(job)
+        return resolve_checkpoint(config.checkpoint, job.generation.model, config.summary_form)
 
     def tokenizer_source(self, job: JobSpec) -> str:
         from stages.autocompressor.checkpoint import tokenizer_source

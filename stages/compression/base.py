@@ -45,7 +45,27 @@ WHERE: Mapping[str, str] = MappingProxyType(
     {"tokenize": "tokenize actor", "text_stage": "its own actor pool", "prefill": "generate actor"}
 )
 #: The row columns every text compression adds (schemas/rows.CompressedRow).
-CONTEXT_COLUMNS = ("context_ids", "context_tokens", "compress_s")
+CONTEXT_COLUMNS = ("context_ids", "context_tokens", "compress_s", "context_spans")
+
+
+def spans_of(positions: list[int]) -> list[int]:
+    """Ascending document positions -> flattened half-open runs ``[s0, e0, s1, e1, ...]``
+    (the output's ``kept_spans``). ``[3, 4, 5, 9]`` -> ``[3, 6, 9, 10]``; ValueError when
+    the positions are not strictly ascending."""
+    out: list[int] = []
+    for p in positions:
+        if out and p < out[-1]:
+            raise ValueError(f"kept positions must be strictly ascending, got {p} after {out[-1] - 1}")
+        if out and p == out[-1]:
+            out[-1] = p + 1
+        else:
+            out += [p, p + 1]
+    return out
+
+
+def positions_of(spans: list[int]) -> list[int]:
+    """Flattened ``[start, end)`` pairs -> the positions they cover, ascending."""
+    return [p for s, e in zip(spans[::2], spans[1::2], strict=True) for p in range(s, e)]
 
 Prefill = Callable[[list["PromptParts"]], "CompressedPrefill"]
 
@@ -110,6 +130,11 @@ class CompressionMethod(ABC):
     # ------------------------------------------------------------------ runs_at == "tokenize"
     def compress_ids(self, config: Any, doc_ids: list[int]) -> list[int]:
         """The context ids kept of ``doc_ids`` (a subsequence, at most the budget)."""
+        raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
+
+    def compress_spans(self, config: Any, doc_ids: list[int]) -> list[int]:
+        """Where ``compress_ids``' ids sit in ``doc_ids``: flattened ``[start, end)`` pairs
+        (``spans_of``); ``positions_of(spans)`` indexes ``doc_ids`` to the context ids."""
         raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
 
     # ------------------------------------------------------------------ runs_at == "text_stage"

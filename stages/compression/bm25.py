@@ -75,7 +75,7 @@ def bm25_scores(chunks: Sequence[Sequence[int]], query_ids: Sequence[int], k1: f
 def bm25_result(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> RagResult:
     """The kept context and its retrieval figures; a document that fits is kept whole, unranked."""
     if len(doc_ids) <= config.target_tokens:
-        return RagResult(list(doc_ids), [(0, len(doc_ids))])
+        return RagResult(list(doc_ids), [(0, len(doc_ids))], spans=[0, len(doc_ids)] if doc_ids else [])
     chunks = split_chunks(doc_ids, config.chunk_tokens)
     return scored_result(chunks, bm25_scores(chunks, query_ids, config.k1, config.b), config.target_tokens)
 
@@ -104,6 +104,7 @@ class Bm25Stage:
                 query = self.tokenizer(rag_query(row) or "", add_special_tokens=False)["input_ids"]
                 res = bm25_result(row["doc_ids"], query, self.config)
                 row["context_ids"], row["context_tokens"] = res.context_ids, len(res.context_ids)
+                row["context_spans"] = res.spans
                 row["compress_s"] = time.perf_counter() - t0
                 figures = res.figures()
                 row.update({c: figures[c] for c in Bm25Method.adds if c in figures})

@@ -13,7 +13,8 @@ Contract (Ray-agnostic core, ``rag_contexts``):
 - Output per request: ``context_ids`` whose length is exactly
   ``min(target_tokens, len(doc_ids))``. Chunks are taken best first; the last one
   taken is cut (its head kept) so the budget is filled exactly. Kept pieces are
-  emitted in document order, so the result is a subsequence of ``doc_ids``.
+  emitted in document order, so the result is a subsequence of ``doc_ids``; ``spans``
+  says where (flattened ``[start, end)`` pairs, the row's ``context_spans``).
 - A document that fits the budget is kept whole without embedding anything.
 - Chunks fit the embedder's window (``chunk_document``): the embedder reads at most
   ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2, special tokens included)
@@ -105,6 +106,8 @@ class RagResult:
     top_score: float | None = None  # best chunk score; None when nothing was ranked
     mean_score: float | None = None  # mean score of the kept chunks
     truncated_chunks: int = 0  # ranked chunks longer than the embedder's window
+    # where context_ids sit in the document: flattened [start, end) pairs (base.spans_of)
+    spans: list[int] = field(default_factory=list)
 
     def figures(self) -> dict[str, Any]:
         """The row's RETRIEVAL_COLUMNS."""
@@ -123,7 +126,25 @@ def scored_result(
         assemble(chunks, kept), kept, n_chunks=len(chunks),
         top_score=max(map(float, scores)) if len(scores) else None,
         mean_score=sum(kept_scores) / len(kept_scores) if kept_scores else None,
+        spans=kept_spans(chunks, kept),
     )  # fmt: skip
+
+
+def kept_spans(chunks: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -> list[int]:
+    """Where ``assemble(chunks, kept)`` sits in the document the consecutive ``chunks`` cut:
+    flattened ``[start, end)`` pairs, adjacent pieces merged (base.spans_of)."""
+    starts = [0]
+    for c in chunks:
+        starts.append(starts[-1] + len(c))
+    out: list[int] = []
+    for i, n in kept:
+        if n <= 0:
+            continue
+        if out and out[-1] == starts[i]:
+            out[-1] = starts[i] + n
+        else:
+            out += [starts[i], starts[i] + n]
+    return out
 
 
 def split_chunks(doc_ids: Sequence[int], chunk_tokens: int) -> list[list[int]]:
@@ -269,7 +290,7 @@ def rag_contexts(
         try:
             ids = _check_request(doc, query)
             if len(ids) <= target_tokens:  # fits: nothing to choose, nothing ranked
-                results[i] = RagResult(ids, [(0, len(ids))], time.perf_counter() - t0)
+                results[i] = RagResult(ids, [(0, len(ids))], time.perf_counter() - t0, spans=[0, len(ids)])
                 continue
             chunks, texts, truncated = chunk_document(
                 ids, chunk_tokens, decode=decode, count=embedder.count_tokens,
@@ -359,6 +380,7 @@ class RagStage:
                 if isinstance(res, RagResult):
                     row["context_ids"] = res.context_ids
                     row["context_tokens"] = len(res.context_ids)
+                    row["context_spans"] = res.spans
                     row["compress_s"] = float(res.compress_s)
                     row.update(res.figures())  # type: ignore[typeddict-item]
                     self._warn_truncated(res)

@@ -45,6 +45,23 @@ def truncate_ids(ids: list[int], target: int, keep: str) -> list[int]:
     raise ValueError(f"keep must be one of head, tail, head_tail; got {keep!r}")
 
 
+def truncate_spans(n: int, target: int, keep: str) -> list[int]:
+    """Where ``truncate_ids`` of an ``n``-token document sits in it: flattened
+    ``[start, end)`` pairs (stages/compression/base.spans_of)."""
+    if target < 1:
+        raise ValueError(f"target_tokens must be >= 1, got {target}")
+    if n <= target:
+        return [0, n] if n else []
+    if keep == "head":
+        return [0, target]
+    if keep == "tail":
+        return [n - target, n]
+    if keep == "head_tail":
+        head = (target + 1) // 2
+        return [0, head] + ([n - (target - head), n] if target - head else [])
+    raise ValueError(f"keep must be one of head, tail, head_tail; got {keep!r}")
+
+
 class TruncateMethod(CompressionMethod):
     name = "truncate"
     spec_model = TruncateCompression
@@ -58,3 +75,6 @@ class TruncateMethod(CompressionMethod):
 
     def compress_ids(self, config: TruncateCompression, doc_ids: list[int]) -> list[int]:
         return truncate_ids(doc_ids, config.target_tokens, config.keep)
+
+    def compress_spans(self, config: TruncateCompression, doc_ids: list[int]) -> list[int]:
+        return truncate_spans(len(doc_ids), config.target_tokens, config.keep)

@@ -449,6 +449,8 @@ class Engine:
         state = compressed.state
         for j, row in enumerate(rows):
             row.result.context_tokens = compressed.context_tokens[j]
+            if compressed.kept_positions is not None:
+                row.result.kept_positions = list(compressed.kept_positions[j])
             row.result.compress_s = compressed.compress_s[j]
             n = int(state.valid[j].sum())
             if self._need(n) > self.cache.capacity:

@@ -145,9 +145,15 @@ class CompressedPrefill:
     state: ready to decode. context_tokens: per row, the number of document-derived
     cache entries (or summary vectors) the model conditions on (the row's
     ``context_tokens`` column). compress_s: per row, seconds spent compressing (the
-    batch's compression time split evenly across its rows).
+    batch's compression time split evenly across its rows). kept_positions: optional,
+    per row, the ascending document token positions (indices into the row's
+    ``PromptParts.context_ids``) whose keys/values, or re-prefilled tokens, the answer
+    reads: the output's ``kept_spans`` and the eval's evidence recall
+    (pipeline/eval/recall.py). None: the method keeps no document positions (summary
+    vectors) or does not report them.
     """
 
     state: PrefillState
     context_tokens: list[int]
     compress_s: list[float]
+    kept_positions: list[list[int]] | None = None

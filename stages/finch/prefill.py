@@ -231,7 +231,16 @@ def finch_prefill(
         state=state,
         context_tokens=kept.tolist(),
         compress_s=[compress_s / b] * b,
+        kept_positions=_kv_positions(read.doc_index0),
     )
+
+
+def _kv_positions(index0: torch.Tensor) -> list[list[int]]:
+    """Per row, the document positions whose entries layer 0 keeps, in any KV head
+    (index0 [B, H_kv, K], -1 on invalid slots). Layer 0 stands for the cache: with a shared
+    selection every layer keeps the same positions; with the paper's per-layer scoring the
+    layers differ and layer 0's choice is what the evidence recall reads."""
+    return [sorted({int(j) for j in row.reshape(-1).tolist() if j >= 0}) for row in index0]
 
 
 def kept_text(parts: list[PromptParts], read: Reading, config: FinchCompression,
@@ -385,4 +394,4 @@ def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id
     state.prefill_s = time.perf_counter() - t0
     b = len(parts)
     return CompressedPrefill(state=state, context_tokens=[len(k) for k in kept],
-                             compress_s=[compress_s / b] * b)
+                             compress_s=[compress_s / b] * b, kept_positions=[sorted(k) for k in kept])

@@ -20,7 +20,7 @@ from stages.generate import GenerateStage
 from stages.read import Document, expand_requests, generation_fingerprint
 from stages.tokenize import TokenizeStage
 
-PY_TYPES = {pa.string(): str, pa.int64(): int, pa.int32(): int, pa.float64(): float}
+PY_TYPES = {pa.string(): str, pa.int64(): int, pa.int32(): int, pa.float64(): float, pa.list_(pa.int64()): list[int]}
 
 
 def _spec(method: str = "none", **compression):

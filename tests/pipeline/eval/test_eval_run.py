@@ -54,29 +54,42 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
         "eval", "--eval-set", str(eval_set(tmp_path)), "--target-tokens", "64",
         "--methods", "truncate,rag", "--max-new-tokens", "3", "--out", str(out),
         "--set", f"generation.model={tiny_model_dir}", "--set", "rag:compression.chunk_tokens=16",
-        "--eval-id", "e1", "--quiet",
+        "--eval-id", "e1", "--quiet", "--equal-reading", "truncate", "--equal-methods", "bm25",
     ]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "| qa | truncate | 64 | 3 | 0 |" in res.output and "| qa | rag | 64 | 3 | 0 |" in res.output
+    assert "| qa | truncate | 64 | - | 3 | 0 |" in res.output and "| qa | rag | 64 | - | 3 | 0 |" in res.output
+    assert "| qa | bm25 | 64 | truncate@64 | 3 | 0 |" in res.output  # equal reading: truncate read 64
     assert "### contains by question style" in res.output
     assert "| method | target_tokens | echoed (n=2) | paraphrased (n=1) | all (n=3) |" in res.output
 
     d = out / "e1"
     summary = json.loads((d / "summary.json").read_text())
     assert summary["runs"] == ["truncate-64", "rag-64"] and summary["failed_runs"] == {}
-    assert [s["n"] for s in summary["summary"]] == [3, 3]
-    assert [(r["method"], r["target_tokens"]) for r in summary["by_style"]] == [("truncate", 64), ("rag", 64)]
+    assert [s["n"] for s in summary["summary"]] == [3, 3, 3]
+    assert [(r["method"], r["target_tokens"]) for r in summary["by_style"]] == [
+        ("truncate", 64), ("rag", 64), ("bm25", 64)]  # fmt: skip
+    # Evidence recall, whatever the reader said: truncate (head_tail, 32 + 32 tokens) keeps
+    # doc-a's opening (the native answer) and doc-b's last sentence, not doc-a's middle.
+    recall = {s["method"]: s["evidence_recall"] for s in summary["summary"]}
+    assert recall["truncate"] == 2 / 3 and recall["rag"] == 1.0
+    by_q = {r["method"]: r for r in summary["recall_by_style"]}
+    assert by_q["truncate"]["echoed (n=2)"] == 0.5 and by_q["truncate"]["paraphrased (n=1)"] == 1.0
+    assert "### evidence recall by question style" in res.output
+    assert (d / "cost_quality.png").read_bytes()[:4] == b"\x89PNG"
     styles = {(r["method"], r["style"]): r["n"] for r in summary["by_style_detail"]}
     assert styles[("rag", "echoed")] == 2 and styles[("rag", "paraphrased")] == 1
     kinds = {(r["method"], r["kind"]): r["n"] for r in summary["by_kind"]}
-    assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1,
-                     ("rag", "inserted"): 2, ("rag", "native"): 1}  # fmt: skip
+    assert kinds == {("truncate", "inserted"): 2, ("truncate", "native"): 1, ("rag", "inserted"): 2,
+                     ("rag", "native"): 1, ("bm25", "inserted"): 2, ("bm25", "native"): 1}  # fmt: skip
 
     import csv
 
     scored = list(csv.DictReader((d / "scored.csv").open()))
-    assert len(scored) == 6
+    assert len(scored) == 9
+    truncated = {r["question"]: r["evidence_recall"] for r in scored if r["method"] == "truncate"}
+    assert truncated["What is the vault code of the Zurich branch?"] == "0.0"
+    assert truncated["How many passengers does the ferry Aurora carry?"] == "1.0"
     refs = {r["question"]: r["reference"] for r in scored}
     assert refs["How many passengers does the ferry Aurora carry?"] == "312"
     for r in scored:

@@ -112,8 +112,8 @@ def test_per_style_puts_every_method_beside_each_style() -> None:
 def test_markdown_and_csv(tmp_path) -> None:
     summary = aggregate(scored_rows())
     md = to_markdown(summary, SUMMARY_COLUMNS).splitlines()
-    assert md[0].startswith("| task | method | target_tokens | n |") and len(md) == 2 + len(summary)
-    assert md[2].startswith("| qa | none | - | 3 | 0 |")
+    assert md[0].startswith("| task | method | target_tokens | equal_to | n |") and len(md) == 2 + len(summary)
+    assert md[2].startswith("| qa | none | - | - | 3 | 0 |")
     write_csv(summary, tmp_path / "s.csv", SUMMARY_COLUMNS)
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert [r["method"] for r in rows] == ["none", "truncate", "truncate", "rag"]
@@ -127,3 +127,30 @@ def test_plot_writes_png(tmp_path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert width > 1000 and height > 600
+
+
+def test_recall_is_scored_from_kept_spans_and_averaged_over_rows_that_have_it(tmp_path) -> None:
+    from pipeline.eval.plot import plot_cost_quality
+    from pipeline.eval.recall import Evidence
+
+    evidence = {
+        ("d1", "What is the code?"): Evidence(sentence=(100, 110), answer=(107, 109), doc_tokens=4000),
+        ("d1", "Who wrote it?"): Evidence(sentence=(3000, 3010), answer=(3001, 3003), doc_tokens=4000),
+        ("d2", "What is the code?"): Evidence(sentence=(5, 9), answer=(6, 7), doc_tokens=4000),
+    }
+    rows = [
+        out_row("d1", "What is the code?", "4417", "no", kept_spans=[0, 500]),  # kept, answered wrong
+        out_row("d1", "Who wrote it?", "Ada Lovelace", "Ada Lovelace", kept_spans=[0, 500]),  # right, unkept
+        out_row("d2", "What is the code?", "88", None, error="generate: boom", kept_spans=[0, 500]),
+    ]
+    scored = score_rows("bm25", 60, rows, META, evidence)
+    assert [r["evidence_recall"] for r in scored] == [1.0, 0.0, None]  # a failed row has no recall
+    (s,) = aggregate(scored, {("bm25", 60): 9.0}, equal_to={("bm25", 60): "finch@512"})
+    assert s["equal_to"] == "finch@512" and s["recall_n"] == 2
+    assert s["evidence_recall"] == 0.5 and s["contains"] == pytest.approx(1 / 3)
+    recall = per_style(scored, "evidence_recall")
+    assert recall[0]["echoed (n=2)"] == 1.0 and recall[0]["paraphrased (n=1)"] == 0.0
+    no_spans = score_rows("autocompressor", None, [out_row("d1", "Who wrote it?", "Ada", "Ada")], META, evidence)
+    assert no_spans[0]["evidence_recall"] is None  # summary vectors: no positions to check
+    path = plot_cost_quality([s, *aggregate(scored_rows())], tmp_path / "cq.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

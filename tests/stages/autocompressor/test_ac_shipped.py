@@ -1,6 +1,7 @@
-"""The AutoCompressor checkpoint shipped for the embedded SmolLM2-135M: present as package
-data, the default for ``compression.method: autocompressor`` on the embedded model, and a
-ValueError naming ``compression.checkpoint`` for any other model."""
+"""The AutoCompressor checkpoints shipped for the embedded SmolLM2-135M: present as package
+data, the summary-vector one the default for ``compression.method: autocompressor`` on the
+embedded model (the kv form under ``summary_form: kv``), and a ValueError naming
+``compression.checkpoint`` for any other model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.autocompressor.checkpoint import (
     SHIPPED_DIR,
+    checkpoint_form,
     load_autocompressor,
     read_own_config,
     resolve_checkpoint,
@@ -20,16 +22,19 @@ from stages.compression import method_for
 SPEC = {"name": "ac", "input": {"uri": "docs/"}, "compression": {"method": "autocompressor"}}
 
 
-VECTORS = SHIPPED_DIR / "smollm2-135m-instruct"  # the summary-vector checkpoint, kept for comparison
+VECTORS = SHIPPED_DIR / "smollm2-135m-instruct"  # the paper's form: the default
+KV = SHIPPED_DIR / "smollm2-135m-instruct-kv"  # the named variant
 
 
 def _files(d) -> dict[str, int]:
     return {p.relative_to(d).as_posix(): p.stat().st_size for p in d.rglob("*") if p.is_file()}
 
 
-def test_the_embedded_model_has_a_small_shipped_checkpoint_of_the_kv_form():
-    d = shipped_checkpoint(EMBEDDED_MODEL)
-    assert d is not None and d.parent == SHIPPED_DIR
+def test_the_embedded_model_ships_both_forms_summary_vectors_by_default():
+    assert shipped_checkpoint(EMBEDDED_MODEL) == VECTORS == shipped_checkpoint(EMBEDDED_MODEL, "vectors")
+    assert checkpoint_form(str(VECTORS)) == "vectors" and checkpoint_form("princeton-nlp/any") == "vectors"
+    d = shipped_checkpoint(EMBEDDED_MODEL, "kv")
+    assert d == KV and checkpoint_form(str(d)) == "kv"
     meta = read_own_config(d)
     assert meta["base_model"] == EMBEDDED_MODEL and meta["lora"]
     assert (meta["summary_form"], meta["kv_stride"]) == ("kv", 10)
@@ -42,8 +47,11 @@ def test_the_embedded_model_has_a_small_shipped_checkpoint_of_the_kv_form():
 
 
 def test_resolve_checkpoint_defaults_only_for_the_embedded_model():
-    assert resolve_checkpoint(None, EMBEDDED_MODEL) == str(shipped_checkpoint(EMBEDDED_MODEL))
+    assert resolve_checkpoint(None, EMBEDDED_MODEL) == str(VECTORS)
+    assert resolve_checkpoint(None, EMBEDDED_MODEL, "kv") == str(KV)
     assert resolve_checkpoint("/my/ckpt", "org/other-model") == "/my/ckpt"
+    with pytest.raises(ValueError, match=r"summary_form 'gist'; allowed: vectors, kv"):
+        resolve_checkpoint(None, EMBEDDED_MODEL, "gist")
     with pytest.raises(
         ValueError, match=r"compression\.checkpoint is not set .* 'org/other-model'"
     ):
@@ -76,7 +84,7 @@ def test_shipped_checkpoints_load_and_their_training_changed_the_model():
         (soft,) = ac.compress([[ids[:8], ids[8:]]])
     assert soft.shape == (2 * 50, lm.config.hidden_size) and torch.isfinite(soft).all()
 
-    _, _, kv = load_autocompressor(str(shipped_checkpoint(EMBEDDED_MODEL)), "float32")
+    _, _, kv = load_autocompressor(str(KV), "float32")
     base, _ = load_causal_lm(EMBEDDED_MODEL, "float32")
     q = kv.lm.model.layers[0].self_attn.q_proj.weight
     assert not torch.allclose(q, base.model.layers[0].self_attn.q_proj.weight)  # LoRA merged in

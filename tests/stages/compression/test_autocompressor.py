@@ -43,10 +43,16 @@ def test_checkpoint_given_or_shipped_else_what_to_set(method_env):
     job = _job(str(method_env.model_dir), checkpoint=ckpt)
     assert method.checkpoint(job) == ckpt
     assert method.tokenizer_source(job) == str(method_env.model_dir)  # our format names its base model
-    shipped = method.checkpoint(_job(EMBEDDED_MODEL))
-    assert shipped.endswith("smollm2-135m-instruct-kv") and Path(shipped).is_dir()
+    shipped = method.checkpoint(_job(EMBEDDED_MODEL))  # the paper's form by default
+    assert shipped.endswith("smollm2-135m-instruct") and Path(shipped).is_dir()
+    variant = method.checkpoint(_job(EMBEDDED_MODEL, summary_form="kv"))
+    assert variant.endswith("smollm2-135m-instruct-kv") and Path(variant).is_dir()
+    assert method.checkpoint(_job(EMBEDDED_MODEL, checkpoint=variant)) == variant  # its own form
+    with pytest.raises(ValueError, match="is of summary form 'kv', but compression.summary_form is 'vectors'"):
+        method.checkpoint(_job(EMBEDDED_MODEL, checkpoint=variant, summary_form="vectors"))
     with pytest.raises(ValueError, match="compression.checkpoint is not set and no AutoCompressor checkpoint "
-                                         "ships for generation.model .*allowed: set compression.checkpoint"):
+                                         "of summary form 'vectors' ships for generation.model .*allowed: set "
+                                         "compression.checkpoint"):
         method.checkpoint(_job(str(method_env.model_dir)))
 
 
