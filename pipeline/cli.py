@@ -78,8 +78,16 @@ def validate(
     schema: Annotated[
         bool, typer.Option("--schema", help="Print the JSON Schema of a job spec (for editors) and exit.")
     ] = False,
+    skip_storage: Annotated[
+        bool, typer.Option("--skip-storage", help="Skip the storage checks (listing the input, reading its "
+                           "first records, test-writing the output): for a spec whose credentials exist "
+                           "only where it runs.")
+    ] = False,
 ) -> None:
-    """Validate a job spec and print it with every default resolved (exit 2 if invalid)."""
+    """Validate a job spec and print it with every default resolved (exit 2 if invalid).
+
+    Also checks, with this process's credentials, that the input can be listed and has
+    the spec's fields and that the output can be written (unless --skip-storage)."""
     import yaml
 
     if schema:
@@ -92,6 +100,8 @@ def validate(
         raise typer.Exit(2)
     job = _load(spec, set_)
     _check_local_input(job, spec)
+    if not skip_storage:
+        _preflight(job, None)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
 
 
@@ -111,6 +121,17 @@ def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None
     except ValueError as e:
         typer.echo(f"job spec {spec_path} cannot run here:\n  - {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def _preflight(job, run_date: str | None) -> None:
+    """Exit 2 with one line per problem (pipeline/preflight.py) before any model loads."""
+    from pipeline.preflight import preflight
+
+    problems = preflight(job, run_date)
+    for p in problems:
+        typer.echo(f"error: {p}", err=True)
+    if problems:
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -172,6 +193,7 @@ def run(
     run_date = date or datetime.now(timezone.utc).date().isoformat()
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
+    _preflight(job, run_date)
     from pipeline.report.summary import format_summary
     from pipeline.runner import resolve_runner, run_job
 
