@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Annotated, Optional
 
@@ -195,17 +196,29 @@ def run(
     _check_local_input(job, spec, run_date)
     _preflight(job, run_date)
     from pipeline.report.summary import format_summary
-    from pipeline.runner import resolve_runner, run_job
+    from pipeline.runner import RunInterrupted, resolve_runner, run_job
 
+    restore = _interrupts_raise()
     try:
         result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet,
                          retry_errors=retry_errors, runner=resolve_runner(runner, job, address))
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except RunInterrupted as e:  # before the stages ran (Ray's start) or while publishing
+        typer.echo(f"interrupted ({e}): staged rows are kept; run the same date again "
+                   f"(--date {run_date}) to publish them and do the rest", err=True)
+        _exit_now(128 + e.signum)
+    finally:
+        restore()
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
+    if s.get("status") == "interrupted":
+        signum = getattr(signal, s.get("interrupted_by") or "SIGINT", signal.SIGINT)
+        typer.echo(f"interrupted ({s.get('interrupted_by')}): staged rows are kept; run the same date "
+                   f"again (--date {result.run_date}) to publish them and do the rest", err=True)
+        _exit_now(128 + int(signum))
     if s.get("status") == "failed":  # Ray aborted: unfinished requests are retryable error rows
         typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
         raise typer.Exit(1)
@@ -216,6 +229,40 @@ def run(
             err=True,
         )
         raise typer.Exit(1)
+
+
+def _interrupts_raise():
+    """SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (the runner records the
+    run as interrupted); a second one exits at once (staged rows are already durable).
+    Returns a function restoring the previous handlers."""
+    from pipeline.runner import RunInterrupted
+
+    seen: list[int] = []
+
+    def handler(signum, _frame):
+        if seen:
+            _exit_now(128 + seen[0])
+        seen.append(signum)
+        raise RunInterrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown: the atexit handlers run (Ray's shutdown, the
+    stderr filter), then ``os._exit``. Why: an engine or Ray thread may still be inside
+    torch or Ray's native code, and finalizing the interpreter under it aborts the process
+    (``terminate called without an active exception``, SIGABRT, exit 134)."""
+    import atexit
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @app.command()

@@ -24,6 +24,8 @@ batch as it finishes (completion order), exactly what the Ray plan's
   iteration with that exception: the runner's abort path turns every request
   without a row into a retryable error row, as when Ray gives up. Requests still in
   the engine then finish on daemon threads and are dropped, never written.
+- ``stop(timeout)`` (an interrupt, pipeline/runner.py): the engine ends after the step
+  in hand, its unfinished requests abandoned (they have no row; a rerun does them).
 - ``activity()``: what the run is doing between written rows, for the progress line
   (loading the model; then the engine's rows decoding, prefilling and queued); while
   ``batches()`` waits for the engine it calls ``on_wait`` every ``tick_s`` seconds.
@@ -72,6 +74,7 @@ class LocalPlan:
         self.timeline: dict[str, Any] = timeline if timeline is not None else {}
         self.on_wait, self.tick_s = on_wait, tick_s
         self._engine = None  # the generate stage's engine, once made
+        self._service = None  # its EngineService, for stop()
         self._started = False
 
     def activity(self) -> str:
@@ -101,7 +104,7 @@ class LocalPlan:
             self.on_wait()  # "loading the model": the load may take a while (a big model, a slow disk)
         t0 = time.time()
         generate = GenerateStage(spec_json)  # model load + engine warm-up, before any document
-        self._engine = generate.engine
+        self._engine, self._service = generate.engine, generate.service
         tl["generate_init_s"] = time.time() - t0
         tl["t_generate_ready"] = time.time()
         t0 = time.time()
@@ -138,6 +141,11 @@ class LocalPlan:
             tl["engine"] = {**asdict(generate.engine.stats), "describe": generate.engine.describe()}
             if not calls.pending:  # after an abort the engine still holds rows: left to its daemon thread
                 generate.service.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine after its step in hand (see the module contract); no-op before it exists."""
+        if self._service is not None:
+            self._service.stop(timeout)
 
     def _written(self, write, batch: dict) -> pa.Table:
         table = write(batch)
