@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -136,11 +137,41 @@ def _preflight(job, run_date: str | None) -> None:
 
 
 @app.command()
-def methods() -> None:
-    """List the compression methods found in stages/compression/ (a Markdown table)."""
+def methods(
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table (for docs).")] = False,
+) -> None:
+    """List the compression methods found in stages/compression/ (a table; --markdown for Markdown)."""
     from stages.compression import methods_table
 
-    typer.echo(methods_table())
+    if markdown:
+        typer.echo(methods_table())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from stages.compression import registry
+    from stages.compression.base import WHERE
+
+    table = Table("method", "what it keeps", "where it runs", show_lines=True)
+    for m in registry().values():
+        table.add_row(m.name, m.summary, WHERE[m.runs_at])
+    Console(soft_wrap=False).print(table)
+
+
+class Runner(str, Enum):
+    """``longdoc run --runner`` (pipeline/runner.py ``resolve_runner``)."""
+
+    auto = "auto"
+    ray = "ray"
+    local = "local"
+
+
+class RetryErrors(str, Enum):
+    """``longdoc run --retry-errors`` (schemas/output.py ``RETRY_POLICIES``)."""
+
+    all = "all"
+    retryable = "retryable"
+    none = "none"
 
 
 @app.command()
@@ -161,16 +192,16 @@ def run(
         bool, typer.Option(help="Show Ray's own console logs (also: LONGDOC_RAY_LOGS=1).")
     ] = False,
     retry_errors: Annotated[
-        str,
-        typer.Option(help="Error rows of the date to redo and replace: all | retryable "
-                     "(error_kind retryable: infrastructure) | none."),
-    ] = "retryable",
+        RetryErrors,
+        typer.Option(help="Error rows of the date to redo and replace: all, retryable "
+                     "(error_kind retryable: infrastructure) or none."),
+    ] = RetryErrors.retryable,
     runner: Annotated[
-        str,
-        typer.Option(help="auto | ray | local. local: the stages in this process, without Ray. "
+        Runner,
+        typer.Option(help="local: the stages in this process, without Ray. "
                      "auto: local when there is no cluster (no --address, no $RAY_ADDRESS) and "
                      "resources.actors is 1, else ray."),
-    ] = "auto",
+    ] = Runner.auto,
 ) -> None:
     """Run a job and print its summary."""
     if verbose:
@@ -178,6 +209,7 @@ def run(
 
         os.environ["LONGDOC_RAY_LOGS"] = "1"  # read by pipeline.progress when Ray starts
     # Every check before the heavy imports and Ray: a bad spec or option exits 2 at once.
+    retry_errors, runner = RetryErrors(retry_errors).value, Runner(runner).value
     _check_args(date, run_id)
     if not 0.0 <= max_failed_fraction <= 1.0:
         typer.echo(f"error: --max-failed-fraction: got {max_failed_fraction}; allowed: 0 to 1", err=True)
