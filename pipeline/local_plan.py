@@ -135,6 +135,8 @@ class LocalPlan:
                     yield self._written(write, calls.next_done())
                 tl.setdefault("t_first_submit", time.time())
                 calls.submit(batch)
+                if self.on_wait is not None:
+                    self.on_wait()  # the line moves on (its total: the batch's file is read)
             while calls.pending:
                 yield self._written(write, calls.next_done())
         finally:

@@ -259,6 +259,17 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
+    next_ledger_look = time.monotonic()
+
+    def look_ledger() -> None:
+        """The total of a JSONL/Parquet corpus: known once the read stage has read it all."""
+        nonlocal next_ledger_look
+        if bar.enabled and bar.total is None and time.monotonic() >= next_ledger_look:
+            next_ledger_look = time.monotonic() + LEDGER_LOOK_S
+            ledger = read_ledger(root, run_date, run_id)
+            if ledger.complete(len(shards)):
+                bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     if runner == "ray":
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
@@ -269,7 +280,11 @@ def run_job(
         from pipeline.local_plan import LocalPlan
 
         # In one process the engine is at hand: the line says what it holds between rows.
-        local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=bar.tick)
+        def on_wait() -> None:  # the total appears as soon as the ledger has it, before the first row
+            look_ledger()
+            bar.tick()
+
+        local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=on_wait)
         batches, guard, bar.activity = local.batches, None, local.activity
         stop_engine = local.stop
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
@@ -283,10 +298,9 @@ def run_job(
     done = failed = out_tokens = duplicates = 0
     abort: BaseException | None = None
     interrupted: KeyboardInterrupt | None = None
-    next_ledger_look = time.monotonic()
 
     def iterate() -> None:
-        nonlocal done, failed, out_tokens, duplicates, next_ledger_look
+        nonlocal done, failed, out_tokens, duplicates
         for batch in batches():
             if guard is not None:
                 guard.progress()
@@ -303,12 +317,7 @@ def run_job(
             done += batch.num_rows
             failed += batch.num_rows - batch.column("error").null_count
             out_tokens += int(sum(v for v in batch.column("output_tokens").to_pylist() if v))
-            if bar.enabled and bar.total is None and time.monotonic() >= next_ledger_look:
-                # The total of a JSONL/Parquet corpus: known once the read stage has read it all.
-                next_ledger_look = time.monotonic() + LEDGER_LOOK_S
-                ledger = read_ledger(root, run_date, run_id)
-                if ledger.complete(n_shards):
-                    bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+            look_ledger()
             bar.update(done, failed, out_tokens)
 
     try:
