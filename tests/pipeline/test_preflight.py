@@ -160,3 +160,12 @@ def test_skip_storage_leaves_the_checks_to_the_cluster(tmp_path, no_aws, monkeyp
     spec = _spec(tmp_path, output={"uri": "s3://results/{job}"})
     res = runner.invoke(app, ["validate", str(spec), "--skip-storage"])
     assert res.exit_code == 0, res.output
+
+
+def test_storage_failures_become_one_line_with_the_fix():
+    from pipeline.preflight import storage_problem
+
+    denied = storage_problem("output.uri", "s3://b/o", PermissionError("AccessDenied"))
+    assert denied.startswith("output.uri: 's3://b/o': permission denied to write") and "fix: grant" in denied
+    missing = storage_problem("input.uri", "s3://b/i", FileNotFoundError("The specified bucket does not exist"))
+    assert "not found" in missing and "create the bucket" in missing and "\n" not in missing
