@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -78,8 +80,16 @@ def validate(
     schema: Annotated[
         bool, typer.Option("--schema", help="Print the JSON Schema of a job spec (for editors) and exit.")
     ] = False,
+    skip_storage: Annotated[
+        bool, typer.Option("--skip-storage", help="Skip the storage checks (listing the input, reading its "
+                           "first records, test-writing the output): for a spec whose credentials exist "
+                           "only where it runs.")
+    ] = False,
 ) -> None:
-    """Validate a job spec and print it with every default resolved (exit 2 if invalid)."""
+    """Validate a job spec and print it with every default resolved (exit 2 if invalid).
+
+    Also checks, with this process's credentials, that the input can be listed and has
+    the spec's fields and that the output can be written (unless --skip-storage)."""
     import yaml
 
     if schema:
@@ -92,6 +102,8 @@ def validate(
         raise typer.Exit(2)
     job = _load(spec, set_)
     _check_local_input(job, spec)
+    if not skip_storage:
+        _preflight(job, None)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
 
 
@@ -113,12 +125,53 @@ def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None
         raise typer.Exit(2) from None
 
 
+def _preflight(job, run_date: str | None) -> None:
+    """Exit 2 with one line per problem (pipeline/preflight.py) before any model loads."""
+    from pipeline.preflight import preflight
+
+    problems = preflight(job, run_date)
+    for p in problems:
+        typer.echo(f"error: {p}", err=True)
+    if problems:
+        raise typer.Exit(2)
+
+
 @app.command()
-def methods() -> None:
-    """List the compression methods found in stages/compression/ (a Markdown table)."""
+def methods(
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table (for docs).")] = False,
+) -> None:
+    """List the compression methods found in stages/compression/ (a table; --markdown for Markdown)."""
     from stages.compression import methods_table
 
-    typer.echo(methods_table())
+    if markdown:
+        typer.echo(methods_table())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from stages.compression import registry
+    from stages.compression.base import WHERE
+
+    table = Table("method", "what it keeps", "where it runs", show_lines=True)
+    for m in registry().values():
+        table.add_row(m.name, m.summary, WHERE[m.runs_at])
+    Console(soft_wrap=False).print(table)
+
+
+class Runner(str, Enum):
+    """``longdoc run --runner`` (pipeline/runner.py ``resolve_runner``)."""
+
+    auto = "auto"
+    ray = "ray"
+    local = "local"
+
+
+class RetryErrors(str, Enum):
+    """``longdoc run --retry-errors`` (schemas/output.py ``RETRY_POLICIES``)."""
+
+    all = "all"
+    retryable = "retryable"
+    none = "none"
 
 
 @app.command()
@@ -139,16 +192,16 @@ def run(
         bool, typer.Option(help="Show Ray's own console logs (also: LONGDOC_RAY_LOGS=1).")
     ] = False,
     retry_errors: Annotated[
-        str,
-        typer.Option(help="Error rows of the date to redo and replace: all | retryable "
-                     "(error_kind retryable: infrastructure) | none."),
-    ] = "retryable",
+        RetryErrors,
+        typer.Option(help="Error rows of the date to redo and replace: all, retryable "
+                     "(error_kind retryable: infrastructure) or none."),
+    ] = RetryErrors.retryable,
     runner: Annotated[
-        str,
-        typer.Option(help="auto | ray | local. local: the stages in this process, without Ray. "
+        Runner,
+        typer.Option(help="local: the stages in this process, without Ray. "
                      "auto: local when there is no cluster (no --address, no $RAY_ADDRESS) and "
                      "resources.actors is 1, else ray."),
-    ] = "auto",
+    ] = Runner.auto,
 ) -> None:
     """Run a job and print its summary."""
     if verbose:
@@ -156,6 +209,7 @@ def run(
 
         os.environ["LONGDOC_RAY_LOGS"] = "1"  # read by pipeline.progress when Ray starts
     # Every check before the heavy imports and Ray: a bad spec or option exits 2 at once.
+    retry_errors, runner = RetryErrors(retry_errors).value, Runner(runner).value
     _check_args(date, run_id)
     if not 0.0 <= max_failed_fraction <= 1.0:
         typer.echo(f"error: --max-failed-fraction: got {max_failed_fraction}; allowed: 0 to 1", err=True)
@@ -172,18 +226,31 @@ def run(
     run_date = date or datetime.now(timezone.utc).date().isoformat()
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
+    _preflight(job, run_date)
     from pipeline.report.summary import format_summary
-    from pipeline.runner import resolve_runner, run_job
+    from pipeline.runner import RunInterrupted, resolve_runner, run_job
 
+    restore = _interrupts_raise()
     try:
         result = run_job(job, run_date=date, run_id=run_id, address=address, progress=not quiet,
                          retry_errors=retry_errors, runner=resolve_runner(runner, job, address))
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except RunInterrupted as e:  # before the stages ran (Ray's start) or while publishing
+        typer.echo(f"interrupted ({e}): staged rows are kept; run the same date again "
+                   f"(--date {run_date}) to publish them and do the rest", err=True)
+        _exit_now(128 + e.signum)
+    finally:
+        restore()
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
+    if s.get("status") == "interrupted":
+        signum = getattr(signal, s.get("interrupted_by") or "SIGINT", signal.SIGINT)
+        typer.echo(f"interrupted ({s.get('interrupted_by')}): staged rows are kept; run the same date "
+                   f"again (--date {result.run_date}) to publish them and do the rest", err=True)
+        _exit_now(128 + int(signum))
     if s.get("status") == "failed":  # Ray aborted: unfinished requests are retryable error rows
         typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
         raise typer.Exit(1)
@@ -194,6 +261,40 @@ def run(
             err=True,
         )
         raise typer.Exit(1)
+
+
+def _interrupts_raise():
+    """SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (the runner records the
+    run as interrupted); a second one exits at once (staged rows are already durable).
+    Returns a function restoring the previous handlers."""
+    from pipeline.runner import RunInterrupted
+
+    seen: list[int] = []
+
+    def handler(signum, _frame):
+        if seen:
+            _exit_now(128 + seen[0])
+        seen.append(signum)
+        raise RunInterrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown: the atexit handlers run (Ray's shutdown, the
+    stderr filter), then ``os._exit``. Why: an engine or Ray thread may still be inside
+    torch or Ray's native code, and finalizing the interpreter under it aborts the process
+    (``terminate called without an active exception``, SIGABRT, exit 134)."""
+    import atexit
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @app.command()

@@ -25,6 +25,8 @@ batch as it finishes (completion order), exactly what the Ray plan's
   iteration with that exception: the runner's abort path turns every request
   without a row into a retryable error row, as when Ray gives up. Requests still in
   the engine then finish on daemon threads and are dropped, never written.
+- ``stop(timeout)`` (an interrupt, pipeline/runner.py): the engine ends after the step
+  in hand, its unfinished requests abandoned (they have no row; a rerun does them).
 - ``activity()``: what the run is doing between written rows, for the progress line
   (loading the model; then the engine's rows decoding, prefilling and queued); while
   ``batches()`` waits for the engine it calls ``on_wait`` every ``tick_s`` seconds.
@@ -73,6 +75,7 @@ class LocalPlan:
         self.timeline: dict[str, Any] = timeline if timeline is not None else {}
         self.on_wait, self.tick_s = on_wait, tick_s
         self._engine = None  # the generate stage's engine, once made
+        self._service = None  # its EngineService, for stop()
         self._started = False
 
     def activity(self) -> str:
@@ -104,7 +107,7 @@ class LocalPlan:
         # pool gets (pipeline/stage_actors.py: the stage imported in its constructor), so
         # the stage itself is its ``stage``.
         generate = gen.make(spec=spec_json).stage
-        self._engine = generate.engine
+        self._engine, self._service = generate.engine, generate.service
         tl["generate_init_s"] = time.time() - t0
         tl["t_generate_ready"] = time.time()
         made: list[tuple[ModelStage, Any]] = []
@@ -137,12 +140,19 @@ class LocalPlan:
                     yield self._written(write, calls.next_done())
                 tl.setdefault("t_first_submit", time.time())
                 calls.submit(batch)
+                if self.on_wait is not None:
+                    self.on_wait()  # the line moves on (its total: the batch's file is read)
             while calls.pending:
                 yield self._written(write, calls.next_done())
         finally:
             tl["engine"] = {**asdict(generate.engine.stats), "describe": generate.engine.describe()}
             if not calls.pending:  # after an abort the engine still holds rows: left to its daemon thread
                 generate.service.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine after its step in hand (see the module contract); no-op before it exists."""
+        if self._service is not None:
+            self._service.stop(timeout)
 
     def _written(self, write, batch: dict) -> pa.Table:
         table = write(batch)

@@ -23,6 +23,11 @@ exactly one row in the output table (written now or by an earlier run of the dat
   one process, no Ray: what ``auto`` picks on one machine with one generate actor). Both
   write the same staged blocks, rows, summary and run record; an exception of the local
   plan takes the abort path below like Ray giving up.
+- An interrupt (SIGINT, or SIGTERM raised as ``RunInterrupted`` by pipeline/cli.py) while
+  the stages run stops the engine after its step in hand and keeps every staged row
+  staged (nothing is published, no error rows are made): the summary says ``status:
+  interrupted`` (``interrupted_by``: the signal) and the run record is written; the next
+  run of the date publishes the staged rows first and does only the rest.
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -35,7 +40,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -68,6 +75,14 @@ from stages.write import (
 
 log = logging.getLogger("longdoc")
 LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a run, raised in the main thread (pipeline/cli.py's handler)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @dataclass
@@ -243,6 +258,18 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
+    next_ledger_look = time.monotonic()
+
+    def look_ledger() -> None:
+        """The total of a JSONL/Parquet corpus: known once the read stage has read it all."""
+        nonlocal next_ledger_look
+        if bar.enabled and bar.total is None and time.monotonic() >= next_ledger_look:
+            next_ledger_look = time.monotonic() + LEDGER_LOOK_S
+            ledger = read_ledger(root, run_date, run_id)
+            if ledger.complete(len(shards)):
+                bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+
+    stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     if runner == "ray":
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
         # After Ray's start: its console filter decides which stream the line goes to.
@@ -252,8 +279,13 @@ def run_job(
         from pipeline.local_plan import LocalPlan
 
         # In one process the engine is at hand: the line says what it holds between rows.
-        local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=bar.tick)
+        def on_wait() -> None:  # the total appears as soon as the ledger has it, before the first row
+            look_ledger()
+            bar.tick()
+
+        local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=on_wait)
         batches, guard, bar.activity = local.batches, None, local.activity
+        stop_engine = local.stop
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
     n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
@@ -264,10 +296,10 @@ def run_job(
     seen_ids: set[str] = set()
     done = failed = out_tokens = duplicates = 0
     abort: BaseException | None = None
-    next_ledger_look = time.monotonic()
+    interrupted: KeyboardInterrupt | None = None
 
     def iterate() -> None:
-        nonlocal done, failed, out_tokens, duplicates, next_ledger_look
+        nonlocal done, failed, out_tokens, duplicates
         for batch in batches():
             if guard is not None:
                 guard.progress()
@@ -284,12 +316,7 @@ def run_job(
             done += batch.num_rows
             failed += batch.num_rows - batch.column("error").null_count
             out_tokens += int(sum(v for v in batch.column("output_tokens").to_pylist() if v))
-            if bar.enabled and bar.total is None and time.monotonic() >= next_ledger_look:
-                # The total of a JSONL/Parquet corpus: known once the read stage has read it all.
-                next_ledger_look = time.monotonic() + LEDGER_LOOK_S
-                ledger = read_ledger(root, run_date, run_id)
-                if ledger.complete(n_shards):
-                    bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+            look_ledger()
             bar.update(done, failed, out_tokens)
 
     try:
@@ -301,6 +328,10 @@ def run_job(
             from pipeline.watchdog import guarded
 
             guarded(guard, iterate)
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM as RunInterrupted (pipeline/cli.py)
+        interrupted = e
+        if stop_engine is not None:
+            stop_engine()
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     bar.activity = None  # the last line counts rows only
@@ -310,20 +341,25 @@ def run_job(
         missing = write_missing_as_errors(spec, root, run_date, run_id, abort, shards)
         parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
     stale: frozenset[str] = frozenset()
-    if abort is None:
+    if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
         # retry and did not produce again is no longer a request (e.g. a file that failed
         # to read as a whole now reads, and its documents have rows of their own).
         produced = {rid for t in parts for rid in t.column("request_id").to_pylist()}
         stale = frozenset(set(before.rows) - skip - produced)
-    commit = commit_date(root, run_date, run_id, stale=stale)
-    clear_ledger(root, run_date)
+    if interrupted is None:
+        commit = commit_date(root, run_date, run_id, stale=stale)
+        clear_ledger(root, run_date)
+    else:  # staged rows stay staged: the next run of the date publishes them first
+        commit = {"staged_files": 0, "files_written": 0}
     wall = time.perf_counter() - t0
     figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
     # The date as a whole (this run plus earlier runs it resumed or healed): a rerun
     # that only fills gaps must not hide rows that failed before; each request once.
     after = scan_date(root, run_date).counts()
     summary = run_summary(figures, wall_s=wall, date_counts=after, aborted=abort)
+    if interrupted is not None:
+        summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
                    retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                    started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
@@ -346,6 +382,13 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
 
     if init_ray(address, spec):
         check_fits(spec, "ray")
+    # Ray's core installs native handlers (absl's failure handler: SIGTERM dumps a stack and
+    # kills the driver) over Python's at ray.init: put Python's back, so an interrupt
+    # reaches run_job (pipeline/cli.py's RunInterrupted) and the run is recorded.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signum, handler)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.

@@ -347,6 +347,35 @@ def to_yaml(docs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=200)
 
 
+def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
+    """What renders but will likely fail on the cluster, one line each (printed to stderr).
+
+    - a local path (input, output, model): the pod reads and writes its own disk, not this one;
+    - an object-store URI and no ``--secret`` (nor ``--service-account``): the pods have no credentials;
+    - an image without a registry: the nodes pull it from Docker Hub unless it was preloaded.
+    """
+    out = []
+    paths = [("input.uri", job.input.uri), ("output.uri", job.output.uri)]
+    model = job.generation.model
+    if isinstance(model, str) and model.startswith(("/", "./", "../", "~", "file://")):
+        paths.append(("generation.model", model))
+    for field_name, uri in paths:
+        if "://" not in uri or uri.startswith("file://"):
+            out.append(f"{field_name} {uri!r} is a local path: on the cluster it is the pod's own disk (lost "
+                       "with the pod, unseen here); use s3:// or gs://, or mount a volume at that path")
+    remote = [u for _, u in paths if u.startswith(("s3://", "gs://", "gcs://"))]
+    if remote and not opts.secrets and not opts.service_account:
+        out.append(f"{remote[0]!r} is object storage and no --secret is given: the pods will have no "
+                   "credentials; pass --secret NAME (a Secret holding AWS_ACCESS_KEY_ID, "
+                   "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or --service-account with workload identity")
+    first = opts.image.split("/", 1)[0]
+    if "/" not in opts.image or not ("." in first or ":" in first or first == "localhost"):
+        out.append(f"image {opts.image!r} names no registry: the nodes pull it from Docker Hub unless it "
+                   "is preloaded; push the image built from infra/Dockerfile and pass --image "
+                   "REGISTRY/longdoc:TAG")
+    return out
+
+
 def render(
     spec: Annotated[str, typer.Argument(help="Job spec YAML.")],
     kind: Annotated[str, typer.Option(help="rayjob | raycronjob.")] = "rayjob",
@@ -387,6 +416,8 @@ def render(
             secrets=tuple(secret or ()),
         )
         typer.echo(to_yaml(render_manifests(job, opts)), nl=False)
+        for w in render_warnings(job, opts):
+            typer.echo(f"warning: {w}", err=True)
     except (SpecError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

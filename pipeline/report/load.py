@@ -46,13 +46,14 @@ def load_output(uri: str) -> pa.Table:
     return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
 
-def _recorded_wall(uri: str, run_date: str, run_id: str) -> float | None:
+def _recorded(uri: str, run_date: str, run_id: str) -> dict[str, Any]:
+    """The run record's summary (``_runs/{run_date}/{run_id}.json``); {} when there is none."""
     fs, root = fsspec.core.url_to_fs(uri)
     path = f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json"
     if not fs.exists(path):
-        return None
+        return {}
     with fs.open(path, "r") as f:
-        return json.load(f).get("summary", {}).get("wall_s")
+        return json.load(f).get("summary", {})
 
 
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
@@ -60,6 +61,8 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     runs = table.select(["run_date", "run_id"]).group_by(["run_date", "run_id"]).aggregate([])
     for rec in sorted(runs.to_pylist(), key=lambda r: (r["run_date"], r["run_id"])):
         mask = pc.and_(pc.equal(table["run_date"], rec["run_date"]), pc.equal(table["run_id"], rec["run_id"]))
-        s = summarize(table.filter(mask), wall_s=_recorded_wall(uri, rec["run_date"], rec["run_id"]))
-        out.append({**rec, **s})
+        recorded = _recorded(uri, rec["run_date"], rec["run_id"])
+        s = summarize(table.filter(mask), wall_s=recorded.get("wall_s"))
+        # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
+        out.append({**rec, **s, "status": recorded.get("status")})
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from importlib import metadata
 from typing import Any
 
@@ -39,6 +40,30 @@ def _quantile(col: pa.ChunkedArray, q: float) -> float | None:
 def _sum(table: pa.Table, col: str) -> float:
     v = pc.sum(table.column(col)).as_py()
     return float(v or 0)
+
+
+def _normalized(text: str) -> str:
+    """Lowercase, words only, single spaces: how answers are compared with their reference."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def score_answers(table: pa.Table) -> dict[str, Any]:
+    """Answers against ``reference`` where one exists (input.answer_field): ``answers_scored``
+    (rows with a reference, failed rows count as wrong), ``answers_contain`` (fraction whose
+    normalized answer contains the normalized reference) and ``answers_exact`` (equal after
+    normalizing). Empty when the table has no reference (or no text columns)."""
+    if table.num_rows == 0 or not {"reference", "output_text"} <= set(table.column_names):
+        return {}
+    pairs = [(r, o) for r, o in zip(table.column("reference").to_pylist(), table.column("output_text").to_pylist(),
+                                    strict=True) if r is not None]
+    if not pairs:
+        return {}
+    refs = [(_normalized(r), _normalized(o or "")) for r, o in pairs]
+    return {
+        "answers_scored": len(refs),
+        "answers_contain": sum(bool(r) and r in o for r, o in refs) / len(refs),
+        "answers_exact": sum(r == o for r, o in refs) / len(refs),
+    }
 
 
 def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
@@ -75,6 +100,7 @@ def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
         "p50_e2e_s": _quantile(ok_table.column("e2e_s"), 0.5) if rows else None,
         "p95_e2e_s": _quantile(ok_table.column("e2e_s"), 0.95) if rows else None,
         "cost_usd": _sum(table, "cost_usd") if rows else 0.0,
+        **score_answers(table),
     }
 
 
@@ -154,6 +180,10 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("wall_s", "wall time (s)"),
         ("cost_usd", "total cost (USD)"),
     ]
+    if summary.get("answers_scored"):  # only where the input had references
+        keys += [("answers_scored", "answers with a reference"),
+                 ("answers_contain", "  containing the reference"),
+                 ("answers_exact", "  equal to the reference")]
     width = max(len(label) for _, label in keys)
     lines = [f"== {title} =="]
     lines += [f"  {label.ljust(width)}  {_fmt(summary.get(k))}" for k, label in keys]

@@ -111,6 +111,7 @@ class EngineStats:
     relayouts: int = 0  # slot layout changes (a new capacity or slot count)
     prefix_hits: int = 0  # rows whose shared prompt prefix came from the prefix cache
     prefix_reused_tokens: int = 0  # prompt tokens those rows did not prefill
+    compressing: int = 0  # rows inside a method's prefill now (e.g. Finch's pass): the progress line
 
 
 @dataclass
@@ -290,8 +291,9 @@ class Engine:
         lock, so one may be a step old)."""
         active = list(self.active)
         tokens = sum(len(row.result.tokens) for row in active)
-        return (f"{len(active)} decoding ({tokens} tokens), {int(self.filling is not None)} prefilling, "
-                f"{len(self.scheduler)} queued")
+        compressing = f"{self.stats.compressing} compressing, " if self.stats.compressing else ""
+        return (f"{len(active)} decoding ({tokens} tokens), {compressing}{int(self.filling is not None)} "
+                f"prefilling, {len(self.scheduler)} queued")
 
     @torch.inference_mode()
     def step(self) -> list[Finished]:
@@ -439,7 +441,11 @@ class Engine:
             parts = [w.request.parts for w in group]
             kwargs = {"on_chunk": self._between_chunks} if self._prefill_takes_on_chunk else {}
             assert self.prefill is not None
-            compressed = self.prefill(parts, **kwargs)
+            self.stats.compressing = len(group)
+            try:
+                compressed = self.prefill(parts, **kwargs)
+            finally:
+                self.stats.compressing = 0
         except Exception as e:  # noqa: BLE001 - retried alone (a group shares a failure)
             self._account_prefill(t0, rows)
             for row in rows:

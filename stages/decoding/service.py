@@ -25,7 +25,8 @@ returning once it has (its exception, if it raises, is raised by the constructor
 thread ends); either way ``service.engine`` is the engine. ``generate(requests)`` (from
 any thread) submits the requests, blocks until each has finished, and returns one
 ``Finished`` per request, in order; keys only need to be unique within the call.
-``close()`` stops the thread after the work in hand. If the engine itself raises (a
+``close()`` stops the thread after the work in hand; ``stop()`` (an interrupt) stops it
+after the step in hand, abandoning the rest: waiting callers get ``EngineStopped``. If the engine itself raises (a
 bug or a broken device, not a failing request: those finish with their error), every
 waiting caller gets a ``Finished`` with that error, the service stops, and later
 calls raise ``EngineStopped``, so the actor's rows become error rows and Ray's retry
@@ -67,6 +68,7 @@ class EngineService:
         self._futures: dict[object, Future] = {}
         self._ids = itertools.count()
         self._closed = False
+        self._stopping = False  # stop(): end after the step in hand (an interrupt)
         self._error: BaseException | None = None
         # torch's intra-op thread count as the creating thread set it: a new thread starts
         # with OpenMP's default from OMP_NUM_THREADS (Ray sets it for its workers), so a
@@ -103,6 +105,16 @@ class EngineService:
             self._cond.notify()
         self._thread.join(timeout)
 
+    def stop(self, timeout: float | None = None) -> None:
+        """End the thread after the step in hand (a build in progress finishes first);
+        unfinished requests are abandoned, their callers get ``EngineStopped``. Waits up
+        to ``timeout`` seconds for the thread: a process may then exit without a torch
+        call running on it (one that did aborted the process at exit)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         torch.set_num_threads(self._torch_threads)  # per thread for OpenMP (see __init__)
         try:
@@ -121,8 +133,10 @@ class EngineService:
         try:
             while True:
                 with self._cond:
-                    while not self._inbox and engine.idle() and not self._closed:
+                    while not self._inbox and engine.idle() and not self._closed and not self._stopping:
                         self._cond.wait()
+                    if self._stopping:
+                        raise EngineStopped("the run was interrupted")
                     if self._closed and not self._inbox and engine.idle():
                         return
                     for request, fut in self._inbox:

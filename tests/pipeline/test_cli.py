@@ -131,3 +131,14 @@ def test_the_printed_schema_checks_specs_like_an_editor_would():
     bad = {"name": "x", "input": {"uri": "/d"}, "compression": {"method": "truncate", "keep": "middle"}}
     assert list(validator.iter_errors(bad))
     assert list(validator.iter_errors({"name": "x", "input": {"uri": "/d", "formt": "text"}}))
+
+
+def test_choice_options_list_their_choices_in_help():
+    """--runner and --retry-errors were `<str>` in --help: no listed choices, no completion."""
+    import os
+
+    res = runner.invoke(app, ["run", "--help"], env={**os.environ, "COLUMNS": "200"})
+    assert res.exit_code == 0
+    assert "auto|ray|local" in res.output and "all|retryable|none" in res.output
+    bad = runner.invoke(app, ["run", "jobs/sample-qa.yaml", "--runner", "cluster"])
+    assert bad.exit_code == 2 and "'cluster' is not one of" in bad.output

@@ -267,3 +267,18 @@ def test_schema_check_catches_mistakes():
     assert any("replicas" in e for e in errors)
     assert any(e.startswith("PodTemplate") for e in errors)
     assert any(e.startswith("ConfigMap") for e in errors)
+
+
+def test_render_warns_about_local_paths_missing_secrets_and_registryless_images():
+    """The manifest renders, and stderr names what will fail on the pods."""
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE)])
+    assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout))
+    assert "warning: input.uri" in r.stderr and "is a local path" in r.stderr and "pod's own disk" in r.stderr
+    assert "image 'longdoc:0.1.0' names no registry" in r.stderr and "--image REGISTRY/longdoc:TAG" in r.stderr
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), "--set", "input.uri=s3://b/in/",
+                                  "--set", "output.uri=s3://b/out/{job}"])
+    assert "object storage and no --secret" in r.stderr and "local path" not in r.stderr
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), "--set", "input.uri=s3://b/in/",
+                                  "--set", "output.uri=s3://b/out/{job}", "--secret", "s3-creds",
+                                  "--image", "registry.example.com/longdoc:0.1.0"])
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr

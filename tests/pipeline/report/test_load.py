@@ -69,3 +69,30 @@ def test_one_summary_per_run_on_wall_time_when_recorded(tmp_path):
     assert (first["rows"], first["failed"], first["throughput_basis"], first["wall_s"]) == (4, 1, "wall", 10.0)
     assert first["output_tokens_per_s"] == 30 / 10.0  # the 3 ok rows' tokens over the recorded wall time
     assert (second["throughput_basis"], second["device_s"]) == ("device", 4.0)
+
+
+def test_report_shows_the_recorded_status_and_scores_answers_against_references(tmp_path):
+    """`longdoc report` printed `status -` for a succeeded run and never scored answers."""
+    root = str(tmp_path / "out")
+    qa = spec_from_dict({"name": "j", "input": {"uri": "/in", "question_field": "q", "answer_field": "a",
+                                                "format": "jsonl"}, "task": {"kind": "qa"}})
+    answers = [("Paris", "The capital is Paris."), ("42", "42"), ("blue", "It is red."), (None, "anything")]
+    rows = [output_row(qa, {"run_id": "r1", "run_date": "2026-01-01", "job": "j", "doc_id": f"d{i}",
+                            "request_id": f"q{i}", "reference": ref}, output_text=out, output_tokens=3)
+            for i, (ref, out) in enumerate(answers)]
+    _stage(root, rows)
+    commit_date(root, "2026-01-01", "r1")
+    write_bytes_atomic(json.dumps({"summary": {"wall_s": 1.0, "status": "succeeded"}}).encode(),
+                       f"{root}/_runs/2026-01-01/r1.json")
+    (s,) = run_summaries(root, load_output(root))
+    assert s["status"] == "succeeded"
+    assert (s["answers_scored"], s["answers_contain"], s["answers_exact"]) == (3, 2 / 3, 1 / 3)
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    res = CliRunner().invoke(app, ["report", root])
+    assert res.exit_code == 0, res.output
+    assert "succeeded" in res.output and "status                          -" not in res.output
+    assert "answers with a reference" in res.output and "containing the reference" in res.output

@@ -102,10 +102,13 @@ def test_methods_command_prints_every_registered_method() -> None:
 
     from pipeline.cli import app
 
-    out = CliRunner().invoke(app, ["methods"])
+    out = CliRunner().invoke(app, ["methods", "--markdown"])
     assert out.exit_code == 0, out.output
     assert out.output.strip() == methods_table()
     assert all(f"| `{name}` |" in out.output for name in method_names())
+    table = CliRunner().invoke(app, ["methods"])  # a terminal table (rich), not Markdown
+    assert table.exit_code == 0 and "|---|" not in table.output
+    assert all(f" {name} " in table.output for name in method_names())
 
 
 def _isinstance_targets(tree: ast.AST) -> list[tuple[int, str]]:

@@ -259,6 +259,23 @@ def test_a_methods_prefill_with_holes_and_decode_steps_between_its_chunks(tiny_m
     assert all(o.result.compress_s == 0.01 for o in out)
 
 
+def test_activity_counts_the_rows_inside_a_methods_prefill(tiny_model, prompts):
+    """A long Finch pass must not look like a hang: its rows show as compressing."""
+    seen: list[str] = []
+    inner = _method_prefill(tiny_model, holes=False, calls=[])
+    eng: Engine
+
+    def prefill(parts, on_chunk=None):
+        seen.append(eng.activity())
+        return inner(parts, on_chunk)
+
+    cfg = DecodeConfig(max_new_tokens=2, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, prefill=prefill, slots=3, expected_tokens=16, group_rows=3)
+    eng.run(_requests(prompts[:3], prompts[:3]))
+    assert seen and "3 compressing" in seen[0], seen
+    assert eng.stats.compressing == 0 and "compressing" not in eng.activity()
+
+
 @pytest.mark.parametrize("max_new", [1, 2, 5])
 def test_max_new_tokens_never_exceeded(tiny_model, prompts, plain_runs, max_new):
     lookups = [p + r for p, r in zip(prompts, plain_runs, strict=True)]

@@ -113,3 +113,22 @@ def test_a_builder_that_raises_fails_the_constructor_with_its_error():
     with pytest.raises(ValueError, match="cannot run 'x'"):
         EngineService(build, name="engine-that-never-was")
     assert threading.active_count() == threads_before  # its thread has ended
+
+
+def test_stop_ends_the_thread_after_its_step_and_waiters_hear_of_it(tiny_model, prompts):
+    """An interrupt: rows in hand are abandoned, the thread is gone, later calls are refused."""
+    cfg = DecodeConfig(max_new_tokens=10_000, eos_ids=NO_EOS)  # would decode for minutes
+    eng = Engine(tiny_model, cfg, slots=2, expected_tokens=64)
+    service = EngineService(eng)
+    out: list = []
+    caller = threading.Thread(target=lambda: out.extend(service.generate(
+        [Request(key=0, parts=PromptParts([], prompts[0], []), lookup_ids=prompts[0])])))
+    caller.start()
+    while not eng.stats.steps:  # decoding has begun
+        threading.Event().wait(0.01)
+    service.stop(timeout=60)
+    caller.join(timeout=60)
+    assert not service._thread.is_alive() and not caller.is_alive()
+    assert isinstance(out[0].error, EngineStopped) and "interrupted" in str(out[0].error)
+    with pytest.raises(EngineStopped):
+        service.generate([Request(key=1, parts=PromptParts([], prompts[1], []), lookup_ids=prompts[1])])

@@ -1,0 +1,192 @@
+"""Preflight: the storage and input checks `validate` and `run` make before any model loads.
+
+Contract: ``preflight(spec, run_date)`` returns problems as one line each, naming the
+field or URI and the fix; an empty list means the run can read its input and write its
+output with the credentials of this process. It takes seconds: object stores are asked
+with a short connect timeout and no retries, and only the first records of the first
+input file are read. Nothing is left behind: the output's test object (or, on a local
+disk, a test file in the nearest existing folder) is removed, and no folder is created.
+
+What it checks:
+- the input is listed with the run's credentials (remote inputs too: a missing key, an
+  unreachable endpoint or a denied listing is a line, not a traceback later);
+- the first ``PREFLIGHT_RECORDS`` records of the first JSONL/Parquet file hold the id,
+  text and question fields (and the answer field when set): a field that none of them
+  has would turn every document into an ``input`` error row after the model loaded;
+- the output root is test-written and the test object removed.
+
+An input whose URI holds ``{run_date}`` is checked only when a run date is given
+(`validate` has none); the output root is resolved with the run date, or today's.
+Imports neither Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from schemas.checks import shown
+from schemas.spec import JobSpec
+
+#: How many records of the first input file the field check reads.
+PREFLIGHT_RECORDS = 20
+#: Seconds an object store may take to accept a connection during preflight.
+CONNECT_TIMEOUT_S = 2.0
+
+_CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) where the job "
+                    "runs; on a cluster, pass --secret NAME to `longdoc submit`/`longdoc render`")
+
+
+def preflight(spec: JobSpec, run_date: str | None) -> list[str]:
+    """Problems that would stop ``spec`` after its model loaded, one line each (see the module)."""
+    problems = _check_input(spec, run_date)
+    problems += _check_output(spec, run_date)
+    return problems
+
+
+def _remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """A filesystem for ``uri`` that fails fast (object stores: short connect timeout, one attempt)."""
+    if uri.startswith("s3://"):
+        return fsspec.core.url_to_fs(uri, skip_instance_cache=True, config_kwargs={
+            "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": 10, "retries": {"max_attempts": 1}})
+    return fsspec.core.url_to_fs(uri)
+
+
+def storage_problem(field: str, uri: str, err: BaseException) -> str:
+    """One line for a storage failure on ``uri`` (the spec's ``field``): what failed and the fix."""
+    name = type(err).__name__
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    where = f"{field}: {shown(uri)}"
+    if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError"):
+        return f"{where}: no credentials for the object store ({first}); {_CREDENTIALS_FIX}"
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
+                "ConnectionRefusedError", "ConnectionError", "TimeoutError", "ServerTimeoutError"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        return (f"{where}: cannot reach the object store at {endpoint} ({first}); fix: check "
+                "AWS_ENDPOINT_URL and the network (or the secret's endpoint on a cluster)")
+    if isinstance(err, PermissionError) or "AccessDenied" in first or "Forbidden" in first:
+        verb = "write to" if field.startswith("output") else "list or read"
+        return (f"{where}: permission denied to {verb} it with this process's credentials ({first}); "
+                "fix: grant the permissions (object stores: s3:ListBucket, s3:GetObject, s3:PutObject, "
+                "s3:DeleteObject), use another AWS_PROFILE or --secret, or choose another location")
+    if isinstance(err, FileNotFoundError):
+        return f"{where}: not found ({first}); fix: create the bucket or folder, or correct {field}"
+    return f"{where}: {name}: {first}"
+
+
+# ----------------------------------------------------------------------------- input
+def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
+    from stages.read import list_shards, resolve_uri
+
+    inp = spec.input
+    if "{run_date}" in inp.uri and run_date is None:
+        return []
+    uri = resolve_uri(inp.uri, run_date or "")
+    if _remote(uri):
+        try:  # fast: an unreachable endpoint or a missing key fails in about a second
+            fs, path = _fs(uri)
+            fs.ls(path)  # what the run does first: list the prefix
+        except FileNotFoundError:
+            pass  # list_shards below names the missing prefix as the run would
+        except Exception as e:  # noqa: BLE001 - every storage failure becomes one line
+            return [storage_problem("input.uri", uri, e)]
+    try:
+        shards = list_shards(inp, run_date or "")
+    except ValueError as e:
+        return [str(e)]
+    except Exception as e:  # noqa: BLE001
+        return [storage_problem("input.uri", uri, e)]
+    if not shards or inp.format == "text":
+        return []
+    try:
+        fields, n = _first_record_fields(shards[0], inp.format)
+    except Exception as e:  # noqa: BLE001
+        return [storage_problem("input.uri", shards[0], e)]
+    if not n:
+        return []  # no readable record: the read stage reports each bad line as a row
+    wanted = [("input.id_field", inp.id_field), ("input.text_field", inp.text_field),
+              ("input.question_field", inp.question_field), ("input.answer_field", inp.answer_field)]
+    have = ", ".join(sorted(fields)[:12]) or "none"
+    return [
+        f"input.uri: {shown(shards[0])}: none of its first {n} record(s) has the field {value!r} "
+        f"({name}); fields there: {have}; fix: set {name} to the field that holds it"
+        for name, value in wanted if value and value not in fields
+    ]
+
+
+def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int]:
+    """(the union of field names, how many records were read) over the first records of ``path``."""
+    from stages.read import iter_lines
+
+    fields: set[str] = set()
+    n = 0
+    fs, bare = _fs(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with fs.open(bare, "rb") as f:
+            try:
+                pf = pq.ParquetFile(f)
+            except Exception:  # noqa: BLE001 - not Parquet: the read stage reports it as a row
+                return set(), 0
+            return set(pf.schema_arrow.names), min(pf.metadata.num_rows, PREFLIGHT_RECORDS)
+    with fs.open(bare, "rb") as f:
+        for _, raw, _ in iter_lines(f, 1 << 26):
+            if raw is None or not raw.strip():
+                continue
+            try:
+                rec: Any = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(rec, dict):
+                fields.update(k for k, v in rec.items() if v is not None)
+                n += 1
+            if n >= PREFLIGHT_RECORDS:
+                break
+    return fields, n
+
+
+# ----------------------------------------------------------------------------- output
+def _check_output(spec: JobSpec, run_date: str | None) -> list[str]:
+    date = run_date or datetime.now(timezone.utc).date().isoformat()
+    root = spec.output.uri.replace("{job}", spec.name).replace("{run_date}", date)
+    if _remote(root):
+        probe = f"{root.rstrip('/')}/_runs/.longdoc-preflight-{uuid.uuid4().hex[:8]}"
+        try:
+            fs, path = _fs(probe)
+            fs.pipe_file(path, b"")
+            fs.rm_file(path)
+        except Exception as e:  # noqa: BLE001
+            return [storage_problem("output.uri", root, e)]
+        return []
+    return _check_local_output(root)
+
+
+def _check_local_output(root: str) -> list[str]:
+    """Test-write a file in the nearest existing folder of ``root`` (no folder is created)."""
+    path = Path(root.removeprefix("file://")).expanduser().absolute()
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return [f"output.uri: {shown(root)}: {shown(str(here))} is a file, not a folder; fix: choose an "
+                "output.uri whose folders can be created"]
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".longdoc-preflight-", dir=here)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return [f"output.uri: {shown(root)}: cannot write in {shown(str(here))} ({e.strerror or e}); fix: "
+                "grant this user write permission there (chmod/chown), or choose another output.uri"]
+    return []

@@ -1,0 +1,171 @@
+"""Preflight (pipeline/preflight.py): mistakes that used to surface after the model loaded
+are refused by `validate` and `run` before it, in one line naming the field or URI and
+the fix, exit 2, no traceback, in under ``MAX_REFUSAL_S``.
+
+The storage cases run against a real S3-compatible server on loopback (tests/s3_server.py)
+with the AWS variables a user would export; `run`'s ``run_job`` is a spy, so a refusal
+that came after it fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from s3_server import moto_s3
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+runner = CliRunner()
+MAX_REFUSAL_S = 3.0
+DATE = "2026-01-31"
+
+
+class _Reached(AssertionError):
+    """The command went past preflight: it would have loaded a model."""
+
+
+@pytest.fixture(autouse=True)
+def spy_run_job(monkeypatch):
+    import pipeline.runner
+
+    def reached(*args, **kwargs):
+        raise _Reached("run_job reached: not refused before the model loads")
+
+    monkeypatch.setattr(pipeline.runner, "run_job", reached)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3() as server:
+        fs = server.filesystem()
+        fs.mkdir("corpus")
+        fs.mkdir("results")
+        fs.pipe("corpus/docs/a.jsonl", b'{"id": "a", "text": "A short document.", "questions": ["Why?"]}\n')
+        yield server
+
+
+@pytest.fixture
+def no_aws(monkeypatch, tmp_path):
+    """A machine with no AWS credentials anywhere (variables, files, instance metadata)."""
+    import os
+
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def _spec(tmp_path: Path, **sections) -> Path:
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "d1", "text": "A short document.", "question": "What is it?"}) + "\n")
+    data = {"name": "pre", "input": {"uri": str(corpus), "format": "jsonl", "question_field": "question"},
+            "task": {"kind": "qa"}, "output": {"uri": str(tmp_path / "out")}}
+    for k, v in sections.items():
+        data[k] = {**data.get(k, {}), **v}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def _refused(args: list[str], expected: list[str]) -> str:
+    t0 = time.perf_counter()
+    res = runner.invoke(app, args)
+    took = time.perf_counter() - t0
+    assert not isinstance(res.exception, _Reached), f"{args}: not refused before the model loads"
+    assert res.exit_code == 2, f"{args}: exit {res.exit_code}\n{res.output[:3000]}"
+    assert "Traceback" not in res.output, res.output[:3000]
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"{args}: one line expected:\n{res.output[:3000]}"
+    for text in expected:
+        assert text in lines[0], f"{args}: {text!r} not in {lines[0]!r}"
+    assert took < MAX_REFUSAL_S, f"{args}: refused after {took:.2f} s (allowed < {MAX_REFUSAL_S} s)"
+    return lines[0]
+
+
+def _both(spec: Path, expected: list[str]) -> None:
+    _refused(["validate", str(spec)], expected)
+    _refused(["run", str(spec), "--date", DATE, "--quiet"], expected)
+
+
+def test_a_question_field_the_data_lacks_is_refused(tmp_path):
+    spec = _spec(tmp_path, input={"question_field": "questions"})
+    _both(spec, ["input.question_field", "'questions'", "none of its first 1 record(s)",
+                 "fields there: id, question, text", "fix: set input.question_field"])
+
+
+def test_an_answer_field_the_data_lacks_is_refused(tmp_path):
+    spec = _spec(tmp_path, input={"answer_field": "answers"})
+    _both(spec, ["input.answer_field", "'answers'", "fix: set input.answer_field"])
+
+
+def test_an_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
+    (tmp_path / "blocker").write_text("a file where a folder belongs")
+    spec = _spec(tmp_path, output={"uri": str(tmp_path / "blocker" / "out")})
+    _both(spec, ["output.uri", "blocker' is a file, not a folder", "fix: choose an output.uri"])
+
+
+def test_a_read_only_output_folder_is_refused(tmp_path):
+    """/proc refuses new files even to root: the test-write, not a permission bit, decides."""
+    spec = _spec(tmp_path, output={"uri": "/proc/longdoc-out"})
+    _both(spec, ["output.uri", "'/proc/longdoc-out'", "cannot write in '/proc'", "fix: grant"])
+
+
+def test_s3_without_credentials_is_refused(tmp_path, s3, no_aws, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint_url)
+    spec = _spec(tmp_path, input={"uri": "s3://corpus/docs/", "question_field": "questions"})
+    _both(spec, ["input.uri", "'s3://corpus/docs/'", "no credentials", "AWS_PROFILE", "--secret"])
+    spec = _spec(tmp_path, output={"uri": "s3://results/{job}"})
+    _both(spec, ["output.uri", "'s3://results/pre'", "no credentials", "AWS_PROFILE", "--secret"])
+
+
+def test_an_unreachable_endpoint_is_refused(tmp_path, no_aws, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    spec = _spec(tmp_path, input={"uri": "s3://corpus/docs/", "question_field": "questions"})
+    _both(spec, ["input.uri", "cannot reach the object store at http://127.0.0.1:9", "AWS_ENDPOINT_URL"])
+    spec = _spec(tmp_path, output={"uri": "s3://results/{job}"})
+    _both(spec, ["output.uri", "cannot reach the object store", "fix: check AWS_ENDPOINT_URL"])
+
+
+def test_a_missing_bucket_is_refused(tmp_path, s3, no_aws, monkeypatch):
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    spec = _spec(tmp_path, output={"uri": "s3://no-such-bucket/{job}"})
+    _both(spec, ["output.uri", "'s3://no-such-bucket/pre'", "not found", "create the bucket"])
+
+
+def test_a_good_s3_spec_passes_and_leaves_no_test_object(tmp_path, s3, no_aws, monkeypatch):
+    """The control: with credentials and an endpoint, validate passes, run reaches run_job,
+    and the output bucket holds nothing after the test-write."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    spec = _spec(tmp_path, input={"uri": "s3://corpus/docs/", "question_field": "questions"},
+                 output={"uri": "s3://results/{job}"})
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["run", str(spec), "--date", DATE, "--quiet"])
+    assert isinstance(res.exception, _Reached), res.output
+    assert s3.filesystem().find("results") == []
+
+
+def test_skip_storage_leaves_the_checks_to_the_cluster(tmp_path, no_aws, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    spec = _spec(tmp_path, output={"uri": "s3://results/{job}"})
+    res = runner.invoke(app, ["validate", str(spec), "--skip-storage"])
+    assert res.exit_code == 0, res.output
+
+
+def test_storage_failures_become_one_line_with_the_fix():
+    from pipeline.preflight import storage_problem
+
+    denied = storage_problem("output.uri", "s3://b/o", PermissionError("AccessDenied"))
+    assert denied.startswith("output.uri: 's3://b/o': permission denied to write") and "fix: grant" in denied
+    missing = storage_problem("input.uri", "s3://b/i", FileNotFoundError("The specified bucket does not exist"))
+    assert "not found" in missing and "create the bucket" in missing and "\n" not in missing
