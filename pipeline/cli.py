@@ -51,7 +51,9 @@ def _load(spec_path: str, overrides: list[str] | None, run_date: str | None = No
     except SpecError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    problems = check_environment(job, run_date=run_date, local_paths=local_paths)
+    from pipeline.plan import spec_problems
+
+    problems = check_environment(job, run_date=run_date, local_paths=local_paths) + spec_problems(job)
     if problems:
         typer.echo(f"job spec {spec_path} cannot run here:", err=True)
         for p in problems:

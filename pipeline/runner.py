@@ -224,6 +224,11 @@ def run_job(
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
     if runner not in ("ray", "local"):
         raise ValueError(f"runner {runner!r} is not one of ray, local")
+    from pipeline.plan import spec_problems
+
+    problems = spec_problems(spec)  # a budget that can never fit: refused before anything runs
+    if problems:
+        raise ValueError("; ".join(problems))
     started_at = _now_iso()
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
