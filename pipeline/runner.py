@@ -68,6 +68,7 @@ from stages.write import (
 )
 
 log = logging.getLogger("longdoc")
+MISSING_BLOCK_ROWS = 10_000  # error rows of an aborted run staged per file
 LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
 
 
@@ -295,7 +296,7 @@ def run_job(
                 next_ledger_look = time.monotonic() + LEDGER_LOOK_S
                 ledger = read_ledger(root, run_date, run_id)
                 if ledger.complete(n_shards):
-                    bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+                    bar.total = ledger_total(ledger.iter_requests(spec, shards, run_id, run_date), skip)
             bar.update(done, failed, out_tokens)
 
     try:
@@ -313,8 +314,7 @@ def run_job(
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
-        missing = write_missing_as_errors(spec, root, run_date, run_id, abort, shards)
-        parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
+        parts.append(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
     stale: frozenset[str] = frozenset()
     if abort is None:
         # A complete run yields every request of its input: an error row it was asked to
@@ -375,20 +375,30 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
 
     The requests come from the read stage's ledger (stages/ledger.py), with one
     placeholder per input file it had not finished: the input is not read again.
-    Runs only when the run aborted. Returns the staged rows (FILE_SCHEMA).
+    Runs only when the run aborted. Returns the staged rows' figures (FILE_SCHEMA less
+    the text columns), staged in files of at most MISSING_BLOCK_ROWS rows.
     """
     have = set(scan_date(root, run_date).rows)
     reason = f"run aborted before this request was written ({type(err).__name__}: {_reason(err)})"
-    rows = []
-    for req in read_ledger(root, run_date, run_id).requests(spec, shards, run_id, run_date):
+    rows: list[dict[str, Any]] = []
+    staged: list[pa.Table] = []
+
+    def stage() -> None:  # a block at a time: the ledger is read block by block too
+        table = rows_to_table(rows, FILE_SCHEMA)
+        name = staged_file_name([r["request_id"] for r in rows])
+        write_table_atomic(table, f"{staging_dir(root, run_date)}/{run_id}/{name}")
+        staged.append(table.drop_columns(list(TEXT_COLUMNS)))
+        rows.clear()
+
+    for req in read_ledger(root, run_date, run_id).iter_requests(spec, shards, run_id, run_date):
         if req["request_id"] not in have:
             have.add(req["request_id"])
             rows.append(output_row(spec, req, error=f"run: {reason}", error_kind=RETRYABLE))
-    table = rows_to_table(rows, FILE_SCHEMA)
+            if len(rows) >= MISSING_BLOCK_ROWS:
+                stage()
     if rows:
-        name = staged_file_name([r["request_id"] for r in rows])
-        write_table_atomic(table, f"{staging_dir(root, run_date)}/{run_id}/{name}")
-    return table
+        stage()
+    return pa.concat_tables(staged) if staged else _empty_figures()
 
 
 def _reason(err: BaseException, limit: int = 500) -> str:
