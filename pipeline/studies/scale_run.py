@@ -23,11 +23,20 @@ then runs the real CLI, ``longdoc run SPEC --date D --runner ray``, as a subproc
    in the meantime: ``straggler_rows``), and each of those rows still carrying the killed
    run's ``run_id`` (``redone`` counts the ones that do not: must be 0).
 
+**Several sizes** (``--docs 10000,30000,100000``): run 1 at each size in turn, one corpus
+on disk at a time, and a side-by-side table (``scale_sizes.json``/``.md``): driver peak
+RSS, time to the first staged block, rows/s, each with its ratio to the smallest size,
+and the flatness targets (``RSS_TARGET``, ``FIRST_BLOCK_TARGET``) checked on the largest.
+Per-row generation can be made as cheap as the study needs (``--words``,
+``--max-new-tokens``, ``--target-tokens``): it measures the pipeline around the engine.
+
 Prints a Markdown table and writes ``scale_run.json`` and ``scale_run.md`` (figures,
 commands, date, commit, machine) under ``--out``; the work files (corpus, spec, outputs,
 logs) go under ``--out``/work unless ``--work`` says elsewhere. Linux only (``/proc``).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.scale_run --docs 10000 --out jobs/results/scale
+    OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.scale_run --docs 10000,30000,100000 \
+        --words 20 --max-new-tokens 1 --target-tokens 16 --batch-size 64 --poll-s 1 --out jobs/results/scale
 """
 
 from __future__ import annotations
