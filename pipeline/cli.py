@@ -183,6 +183,10 @@ def run(
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except OSError as e:  # storage still failing after its retries (stages/storage.py)
+        typer.echo(f"error: storage: {type(e).__name__}: {e}; rows already staged are kept and the "
+                   "next run publishes them: run it again", err=True)
+        raise typer.Exit(1) from None
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary

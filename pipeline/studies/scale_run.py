@@ -522,9 +522,9 @@ def sizes_markdown(res: dict[str, Any]) -> str:
         f"max_new_tokens {res['max_new_tokens']} (generation kept cheap: the study measures the "
         f"pipeline around the engine), batch_size {res['batch_size'] or 'default'}, "
         f"{res['docs_per_file']} documents per JSONL file, {res['actors']} actor(s), runner ray. "
-        "The sizes ran one after the other in one invocation.",
+        + res.get("note", "The sizes ran one after the other in one invocation."),
         "",
-        f"    {res['command']}",
+        *(f"    {c}" for c in res["command"].split("\n")),
         "",
         "| documents | " + " | ".join(str(r["docs"]) for r in runs) + " |",
         "|---|" + "---|" * len(runs),

@@ -188,13 +188,25 @@ def test_failing_staging_and_publish_writes_are_retried(proxy, store, tiny_model
     _every_request_once_no_error(spec, store)
 
 
-def test_a_publish_that_keeps_failing_is_completed_by_the_next_run(proxy, store, tiny_model_dir, few_retries):
+def test_a_publish_that_keeps_failing_is_completed_by_the_next_run(proxy, store, tiny_model_dir, few_retries,
+                                                                   tmp_path):
     spec = _spec(store, tiny_model_dir)
     o = store["out"]
-    # Every publish attempt fails, beyond the retries: the run cannot publish its rows.
+    # Every publish attempt fails, beyond the retries: the run cannot publish its rows;
+    # `longdoc run` says so in one line and exits 1.
+    import s3fs
+    import yaml
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
     proxy.add(Fault("internal", "PUT", rf"^/{o}/faults/{PUBLISHED}", times=10**6))
-    with pytest.raises(OSError):
-        _run(spec, "publish-fails")
+    path = tmp_path / "faults.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    s3fs.S3FileSystem.clear_instance_cache()
+    res = CliRunner().invoke(app, ["run", str(path), "--date", DATE, "--run-id", "publish-fails", "--quiet"])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output[-3000:]
+    assert "error: storage:" in res.output and "run it again" in res.output
     assert _rows(store) == [] and _staged(store), "the staged rows must wait for the next run"
     proxy.clear()
     res = _run(spec, "publish-heals")
