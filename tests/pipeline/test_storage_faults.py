@@ -71,8 +71,9 @@ def few_retries(monkeypatch):
     policy's ~1 minute of backoff (what is tested is what the next run does)."""
     import fsspec.config
 
-    kwargs = dict(fsspec.config.conf["s3"]["config_kwargs"], retries={"mode": "standard", "total_max_attempts": 2})
-    monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", kwargs)
+    s3 = dict(fsspec.config.conf.get("s3", {}))
+    s3["config_kwargs"] = dict(s3.get("config_kwargs", {}), retries={"mode": "standard", "total_max_attempts": 2})
+    monkeypatch.setitem(fsspec.config.conf, "s3", s3)
 
 
 def _spec(store, model_dir) -> JobSpec:
