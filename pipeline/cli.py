@@ -53,7 +53,9 @@ def _load(spec_path: str, overrides: list[str] | None, run_date: str | None = No
     except SpecError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    problems = check_environment(job, run_date=run_date, local_paths=local_paths)
+    from pipeline.plan import spec_problems
+
+    problems = check_environment(job, run_date=run_date, local_paths=local_paths) + spec_problems(job)
     if problems:
         typer.echo(f"job spec {spec_path} cannot run here:", err=True)
         for p in problems:
@@ -241,6 +243,10 @@ def run(
         typer.echo(f"interrupted ({e}): staged rows are kept; run the same date again "
                    f"(--date {run_date}) to publish them and do the rest", err=True)
         _exit_now(128 + e.signum)
+    except OSError as e:  # storage still failing after its retries (stages/storage.py)
+        typer.echo(f"error: storage: {type(e).__name__}: {e}; rows already staged are kept and the "
+                   "next run publishes them: run it again", err=True)
+        raise typer.Exit(1) from None
     finally:
         restore()
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))

@@ -126,6 +126,15 @@ def check_chain(chain: list[StageColumns]) -> None:
         have |= set(stage.adds)
 
 
+def spec_problems(spec: JobSpec) -> list[str]:
+    """What the plan refuses in a spec before any model loads, as ``field: message`` lines:
+    budgets that can never fit the generating model's context (stages/context_budget.py;
+    the model's config is read, never its weights). ``validate`` and ``run`` print them."""
+    from stages.context_budget import budget_problems
+
+    return budget_problems(spec)
+
+
 def _actor_pool(size: int | tuple[int, int], in_flight: int = 1):
     """An actor pool of ``size`` (or [min, max]); ``in_flight`` > 1: each actor takes that
     many batches at once, its calls running on threads of their own."""

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from schemas.spec import JobSpec
@@ -58,8 +58,9 @@ def estimate_requests(spec: JobSpec, n_shards: int, skipped: int = 0) -> int | N
     return max(docs * per_doc - skipped, 0)
 
 
-def ledger_total(requests: list[dict[str, Any]], skip: frozenset[str]) -> int:
-    """Rows a run writes: its requests (``Ledger.requests``) not already done, each once."""
+def ledger_total(requests: Iterable[dict[str, Any]], skip: frozenset[str]) -> int:
+    """Rows a run writes: its requests (``Ledger.iter_requests``) not already done, each once;
+    only their ids are held."""
     return len({r["request_id"] for r in requests} - skip)
 
 

@@ -74,6 +74,7 @@ from stages.write import (
 )
 
 log = logging.getLogger("longdoc")
+MISSING_BLOCK_ROWS = 10_000  # error rows of an aborted run staged per file
 LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
 
 
@@ -238,6 +239,11 @@ def run_job(
         raise ValueError(f"--retry-errors {retry_errors!r} is not one of {', '.join(RETRY_POLICIES)}")
     if runner not in ("ray", "local"):
         raise ValueError(f"runner {runner!r} is not one of ray, local")
+    from pipeline.plan import spec_problems
+
+    problems = spec_problems(spec)  # a budget that can never fit: refused before anything runs
+    if problems:
+        raise ValueError("; ".join(problems))
     started_at = _now_iso()
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
@@ -267,7 +273,7 @@ def run_job(
             next_ledger_look = time.monotonic() + LEDGER_LOOK_S
             ledger = read_ledger(root, run_date, run_id)
             if ledger.complete(len(shards)):
-                bar.total = ledger_total(ledger.requests(spec, shards, run_id, run_date), skip)
+                bar.total = ledger_total(ledger.iter_requests(spec, shards, run_id, run_date), skip)
 
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     if runner == "ray":
@@ -338,8 +344,7 @@ def run_job(
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
-        missing = write_missing_as_errors(spec, root, run_date, run_id, abort, shards)
-        parts.append(missing.drop_columns(list(TEXT_COLUMNS)))
+        parts.append(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
     stale: frozenset[str] = frozenset()
     if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
@@ -412,20 +417,30 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
 
     The requests come from the read stage's ledger (stages/ledger.py), with one
     placeholder per input file it had not finished: the input is not read again.
-    Runs only when the run aborted. Returns the staged rows (FILE_SCHEMA).
+    Runs only when the run aborted. Returns the staged rows' figures (FILE_SCHEMA less
+    the text columns), staged in files of at most MISSING_BLOCK_ROWS rows.
     """
     have = set(scan_date(root, run_date).rows)
     reason = f"run aborted before this request was written ({type(err).__name__}: {_reason(err)})"
-    rows = []
-    for req in read_ledger(root, run_date, run_id).requests(spec, shards, run_id, run_date):
+    rows: list[dict[str, Any]] = []
+    staged: list[pa.Table] = []
+
+    def stage() -> None:  # a block at a time: the ledger is read block by block too
+        table = rows_to_table(rows, FILE_SCHEMA)
+        name = staged_file_name([r["request_id"] for r in rows])
+        write_table_atomic(table, f"{staging_dir(root, run_date)}/{run_id}/{name}")
+        staged.append(table.drop_columns(list(TEXT_COLUMNS)))
+        rows.clear()
+
+    for req in read_ledger(root, run_date, run_id).iter_requests(spec, shards, run_id, run_date):
         if req["request_id"] not in have:
             have.add(req["request_id"])
             rows.append(output_row(spec, req, error=f"run: {reason}", error_kind=RETRYABLE))
-    table = rows_to_table(rows, FILE_SCHEMA)
+            if len(rows) >= MISSING_BLOCK_ROWS:
+                stage()
     if rows:
-        name = staged_file_name([r["request_id"] for r in rows])
-        write_table_atomic(table, f"{staging_dir(root, run_date)}/{run_id}/{name}")
-    return table
+        stage()
+    return pa.concat_tables(staged) if staged else _empty_figures()
 
 
 def _reason(err: BaseException, limit: int = 500) -> str:

@@ -15,10 +15,11 @@ ledger at the start and at the end of a run (one run of a date at a time).
 
 Contract:
 - ``write_block(root, run_date, run_id, shard_indices, requests)`` records a batch.
-- ``read_ledger(root, run_date, run_id)`` returns a ``Ledger``: the shards covered and
-  their request rows.
-- ``Ledger.requests(spec, shards, run_id, run_date)`` lists the run's requests in input
-  order with ``input.limit`` applied by document: the recorded rows of every covered
+- ``read_ledger(root, run_date, run_id)`` returns a ``Ledger``: the shards covered (from
+  the files' footers; rows are read block by block as they are iterated).
+- ``Ledger.iter_requests(spec, shards, run_id, run_date)`` yields the run's requests in
+  input order with ``input.limit`` applied by document, one ledger file in memory at a
+  time (``requests`` is its list): the recorded rows of every covered
   shard, and for a shard the read stage never finished one placeholder request per
   prompt (its doc id is the file, like a file that failed to read: a complete rerun
   reads the file and drops the placeholder as stale, see pipeline/runner.py).
@@ -28,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,68 +83,88 @@ def clear(root: str, run_date: str) -> None:
 
 @dataclass
 class Ledger:
-    """What the read stage recorded for one run."""
+    """What the read stage recorded for one run: which files (blocks) cover which shards.
 
-    shards: set[int] = field(default_factory=set)
-    table: pa.Table = field(default_factory=LEDGER_SCHEMA.empty_table)
+    Rows are read one block (one ledger file) at a time while ``iter_requests`` walks the
+    shards in order, so the driver never holds the run's requests whole: memory follows
+    the largest block (a read batch, ~1/200 of the run), not the corpus.
+    """
+
+    fs: Any = None
+    block_of: dict[int, str] = field(default_factory=dict)  # shard index -> its ledger file
     files: int = 0
 
+    @property
+    def shards(self) -> set[int]:
+        return set(self.block_of)
+
     def complete(self, n_shards: int) -> bool:
-        return len(self.shards) >= n_shards
+        return len(self.block_of) >= n_shards
 
     def requests(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str) -> list[dict[str, Any]]:
+        """``iter_requests`` as a list (for small runs and tests)."""
+        return list(self.iter_requests(spec, shards, run_id, run_date))
+
+    def iter_requests(self, spec: JobSpec, shards: list[str], run_id: str,
+                      run_date: str) -> Iterator[dict[str, Any]]:
         """The run's requests in input order, ``input.limit`` applied (see the module docstring).
 
         Rows carry the request columns an output row needs (identity, prompt, question,
-        reference, task, instruction), no text.
+        reference, task, instruction), no text. One ledger file is in memory at a time.
         """
-        by_shard: dict[int, list[dict[str, Any]]] = {}
-        for row in self.table.sort_by([("shard", "ascending"), ("doc", "ascending")]).to_pylist():
-            by_shard.setdefault(row["shard"], []).append(row)
         base = {"run_id": run_id, "run_date": run_date, "job": spec.name, "task": spec.task.kind,
                 "instruction": spec.task.resolved_instruction}
         fingerprint = generation_fingerprint(spec)
         budget = spec.input.limit  # documents still inside input.limit; None: no limit (or unknown)
-        out: list[dict[str, Any]] = []
+        block: tuple[str, dict[int, list[dict[str, Any]]]] | None = None
         for index, path in enumerate(shards):
             if budget is not None and budget <= 0:
                 break
-            if index not in self.shards:
+            if index not in self.block_of:
                 placeholder = Document(path, path, None, error="run aborted before this file was read",
                                        error_kind=RETRYABLE)
                 for req in expand_requests(placeholder, spec, run_id, run_date, fingerprint):
-                    out.append({k: req[k] for k in (*base, "request_id", "doc_id", "source_uri",
-                                                    "prompt", "question", "reference")})
+                    yield {k: req[k] for k in (*base, "request_id", "doc_id", "source_uri",
+                                               "prompt", "question", "reference")}
                 budget = None  # its document count is unknown: no later request may be left out
                 continue
+            name = self.block_of[index]
+            if block is None or block[0] != name:
+                block = (name, self._read_block(name))
             last_doc = None
-            for row in by_shard.get(index, []):
+            for row in block[1].get(index, []):
                 if row["doc"] != last_doc:
                     if budget is not None:
                         if budget <= 0:
                             break
                         budget -= 1
                     last_doc = row["doc"]
-                out.append({**base, **{k: row[k] for k in ("request_id", "doc_id", "source_uri",
-                                                           "prompt", "question", "reference")}})
-        return out
+                yield {**base, **{k: row[k] for k in ("request_id", "doc_id", "source_uri",
+                                                      "prompt", "question", "reference")}}
+
+    def _read_block(self, name: str) -> dict[int, list[dict[str, Any]]]:
+        """One ledger file's rows by shard, each shard's in document order."""
+        with self.fs.open(name, "rb") as fh:
+            t = pq.read_table(fh).replace_schema_metadata(None).cast(LEDGER_SCHEMA)
+        by_shard: dict[int, list[dict[str, Any]]] = {}
+        for row in t.sort_by([("shard", "ascending"), ("doc", "ascending")]).to_pylist():
+            by_shard.setdefault(row["shard"], []).append(row)
+        return by_shard
 
 
 def read_ledger(root: str, run_date: str, run_id: str) -> Ledger:
-    """Every file the read stage has written so far for ``run_id``."""
+    """Every file the read stage has written so far for ``run_id``: its footer only (the
+    shards it covers); rows are read when ``Ledger.iter_requests`` reaches them."""
     fs, path = fsspec.core.url_to_fs(ledger_dir(root, run_date, run_id))
-    ledger = Ledger()
+    ledger = Ledger(fs=fs)
     if not fs.exists(path):
         return ledger
-    tables = []
     for name in sorted(fs.find(path)):
         if not name.endswith(".parquet") or name.rsplit("/", 1)[-1].startswith("."):
             continue  # a temporary file of a write in progress
         with fs.open(name, "rb") as fh:
-            t = pq.read_table(fh)
-        ledger.shards.update(json.loads((t.schema.metadata or {})[_SHARDS_KEY]))
-        tables.append(t.replace_schema_metadata(None).cast(LEDGER_SCHEMA))
+            meta = pq.read_schema(fh).metadata or {}
+        for shard in json.loads(meta[_SHARDS_KEY]):
+            ledger.block_of[int(shard)] = name
         ledger.files += 1
-    if tables:
-        ledger.table = pa.concat_tables(tables)
     return ledger

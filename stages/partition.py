@@ -238,41 +238,62 @@ def _staged_rows(fs, winners: dict[str, RowState], ids: set[str]) -> pa.Table:
 
 def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[str],
              target_bytes: int) -> Iterator[int]:
-    """Write the staged rows of ``ids`` into files of ~target_bytes; yield rows per file."""
+    """Write the staged rows of ``ids`` into files of ~target_bytes; yield rows per file.
+
+    Streamed: each staged file's rows go into the open compacted file's row-group buffer
+    (ROW_GROUP_BYTES) as they are read, so the driver holds one row group, never a whole
+    compacted file (~target_bytes) or the run's rows.
+    """
     per_file: dict[str, set[str]] = {}
     for rid in ids:
         per_file.setdefault(winners[rid].path, set()).add(rid)
-    batch: list[pa.Table] = []
-    batch_bytes = 0
+    out: _CompactFile | None = None
     for path, sel in sorted(per_file.items()):
-        batch.append(_take(fs, path, sel))
-        batch_bytes += fs.size(path)
-        if batch_bytes >= target_bytes:
-            yield _publish(fs, part, run_id, batch)
-            batch, batch_bytes = [], 0
-    if batch:
-        yield _publish(fs, part, run_id, batch)
+        if out is None:
+            out = _CompactFile()
+        out.add(_take(fs, path, sel))
+        out.staged_bytes += fs.size(path)
+        if out.staged_bytes >= target_bytes:
+            yield out.publish(fs, part, run_id)
+            out = None
+    if out is not None:
+        yield out.publish(fs, part, run_id)
 
 
-def _publish(fs, part: str, run_id: str, tables: list[pa.Table]) -> int:
-    """One compacted file from ``tables``, row groups of ~ROW_GROUP_BYTES, published atomically."""
-    ids = [rid for t in tables for rid in t.column("request_id").to_pylist()]
-    name = f"part-{run_id}-{block_digest(ids)}.parquet"
-    with tempfile.TemporaryDirectory(prefix="longdoc-compact-") as tmpdir:
-        local = os.path.join(tmpdir, name)
-        with pq.ParquetWriter(local, FILE_SCHEMA) as writer:
-            group: list[pa.Table] = []
-            group_bytes = 0  # a running total: re-summing the group per block was quadratic
-            for t in tables:  # (a 10,000-row run's 2,500 blocks: 7 minutes of nbytes calls)
-                group.append(t)
-                group_bytes += t.nbytes
-                if group_bytes >= ROW_GROUP_BYTES:
-                    writer.write_table(pa.concat_tables(group))  # one row group, not one per block
-                    group, group_bytes = [], 0
-            if group:
-                writer.write_table(pa.concat_tables(group))
-        put_file_atomic(local, _uri(fs, f"{part}/{name}"))
-    return len(ids)
+class _CompactFile:
+    """One compacted file being written to a local temporary file, row group by row group."""
+
+    def __init__(self) -> None:
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="longdoc-compact-")
+        self._local = os.path.join(self._tmpdir.name, "part.parquet")
+        self._writer = pq.ParquetWriter(self._local, FILE_SCHEMA)
+        self._group: list[pa.Table] = []
+        self._group_bytes = 0  # a running total: re-summing the group per block was quadratic
+        self.ids: list[str] = []  # the file's name hashes them (the same rows, the same name)
+        self.staged_bytes = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.ids.extend(table.column("request_id").to_pylist())
+        self._group.append(table)
+        self._group_bytes += table.nbytes
+        if self._group_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._group:  # one row group per ~ROW_GROUP_BYTES, not one per staged block
+            self._writer.write_table(pa.concat_tables(self._group))
+        self._group, self._group_bytes = [], 0
+
+    def publish(self, fs, part: str, run_id: str) -> int:
+        """Close the file and publish it atomically as ``part-{run_id}-{digest}.parquet``."""
+        try:
+            self._flush()
+            self._writer.close()
+            name = f"part-{run_id}-{block_digest(self.ids)}.parquet"
+            put_file_atomic(self._local, _uri(fs, f"{part}/{name}"))
+            return len(self.ids)
+        finally:
+            self._tmpdir.cleanup()
 
 
 def _uri(fs, path: str) -> str:

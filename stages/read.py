@@ -16,7 +16,9 @@ Contract:
   over ``input.max_doc_bytes``) still yields a Document with ``error`` set, naming
   file, line/row and field or limit, and ``error_kind`` ``input`` (final). A file
   that cannot be opened or breaks off mid-read yields an error Document of kind
-  ``retryable`` (storage: a rerun may succeed).
+  ``retryable`` (storage: a rerun may succeed); one that vanished since the listing says
+  so and names the file. Object-store calls retry throttling, 5xx and connection resets
+  first (stages/storage.py).
 - ``DOCUMENT_SCHEMA`` is the Arrow schema of documents between the read stage and
   request expansion (``document_table`` builds it).
 - ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
@@ -42,6 +44,9 @@ import pyarrow.parquet as pq
 
 from schemas.output import INPUT, RETRYABLE
 from schemas.spec import FORMAT_SUFFIXES, InputSpec, JobSpec
+from stages.storage import configure_object_stores
+
+configure_object_stores()  # throttling, 5xx and resets retried with bounded backoff
 
 TEXT_SUFFIXES = FORMAT_SUFFIXES["text"]
 _BLOCK = 1 << 20  # JSONL read size: one block in memory besides the current line
@@ -143,6 +148,11 @@ def iter_shard(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
         for doc in reader[inp.format](path, inp, root_uri):
             where = doc.source_uri if doc.doc_id == path else f"{path} after {doc.doc_id!r}"
             yield doc
+    except FileNotFoundError:  # listed, then deleted or moved before it was read
+        # Retryable: the next run lists the input again; without the file there, this
+        # row is no longer a request and the commit drops it (pipeline/runner.py, stale).
+        yield _bad(path, path, f"read: {where} vanished after the input was listed (deleted or "
+                   "moved meanwhile); a rerun lists the input again", RETRYABLE)
     except Exception as e:  # storage failure: one retryable error document, the job goes on
         yield _bad(path, path, f"read: cannot read {where}: {type(e).__name__}: {e}", RETRYABLE)
 

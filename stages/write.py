@@ -32,6 +32,9 @@ import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, rows_to_table
 from stages.rows import batch_to_rows
+from stages.storage import configure_object_stores
+
+configure_object_stores()  # throttling, 5xx and resets retried with bounded backoff
 
 TEXT_COLUMNS = ("output_text", "prompt", "reference", "source_uri", "model")
 STAGED_SUFFIX = ".staged"

@@ -219,6 +219,10 @@ def submit(
         if run_id is not None:
             check_run_id(run_id)
         job = load_spec(spec, overrides)
+        from pipeline.plan import spec_problems  # a budget that can never fit fails here too
+
+        if problems := spec_problems(job):
+            raise ValueError("; ".join(problems))
         sid = submission_id_for(job.name, run_date, suffix)
         env_vars = _env_vars(list(env or []))
         if max_failed_fraction is not None and not 0.0 <= max_failed_fraction <= 1.0:

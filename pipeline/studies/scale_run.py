@@ -23,11 +23,20 @@ then runs the real CLI, ``longdoc run SPEC --date D --runner ray``, as a subproc
    in the meantime: ``straggler_rows``), and each of those rows still carrying the killed
    run's ``run_id`` (``redone`` counts the ones that do not: must be 0).
 
+**Several sizes** (``--docs 10000,30000,100000``): run 1 at each size in turn, one corpus
+on disk at a time, and a side-by-side table (``scale_sizes.json``/``.md``): driver peak
+RSS, time to the first staged block, rows/s, each with its ratio to the smallest size,
+and the flatness targets (``RSS_TARGET``, ``FIRST_BLOCK_TARGET``) checked on the largest.
+Per-row generation can be made as cheap as the study needs (``--words``,
+``--max-new-tokens``, ``--target-tokens``): it measures the pipeline around the engine.
+
 Prints a Markdown table and writes ``scale_run.json`` and ``scale_run.md`` (figures,
 commands, date, commit, machine) under ``--out``; the work files (corpus, spec, outputs,
 logs) go under ``--out``/work unless ``--work`` says elsewhere. Linux only (``/proc``).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.scale_run --docs 10000 --out jobs/results/scale
+    OMP_NUM_THREADS=1 .venv/bin/python -m pipeline.studies.scale_run --docs 10000,30000,100000 \
+        --words 20 --max-new-tokens 1 --target-tokens 16 --batch-size 64 --poll-s 1 --out jobs/results/scale
 """
 
 from __future__ import annotations
@@ -495,9 +504,101 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The flatness targets of the sizes table: the largest corpus against the smallest.
+RSS_TARGET = 1.3  # driver peak RSS at most this many times the smallest corpus's
+FIRST_BLOCK_TARGET = 1.5  # first staged block at most this many times later
+
+
+def sizes_markdown(res: dict[str, Any]) -> str:
+    """The side-by-side table of ``--docs A,B,C`` (run 1 of each size), ratios to the smallest."""
+    m, runs = res["machine"], res["sizes"]
+    base = runs[0]["full_run"]
+    lines = [
+        f"# `longdoc run` at {', '.join(str(r['docs']) for r in runs)} documents: flat in the corpus size?",
+        "",
+        f"{res['measured_at']}, commit {res['commit']}, {m['cpu']} ({m['usable_cpus']} usable of {m['cpus']} "
+        f"CPUs, {m['mem_gb']} GB, OMP_NUM_THREADS={m['omp_num_threads']}, shared with other work), "
+        f"Python {m['python']}. random:tiny, ~{res['words_per_doc']} words a document, "
+        f"max_new_tokens {res['max_new_tokens']} (generation kept cheap: the study measures the "
+        f"pipeline around the engine), batch_size {res['batch_size'] or 'default'}, "
+        f"{res['docs_per_file']} documents per JSONL file, {res['actors']} actor(s), runner ray. "
+        + res.get("note", "The sizes ran one after the other in one invocation."),
+        "",
+        *(f"    {c}" for c in res["command"].split("\n")),
+        "",
+        "| documents | " + " | ".join(str(r["docs"]) for r in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+
+    def row(label: str, key: str, digits: int = 1, ratio: bool = False) -> str:
+        cells = []
+        for r in runs:
+            v = r["full_run"][key]
+            cell = _f(v, digits)
+            if ratio and r is not runs[0] and v is not None and base[key]:
+                cell += f" ({v / base[key]:.2f}x)"
+            cells.append(cell)
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    lines += [
+        row("rows", "rows", 0),
+        row("driver peak RSS (MB, VmHWM)", "driver_peak_rss_mb", ratio=True),
+        row("first block staged after (s)", "first_block_s", ratio=True),
+        row("rows/s (whole command)", "rows_per_s", 2, ratio=True),
+        row("steady rows/s (first to last staged block)", "steady_rows_per_s", 2, ratio=True),
+        row("wall time of `longdoc run` (s)", "wall_s"),
+        row("process tree peak RSS (MB, sampled sum)", "tree_peak_rss_mb", ratio=True),
+        row("staged blocks", "staged_blocks", 0),
+        row("errors", "errors", 0),
+    ]
+    top = runs[-1]["full_run"]
+    rss = top["driver_peak_rss_mb"] / base["driver_peak_rss_mb"]
+    first = (top["first_block_s"] or 0) / base["first_block_s"] if base["first_block_s"] else None
+    lines += [
+        "",
+        f"Targets ({runs[-1]['docs']} against {runs[0]['docs']} documents): driver peak RSS "
+        f"{rss:.2f}x (target <= {RSS_TARGET}x: {'PASS' if rss <= RSS_TARGET else 'FAIL'}); first "
+        f"staged block {_f(first, 2)}x (target <= {FIRST_BLOCK_TARGET}x: "
+        f"{'PASS' if first is not None and first <= FIRST_BLOCK_TARGET else 'FAIL'}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def sizes_main(sizes: list[int], args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """Run 1 at each corpus size in turn (one corpus at a time on disk) and write the
+    side-by-side table (``scale_sizes.json``/``.md`` under ``--out``)."""
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out / "work"
+    res: dict[str, Any] = {
+        "words_per_doc": args.words, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+        "docs_per_file": args.docs_per_file, "actors": args.actors, "date": args.date,
+        "command": " ".join([Path(sys.executable).name, "-m", "pipeline.studies.scale_run",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(), "machine": machine(), "sizes": [],
+    }
+    for n in sizes:
+        args.docs = n
+        size_work = work / f"docs-{n}"
+        shutil.rmtree(work, ignore_errors=True)  # one corpus and its outputs on disk at a time
+        corpus = size_work / "corpus"
+        write_corpus(corpus, n, args.words, args.docs_per_file)
+        spec = size_work / "scale.yaml"
+        spec.write_text(yaml.safe_dump(spec_dict(corpus, args), sort_keys=False))
+        res["sizes"].append({"docs": n, "full_run": full_run(spec, size_work, args)})
+        print(f"{n} documents: {json.dumps(res['sizes'][-1]['full_run'])}", flush=True)
+        (out / "scale_sizes.json").write_text(json.dumps(res, indent=2) + "\n")  # each size as it lands
+    shutil.rmtree(work, ignore_errors=True)
+    text = sizes_markdown(res)
+    print(text)
+    (out / "scale_sizes.md").write_text(text)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=int, default=10000, help="documents (one request each)")
+    ap.add_argument("--docs", default="10000", help="documents (one request each); several sizes "
+                    "A,B,C: run 1 at each, side by side (scale_sizes.md)")
     ap.add_argument("--out", required=True, help="folder for scale_run.json and scale_run.md")
     ap.add_argument("--work", default=None, help="corpus, spec, outputs and logs (default: OUT/work)")
     ap.add_argument("--date", default=DATE, help="the run date of both runs")
@@ -512,6 +613,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--runs", default="full,kill", help="which runs: full (run 1), kill (run 2), or both")
     ap.add_argument("--poll-s", type=float, default=0.2, help="seconds between polls of /proc and the staged files")
     args = ap.parse_args(argv)
+    try:
+        sizes = [int(n) for n in str(args.docs).split(",")]
+    except ValueError:
+        ap.error(f"--docs {args.docs!r}: a number of documents, or several: 10000,30000,100000")
+    if len(sizes) > 1:
+        if min(sizes) < 2 or sizes != sorted(sizes):
+            ap.error("--docs A,B,C: increasing sizes of at least 2")
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return sizes_main(sizes, args, argv)
+    args.docs = sizes[0]
     runs = set(args.runs.split(","))
     if args.docs < 2 or not 0.0 < args.kill_at < 1.0 or not runs or runs - {"full", "kill"}:
         ap.error("--docs must be >= 2, --kill-at in (0, 1), --runs one or both of full,kill")

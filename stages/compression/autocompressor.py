@@ -27,6 +27,7 @@ __all__ = ["AutoCompressorCompression", "AutoCompressorMethod"]
 if TYPE_CHECKING:
     import torch
 
+    from stages.context_budget import Budget
     from stages.prompting import PromptParts
 
 
@@ -61,6 +62,11 @@ class AutoCompressorMethod(CompressionMethod):
         lm, tok, ac = load_autocompressor(self.checkpoint(job), job.generation.dtype, device)
         pad = tok.pad_token_id
         return Loaded(lm, tok, lambda parts: autocompressor_prefill(ac, parts, config, pad))
+
+    def budgets(self, job: JobSpec) -> tuple[Budget, ...]:
+        """None of its settings sits in the context whole: target_tokens caps what is read,
+        and the read is compressed into summaries segment by segment."""
+        return ()
 
     def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
         """An upper bound before the checkpoint is read: the prompt with the document part it

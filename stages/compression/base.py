@@ -36,6 +36,7 @@ from schemas.spec import JobSpec
 if TYPE_CHECKING:
     import torch
 
+    from stages.context_budget import Budget
     from stages.decoding.state import CompressedPrefill
     from stages.prompting import PromptParts
 
@@ -126,6 +127,17 @@ class CompressionMethod(ABC):
     def tokenizer_source(self, job: JobSpec) -> str:
         """Name or path of the generating model's tokenizer (documents are counted in it)."""
         return job.generation.model
+
+    def budgets(self, job: JobSpec) -> tuple[Budget, ...]:
+        """What of the settings the model's context holds at once (stages/context_budget.py
+        refuses, before any model loads, a budget that can never fit). Default: a
+        ``target_tokens`` budget is the kept context, held with the prompt's frame and
+        ``generation.max_new_tokens``; a method reading documents of any length declares
+        what its reading holds as well (finch)."""
+        from stages.context_budget import Budget
+
+        target = getattr(self.config(job), "target_tokens", None)
+        return (Budget("compression.target_tokens", int(target)),) if target else ()
 
     # ------------------------------------------------------------------ runs_at == "tokenize"
     def compress_ids(self, config: Any, doc_ids: list[int]) -> list[int]:

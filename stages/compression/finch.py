@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     import torch
 
+    from stages.context_budget import Budget
     from stages.decoding.state import CompressedPrefill
     from stages.prompting import PromptParts
 
@@ -72,6 +73,18 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
         chunk (question-independent) with share_reading on."""
         config = self.config(job)
         return config.reading == "chunk" and config.share_reading
+
+    def budgets(self, job: JobSpec) -> tuple[Budget, ...]:
+        """Reading holds the kept tokens and the next chunk with the prompt (stages.finch
+        ``check_inputs``); decoding holds the kept tokens with the prompt and the answer."""
+        from stages.context_budget import Budget
+
+        config = self.config(job)
+        return (
+            Budget("compression.target_tokens", config.target_tokens),
+            Budget("compression.target_tokens", config.target_tokens, alongside=config.chunk_tokens,
+                   generation=False, why="compression.chunk_tokens (the chunk read next to the kept tokens)"),
+        )
 
     def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
         """The prompt around the document plus at most ``target_tokens`` of it (the cap)."""

@@ -56,6 +56,13 @@ def _merge(base: dict, patch: dict) -> dict:
 
 # (id, patch over the base spec, substrings the message must hold, pure: no machine checks)
 SPEC_CASES = [
+    # Budgets that can never fit the generating model's context (stages/context_budget.py).
+    ("budget-truncate", {"compression": {"method": "truncate", "target_tokens": 1000000}},
+     ["compression.target_tokens", "got 1000000", "(8192 positions)", "allowed: at most"], True),
+    ("budget-finch-chunk", {"compression": {"method": "finch", "target_tokens": 7900}},
+     ["compression.target_tokens", "got 7900", "compression.chunk_tokens", "allowed: at most"], True),
+    ("budget-max-new", {"generation": {"max_new_tokens": 8192}},
+     ["generation.max_new_tokens", "got 8192", "allowed: at most"], True),
     ("scheme-hdfs", {"input": {"uri": "hdfs://nn/corpus"}}, ["input.uri", "'hdfs://'", "s3://", "plain path"], True),
     ("scheme-http", {"input": {"uri": "http://host/c"}}, ["input.uri", "'http://'", "memory://"], True),
     ("scheme-out-ftp", {"output": {"uri": "ftp://h/o"}}, ["output.uri", "'ftp://'", "gs://"], True),

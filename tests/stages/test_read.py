@@ -175,7 +175,8 @@ def test_broken_files_error_kinds(tmp_path):
     assert "not a readable Parquet file" in doc.error and doc.error_kind == "input"
     # A file gone between listing and reading: storage, a rerun may succeed.
     (gone,) = list(iter_shard(str(tmp_path / "gone.txt"), InputSpec(uri=str(tmp_path)), str(tmp_path)))
-    assert "cannot read" in gone.error and gone.error_kind == "retryable"
+    assert gone.doc_id == str(tmp_path / "gone.txt") and gone.error_kind == "retryable"
+    assert f"{tmp_path / 'gone.txt'} vanished after the input was listed" in gone.error
 
 
 def test_error_kind_reaches_the_request_rows_and_token_limit(tmp_path):

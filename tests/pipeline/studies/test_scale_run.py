@@ -73,3 +73,29 @@ def test_a_driver_killed_at_half_then_rerun_redoes_nothing(tmp_path):
     assert by_run == {kill["killed_run_ids"][0]: kill["killed_run_rows_final"],
                       kill["rerun_run_id"]: N_DOCS - kill["killed_run_rows_final"]}
     assert "**redone** (must be 0) | 0 |" in (tmp_path / "scale_run.md").read_text()
+
+
+def test_the_sizes_table_puts_the_sizes_side_by_side_with_the_targets():
+    from pipeline.studies.scale_run import sizes_markdown
+
+    def run(rss: float, first: float, rows: int) -> dict:
+        return {"rows": rows, "errors": 0, "driver_peak_rss_mb": rss, "first_block_s": first,
+                "rows_per_s": rows / 100, "steady_rows_per_s": rows / 90, "wall_s": 100.0,
+                "tree_peak_rss_mb": 3 * rss, "staged_blocks": rows // 64}
+
+    res = {"machine": {"cpu": "AMD EPYC", "usable_cpus": 2, "cpus": 2, "mem_gb": 23.5, "omp_num_threads": "1",
+                       "python": "3.11"}, "measured_at": "t", "commit": "c", "words_per_doc": 20,
+           "max_new_tokens": 1, "batch_size": 64, "docs_per_file": 1000, "actors": 1, "command": "cmd",
+           "sizes": [{"docs": 10, "full_run": run(400.0, 60.0, 10)}, {"docs": 100, "full_run": run(500.0, 95.0, 100)}]}
+    text = sizes_markdown(res)
+    assert "| documents | 10 | 100 |" in text
+    assert "| driver peak RSS (MB, VmHWM) | 400.0 | 500.0 (1.25x) |" in text
+    assert "driver peak RSS 1.25x (target <= 1.3x: PASS); first staged block 1.58x (target <= 1.5x: FAIL)" in text
+
+
+@pytest.mark.slow  # two whole longdoc runs
+def test_several_sizes_run_side_by_side(tmp_path):
+    res = main(["--docs", "20,40", "--docs-per-file", "10", "--batch-size", "4", "--out", str(tmp_path)])
+    assert [s["docs"] for s in res["sizes"]] == [20, 40]
+    assert [s["full_run"]["rows"] for s in res["sizes"]] == [20, 40]
+    assert "| documents | 20 | 40 |" in (tmp_path / "scale_sizes.md").read_text()

@@ -1,0 +1,232 @@
+"""Budgets that can never fit the generating model's context, found before any model loads.
+
+Contract:
+- ``model_context(name)``: the generating model's context length (positions) read from
+  configuration only, never weights: ``random:<shape>`` from its shape, the embedded
+  default from its known config (``EMBEDDED_CONTEXT``), a local directory from its
+  ``config.json``, a Hugging Face id from the ``config.json`` in the local HF cache;
+  None when nothing local says (an id never downloaded): the check is then skipped and
+  the generate stage's per-row precheck stays the guard.
+- A compression method declares what it holds in the context at once
+  (``CompressionMethod.budgets``: ``Budget`` items, e.g. ``compression.target_tokens``
+  next to the prompt's frame and ``generation.max_new_tokens``); methods that read
+  documents of any length (``reads_any_length``) declare theirs too.
+- ``budget_problems(spec)``: one ``field: message`` line per budget that cannot fit
+  with the prompt's own tokens (chat template, instruction, the longest of
+  ``task.questions``), naming the field and the largest value that fits. Questions of
+  ``input.question_field`` are unknown here, so the frame is a lower bound: a refusal
+  is a budget no request can ever fit, never a guess.
+- Cost: no tokenizer is loaded when the budget clears the context by more than the
+  frame could take (``FRAME_SLACK`` tokens plus one per byte of instruction and
+  question: a byte-level tokenizer never makes more tokens than bytes); only a budget
+  near the edge loads the tokenizer to count the frame exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.spec import EMBEDDED_MODEL, JobSpec
+
+#: SmolLM2-135M-Instruct's ``max_position_embeddings`` (the embedded default; its config
+#: is only on disk after the GGUF's first conversion, so it is written here and a test
+#: checks it against the converted config).
+EMBEDDED_CONTEXT = 8192
+#: Tokens a chat template may add around the instruction and question (system turn,
+#: role headers, the "Document:" label), beyond one token per byte of those texts. A
+#: budget clearing the context by more than this skips the tokenizer; a closer one
+#: counts the frame exactly.
+FRAME_SLACK = 256
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One setting that occupies context positions at the same time as other things.
+
+    ``field``: its spec path (``compression.target_tokens``); ``value``: its tokens;
+    ``alongside``: tokens of other settings held at the same moment (finch's
+    ``chunk_tokens`` while it reads); ``frame``: whether the prompt's frame (template,
+    instruction, question) is held too; ``generation``: whether
+    ``generation.max_new_tokens`` is held too (the context the answer is decoded from).
+    """
+
+    field: str
+    value: int
+    alongside: int = 0
+    frame: bool = True
+    generation: bool = True
+    why: str = ""
+
+    def largest(self, context: int, frame_tokens: int, max_new_tokens: int) -> int:
+        """The largest value of the field that fits ``context`` with what it is held beside."""
+        return (context - self.alongside - (frame_tokens if self.frame else 0)
+                - (max_new_tokens if self.generation else 0))
+
+
+def model_context(name: str) -> int | None:
+    """The context length of generation model ``name`` from configuration alone (see module doc)."""
+    if name == EMBEDDED_MODEL:
+        return EMBEDDED_CONTEXT
+    if name.startswith("random:"):
+        from stages.random_models import SHAPES, shape_of
+
+        return shape_of(name).max_position_embeddings if name[len("random:"):] in SHAPES else None
+    path = Path(name.removeprefix("file://")).expanduser()
+    config = path / "config.json" if path.is_dir() else None
+    if config is None and "/" in name and not name.startswith((".", "/", "~")):
+        config = _cached_hub_config(name)
+    if config is None or not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    data = data.get("text_config") or data  # multimodal configs keep the LM's under text_config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(data.get(key), int) and data[key] > 0:
+            return int(data[key])
+    return None
+
+
+def _cached_hub_config(repo: str) -> Path | None:
+    return _cached_hub_file(repo, "config.json")
+
+
+def _cached_hub_file(repo: str, filename: str) -> Path | None:
+    """File ``filename`` of Hugging Face id ``repo`` if the local HF cache holds it (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo, filename)
+    except Exception:  # a malformed id: the loader reports it where it loads
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _frame_texts(spec: JobSpec) -> tuple[str, str | None]:
+    """The instruction and the longest question every request of the spec may carry."""
+    questions = sorted(spec.task.questions, key=lambda q: len(q.encode()))
+    return spec.task.resolved_instruction, (questions[-1] if questions else None)
+
+
+def _frame_upper_bound(spec: JobSpec) -> int:
+    instruction, question = _frame_texts(spec)
+    return FRAME_SLACK + len(instruction.encode()) + len((question or "").encode())
+
+
+def _frame_exact(spec: JobSpec, tokenizer_source: str) -> int:
+    """The prompt's frame in the generating model's tokens (the tokenizer, never the model).
+
+    From the tokenizer's local files with the ``tokenizers`` library and the chat
+    template rendered by jinja2 as transformers renders it (well under a second), else
+    through transformers (seconds: its import and the tokenizer's load). A test checks
+    both agree with ``stages.prompting.PromptBuilder`` on the embedded tokenizer.
+    """
+    instruction, question = _frame_texts(spec)
+    files = _tokenizer_files(tokenizer_source)
+    if files is not None:
+        try:
+            return frame_tokens_from_files(files, instruction, question)
+        except Exception:  # an unusual template or file: the slow path below is exact
+            pass
+    from stages.model_loading import load_tokenizer
+    from stages.prompting import PromptBuilder
+
+    return PromptBuilder(load_tokenizer(tokenizer_source)).overhead_tokens(instruction, question)
+
+
+def _tokenizer_files(name: str) -> Path | None:
+    """A local folder holding ``tokenizer.json`` for model ``name``, without converting or
+    downloading anything; None when there is none."""
+    if name == EMBEDDED_MODEL or name.startswith("random:"):
+        # stages.model_loading.cache_dir()/models/EMBEDDED_DIR_NAME, spelled here because
+        # that module imports torch (seconds) and a refusal must be quick.
+        root = Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
+        folder = root / "models" / "smollm2-135m-instruct"
+    else:
+        folder = Path(name.removeprefix("file://")).expanduser()
+        if not folder.is_dir():
+            cached = _cached_hub_file(name, "tokenizer.json")
+            folder = cached.parent if cached is not None else folder
+    return folder if (folder / "tokenizer.json").is_file() else None
+
+
+def frame_tokens_from_files(folder: Path, instruction: str, question: str | None) -> int:
+    """Tokens of the prompt around the document (stages.prompting's prefix + query) counted
+    with ``tokenizers`` over ``folder``'s tokenizer.json and its chat template."""
+    import jinja2.sandbox
+    from tokenizers import Tokenizer
+
+    from stages.prompting import _PLACEHOLDER, user_message
+
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    template = config.get("chat_template")
+    if (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()
+    content = user_message(instruction, question)
+    if template:
+        if not isinstance(template, str):
+            raise ValueError("a list of named chat templates")  # the slow path knows which one
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        text = env.from_string(template).render(
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True, **specials)
+    else:
+        text = f"{content}\n\nAnswer:"
+    before, sep, after = text.partition(_PLACEHOLDER)
+    if not sep:
+        raise ValueError("the chat template dropped the document")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    prefix = tok.encode(before, add_special_tokens=False).ids
+    bos = tok.token_to_id(config["bos_token"]) if isinstance(config.get("bos_token"), str) else None
+    if bos is not None and config.get("add_bos_token", False) and (not prefix or prefix[0] != bos):
+        prefix = [bos, *prefix]
+    return len(prefix) + len(tok.encode(after, add_special_tokens=False).ids)
+
+
+def _need(b: Budget, frame_tokens: int, max_new_tokens: int) -> int:
+    return (b.value + b.alongside + (frame_tokens if b.frame else 0)
+            + (max_new_tokens if b.generation else 0))
+
+
+def budget_problems(spec: JobSpec) -> list[str]:
+    """``field: message`` per budget of ``spec`` that can never fit the model's context."""
+    from stages.compression import method_for
+
+    context = model_context(spec.generation.model)
+    if context is None:
+        return []
+    method = method_for(spec.compression)
+    max_new = spec.generation.max_new_tokens
+    # max_new_tokens is a budget of every method: the answer with at least one context token.
+    budgets = [*method.budgets(spec),
+               Budget("generation.max_new_tokens", max_new, alongside=1, generation=False,
+                      why="the document (at least one)")]
+    near = [b for b in budgets if _need(b, _frame_upper_bound(spec), max_new) > context]
+    if not near:
+        return []
+    frame = _frame_exact(spec, method.tokenizer_source(spec))
+    problems = []
+    for b in near:
+        if _need(b, frame, max_new) <= context:
+            continue
+        largest = b.largest(context, frame, max_new)
+        held = [f"the prompt's own {frame} tokens"] if b.frame else []
+        if b.alongside:
+            held.append(f"{b.alongside} token(s) of {b.why}")
+        if b.generation:
+            held.append(f"generation.max_new_tokens {max_new}")
+        fix = (f"allowed: at most {largest}, the largest that fits" if largest >= 1 else
+               "no value fits; lower generation.max_new_tokens" if b.generation else
+               "no value fits; lower what it is held with")
+        problems.append(
+            f"{b.field}: got {b.value}, which cannot fit the context of {spec.generation.model} "
+            f"({context} positions) together with {' + '.join(held) or 'nothing else'}; {fix}"
+        )
+    return problems
