@@ -11,17 +11,18 @@ fp32 on CPU, greedy, requests streamed through two KV slots, a drafter per metho
   the row's ``context_ids`` (the document for none). Token for token: the row's
   ``output_tokens`` and ``output_text`` equal generate's count and decoded text, and
   its ``prompt_tokens`` the prompt's length.
-- finch (mode early_exit, the default): the cache Finch hands the engine is a plain
-  prefill of ``prefix ; kept document tokens ; query``; the finch code does not expose
-  those ids, so they are read back from the cache itself (layer 0's values carry no
-  position: each slot's value vector is ``v_proj(input_layernorm(embedding(id)))`` for
-  exactly one id of the vocabulary). ``generate`` on those ids is then the oracle for
-  Finch's prompt, its early-exit prefill and the engine's decode on it.
-- autocompressor (summary vectors, and kv: kept keys/values at their original
-  positions): no token ids exist for what the model reads. The oracle is transformers'
-  forward continuing the method's own prefill cache greedily (hf_oracle.hf_continue),
-  so it covers the engine's loading of that cache into its slots and every decode step,
-  not the compression (the method's own output, the same on both sides).
+- select (early exit): the cache it hands the engine is a plain prefill of
+  ``prefix ; kept document tokens ; query``; the code does not expose those ids, so they
+  are read back from the cache itself (layer 0's values carry no position: each slot's
+  value vector is ``v_proj(input_layernorm(embedding(id)))`` for exactly one id of the
+  vocabulary). ``generate`` on those ids is then the oracle for select's prompt, its
+  early-exit prefill and the engine's decode on it.
+- finch (the paper's frame: kept keys/values, read chunk by chunk) and autocompressor
+  (summary vectors, and kv: kept keys/values at their original positions): no plain
+  prompt gives that cache. The oracle is transformers' forward continuing the method's
+  own prefill cache greedily (hf_oracle.hf_continue), so it covers the engine's loading of
+  that cache into its slots and every decode step, not the compression (the method's own
+  output, the same on both sides).
 A method the registry adds later fails here until its oracle is chosen (``oracle_kind``).
 EOS: the tokenizer's and the model's generation_config ids (transformers' own handling).
 """
@@ -52,9 +53,9 @@ def oracle_kind(case: str) -> str:
     method = registry()[method_of(case)]
     if type(method).load is CompressionMethod.load:  # the whole prompt, prefilled as it is
         return "context_ids"
-    if method.name == "finch":
+    if method.name == "select":
         return "cache_ids"
-    if method.name == "autocompressor":
+    if method.name in ("finch", "autocompressor"):
         return "continue_cache"
     raise AssertionError(f"compression method {method.name!r} has no oracle yet: add it to oracle_kind")
 

@@ -23,6 +23,16 @@ def _job(model_dir, kind: str, **compression):
                            "compression": {"method": "finch", **compression}, "generation": {"model": str(model_dir)}})
 
 
+def test_finch_defaults_are_the_paper_and_select_names_the_selection():
+    """Names are claims: finch's defaults are the paper's frame; select is the selection."""
+    f = FinchCompression()
+    assert (f.mode, f.scoring, f.reading) == ("kv", "paper", "kept")
+    s = SelectCompression()
+    assert (s.mode, s.scoring, s.reading, s.scorer) == ("early_exit", "heads", "chunk", None)
+    with pytest.raises(ValueError, match="select reads through the selecting heads.*use method finch"):
+        SelectCompression(mode="kv")
+
+
 @pytest.mark.parametrize(
     ("settings", "kind", "want"),
     [
@@ -35,16 +45,6 @@ def _job(model_dir, kind: str, **compression):
          ("sentences", "document", 0.2, "heads")),
     ],
 )
-def test_finch_defaults_are_the_paper_and_select_names_the_selection():
-    """Names are claims: finch's defaults are the paper's frame; select is the selection."""
-    f = FinchCompression()
-    assert (f.mode, f.scoring, f.reading) == ("kv", "paper", "kept")
-    s = SelectCompression()
-    assert (s.mode, s.scoring, s.reading, s.scorer) == ("early_exit", "heads", "chunk", None)
-    with pytest.raises(ValueError, match="select reads through the selecting heads.*use method finch"):
-        SelectCompression(mode="kv")
-
-
 def test_auto_settings_resolve_per_task(settings, kind, want):
     settings = dict(settings)
     model = SelectCompression if settings.pop("method", "finch") == "select" else FinchCompression
