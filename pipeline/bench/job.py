@@ -634,10 +634,13 @@ def agreement(p: Prepared, variant: str, rows: list[dict], peer_rows: list[dict]
 def side_agreement(first: list[dict], other: list[dict]) -> dict:
     """Rows of another longdoc side with the first side's output text (same request ids):
     variants that must not change answers (a scheduling switch) are checked here."""
-    theirs = {r["request_id"]: r for r in first}
-    pairs = [(r, theirs[r["request_id"]]) for r in other if r["error"] is None and r["request_id"] in theirs]
+    def key(r: dict) -> tuple:  # request ids differ when the settings do: match the request itself
+        return (r["doc_id"], r.get("question"), r.get("prompt"))
+
+    theirs = {key(r): r for r in first}
+    pairs = [(r, theirs[key(r)]) for r in other if r["error"] is None and key(r) in theirs]
     return {"compared": len(pairs), "text_equal": sum(a["output_text"] == b["output_text"] for a, b in pairs),
-            "differs": [a["request_id"] for a, b in pairs if a["output_text"] != b["output_text"]][:20]}
+            "differs": [a["doc_id"] for a, b in pairs if a["output_text"] != b["output_text"]][:20]}
 
 
 def _cut_short(ours: dict, peer: dict) -> bool:
