@@ -127,9 +127,10 @@ def bench_compress(
     import torch
 
     from schemas.spec import DEFAULT_QA_INSTRUCTION, DEFAULT_SUMMARY_INSTRUCTION
-    from stages.compression.finch import FinchCompression, prompt_similarity
+    from stages.compression.finch import prompt_similarity
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
+    from stages.finch.config import SelectCompression
     from stages.finch.heads import find_heads
     from stages.finch.spans import sentence_boundaries
     from stages.model_loading import load_causal_lm, pick_device
@@ -157,7 +158,7 @@ def bench_compress(
     # Warm up kernels and allocator once so the first row is not an outlier.
     warm = builder.build(all_ids[:600], instruction, question)
     prefill_full(lm, [warm.full_ids], pad)
-    warm_cfg = FinchCompression(target_tokens=128, chunk_tokens=256).resolved(task)
+    warm_cfg = SelectCompression(target_tokens=128, chunk_tokens=256).resolved(task)
     similarity = prompt_similarity(warm_cfg, tok, device)  # None unless evidence fused (qa)
     selecting = find_heads(lm) if heads == "calibrated" else None  # None: every head (uncalibrated)
     finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds, similarity=similarity, heads=selecting)
@@ -176,7 +177,7 @@ def bench_compress(
         if n in sweep_at:
             configs += [(target_list[0], c, caps[0]) for c in sweep if c != chunk]
         for target, c, cap in configs:
-            cfg = FinchCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
+            cfg = SelectCompression(target_tokens=target, chunk_tokens=c, head_mode=head_mode,
                                    scoring=scoring, mode=mode, max_scoring_layers=cap).resolved(task)  # as a job runs it
             sim = similarity if cfg.evidence == "fused" else None
             m = measure(lambda p=parts, cfg=cfg, sim=sim: finch_prefill(

@@ -166,13 +166,13 @@ def run_sweep(eval_set: str, target: int, variants: list[str], out: Path, *, lim
 
     from pipeline.eval.metrics import contains
     from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-    from stages.compression.finch import FinchCompression
     from stages.compression.rag import rag_contexts
     from stages.decoding.config import DecodeConfig, eos_ids_of
     from stages.decoding.reference import decode_plain
     from stages.decoding.state import prefill_full
     from stages.embedding import load_embedder
     from stages.finch import finch_prefill
+    from stages.finch.config import SelectCompression
     from stages.finch.fusion import make_similarity
     from stages.finch.heads import HeadSet, find_heads
     from stages.finch.spans import sentence_boundaries, sentence_spans
@@ -188,7 +188,7 @@ def run_sweep(eval_set: str, target: int, variants: list[str], out: Path, *, lim
     embedder = load_embedder(EMBEDDED_EMBEDDER)
     similarity = make_similarity(CachedEmbedder(embedder), tok)  # what finch_prefill's evidence fused calls
     dcfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=eos_ids_of(tok, model.generation_config))
-    cfg = FinchCompression(target_tokens=target, keep="tokens", order="document", min_relevance=0.0)
+    cfg = SelectCompression(target_tokens=target, keep="tokens", order="document", min_relevance=0.0)
     head_key = hashlib.sha1(json.dumps([target, heads.heads if heads else None]).encode()).hexdigest()[:12]
     passes, answers = _load_json(out / "headpass.json"), _load_json(out / "answers.json")
     rows: list[dict[str, Any]] = []

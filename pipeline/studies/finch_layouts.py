@@ -47,12 +47,12 @@ from pipeline.corpus.eval_records import insert_facts
 from pipeline.corpus.qa import NEEDLES
 from pipeline.eval.metrics import contains
 from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-from stages.compression.finch import FinchCompression
 from stages.compression.rag import load_embedder, rag_contexts
 from stages.decoding.config import DecodeConfig, eos_ids_of
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
+from stages.finch.config import SelectCompression
 from stages.finch.order import kept_units, lay_out, order_by_relevance
 from stages.finch.spans import sentence_boundaries, sentence_spans, snap_to_sentences
 from stages.model_loading import load_causal_lm
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     builder, bounds = PromptBuilder(tok), sentence_boundaries(tok)
     embedder = load_embedder(args.embedder) if "rag" in names else None
     dcfg = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_ids=eos_ids_of(tok, model.generation_config))
-    cfg = FinchCompression(target_tokens=args.target, keep="tokens", order="document")
+    cfg = SelectCompression(target_tokens=args.target, keep="tokens", order="document")
     results = []
     for row in question_set(args.set, args.eval_set, args.sample_set):
         doc = builder.encode_text(row["text"])

@@ -28,13 +28,14 @@ import torch
 
 from pipeline.eval.metrics import score
 from schemas.spec import DEFAULT_QA_INSTRUCTION, EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-from stages.compression.finch import FinchCompression, prompt_similarity
+from stages.compression.finch import prompt_similarity
 from stages.compression.rag import load_embedder, rag_contexts
 from stages.compression.truncate import truncate_ids
 from stages.decoding.config import DecodeConfig, eos_ids_of
 from stages.decoding.reference import decode_plain
 from stages.decoding.state import prefill_full
 from stages.finch import finch_prefill
+from stages.finch.config import FinchCompression, SelectCompression
 from stages.finch.spans import sentence_boundaries
 from stages.model_loading import load_causal_lm
 from stages.prompting import PromptBuilder
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             doc = builder.encode_text(q["text"])
             c0 = time.process_time()
             if method in FINCH:
-                cfg = FinchCompression(target_tokens=args.target, chunk_tokens=args.chunk,
-                                       **FINCH[method]).resolved("qa")
+                model_cls = FinchCompression if FINCH[method].get("mode") == "kv" else SelectCompression
+                cfg = model_cls(target_tokens=args.target, chunk_tokens=args.chunk,
+                                **FINCH[method]).resolved("qa")
                 if cfg.evidence not in similarities:  # fused evidence: the embedder, loaded once
                     similarities[cfg.evidence] = prompt_similarity(cfg, tok, model.device)
                 state = finch_prefill(model, [builder.build(doc, DEFAULT_QA_INSTRUCTION, q["q"])], cfg, pad,

@@ -189,10 +189,7 @@ class Engine:
         self.prefill = prefill
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
         self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
-        # A method's own wish (a small scorer's launch-bound passes) counts where the backend
-        # groups method prefills at all (accelerators); on CPU a group is one request.
-        wish = group_rows if group_rows and self.backend.method_prefill_rows > 1 else None
-        self.group_rows = max(1, wish or self.backend.method_prefill_rows)
+        self.group_rows = max(1, group_rows or self.backend.method_prefill_rows)
         self.chunk_tokens = chunk_tokens or self.backend.default_chunk_tokens
         self.max_retries = max_retries
         self.cost = StepCost(self.backend.cost_prior(), shape=self.backend.cost_shape)
