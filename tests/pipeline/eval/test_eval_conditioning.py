@@ -14,7 +14,7 @@ from stages.compression.lm_scoring import ConditionsContinuations
 
 def test_only_methods_that_need_it_implement_the_eval_interface():
     own = {name for name, m in registry().items() if isinstance(m, ConditionsContinuations)}
-    assert own == {"finch"}  # its query sits in its cache
+    assert own == {"finch", "select"}  # its query sits in its cache (select: finch's reading)
     assert not hasattr(CompressionMethod, "scoring_condition")  # not part of the runtime contract
 
 

@@ -190,7 +190,7 @@ def test_run_eval_nll_writes_table_and_plot(eval_path, tmp_path, tiny_model_dir)
     assert [(s["method"], s["target_tokens"]) for s in res.summary] == [
         (NO_CONTEXT, None), ("none", None), ("truncate", 16), ("truncate", 32)]  # fmt: skip
     assert all(s["task"] == "nll" and s["failed"] == 0 for s in res.summary)
-    assert "| nll | truncate | 16 | 2 | 0 |" in render_markdown(res)
+    assert "| nll | truncate | 16 | - | 2 | 0 |" in render_markdown(res)
     d = tmp_path / "ev" / "n1"
     assert (d / "scored_nll.csv").is_file() and not (d / "scored.csv").exists()
     data = (d / "eval.png").read_bytes()
