@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.spec import EMBEDDED_MODEL, JobSpec
+from stages.compression.base import Budget  # defined beside the methods that declare budgets
 
 #: SmolLM2-135M-Instruct's ``max_position_embeddings`` (the embedded default; its config
 #: is only on disk after the GGUF's first conversion, so it is written here and a test
@@ -40,30 +40,6 @@ EMBEDDED_CONTEXT = 8192
 #: budget clearing the context by more than this skips the tokenizer; a closer one
 #: counts the frame exactly.
 FRAME_SLACK = 256
-
-
-@dataclass(frozen=True)
-class Budget:
-    """One setting that occupies context positions at the same time as other things.
-
-    ``field``: its spec path (``compression.target_tokens``); ``value``: its tokens;
-    ``alongside``: tokens of other settings held at the same moment (finch's
-    ``chunk_tokens`` while it reads); ``frame``: whether the prompt's frame (template,
-    instruction, question) is held too; ``generation``: whether
-    ``generation.max_new_tokens`` is held too (the context the answer is decoded from).
-    """
-
-    field: str
-    value: int
-    alongside: int = 0
-    frame: bool = True
-    generation: bool = True
-    why: str = ""
-
-    def largest(self, context: int, frame_tokens: int, max_new_tokens: int) -> int:
-        """The largest value of the field that fits ``context`` with what it is held beside."""
-        return (context - self.alongside - (frame_tokens if self.frame else 0)
-                - (max_new_tokens if self.generation else 0))
 
 
 def model_context(name: str) -> int | None:

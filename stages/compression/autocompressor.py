@@ -27,7 +27,7 @@ __all__ = ["AutoCompressorCompression", "AutoCompressorMethod"]
 if TYPE_CHECKING:
     import torch
 
-    from stages.context_budget import Budget
+    from stages.compression.base import Budget
     from stages.prompting import PromptParts
 
 

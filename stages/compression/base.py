@@ -36,7 +36,6 @@ from schemas.spec import JobSpec
 if TYPE_CHECKING:
     import torch
 
-    from stages.context_budget import Budget
     from stages.decoding.state import CompressedPrefill
     from stages.prompting import PromptParts
 
@@ -69,6 +68,30 @@ def positions_of(spans: list[int]) -> list[int]:
     return [p for s, e in zip(spans[::2], spans[1::2], strict=True) for p in range(s, e)]
 
 Prefill = Callable[[list["PromptParts"]], "CompressedPrefill"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One setting that occupies context positions at the same time as other things.
+
+    ``field``: its spec path (``compression.target_tokens``); ``value``: its tokens;
+    ``alongside``: tokens of other settings held at the same moment (finch's
+    ``chunk_tokens`` while it reads); ``frame``: whether the prompt's frame (template,
+    instruction, question) is held too; ``generation``: whether
+    ``generation.max_new_tokens`` is held too (the context the answer is decoded from).
+    """
+
+    field: str
+    value: int
+    alongside: int = 0
+    frame: bool = True
+    generation: bool = True
+    why: str = ""
+
+    def largest(self, context: int, frame_tokens: int, max_new_tokens: int) -> int:
+        """The largest value of the field that fits ``context`` with what it is held beside."""
+        return (context - self.alongside - (frame_tokens if self.frame else 0)
+                - (max_new_tokens if self.generation else 0))
 
 
 @dataclass(frozen=True)
@@ -134,7 +157,6 @@ class CompressionMethod(ABC):
         ``target_tokens`` budget is the kept context, held with the prompt's frame and
         ``generation.max_new_tokens``; a method reading documents of any length declares
         what its reading holds as well (finch)."""
-        from stages.context_budget import Budget
 
         target = getattr(self.config(job), "target_tokens", None)
         return (Budget("compression.target_tokens", int(target)),) if target else ()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from stages.context_budget import Budget
+    from stages.compression.base import Budget
     from stages.decoding.state import CompressedPrefill
     from stages.prompting import PromptParts
 
@@ -77,7 +77,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
     def budgets(self, job: JobSpec) -> tuple[Budget, ...]:
         """Reading holds the kept tokens and the next chunk with the prompt (stages.finch
         ``check_inputs``); decoding holds the kept tokens with the prompt and the answer."""
-        from stages.context_budget import Budget
+        from stages.compression.base import Budget
 
         config = self.config(job)
         return (

@@ -235,7 +235,8 @@ def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_it
             "compression": {"method": "finch", "target_tokens": 512}}
     fp = generation_fingerprint(spec_from_dict(base))
     before = spec_from_dict(base).compression.model_dump(mode="json")
-    del before["max_scoring_layers"]  # the settings as they were dumped before the field existed
+    for name in ("max_scoring_layers", "reading", "share_reading", "heads_from"):
+        del before[name]  # the settings as they were dumped before the fields existed
     assert json.loads(fp)["compression"] == before
-    capped = spec_from_dict({**base, "compression": {**base["compression"], "max_scoring_layers": 8}})
+    capped = spec_from_dict({**base, "compression": {**base["compression"], "scoring": "heads", "max_scoring_layers": 8}})
     assert json.loads(generation_fingerprint(capped))["compression"]["max_scoring_layers"] == 8
