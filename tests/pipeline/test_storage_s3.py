@@ -44,19 +44,19 @@ def _run_env(s3) -> dict[str, str]:
 
 def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     fs = s3.filesystem()
-    fs.mkdir("corpus")
-    fs.mkdir("results")
+    fs.mkdir("s3job-corpus")  # buckets of its own: moto keeps other tests' buckets in this process
+    fs.mkdir("s3job-results")
     for name, text in DOCS.items():
-        fs.pipe(f"corpus/docs/{DATE}/{name}", text.encode())
-    fs.pipe("corpus/docs/2026-02-28/other-day.txt", b"Not part of this run. " * 10)
+        fs.pipe(f"s3job-corpus/docs/{DATE}/{name}", text.encode())
+    fs.pipe("s3job-corpus/docs/2026-02-28/other-day.txt", b"Not part of this run. " * 10)
 
     spec = tmp_path / "s3job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "s3job",
-        "input": {"uri": "s3://corpus/docs/{run_date}/", "format": "text"},
+        "input": {"uri": "s3://s3job-corpus/docs/{run_date}/", "format": "text"},
         "generation": {"model": str(tiny_model_dir), "max_new_tokens": 4},
         "resources": {"batch_size": 3},
-        "output": {"uri": "s3://results/longdoc/{job}"},
+        "output": {"uri": "s3://s3job-results/longdoc/{job}"},
     }))
     r = subprocess.run([LONGDOC, "run", str(spec), "--date", DATE, "--run-id", "s3run", "--quiet"],
                        env=_run_env(s3), capture_output=True, text=True, timeout=600)
@@ -64,20 +64,20 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     assert s3.secret not in r.stdout + r.stderr
 
     # Parquet written back to the bucket, one row per document of that date only.
-    part = f"results/longdoc/s3job/run_date={DATE}"
+    part = f"s3job-results/longdoc/s3job/run_date={DATE}"
     files = [f for f in fs.find(part) if f.endswith(".parquet")]
     assert files and all(f.rsplit("/", 1)[1].startswith("part-s3run-") for f in files)
     table = pq.read_table(part, filesystem=fs)
     assert table.num_rows == 3 and table.column("error").null_count == 3
     assert sorted(table.column("doc_id").to_pylist()) == sorted(DOCS)
     assert len(set(table.column("request_id").to_pylist())) == 3
-    assert all(u.startswith("s3://corpus/docs/2026-03-01/") for u in table.column("source_uri").to_pylist())
-    summary = json.loads(fs.cat(f"results/longdoc/s3job/_runs/{DATE}/s3run.json"))
+    assert all(u.startswith("s3://s3job-corpus/docs/2026-03-01/") for u in table.column("source_uri").to_pylist())
+    summary = json.loads(fs.cat(f"s3job-results/longdoc/s3job/_runs/{DATE}/s3run.json"))
     assert summary["summary"]["rows"] == 3 and summary["summary"]["status"] == "succeeded"
     assert summary["summary"]["versions"]["longdoc"] and summary["summary"]["started_at"]
     # Blocks were staged, then published as one compacted object; nothing staged is left,
     # and the partition column lives in the key (run_date=...) only.
-    assert len(files) == 1 and not [f for f in fs.find("results") if "/_staging/" in f]
+    assert len(files) == 1 and not [f for f in fs.find("s3job-results") if "/_staging/" in f]
     assert "run_date" not in pq.read_schema(files[0], filesystem=fs).names
 
     # Resume on S3: a rerun of the date would skip exactly these requests.
@@ -86,11 +86,11 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         for k, v in s3.env().items():
             mp.setenv(k, v)
-        done = scan_date("s3://results/longdoc/s3job", DATE).skip("none")
+        done = scan_date("s3://s3job-results/longdoc/s3job", DATE).skip("none")
     assert done == frozenset(table.column("request_id").to_pylist())
 
     # No object in the output bucket carries the secret (rows, summary, spec copy).
-    for f in fs.find("results"):
+    for f in fs.find("s3job-results"):
         assert s3.secret.encode() not in fs.cat(f), f
 
     # DuckDB over the same objects (fsspec filesystem registered with DuckDB).
@@ -98,13 +98,13 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     con.register_filesystem(fs)
     n, ids, date = con.execute(  # hive partitioning turns run_date into a DATE
         "select count(*), count(distinct request_id), cast(min(run_date) as varchar) from "
-        "read_parquet('s3://results/longdoc/s3job/**/*.parquet', hive_partitioning=true)"
+        "read_parquet('s3://s3job-results/longdoc/s3job/**/*.parquet', hive_partitioning=true)"
     ).fetchone()
     assert (n, ids, date) == (3, 3, DATE)
 
     # `longdoc report` reads the table back from S3 and plots it.
     png = tmp_path / "report.png"
-    r = subprocess.run([LONGDOC, "report", "s3://results/longdoc/s3job", "--json", "--plot", str(png)],
+    r = subprocess.run([LONGDOC, "report", "s3://s3job-results/longdoc/s3job", "--json", "--plot", str(png)],
                        env=_run_env(s3), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = json.loads(r.stdout[: r.stdout.rindex("]") + 1])
