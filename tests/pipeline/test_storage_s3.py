@@ -81,8 +81,13 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     assert "run_date" not in pq.read_schema(files[0], filesystem=fs).names
 
     # Resume on S3: a rerun of the date would skip exactly these requests.
+    import s3fs
+
     from stages.partition import scan_date
 
+    # fsspec caches filesystems by their arguments: one made from another test's environment
+    # (another loopback server) would answer here.
+    s3fs.S3FileSystem.clear_instance_cache()
     with pytest.MonkeyPatch.context() as mp:
         for k, v in s3.env().items():
             mp.setenv(k, v)
