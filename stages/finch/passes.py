@@ -15,7 +15,7 @@ from stages.decoding.state import left_pad, positions_from_real, step_mask
 from stages.finch.compaction import gather_layer, make_plan, select_indices
 from stages.finch.strategies import PassView
 
-__all__ = ["FinchStep", "Reading", "first_layers", "next_kept", "prefill_prefix", "select_and_compact"]
+__all__ = ["FinchStep", "Reading", "first_layers", "next_kept", "prefill_prefix", "record_step", "select_and_compact"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +155,12 @@ def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: 
             doc_index[layer_idx] = _follow(doc_index[layer_idx], block_doc, idx, plan)
         layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
     return plan, kept_score
+
+
+def record_step(trace: list[FinchStep], i: int, slots: int, pass_valid: torch.Tensor,
+                new_kept: torch.Tensor, doc_index: list[torch.Tensor], kept_score: torch.Tensor,
+                early: bool) -> None:
+    """Append chunk pass ``i`` to ``trace``: ``pass_valid`` [B, S] the real slots of every row
+    during the pass (block included)."""
+    trace.append(FinchStep(i, slots, pass_valid.sum(dim=1).tolist(), new_kept.tolist(),
+                           list(doc_index), kept_score if early else None))

@@ -89,6 +89,7 @@ from stages.finch.passes import (
     first_layers,
     next_kept,
     prefill_prefix,
+    record_step,
     select_and_compact,
 )
 from stages.finch.schedule import chunk_spans, kept_after_chunks
@@ -339,9 +340,8 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
             cand_pos, inv_freq, early, doc_index, blk.doc_index, trace is not None,
         )
         if trace is not None:
-            row_slots = torch.cat([valid, blk.real], dim=1).sum(dim=1).tolist()
-            trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index),
-                                   kept_score if early else None))
+            record_step(trace, i, slots, torch.cat([valid, blk.real], dim=1), new_kept, doc_index,
+                        kept_score, early)
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
         compress_s += time.perf_counter() - ts

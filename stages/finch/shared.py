@@ -42,6 +42,7 @@ from stages.finch.passes import (
     first_layers,
     next_kept,
     prefill_prefix,
+    record_step,
     select_and_compact,
 )
 from stages.finch.schedule import chunk_spans, kept_after_chunks
@@ -172,9 +173,8 @@ def read_shared(
             early, doc_index, block_doc, trace is not None,
         )
         if trace is not None:
-            row_slots = torch.cat([past_valid, p_real], dim=1).sum(dim=1).tolist()
-            trace.append(FinchStep(i, slots, row_slots, new_kept.tolist(), list(doc_index),
-                                   kept_score if early else None))
+            record_step(trace, i, slots, torch.cat([past_valid, p_real], dim=1), new_kept, doc_index,
+                        kept_score, early)
         valid = torch.cat([valid[:, :lp], plan.slot_valid], dim=1)
         doc_pos, kept = plan.new_pos, new_kept
         compress_s += time.perf_counter() - ts
