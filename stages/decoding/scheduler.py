@@ -105,8 +105,11 @@ class Scheduler:
         head = self.queue[0]
         need = self.need(head.kv_tokens)
         if need <= capacity:
-            wanted = 1 if own_prefill or head.alone else len(self._same_document(head))
-            if busy < slots and (busy + wanted <= slots or not self._can_grow(slots, capacity)):
+            # A document's questions go in together: make room for all of them first when the
+            # budget can (the queue is scanned only for a request that has a document key).
+            if busy < slots and (own_prefill or head.alone or head.request.doc_key is None
+                                 or not self._can_grow(slots, capacity)
+                                 or busy + len(self._same_document(head)) <= slots):
                 return Admit(self._group(head, slots - busy, capacity, own_prefill))
             if self.grow_slots and self.budget.fixed_slots is None:
                 most, _ = self.budget.layout(capacity) or (0, 0)
