@@ -27,7 +27,8 @@ exactly one row in the output table (written now or by an earlier run of the dat
   the stages run stops the engine after its step in hand and keeps every staged row
   staged (nothing is published, no error rows are made): the summary says ``status:
   interrupted`` (``interrupted_by``: the signal) and the run record is written; the next
-  run of the date publishes the staged rows first and does only the rest.
+  run of the date publishes the staged rows first and does only the rest. One that lands
+  while the rows are published is recorded the same way (the publish resumes next run).
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -352,11 +353,17 @@ def run_job(
         # to read as a whole now reads, and its documents have rows of their own).
         produced = {rid for t in parts for rid in t.column("request_id").to_pylist()}
         stale = frozenset(set(before.rows) - skip - produced)
+    commit = {"staged_files": 0, "files_written": 0}
     if interrupted is None:
-        commit = commit_date(root, run_date, run_id, stale=stale)
-        clear_ledger(root, run_date)
-    else:  # staged rows stay staged: the next run of the date publishes them first
-        commit = {"staged_files": 0, "files_written": 0}
+        try:
+            commit = commit_date(root, run_date, run_id, stale=stale)
+            clear_ledger(root, run_date)
+        except KeyboardInterrupt as e:
+            # An interrupt while publishing: commit_date resumes where it stopped (rows
+            # already swapped in are recognised), so the next run finishes the publish;
+            # this run is still recorded, as interrupted.
+            interrupted = e
+    # else: staged rows stay staged; the next run of the date publishes them first
     wall = time.perf_counter() - t0
     figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
     # The date as a whole (this run plus earlier runs it resumed or healed): a rerun

@@ -24,7 +24,7 @@ import yaml
 
 LONGDOC = str(Path(sys.executable).parent / "longdoc")
 DATE = "2026-01-01"
-DOCS = 16
+DOCS = 48  # enough that a signal sent at the first staged block lands mid-run
 #: The longest a child may take to stage a block or to stop (a loaded 2-core machine).
 WAIT_S = 300
 
