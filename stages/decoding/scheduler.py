@@ -136,6 +136,16 @@ class Scheduler:
             return Wait()  # until enough rows have left for the longer slots
         return Relayout(new_slots, new_capacity)
 
+    def admits_next(self, busy: int, slots: int, capacity: int) -> bool:
+        """The head request would start as soon as it is asked: a slot is free for it (or
+        more slots fit the budget) and it fits the slots' capacity. Pure: nothing changes.
+        The engine uses it to fill free slots before a decode step (engine.py, step 2)."""
+        if not self.queue or self.queue[0].alone:
+            return False
+        if self.need(self.queue[0].kv_tokens) > capacity:
+            return False
+        return busy < slots or self._can_grow(slots, capacity)
+
     def _same_document(self, head: Waiting) -> list[Waiting]:
         """The queued requests (head included) that share the head's document key."""
         key = head.request.doc_key

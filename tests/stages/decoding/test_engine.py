@@ -259,6 +259,29 @@ def test_a_methods_prefill_with_holes_and_decode_steps_between_its_chunks(tiny_m
     assert all(o.result.compress_s == 0.01 for o in out)
 
 
+def test_a_methods_prefill_fills_free_slots_before_a_decode_step(tiny_model, prompts, plain_runs):
+    """Fill first: while waiting rows would start in free slots, no narrow decode step runs
+    between the method's chunks, so rows that fit the slots decode together (one step a
+    token) and still give the text of separate decoding."""
+    calls: list = []
+    prefill = _method_prefill(tiny_model, holes=False, calls=calls)
+    cfg = DecodeConfig(max_new_tokens=6, eos_ids=NO_EOS, adaptive=False)
+    ref = decode_plain(tiny_model, prefill([PromptParts([], p, []) for p in prompts[:4]]).state, cfg)
+    eng = Engine(tiny_model, cfg, prefill=prefill, slots=4, expected_tokens=48, group_rows=1)
+    out = eng.run(_requests(prompts[:4], prompts[:4]))
+    assert [o.result.tokens for o in out] == [r.tokens for r in ref]
+    # rows 1-3 start with no step between them; the last row's 3 chunks each give rows 1-3
+    # a step (nobody waits for a slot any more); then 5 steps for the rest (the first
+    # token comes from each prefill's logits). Without fill first: a step per chunk of
+    # rows 2-4 too.
+    assert eng.stats.steps == 3 + 5 and eng.stats.max_active == 4
+    # with a slot short, the fourth row waits: steps run between its chunks again
+    eng = Engine(tiny_model, cfg, prefill=prefill, slots=3, expected_tokens=48, group_rows=1)
+    out = eng.run(_requests(prompts[:4], prompts[:4]))
+    assert [o.result.tokens for o in out] == [r.tokens for r in ref]
+    assert eng.stats.steps > 3 + 5
+
+
 def test_activity_counts_the_rows_inside_a_methods_prefill(tiny_model, prompts):
     """A long Finch pass must not look like a hang: its rows show as compressing."""
     seen: list[str] = []
