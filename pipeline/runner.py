@@ -38,6 +38,7 @@ exactly one row in the output table (written now or by an earlier run of the dat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -186,10 +187,35 @@ def init_ray(address: str | None, spec: JobSpec) -> bool:
     """Connect to (or start) Ray; True when this call started an embedded Ray."""
     import ray
 
-    from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
-
     if ray.is_initialized():
         return False
+    with _our_signal_handlers():
+        return _start_ray(ray, address, spec)
+
+
+@contextlib.contextmanager
+def _our_signal_handlers():
+    """Keep this process's SIGINT and SIGTERM handlers across ``ray.init``.
+
+    Why: ray.init installs a SIGTERM handler of its own (``sys.exit(15)``), and Ray's core
+    native ones (absl's failure handler: a stack dump and a killed driver) over Python's.
+    Putting ours back, at the Python and the C level alike, lets an interrupt reach
+    run_job (pipeline/cli.py's RunInterrupted), so the run is recorded and exits 143.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
+    """init_ray's body: ray.init on a cluster or embedded."""
+    from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
+
     address = cluster_address(address)
     env = dict(MODEL_STACK_ENV)
     quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
@@ -392,15 +418,8 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
     from pipeline.progress import quiet_issue_detectors, ray_logs_wanted
     from pipeline.watchdog import PoolWatchdog
 
-    if init_ray(address, spec):
+    if init_ray(address, spec):  # keeps our interrupt handlers (_our_signal_handlers)
         check_fits(spec, "ray")
-    # Ray's core installs native handlers (absl's failure handler: SIGTERM dumps a stack and
-    # kills the driver) over Python's at ray.init: put Python's back, so an interrupt
-    # reaches run_job (pipeline/cli.py's RunInterrupted) and the run is recorded.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(signum)
-        if callable(handler) and threading.current_thread() is threading.main_thread():
-            signal.signal(signum, handler)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.

@@ -428,7 +428,7 @@ def _read_rows(out_root: Path, date: str) -> list[dict]:
     part = out_root / f"run_date={date}"
     if not part.is_dir():
         return []
-    cols = ["request_id", "doc_id", "output_text", "output_tokens", "prompt_tokens", "context_tokens", "e2e_s",
+    cols = ["request_id", "doc_id", "prompt", "output_text", "output_tokens", "prompt_tokens", "context_tokens", "e2e_s",
             "error", "prefill_s", "decode_s", "ttft_s", "compress_s", "draft_tokens", "accepted_tokens",
             "decode_steps"]
     return ds.dataset(str(part), format="parquet").to_table(columns=cols).to_pylist()
@@ -635,7 +635,7 @@ def side_agreement(first: list[dict], other: list[dict]) -> dict:
     """Rows of another longdoc side with the first side's output text (same request ids):
     variants that must not change answers (a scheduling switch) are checked here."""
     def key(r: dict) -> tuple:  # request ids differ when the settings do: match the request itself
-        return (r["doc_id"], r.get("question"), r.get("prompt"))
+        return (r["doc_id"], r["prompt"])  # the prompt holds the question: a document's rows apart
 
     theirs = {key(r): r for r in first}
     pairs = [(r, theirs[key(r)]) for r in other if r["error"] is None and key(r) in theirs]

@@ -97,8 +97,5 @@ def test_interrupts_on_the_local_runner_lose_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="open: on the Ray runner a SIGTERM during a rerun's start ends the "
-                   "driver with exit 15 (Ray's own handler) instead of 143 with a run record (2026-11-28); "
-                   "SIGINT and the local runner pass")
 def test_interrupts_on_the_ray_runner_lose_nothing(tmp_path):
     _interrupt_then_finish(tmp_path, "ray")

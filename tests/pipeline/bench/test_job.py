@@ -232,3 +232,32 @@ def test_agreement_counts_rows_a_stop_rule_ended_early_apart_from_different_text
     got = agreement(p, "longdoc", ours, peer)
     # b stopped earlier (fewer tokens, the start of the peer's text); c decoded differently.
     assert (got["compared"], got["text_equal"], got["text_prefix"], got["differs"]) == (3, 1, 1, ["c.txt"])
+
+
+def test_side_agreement_matches_each_question_of_a_document_by_its_prompt(tmp_path):
+    """Sides with other settings have other request ids: rows are matched by document and
+    prompt, so each of a document's questions is compared with its own answer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.bench.job import _read_rows, side_agreement
+
+    def side(name: str, texts: list[str], order: list[int]) -> list[dict]:
+        part = tmp_path / name / "run_date=2026-01-01"
+        part.mkdir(parents=True)
+        n = len(texts)
+        cols = {"request_id": [f"{name}-{i}" for i in range(n)], "doc_id": [f"d{i // 2}" for i in range(n)],
+                "prompt": [f"doc {i // 2} question {i % 2}" for i in range(n)], "output_text": texts}
+        for c in ("output_tokens", "prompt_tokens", "context_tokens", "draft_tokens", "accepted_tokens",
+                  "decode_steps"):
+            cols[c] = [1] * n
+        for c in ("e2e_s", "prefill_s", "decode_s", "ttft_s", "compress_s"):
+            cols[c] = [0.1] * n
+        cols["error"] = pa.array([None] * n, pa.string())
+        pq.write_table(pa.table(cols).take(order), part / "part-0.parquet")
+        return _read_rows(tmp_path / name, "2026-01-01")
+
+    first = side("a", ["x", "y", "z", "w"], [0, 1, 2, 3])
+    other = side("b", ["x", "y", "z", "q"], [3, 1, 0, 2])  # another order of the rows
+    agreement = side_agreement(first, other)
+    assert agreement["compared"] == 4 and agreement["text_equal"] == 3 and agreement["differs"] == ["d1"]
