@@ -51,6 +51,7 @@ its own process, when the runner is ray).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -650,6 +651,7 @@ def _cut_short(ours: dict, peer: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- the bench
+@functools.cache
 def _git() -> dict:
     def git(*args: str) -> str | None:
         try:
@@ -774,6 +776,7 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
     ok = False
     try:
         load_start = os.getloadavg()
+        _git()  # the commit measured is the one at the start (the tree may move during a long bench)
         p = prepare(s, specs, tmp)
         first_spec = specs[0]
         usd = s.usd_per_device_hour if s.usd_per_device_hour is not None else first_spec.cost.usd_per_device_hour
