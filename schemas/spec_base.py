@@ -43,7 +43,7 @@ EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
 #: Shapes a ``random:<shape>`` model name may name (random weights, no download; built
 #: by stages/random_models.py, whose SHAPES must hold exactly these).
 RANDOM_MODEL_SHAPES = ("tiny", "smollm2-135m", "llama-1b", "llama-8b")
-# Default document bounds, in one place (README "The job spec" explains them). The
+# Default document bounds, in one place (jobs/README.md, "Job specs", explains them). The
 # n-gram lookup index costs ~0.6 KB per document token (worst case, measured with
 # stages/decoding/drafting.NgramIndex at max_ngram=6) and the token ids travel
 # between actors, so 200k tokens caps one row at ~130 MB of index. 8 MiB is ~10x

@@ -27,7 +27,7 @@ TARGET = 48  # every budgeted method's target_tokens in these tests
 # code path (case name -> method). Their settings are MethodEnv.variants[case].
 VARIANTS = {"autocompressor-kv": "autocompressor"}  # the kv summary form (the shipped default)
 # Budgeted methods whose target_tokens is a cap for qa (the matrix's task), not a quota:
-# select reads whole sentences, the ones its evidence ranks high (README, compression methods).
+# select reads whole sentences, the ones its evidence ranks high (README.md, "Compression methods").
 CAPPED_FOR_QA = frozenset({"select"})
 
 

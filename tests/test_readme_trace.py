@@ -1,6 +1,6 @@
-"""README's "Trace one request" names real functions, and imports run one way.
+"""infra/README.md's "Trace one request" names real functions, and imports run one way.
 
-Every `module:qualname` in the README's architecture section must import and
+Every `module:qualname` in that section (under "Architecture") must import and
 resolve, so moving or renaming a function on the request path fails here until the
 README follows. The layer rule (pipeline -> stages -> schemas) is checked on the
 source of every module.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-SECTION = README.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+README = (ROOT / "infra" / "README.md").read_text(encoding="utf-8")
+SECTION = README.split("### Trace one request", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
 NAMES = sorted(set(re.findall(r"`((?:schemas|stages|pipeline)(?:\.\w+)*:[\w.]+)`", SECTION)))
 
 
