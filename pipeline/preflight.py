@@ -41,7 +41,8 @@ PREFLIGHT_RECORDS = 20
 CONNECT_TIMEOUT_S = 2.0
 
 _CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) where the job "
-                    "runs; on a cluster, pass --secret NAME to `longdoc submit`/`longdoc render`")
+                    "runs; on a cluster, `longdoc render --secret NAME` (Kubernetes) or `longdoc submit --env "
+                    "AWS_PROFILE` (Ray Jobs)")
 
 
 def preflight(spec: JobSpec, run_date: str | None) -> list[str]:
