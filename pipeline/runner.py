@@ -52,6 +52,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.choices import RUNNERS
 from pipeline.report.summary import package_versions, run_record_json, run_summary
 from schemas.output import (
     FILE_SCHEMA,
@@ -155,9 +156,6 @@ def check_fits(spec: JobSpec, runner: str) -> None:
 def cluster_address(address: str | None) -> str | None:
     """The Ray cluster a run joins: ``address``, else ``$RAY_ADDRESS``; None: the embedded Ray."""
     return address or os.environ.get("RAY_ADDRESS")
-
-
-RUNNERS = ("auto", "ray", "local")
 
 
 def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:

@@ -73,6 +73,7 @@ from pipeline.bench.job_report import (
     summary_lines,
     write_results,
 )
+from pipeline.choices import RUNNERS, Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().with_name("peer.py")
@@ -82,7 +83,6 @@ ENV_PREFIX = "env."
 RUNNER_KEY = "runner"  # a variant's own runner (``runner=local``), not a spec field
 #: Spec fields a variant may not change: every side reads the same documents with the same model.
 FIXED_FIELDS = ("input", "output", "generation.model")
-RUNNERS = ("auto", "ray", "local")
 SIDES = ("longdoc", "peer")
 Opt = Optional  # noqa: UP045 - typer needs Optional
 
@@ -869,7 +869,7 @@ def bench_job_command(
     doc_tokens: Annotated[Opt[int], typer.Option(help="Tokens of each synthetic document, exactly.")] = None,
     synthetic_source: Annotated[str, typer.Option(help="Text the synthetic documents are cut from.")] = "jobs/corpus",
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="Price of a device hour (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
-    runner: Annotated[str, typer.Option(help="longdoc side: ray (`longdoc run --runner ray`), local (`longdoc run --runner local`, with the engine's figures), auto (what `longdoc run` picks: local for one generate actor).")] = "auto",  # noqa: E501
+    runner: Annotated[Runner, typer.Option(help="longdoc side: ray (`longdoc run --runner ray`), local (`longdoc run --runner local`, with the engine's figures), auto (what `longdoc run` picks: local for one generate actor).")] = Runner.auto,  # noqa: E501
     sides: Annotated[str, typer.Option(help="Which sides run: longdoc,peer (with --merge, a side measured in another command joins the table).")] = "longdoc,peer",  # noqa: E501
     merge: Annotated[bool, typer.Option(help="Keep an earlier file's sides that this run does not measure (same device and settings).")] = False,  # noqa: E501
     keep_temp: Annotated[bool, typer.Option(help="Keep the temporary folder (each side's spec, output and log).")] = False,  # noqa: E501
@@ -887,7 +887,7 @@ def bench_job_command(
             spec=spec, overrides=tuple(set_ or ()), variants=variants, docs=docs, peer_batch_sizes=sizes,
             probe_docs=probe_docs, runs=runs, out=out, model=model, synthetic_docs=synthetic_docs,
             doc_tokens=doc_tokens, synthetic_source=synthetic_source, usd_per_device_hour=usd_per_device_hour,
-            runner=runner, sides=tuple(x.strip() for x in sides.split(",") if x.strip()), merge=merge,
+            runner=Runner(runner).value, sides=tuple(x.strip() for x in sides.split(",") if x.strip()), merge=merge,
             keep_temp=keep_temp, **({"date": date} if date else {}),
         )
         s.command = command_line(s)
