@@ -143,9 +143,9 @@ def check_fits(spec: JobSpec, runner: str) -> None:
                     "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)").replace(
                     "a generate actor", f"a {st.name} actor"))
         return
-    import torch
+    from stages.decoding.backends import accelerator_count
 
-    have = torch.cuda.device_count()
+    have = accelerator_count()
     for st in stages:
         if math.ceil(st.num_gpus) > have:
             raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have} (runner local, "

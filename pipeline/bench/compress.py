@@ -85,17 +85,18 @@ class Measured:
 def measure(fn, device) -> Measured:
     """Run ``fn()`` once; its wall and CPU seconds and the peak bytes of the tensors
     allocated during the call (see the module docstring)."""
-    import torch
+    from stages.decoding.backends import device_backend, synchronize
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    backend = device_backend(device)
+    base = backend.memory_allocated_bytes(device)
+    if base is not None:  # the device's allocator counts its peak (a GPU)
+        synchronize(device)
+        backend.reset_peak_memory(device)
         w0, c0 = time.perf_counter(), time.process_time()
         fn()
-        torch.cuda.synchronize()
+        synchronize(device)
         w1, c1 = time.perf_counter(), time.process_time()
-        return Measured(w1 - w0, c1 - c0, torch.cuda.max_memory_allocated() - base)
+        return Measured(w1 - w0, c1 - c0, (backend.peak_memory_bytes(device) or 0) - base)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -266,11 +266,10 @@ class Prepared:
 
 def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     """Synthetic corpus (if asked), absolute input, the peer's requests and model arguments."""
-    import torch
 
     from pipeline.bench.job_docs import spec_requests, write_requests, write_synthetic_corpus
     from schemas.loading import spec_from_dict
-    from stages.model_loading import load_tokenizer
+    from stages.model_loading import load_tokenizer, pick_device
 
     first = specs[0]
     inp = dict(first.input.model_dump(mode="json"))
@@ -293,7 +292,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
         out_specs.append(spec_from_dict(data, source=f"{s.spec} --variant {v.name}"))
         datas[v.name] = data
     gpus = max(sp.resources.num_gpus for sp in out_specs)
-    device = torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+    device = pick_device(gpus)  # the generate actor's choice (stages/model_loading.py)
     records, bad = spec_requests(out_specs[0], s.date)
     if not records:
         raise ValueError(f"{s.spec}: the input has no readable documents ({bad} failed to read)")
@@ -337,6 +336,7 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
     from transformers import AutoConfig
 
     from schemas.spec import EMBEDDED_MODEL
+    from stages.decoding.backends import device_backend
     from stages.model_loading import embedded_model_dir, resolve_dtype
 
     if name.startswith("random:"):
@@ -351,7 +351,8 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
         args = ["--random-config", str(tmp / "random-config"), "--tokenizer", str(tmp / "tokenizer"), "--seed", "0"]
     else:
         path = str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
-        cfg = AutoConfig.from_pretrained(path) if device.type == "cuda" and dtype == "auto" else None
+        by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size  # as load_causal_lm
+        cfg = AutoConfig.from_pretrained(path) if by_size else None
         torch_dtype = resolve_dtype(dtype, device, cfg)
         args = ["--model", path]
     return args, str(torch_dtype).removeprefix("torch.")
