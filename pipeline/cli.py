@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
+from pipeline.choices import RetryErrors, Runner
 from schemas.loading import SpecError, check_environment, check_run_date, check_run_id, load_spec
 
 app = typer.Typer(
@@ -158,22 +158,6 @@ def methods(
     for m in registry().values():
         table.add_row(m.name, m.summary, WHERE[m.runs_at])
     Console(soft_wrap=False).print(table)
-
-
-class Runner(str, Enum):
-    """``longdoc run --runner`` (pipeline/runner.py ``resolve_runner``)."""
-
-    auto = "auto"
-    ray = "ray"
-    local = "local"
-
-
-class RetryErrors(str, Enum):
-    """``longdoc run --retry-errors`` (schemas/output.py ``RETRY_POLICIES``)."""
-
-    all = "all"
-    retryable = "retryable"
-    none = "none"
 
 
 @app.command()

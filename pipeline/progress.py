@@ -8,14 +8,16 @@ Contract:
   stage's ledger once every file is read (``ledger_total``; stages/ledger.py).
   Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
-  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA``. The ETA comes from the
-  rate since the first rows were written, so it appears from the second count on: the
-  time before the first rows (Ray's start, model loads, the engine filling its slots) says
-  nothing about the rate, and a small job whose rows all decode together finishes them in
-  one burst (a rate from the start predicted 29 min for the last 18 s of the sample job). On a terminal it is
-  one line redrawn in place (carriage return); otherwise (cluster job logs) a plain
-  line at most every ``interval_s`` seconds, plus a final line from ``close()``.
-  Without a total it prints rows done and no ETA.
+  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA[ | activity]``. The ETA
+  comes from the rate since the first rows were written, so it appears from the second
+  count on: the time before the first rows (Ray's start, model loads, the engine filling
+  its slots) says nothing about the rate, and a small job whose rows all decode together
+  finishes them in one burst (a rate from the start predicted 29 min for the last 18 s of
+  the sample job). On a terminal, rich draws it as one live line: a bar of rows/total
+  (pulsing while the total is unknown) and that text, cut to the terminal's width (a
+  wrapped line could not be redrawn in place). Otherwise (cluster job logs) a plain line
+  at most every ``interval_s`` seconds, plus a final line from ``close()``. Without a
+  total it prints rows done and no ETA.
 - ``quiet_python_loggers()``, ``quiet_issue_detectors(ctx)`` and ``quiet_native_stderr()``
   turn Ray's console chatter off for a healthy run while keeping every Ray log file
   complete and every real error on stderr (see their docstrings).
@@ -32,6 +34,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
 from schemas.spec import JobSpec
 
 #: The model stack's console settings for the processes that load models (Ray's workers,
@@ -41,6 +49,7 @@ MODEL_STACK_ENV = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": 
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 DEFAULT_INTERVAL_S = 30.0  # one log line per half minute keeps cluster logs short
+BAR_WIDTH = 24  # the terminal's bar; the text after it gets the rest of the width
 RAY_LOGS_ENV = "LONGDOC_RAY_LOGS"
 
 
@@ -95,7 +104,7 @@ class RunProgress:
         self.interval_s = interval_s if interval_s is not None else _interval_from_env()
         self.t0 = clock()
         self._last_print: float | None = None
-        self._width = 0
+        self._live: Live | None = None  # the terminal's live line, from the first draw to close()
         self._printed_rows = -1
         self._first_rows: tuple[float, int] | None = None  # (when, how many) rows were first written
         self.rows = self.failed = self.tokens = 0
@@ -157,20 +166,39 @@ class RunProgress:
         if not self.enabled:
             return
         if self.tty:
-            self._draw(self.line())
-            self.stream.write("\n")
-            self.stream.flush()
-            self._width = 0
+            self._draw(self.line(), last=True)
+            self._live = None
             _console.active = None
         elif self._last_print is None or self.rows != self._printed_rows:
             self._emit(self.line())
 
-    def _draw(self, text: str) -> None:
-        pad = " " * max(self._width - len(text), 0)  # wipe the tail of a longer old line
+    def frame(self, text: str) -> Table:
+        """The terminal's line: a bar of rows/total (pulsing without a total) and ``text``,
+        one row that never wraps (rich redraws one line in place; see ``_draw``)."""
+        row = Table.grid(padding=(0, 1))
+        row.add_column(width=BAR_WIDTH)
+        row.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+        total = self.total if self.total is not None and self.rows <= self.total else None
+        bar = ProgressBar(total=total, completed=self.rows, width=BAR_WIDTH, pulse=total is None,
+                          animation_time=self.clock())
+        row.add_row(bar, Text(text, no_wrap=True, overflow="ellipsis"))
+        return row
+
+    def _draw(self, text: str, last: bool = False) -> None:
+        """Redraw the live line (``last``: for the final time, ending its line). Refreshed
+        here only, never by rich's timer thread: the counts move with ``update``/``tick``,
+        and the console lock orders every frame with the native stderr lines
+        ``NativeStderrFilter`` forwards (which clear the line first)."""
         with _console.lock:
-            self.stream.write("\r  " + text + pad)
-            self.stream.flush()
-        self._width = len(text)
+            if self._live is None:
+                # sys.stdout/stderr are left alone: the stderr filter owns them (Ray's lines).
+                console = Console(file=self.stream, force_terminal=True, highlight=False)
+                self._live = Live(console=console, auto_refresh=False, redirect_stdout=False,
+                                  redirect_stderr=False, transient=False)
+                self._live.start()
+            self._live.update(self.frame(text), refresh=not last)
+            if last:
+                self._live.stop()  # draws the frame, ends its line, shows the cursor again
         _console.active = self
 
     def _emit(self, text: str) -> None:

@@ -53,6 +53,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.choices import RUNNERS
 from pipeline.report.summary import package_versions, run_record_json, run_summary
 from schemas.output import (
     FILE_SCHEMA,
@@ -143,9 +144,9 @@ def check_fits(spec: JobSpec, runner: str) -> None:
                     "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)").replace(
                     "a generate actor", f"a {st.name} actor"))
         return
-    import torch
+    from stages.decoding.backends import accelerator_count
 
-    have = torch.cuda.device_count()
+    have = accelerator_count()
     for st in stages:
         if math.ceil(st.num_gpus) > have:
             raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have} (runner local, "
@@ -156,9 +157,6 @@ def check_fits(spec: JobSpec, runner: str) -> None:
 def cluster_address(address: str | None) -> str | None:
     """The Ray cluster a run joins: ``address``, else ``$RAY_ADDRESS``; None: the embedded Ray."""
     return address or os.environ.get("RAY_ADDRESS")
-
-
-RUNNERS = ("auto", "ray", "local")
 
 
 def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:

@@ -194,7 +194,25 @@ class GenerateStage:
         )
         o["device_s"] = res.device_s
         o["kept_spans"] = self._kept_spans(row, res)
+        o["context"] = self._context_text(res, part)
         return o
+
+    def _context_text(self, res: RowResult, part) -> str | None:
+        """The output's ``context`` (schemas/output.py) under ``output.keep_context``: the
+        document tokens the model was given as text, decoded in the order it read them;
+        None when the option is off or the method's prefill reads keys/values or summary
+        vectors instead of text (kept_spans says what those kept)."""
+        if not self.spec.output.keep_context:
+            return None
+        if res.prefilled_positions is not None:  # a method prefill of picked text (select)
+            ids = [part.context_ids[j] for j in res.prefilled_positions]
+        elif self._full_prefill:  # the prompt as built: a text method's context, or the document
+            ids = list(part.context_ids)
+        else:
+            return None
+        # Special tokens kept: a document's own special tokens are text the model read too.
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _kept_spans(self, row: GenerateInput, res: RowResult) -> list[int] | None:
         """The output's ``kept_spans`` (schemas/output.py): what the method's prefill

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+from stages.decoding.backends import accelerator, device_backend
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
@@ -198,14 +199,13 @@ def estimate_parameters(config) -> int:
 def resolve_dtype(dtype: str, device: torch.device, config=None) -> torch.dtype:
     """The torch dtype for a spec's ``generation.dtype`` on ``device``.
 
-    auto: float32 on CPU; on a GPU bfloat16, except float32 for models under
-    SMALL_MODEL_PARAMS when ``config`` tells their size (see the measurement above).
+    auto: what the device's backend picks (stages/decoding/backends: float32 on CPU; on a
+    GPU bfloat16, except float32 for models under SMALL_MODEL_PARAMS when ``config`` tells
+    their size: see the measurement above).
     """
     if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
         small = config is not None and estimate_parameters(config) < SMALL_MODEL_PARAMS
-        return torch.float32 if small else torch.bfloat16
+        return device_backend(device).auto_dtype(device, small)
     allowed = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in allowed:
         raise ValueError(f"dtype {dtype!r} not supported; allowed: auto, {', '.join(allowed)}")
@@ -213,7 +213,10 @@ def resolve_dtype(dtype: str, device: torch.device, config=None) -> torch.dtype:
 
 
 def pick_device(num_gpus: float) -> torch.device:
-    return torch.device("cuda") if num_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+    """The device of a process granted ``num_gpus``: this machine's accelerator when it asks
+    for one and there is one, else the CPU."""
+    acc = accelerator() if num_gpus > 0 else None
+    return acc if acc is not None else torch.device("cpu")
 
 
 def load_tokenizer(name: str):
@@ -248,7 +251,9 @@ def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None =
             raise ValueError(f"{name}: vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tok)}")
         return build_random_model(config, resolve_dtype(dtype, device, config), device, seed), tok
     path = resolve_model_path(name)
-    config = AutoConfig.from_pretrained(path) if dtype == "auto" and device.type == "cuda" else None
+    # The config is read ahead only where the auto dtype depends on the model's size.
+    by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size
+    config = AutoConfig.from_pretrained(path) if by_size else None
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=resolve_dtype(dtype, device, config), attn_implementation="sdpa"
     )

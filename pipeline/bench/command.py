@@ -26,6 +26,7 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.bench.results import SYSTEMS
+from pipeline.choices import Compile, Dtype, choice
 
 Opt = Optional  # noqa: UP045 - typer needs Optional
 
@@ -38,6 +39,9 @@ PRESETS = {
              "systems": ",".join(SYSTEMS), "corpus": "jobs/corpus", "tasks": "summarize", "stop_at_eos": False,
              "verify_widths": "2,4,8,16", "min_rows": 1},
 }
+
+#: ``--device``: the devices with presets.
+Device = choice("Device", PRESETS)
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -52,9 +56,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def bench_decode_command(
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[Device, typer.Option(help="The device benchmarked (its presets: see the command's description).")] = Device.cpu,  # noqa: E501
     model: Annotated[Opt[str], typer.Option(help="Embedded default, HF id, local path or random:<shape> (tiny, smollm2-135m, llama-1b, llama-8b).")] = None,  # noqa: E501
-    dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")] = "auto",  # noqa: E501
+    dtype: Annotated[Dtype, typer.Option(help="auto: bf16 on CUDA, fp32 on CPU.")] = Dtype.auto,  # noqa: E501
     batch_sizes: Annotated[Opt[str], typer.Option(help="Comma-separated batch sizes (CPU 1,4,8; CUDA 1,8,32).")] = None,  # noqa: E501
     prompt_tokens: Annotated[Opt[int], typer.Option(help="Prompt length in tokens (default 1024).")] = None,
     new_tokens: Annotated[Opt[int], typer.Option(help="Tokens generated per row (CPU 48; CUDA 128).")] = None,
@@ -63,7 +67,7 @@ def bench_decode_command(
     verify_widths: Annotated[Opt[str], typer.Option(help="Widths to measure our step cost at (CUDA 2,4,8,16; CPU none; '' = none).")] = None,  # noqa: E501
     out: Annotated[Opt[str], typer.Option(help="Results folder (default jobs/results/bench-decode).")] = None,
     merge: Annotated[bool, typer.Option(help="Keep an earlier file's (task, batch size) records that this run does not measure (same device, model, settings).")] = False,  # noqa: E501
-    compile: Annotated[str, typer.Option(help="How our steps are compiled: auto (cudagraphs on CUDA, eager on CPU), cudagraphs (the eager step captured as CUDA graphs, one per batch x width x span shape; no compilation), inductor (torch.compile + CUDA graphs), off.")] = "auto",  # noqa: E501
+    compile: Annotated[Compile, typer.Option(help="How our steps are compiled: auto (cudagraphs on CUDA, eager on CPU), cudagraphs (the eager step captured as CUDA graphs, one per batch x width x span shape; no compilation), inductor (torch.compile + CUDA graphs), off.")] = Compile.auto,  # noqa: E501
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="Price of a device hour for the nightly-job $/1k documents (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
     stop_at_eos: Annotated[Opt[bool], typer.Option("--stop-at-eos/--ignore-eos", help="Stop rows at EOS (CPU default) or generate exactly --new-tokens (CUDA default).")] = None,  # noqa: E501
     corpus: Annotated[Opt[str], typer.Option(help="Documents: a folder of .txt or a JSONL (CPU jobs/sample-qa.jsonl; CUDA jobs/corpus).")] = None,  # noqa: E501
@@ -76,10 +80,9 @@ def bench_decode_command(
     from pipeline.bench.suite import Settings, command_line, run_systems
     from schemas.spec import EMBEDDED_MODEL, CostSpec
 
-    preset = PRESETS.get(device)
-    if preset is None:
-        typer.echo(f"error: --device {device!r} not supported; allowed: cpu, cuda", err=True)
-        raise typer.Exit(2)
+    # Members back to plain strings: they are recorded in the results and the command line.
+    device, dtype, compile = Device(device).value, Dtype(dtype).value, Compile(compile).value
+    preset = PRESETS[device]
 
     def pick(value, key):
         return preset[key] if value is None else value

@@ -43,6 +43,18 @@ from typing import Annotated
 
 import typer
 
+from pipeline.choices import choice, spec_choice
+from schemas.spec import TaskSpec
+from stages.finch.config import FinchCompression
+
+# The Finch settings it sweeps offer what a job's compression spec allows.
+HeadMode = spec_choice("HeadMode", FinchCompression, "head_mode")
+Scoring = spec_choice("Scoring", FinchCompression, "scoring")
+Mode = spec_choice("Mode", FinchCompression, "mode")
+Task = spec_choice("Task", TaskSpec, "kind")
+#: ``--heads``: the model's calibrated heads, or every head (a model never calibrated).
+Heads = choice("Heads", ("calibrated", "all"))
+
 #: The question of ``--task qa`` (any question: the cost does not depend on its words).
 QA_QUESTION = "What does the document say about handling errors?"
 
@@ -73,17 +85,18 @@ class Measured:
 def measure(fn, device) -> Measured:
     """Run ``fn()`` once; its wall and CPU seconds and the peak bytes of the tensors
     allocated during the call (see the module docstring)."""
-    import torch
+    from stages.decoding.backends import device_backend, synchronize
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    backend = device_backend(device)
+    base = backend.memory_allocated_bytes(device)
+    if base is not None:  # the device's allocator counts its peak (a GPU)
+        synchronize(device)
+        backend.reset_peak_memory(device)
         w0, c0 = time.perf_counter(), time.process_time()
         fn()
-        torch.cuda.synchronize()
+        synchronize(device)
         w1, c1 = time.perf_counter(), time.process_time()
-        return Measured(w1 - w0, c1 - c0, torch.cuda.max_memory_allocated() - base)
+        return Measured(w1 - w0, c1 - c0, (backend.peak_memory_bytes(device) or 0) - base)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -102,9 +115,9 @@ def bench_compress(
     chunk: Annotated[int, typer.Option(help="Finch chunk_tokens for the target sweep.")] = 512,
     sweep_chunks: Annotated[str, typer.Option(help="Extra chunk sizes run at the first target.")] = "128,256",
     sweep_sizes: Annotated[str, typer.Option(help="Document sizes the chunk sweep runs at.")] = "4000,8000",
-    head_mode: Annotated[str, typer.Option(help="Finch head_mode: sum or kv_group.")] = "sum",
-    scoring: Annotated[str, typer.Option(help="Finch scoring: heads or paper.")] = "heads",
-    mode: Annotated[str, typer.Option(help="Finch mode: early_exit or kv (paper and kv_group need kv).")] = "early_exit",
+    head_mode: Annotated[HeadMode, typer.Option(help="Finch head_mode.")] = HeadMode.sum,
+    scoring: Annotated[Scoring, typer.Option(help="Finch scoring.")] = Scoring.heads,
+    mode: Annotated[Mode, typer.Option(help="Finch mode (paper and kv_group need kv).")] = Mode.early_exit,
     model: Annotated[str, typer.Option(help="Model name or path.")] = "embedded:smollm2-135m-instruct",
     corpus: Annotated[str, typer.Option(help="Folder of .txt files with long real text.")] = "jobs/corpus",
     num_gpus: Annotated[float, typer.Option(help="> 0 runs on CUDA when available.")] = 0.0,
@@ -112,16 +125,16 @@ def bench_compress(
         int, typer.Option(help="torch CPU threads; 1 avoids OpenMP stalls on a shared machine, 0 = torch default.")
     ] = 1,
     task: Annotated[
-        str, typer.Option(help="summarize (the summary instruction) or qa (a question; Finch's qa settings).")
-    ] = "summarize",
+        Task, typer.Option(help="summarize (the summary instruction) or qa (a question; Finch's qa settings).")
+    ] = Task.summarize,
     max_scoring_layers: Annotated[
         str, typer.Option(help="Finch max_scoring_layers, comma-separated ('none' = no cap); each runs at "
                                "every target (early exit reads the document through that many layers).")
     ] = "none",
     heads: Annotated[
-        str, typer.Option(help="calibrated (the model's calibrated heads, every head when it has none) or all "
+        Heads, typer.Option(help="calibrated (the model's calibrated heads, every head when it has none) or all "
                                "(every head of every layer: what a model never calibrated pays).")
-    ] = "calibrated",
+    ] = Heads.calibrated,
 ) -> None:
     """Print Finch vs full-context prefill time and peak memory, side by side with ratios."""
     import torch
@@ -136,10 +149,9 @@ def bench_compress(
     from stages.model_loading import load_causal_lm, pick_device
     from stages.prompting import PromptBuilder
 
-    if task not in ("summarize", "qa"):
-        raise typer.BadParameter(f"--task {task!r}: allowed summarize, qa")
-    if heads not in ("calibrated", "all"):
-        raise typer.BadParameter(f"--heads {heads!r}: allowed calibrated, all")
+    # Members back to plain strings: they are printed and passed to the Finch settings.
+    head_mode, scoring, mode = HeadMode(head_mode).value, Scoring(scoring).value, Mode(mode).value
+    task, heads = Task(task).value, Heads(heads).value
     caps = [_cap(x) for x in max_scoring_layers.split(",")]
     instruction, question = (DEFAULT_QA_INSTRUCTION, QA_QUESTION) if task == "qa" else (DEFAULT_SUMMARY_INSTRUCTION, None)
     if threads > 0:

@@ -74,6 +74,7 @@ from pipeline.bench.job_report import (
     summary_lines,
     write_results,
 )
+from pipeline.choices import RUNNERS, Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().with_name("peer.py")
@@ -83,7 +84,6 @@ ENV_PREFIX = "env."
 RUNNER_KEY = "runner"  # a variant's own runner (``runner=local``), not a spec field
 #: Spec fields a variant may not change: every side reads the same documents with the same model.
 FIXED_FIELDS = ("input", "output", "generation.model")
-RUNNERS = ("auto", "ray", "local")
 SIDES = ("longdoc", "peer")
 Opt = Optional  # noqa: UP045 - typer needs Optional
 
@@ -267,11 +267,10 @@ class Prepared:
 
 def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     """Synthetic corpus (if asked), absolute input, the peer's requests and model arguments."""
-    import torch
 
     from pipeline.bench.job_docs import spec_requests, write_requests, write_synthetic_corpus
     from schemas.loading import spec_from_dict
-    from stages.model_loading import load_tokenizer
+    from stages.model_loading import load_tokenizer, pick_device
 
     first = specs[0]
     inp = dict(first.input.model_dump(mode="json"))
@@ -294,7 +293,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
         out_specs.append(spec_from_dict(data, source=f"{s.spec} --variant {v.name}"))
         datas[v.name] = data
     gpus = max(sp.resources.num_gpus for sp in out_specs)
-    device = torch.device("cuda" if gpus > 0 and torch.cuda.is_available() else "cpu")
+    device = pick_device(gpus)  # the generate actor's choice (stages/model_loading.py)
     records, bad = spec_requests(out_specs[0], s.date)
     if not records:
         raise ValueError(f"{s.spec}: the input has no readable documents ({bad} failed to read)")
@@ -338,6 +337,7 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
     from transformers import AutoConfig
 
     from schemas.spec import EMBEDDED_MODEL
+    from stages.decoding.backends import device_backend
     from stages.model_loading import embedded_model_dir, resolve_dtype
 
     if name.startswith("random:"):
@@ -352,7 +352,8 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
         args = ["--random-config", str(tmp / "random-config"), "--tokenizer", str(tmp / "tokenizer"), "--seed", "0"]
     else:
         path = str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
-        cfg = AutoConfig.from_pretrained(path) if device.type == "cuda" and dtype == "auto" else None
+        by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size  # as load_causal_lm
+        cfg = AutoConfig.from_pretrained(path) if by_size else None
         torch_dtype = resolve_dtype(dtype, device, cfg)
         args = ["--model", path]
     return args, str(torch_dtype).removeprefix("torch.")
@@ -872,7 +873,7 @@ def bench_job_command(
     doc_tokens: Annotated[Opt[int], typer.Option(help="Tokens of each synthetic document, exactly.")] = None,
     synthetic_source: Annotated[str, typer.Option(help="Text the synthetic documents are cut from.")] = "jobs/corpus",
     usd_per_device_hour: Annotated[Opt[float], typer.Option(help="Price of a device hour (default: the spec's cost.usd_per_device_hour).")] = None,  # noqa: E501
-    runner: Annotated[str, typer.Option(help="longdoc side: ray (`longdoc run --runner ray`), local (`longdoc run --runner local`, with the engine's figures), auto (what `longdoc run` picks: local for one generate actor).")] = "auto",  # noqa: E501
+    runner: Annotated[Runner, typer.Option(help="longdoc side: ray (`longdoc run --runner ray`), local (`longdoc run --runner local`, with the engine's figures), auto (what `longdoc run` picks: local for one generate actor).")] = Runner.auto,  # noqa: E501
     sides: Annotated[str, typer.Option(help="Which sides run: longdoc,peer (with --merge, a side measured in another command joins the table).")] = "longdoc,peer",  # noqa: E501
     merge: Annotated[bool, typer.Option(help="Keep an earlier file's sides that this run does not measure (same device and settings).")] = False,  # noqa: E501
     keep_temp: Annotated[bool, typer.Option(help="Keep the temporary folder (each side's spec, output and log).")] = False,  # noqa: E501
@@ -890,7 +891,7 @@ def bench_job_command(
             spec=spec, overrides=tuple(set_ or ()), variants=variants, docs=docs, peer_batch_sizes=sizes,
             probe_docs=probe_docs, runs=runs, out=out, model=model, synthetic_docs=synthetic_docs,
             doc_tokens=doc_tokens, synthetic_source=synthetic_source, usd_per_device_hour=usd_per_device_hour,
-            runner=runner, sides=tuple(x.strip() for x in sides.split(",") if x.strip()), merge=merge,
+            runner=Runner(runner).value, sides=tuple(x.strip() for x in sides.split(",") if x.strip()), merge=merge,
             keep_temp=keep_temp, **({"date": date} if date else {}),
         )
         s.command = command_line(s)

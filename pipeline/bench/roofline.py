@@ -41,8 +41,11 @@ NOMINAL_GBPS: tuple[tuple[str, float], ...] = (
 
 def device_name(device: torch.device) -> str:
     """Human name of the device: the GPU's name, or the CPU model from /proc/cpuinfo."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+    from stages.decoding.backends import device_backend
+
+    own = device_backend(device).hardware_name(device)
+    if own is not None:
+        return own
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -129,9 +129,10 @@ def check_settings(s: Settings) -> None:
 
 
 def _free(device: torch.device) -> None:
+    from stages.decoding.backends import device_backend
+
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    device_backend(device).empty_cache(device)
 
 
 def _git_commit() -> str | None:
@@ -266,6 +267,8 @@ def _one_size(s: Settings, model, tok, engine, prompts, b: int, device, clock) -
 def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, warm: bool = True) -> tuple[dict, dict[str, Run]]:
     """Every chosen system on one batch: (record, runs by system). ``engine``: the run's one Engine;
     ``warm``: make each system's warm-up call first (the first batch of a batch size)."""
+    from stages.decoding.backends import device_backend
+
     n, eos = s.new_tokens, frozenset() if s.ignore_eos else frozenset([tok.eos_token_id])
     warm_n = max(2, n // 4)
     pad, eos_id = tok.pad_token_id, tok.eos_token_id
@@ -293,11 +296,11 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, warm: bo
                 t = time.perf_counter()
                 call(system, n if system == "hf-static-compiled" else warm_n)
                 extra[system]["first_call_s"] = time.perf_counter() - t  # hf-static-compiled: compiles
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
+            device_backend(device).reset_peak_memory(device)
             runs[system] = call(system, n)
-            if device.type == "cuda":
-                extra[system]["peak_memory_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+            peak = device_backend(device).peak_memory_bytes(device)
+            if peak is not None:  # measured where the device's allocator counts it (a GPU)
+                extra[system]["peak_memory_GB"] = peak / 1e9
         except Exception as e:  # noqa: BLE001 - one failing system (OOM, compile error) must not stop the others
             rec["systems"][system] = {"status": "error", "error": f"{type(e).__name__}: {e}"[:600]}
             print(f"#   {system}: {rec['systems'][system]['error']}", flush=True)

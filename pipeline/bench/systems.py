@@ -45,7 +45,9 @@ class Clock:
     """Seconds for timing a call on ``device`` (see the module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        from stages.decoding.backends import synchronize
+
+        self.device, self._synchronize = device, synchronize
         if device.type == "cuda":
             self.name = "cuda.synchronize+perf_counter"
         elif torch.get_num_threads() == 1:
@@ -55,8 +57,7 @@ class Clock:
         self._timer = time.process_time if self.name.startswith("process_time") else time.perf_counter
 
     def __call__(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self._synchronize(self.device)  # queued device work counts (nothing to wait for on CPU)
         return self._timer()
 
 
@@ -101,6 +102,7 @@ def make_engine(model, config, slots: int, prompt_tokens: int, compile: str = "a
     """Our engine for the bench, as one actor has it: ``slots`` fixed slots sized for prompts
     of ``prompt_tokens`` (+ the new tokens and the widest step), the CPU kernel plan
     measured (or read) and, on CUDA, every step shape compiled now; wall seconds it took."""
+    from stages.decoding.backends import synchronize
     from stages.decoding.engine import Engine
 
     device = next(model.parameters()).device
@@ -108,8 +110,7 @@ def make_engine(model, config, slots: int, prompt_tokens: int, compile: str = "a
     engine = Engine(model, config, slots=slots, expected_tokens=prompt_tokens, compile=compile,
                     chunk_tokens=max(prompt_tokens, 512))
     engine.warm_up(greedy=config.greedy)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return engine, time.perf_counter() - t0
 
 

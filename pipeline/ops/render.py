@@ -52,6 +52,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from pipeline.choices import choice
 from pipeline.ops.schedule import check_cron, check_timezone
 from schemas.spec import JobSpec
 from stages.compression import method_for
@@ -67,11 +68,14 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _QUALIFIED = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _INT32_MAX = 2**31 - 1
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?\Z")
+#: The manifests ``--kind`` renders: one run (RayJob) or a schedule of runs (RayCronJob).
+KINDS = ("rayjob", "raycronjob")
+Kind = choice("Kind", KINDS)
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    kind: str = "rayjob"  # rayjob | raycronjob
+    kind: str = "rayjob"  # one of KINDS
     image: str = DEFAULT_IMAGE
     namespace: str | None = None
     schedule: str = "0 2 * * *"
@@ -148,8 +152,8 @@ def toleration(text: str) -> dict[str, str]:
 
 
 def _check(opts: RenderOptions) -> None:
-    if opts.kind not in ("rayjob", "raycronjob"):
-        raise ValueError(f"--kind {opts.kind!r} is not supported; allowed: rayjob, raycronjob")
+    if opts.kind not in KINDS:
+        raise ValueError(f"--kind {opts.kind!r} is not supported; allowed: {', '.join(KINDS)}")
     check_cron(opts.schedule, "--schedule")
     check_timezone(opts.timezone, "--timezone")
     for name, value in (("--ttl-seconds", opts.ttl_seconds), ("--deadline-seconds", opts.deadline_seconds),
@@ -378,7 +382,7 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
 
 def render(
     spec: Annotated[str, typer.Argument(help="Job spec YAML.")],
-    kind: Annotated[str, typer.Option(help="rayjob | raycronjob.")] = "rayjob",
+    kind: Annotated[Kind, typer.Option(help="rayjob: one run now; raycronjob: a run per --schedule.")] = Kind.rayjob,
     schedule: Annotated[str, typer.Option(help="Cron schedule (raycronjob).")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option(help="IANA zone of the schedule and run date.")] = "UTC",
     image: Annotated[str, typer.Option(help="Container image built from infra/Dockerfile.")] = DEFAULT_IMAGE,
@@ -407,7 +411,7 @@ def render(
     try:
         job = load_spec(spec, list(overrides or []))
         opts = RenderOptions(
-            kind=kind, image=image, namespace=namespace, schedule=schedule, timezone=timezone,
+            kind=Kind(kind).value, image=image, namespace=namespace, schedule=schedule, timezone=timezone,
             run_date=resolve_run_date(date) if date else None, date_offset_days=date_offset_days,
             max_failed_fraction=max_failed_fraction, ttl_seconds=ttl_seconds,
             deadline_seconds=deadline_seconds, worker_memory=worker_memory, head_memory=head_memory,

@@ -7,11 +7,16 @@ prints progress. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
 import typer
 
+from pipeline.choices import Dtype, choice
 from schemas.spec import EMBEDDED_MODEL
+from stages.autocompressor.config import SummaryForm, SummaryScale
+
+Scale = choice("Scale", get_args(SummaryScale))
+Form = choice("Form", get_args(SummaryForm))
 
 
 def _format(rec: dict) -> str:
@@ -41,20 +46,20 @@ def train_autocompressor(
         int, typer.Option(help="Summary vectors per segment (the paper: 50).")
     ] = 50,
     summary_scale: Annotated[
-        str,
+        Scale,
         typer.Option(
             help="How summaries re-enter the model: embedding_rms (rescaled to the token "
             "embeddings' RMS), centered (running mean per slot subtracted, then rescaled) "
             "or none (as the paper, unscaled final hidden states)."
         ),
-    ] = "none",
+    ] = Scale.none,
     summary_form: Annotated[
-        str,
+        Form,
         typer.Option(
             help="vectors (the paper: summary vectors fed back as a soft prompt) or kv (each "
             "segment kept as the keys/values of every --kv-stride-th token; needs --substeps 1)."
         ),
-    ] = "vectors",
+    ] = Form.vectors,
     kv_stride: Annotated[
         int, typer.Option(help="kv form: document tokens per kept key/value slot (10 = 10x).")
     ] = 10,
@@ -98,8 +103,8 @@ def train_autocompressor(
     ] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[
-        str, typer.Option(help="Base weights: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16.")
-    ] = "auto",
+        Dtype, typer.Option(help="Base weights: auto = bf16 on GPU, fp32 on CPU.")
+    ] = Dtype.auto,
     seed: Annotated[int, typer.Option(help="Random seed (data order, segment lengths).")] = 0,
     log_every: Annotated[int, typer.Option(help="Print progress every N steps.")] = 10,
     save_every: Annotated[
@@ -171,8 +176,8 @@ def train_autocompressor(
         data=tuple(data or ["jobs/corpus"]),
         out_dir=out,
         summary_length=summary_length,
-        summary_scale=summary_scale,
-        summary_form=summary_form,
+        summary_scale=Scale(summary_scale).value,
+        summary_form=Form(summary_form).value,
         kv_stride=kv_stride,
         autoencode_weight=autoencode_weight,
         block_tokens=block_tokens,
@@ -190,7 +195,7 @@ def train_autocompressor(
         lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()),
         grad_checkpointing=grad_checkpointing,
         device=device,
-        dtype=dtype,
+        dtype=Dtype(dtype).value,
         seed=seed,
         log_every=log_every,
         save_every=save_every,

@@ -13,6 +13,13 @@ from pydantic import Field
 
 from schemas.compression import CompressionSpec
 
+# The model's settings as types, here (pydantic only) so that the training command lists
+# them in its --help without importing torch; model.py's ACConfig uses them.
+#: How summaries re-enter the model (ACConfig.summary_scale).
+SummaryScale = Literal["none", "embedding_rms", "centered"]
+#: Which AutoCompressor: summary vectors or kept keys/values (ACConfig.summary_form).
+SummaryForm = Literal["vectors", "kv"]
+
 
 class AutoCompressorCompression(CompressionSpec):
     """Compress the document into learned summary vectors, used as a soft prompt."""
@@ -32,7 +39,7 @@ class AutoCompressorCompression(CompressionSpec):
         ge=1,
         description="Optional: read at most this many document tokens (tail kept) before compressing.",
     )
-    summary_form: Literal["vectors", "kv"] | None = Field(
+    summary_form: SummaryForm | None = Field(
         default=None,
         description="Which AutoCompressor. vectors: the paper's, summary vectors accumulated over "
         "segments and read as a soft prompt. kv: the named variant, every k-th token's keys/values "

@@ -42,13 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages.autocompressor.config import SummaryForm, SummaryScale
 from stages.decoding.state import positions_from_real, step_mask
 from stages.kv.model_parts import decoder
 
 PositionScheme = Literal["contiguous", "text_only"]
-SummaryScale = Literal["none", "embedding_rms", "centered"]
 SUMMARY_SCALES: tuple[str, ...] = get_args(SummaryScale)
-SummaryForm = Literal["vectors", "kv"]
 SUMMARY_FORMS: tuple[str, ...] = get_args(SummaryForm)
 CENTER_MOMENTUM = 0.01  # weight of each training batch in the running summary mean
 

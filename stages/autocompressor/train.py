@@ -24,7 +24,6 @@ fit, save (checkpoint.save_autocompressor).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -36,6 +35,7 @@ import torch
 
 from schemas.spec import EMBEDDED_MODEL
 from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
+from stages.decoding.backends import accelerator, device_backend
 
 Segmenter = Callable[[int, random.Random], list[int]]
 
@@ -207,8 +207,7 @@ def train_step(
     )
     t = batch.shape[1]
     edges = [round(i * t / cfg.substeps) for i in range(cfg.substeps + 1)]
-    cuda = batch.device.type == "cuda"
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    amp = device_backend(batch.device).autocast(batch.device)
     soft, losses = None, []
     autoencode = cfg.autoencode_weight > 0
     for s in range(cfg.substeps):
@@ -313,7 +312,7 @@ def fit(
 
 def pick_train_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return accelerator() or torch.device("cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device {device!r} not supported; allowed: auto, cpu, cuda, cuda:N")
     return torch.device(device)

@@ -85,4 +85,5 @@ class RowResult:
     cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     context_tokens: int | None = None  # document-derived entries the model conditions on
     kept_positions: list[int] | None = None  # document positions a method prefill kept (CompressedPrefill)
+    prefilled_positions: list[int] | None = None  # those it prefilled as text, in prompt order (CompressedPrefill)
     device_s: float = 0.0  # its share of the device: its prefill + each step's time / rows in the step

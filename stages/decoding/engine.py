@@ -473,6 +473,8 @@ class Engine:
             row.result.context_tokens = compressed.context_tokens[j]
             if compressed.kept_positions is not None:
                 row.result.kept_positions = list(compressed.kept_positions[j])
+            if compressed.prefilled_positions is not None:
+                row.result.prefilled_positions = list(compressed.prefilled_positions[j])
             row.result.compress_s = compressed.compress_s[j]
             n = int(state.valid[j].sum())
             if self._need(n) > self.cache.capacity:

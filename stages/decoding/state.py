@@ -150,10 +150,15 @@ class CompressedPrefill:
     ``PromptParts.context_ids``) whose keys/values, or re-prefilled tokens, the answer
     reads: the output's ``kept_spans`` and the eval's evidence recall
     (pipeline/eval/recall.py). None: the method keeps no document positions (summary
-    vectors) or does not report them.
+    vectors) or does not report them. prefilled_positions: optional, per row, the
+    document positions (indices into ``PromptParts.context_ids``) the method prefilled
+    as text, in the order it prefilled them (select lays sentences out by relevance):
+    the output's ``context`` (output.keep_context). None: the model reads keys/values
+    or summary vectors, not text (Finch's kept cache, AutoCompressor).
     """
 
     state: PrefillState
     context_tokens: list[int]
     compress_s: list[float]
     kept_positions: list[list[int]] | None = None
+    prefilled_positions: list[list[int]] | None = None

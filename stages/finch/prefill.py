@@ -384,7 +384,8 @@ def _fused_text(parts, spans, scores, config, similarity) -> list[list[int]]:
 def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id: int,
                   t0: float, compress_s: float) -> CompressedPrefill:
     """Early exit's second step: prefill ``prefix ; kept document tokens ; query`` through
-    the whole model. kept[row]: ascending document indices."""
+    the whole model. kept[row]: document indices in the order they are prefilled (a
+    layout may put them in relevance order); kept_positions reports them ascending."""
     prompts = [
         p.prefix_ids + [p.context_ids[j] for j in k] + p.query_ids
         for p, k in zip(parts, kept, strict=True)
@@ -394,4 +395,5 @@ def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id
     state.prefill_s = time.perf_counter() - t0
     b = len(parts)
     return CompressedPrefill(state=state, context_tokens=[len(k) for k in kept],
-                             compress_s=[compress_s / b] * b, kept_positions=[sorted(k) for k in kept])
+                             compress_s=[compress_s / b] * b, kept_positions=[sorted(k) for k in kept],
+                             prefilled_positions=[list(k) for k in kept])

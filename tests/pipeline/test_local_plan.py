@@ -32,7 +32,7 @@ SAME = ("doc_id", "prompt", "output_text", "output_tokens", "error", "error_kind
         "context_tokens", "doc_tokens", "prompt_tokens", "compression_ratio")
 
 
-def _spec(tmp_path: Path, model: str, out: str = "out", **resources) -> JobSpec:
+def _spec(tmp_path: Path, model: str, out: str = "out", keep_context: bool = False, **resources) -> JobSpec:
     data = tmp_path / "docs.jsonl"
     if not data.exists():
         docs = [{"id": f"d{i}", "text": f"Document {i} is about the river number {i}. " * (6 + 3 * i),
@@ -46,7 +46,7 @@ def _spec(tmp_path: Path, model: str, out: str = "out", **resources) -> JobSpec:
         "compression": {"method": "truncate", "target_tokens": 40},
         "generation": {"model": model, "max_new_tokens": 6, "speculative": {"method": "prompt_lookup"}},
         "resources": {"batch_size": 3, **resources},
-        "output": {"uri": str(tmp_path / out)},
+        "output": {"uri": str(tmp_path / out), "keep_context": keep_context},
     })
 
 
@@ -65,6 +65,29 @@ def test_both_runners_write_the_same_rows(tmp_path, tiny_model_dir, ray_session)
     assert sum(r["error"] is None for r in by_local.values()) == 10
     for key in ("rows", "failed", "status", "tokens_out", "staged_blocks", "errors_by_kind"):
         assert ray_run.summary[key] == local_run.summary[key], key
+
+
+def test_keep_context_stores_the_text_the_model_read_and_off_leaves_it_null(tmp_path):
+    """output.keep_context (schemas/output.py ``context``): truncate's kept text, decoded
+    from exactly the document tokens kept_spans names; without the option the column is null."""
+    from stages.compression.base import positions_of
+    from stages.model_loading import load_tokenizer
+
+    on = run_job(_spec(tmp_path, "random:tiny", "out-on", keep_context=True), run_date=DATE, progress=False,
+                 runner="local")
+    off = run_job(_spec(tmp_path, "random:tiny", "out-off"), run_date=DATE, progress=False, runner="local")
+    tok = load_tokenizer("random:tiny")
+    docs = {d["id"]: d["text"] for d in map(json.loads, (tmp_path / "docs.jsonl").read_text().splitlines())
+            if "text" in d}
+    rows = [r for r in _rows(on.output_uri).values() if r["error"] is None]
+    assert len(rows) == 10
+    for r in rows:
+        ids = tok(docs[r["doc_id"]], add_special_tokens=False)["input_ids"]
+        kept = [ids[p] for p in positions_of(r["kept_spans"])]
+        assert len(kept) == r["context_tokens"] == 40 < len(ids)  # truncated, not the whole document
+        assert r["context"] == tok.decode(kept, skip_special_tokens=False), r["doc_id"]
+    assert all(r["context"] is None for r in _rows(on.output_uri).values() if r["error"] is not None)
+    assert [r["context"] for r in _rows(off.output_uri).values()] == [None] * 11
 
 
 def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heals(tmp_path, tiny_model_dir):

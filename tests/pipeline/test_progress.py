@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,7 +83,17 @@ def test_close_does_not_repeat_a_line_already_printed():
     assert line.strip().startswith("rows 3 | failed 0") and "ETA" not in line  # no total: no ETA
 
 
-def test_tty_redraws_one_line_with_carriage_returns():
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _frames(text: str) -> list[str]:
+    """The frames rich drew on the terminal: each starts at the line's start (carriage
+    return, then the line erased), styles removed."""
+    return [_ANSI.sub("", f) for f in text.rstrip("\n").split("\r")]
+
+
+def test_tty_redraws_one_line_with_a_bar_and_the_counts(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")  # rich's width for a stream that is no terminal
     out, clock = io.StringIO(), Clock()
     p = RunProgress(1000, stream=out, tty=True, clock=clock)
     for i in range(1, 4):
@@ -90,27 +101,41 @@ def test_tty_redraws_one_line_with_carriage_returns():
         p.update(i * 100, 0, i * 1000)
     p.close()
     text = out.getvalue()
-    assert text.count("\n") == 1 and text.endswith("\n") and text.count("\r") == 4
-    frames = text.rstrip("\n").split("\r")[1:]
+    assert text.count("\n") == 1 and text.endswith("\n\x1b[?25h")  # one line, ended by close (cursor back)
+    frames = _frames(text)
+    assert len(frames) == 4  # one per update, and the last from close
     assert "rows 100/1000 (10%)" in frames[0] and "ETA" not in frames[0]
     assert "rows 200/1000 (20%)" in frames[1] and "ETA 8m00s" in frames[1]  # 800 left at 100/min
     assert "rows 300/1000 (30%)" in frames[-1] and "elapsed 3m00s" in frames[-1]
+    assert all(f.lstrip().startswith("━") for f in frames)  # the bar of rows/total comes first
 
 
-def test_tty_pads_over_a_longer_previous_line():
+def test_tty_line_is_cut_to_the_terminal_width_never_wrapped(monkeypatch):
+    """A wrapped line cannot be redrawn in place: the text is cut, with an ellipsis."""
+    monkeypatch.setenv("COLUMNS", "60")
     out, clock = io.StringIO(), Clock()
     p = RunProgress(10, stream=out, tty=True, clock=clock)
+    p.activity = lambda: "engine: 2 decoding (17 tokens), 1 compressing, 3 queued"
     clock.t += 1
     p.update(1, 0, 5)
-    clock.t += 1
-    p.update(2, 0, 5)
-    long_frame = out.getvalue().split("\r")[-1]
-    assert "ETA" in long_frame
-    before = len(out.getvalue())
-    clock.t += 1
-    p.update(10, 0, 5)  # done: the ETA part disappears, the line gets shorter
-    new_frame = out.getvalue()[before:]
-    assert "ETA" not in new_frame and len(new_frame) >= len(long_frame)
+    p.close()
+    frames = _frames(out.getvalue())
+    assert all(len(f.rstrip()) <= 60 and "\n" not in f.rstrip() for f in frames)
+    assert frames[0].rstrip().endswith("…") and "rows 1/10 (10%)" in frames[0]
+
+
+def test_tty_shows_activity_before_the_first_rows_with_a_pulsing_bar(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(None, stream=out, tty=True, clock=clock)  # the total is not known yet
+    p.activity = lambda: "engine: 4 compressing"
+    clock.t += 5
+    p.tick()
+    p.activity = None
+    p.close()
+    frames = _frames(out.getvalue())
+    assert "rows 0 | failed 0" in frames[0] and frames[0].rstrip().endswith("elapsed 5s | engine: 4 compressing")
+    assert "ETA" not in frames[-1] and "engine" not in frames[-1]
 
 
 def test_no_eta_from_the_time_before_the_first_rows():

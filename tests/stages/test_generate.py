@@ -395,3 +395,30 @@ def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, toke
         assert all(0 < row["context_tokens"] <= 24 and row["compress_s"] > 0 for row in out)
         texts[share] = [row["output_text"] for row in out]
     assert texts[True] == texts[False]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_keep_context_is_the_text_a_method_prefilled_and_null_for_kept_keys_and_values(tiny_model_dir, tokenizer):
+    """output.keep_context: select's column is the decoded sentences it prefilled (in
+    document order here, so they are exactly kept_spans' tokens); finch in mode kv reads
+    kept keys/values, not text, so its column stays null while kept_spans is set."""
+    from stages.compression.base import positions_of
+
+    text = "rivers and mountains of the north. a long note on tea and its history. " * 8
+    req = {**_request(0, tokenizer, text), "task": "qa", "instruction": "Answer.", "question": "Is tea mentioned?"}
+    settings = {"target_tokens": 24, "chunk_tokens": 32}
+    for method, extra in (("select", {"evidence": "heads", "order": "document"}), ("finch", {})):
+        spec = spec_from_dict({
+            "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
+            "compression": {"method": method, **settings, **extra},
+            "generation": {"model": str(tiny_model_dir), "max_new_tokens": 4},
+            "output": {"uri": "/unused-out", "keep_context": True},
+        })  # fmt: skip
+        (row,) = batch_to_rows(GenerateStage(spec.model_dump(mode="json"))(rows_to_batch([req])))
+        assert row["error"] is None and row["kept_spans"], method
+        if method == "select":
+            kept = [req["doc_ids"][p] for p in positions_of(row["kept_spans"])]
+            assert 0 < len(kept) < req["doc_tokens"]
+            assert row["context"] == tokenizer.decode(kept, skip_special_tokens=False)
+        else:
+            assert row["context"] is None

@@ -36,13 +36,22 @@ every registered backend to it):
 - class level: ``name``, ``summary``, ``priority`` and ``claims(device, compile)`` (the
   registry picks the claiming backend of highest priority), ``prepare_process(device, num_cpus)``
   (process settings before the model loads), ``device_name(device)``.
+- the device, for code outside an engine (model loading, training, benchmarks; reached
+  through registry.py's helpers, so no caller looks at ``device.type``): ``device_type``
+  and ``device_count()`` (the accelerator this backend runs on and how many this machine
+  has; None/0 for the host), ``auto_dtype(device, small_model)`` and
+  ``auto_dtype_by_size`` (generation.dtype auto), ``autocast(device)`` (training's mixed
+  precision), ``hardware_name(device)``, ``empty_cache``, ``reset_peak_memory``,
+  ``memory_allocated_bytes`` and ``peak_memory_bytes`` (None: not measured on this device).
 Nothing here is process-global: an engine owns its backend, and a backend what it measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -218,6 +227,51 @@ class StepBackend:
     def free_memory_bytes(self) -> int:
         """Memory the KV budget is a fraction of, now: the host's available RAM by default."""
         return available_ram_bytes()
+
+    # ------------------------------------------------------------------ the device, outside an engine
+    #: The accelerator's torch device type this backend runs on; None: the host (CPU).
+    device_type: ClassVar[str | None] = None
+    #: generation.dtype auto depends on the model's size here (``auto_dtype``'s small_model).
+    auto_dtype_by_size: ClassVar[bool] = False
+
+    @classmethod
+    def device_count(cls) -> int:
+        """Devices of ``device_type`` this machine has (0: none, or the host)."""
+        return 0
+
+    @classmethod
+    def auto_dtype(cls, device: torch.device, small_model: bool) -> torch.dtype:
+        """generation.dtype ``auto`` on ``device``: float32 on the host (no fast half
+        precision there). ``small_model``: the model is under model_loading.SMALL_MODEL_PARAMS."""
+        return torch.float32
+
+    @classmethod
+    def autocast(cls, device: torch.device) -> AbstractContextManager:
+        """Training's mixed precision on ``device``: none by default."""
+        return contextlib.nullcontext()
+
+    @classmethod
+    def hardware_name(cls, device: torch.device) -> str | None:
+        """The device's own name (a GPU model); None: the host, which the caller names."""
+        return None
+
+    @classmethod
+    def empty_cache(cls, device: torch.device) -> None:
+        """Hand cached free memory back to the device (nothing where no allocator caches)."""
+
+    @classmethod
+    def reset_peak_memory(cls, device: torch.device) -> None:
+        """Start ``peak_memory_bytes`` over from now (nothing where it is not measured)."""
+
+    @classmethod
+    def memory_allocated_bytes(cls, device: torch.device) -> int | None:
+        """Bytes of tensors allocated on ``device`` now; None: not measured here."""
+        return None
+
+    @classmethod
+    def peak_memory_bytes(cls, device: torch.device) -> int | None:
+        """Most bytes allocated on ``device`` since ``reset_peak_memory``; None: not measured here."""
+        return None
 
     def describe(self) -> str:
         how = "eager"

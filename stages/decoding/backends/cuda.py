@@ -10,6 +10,7 @@ takes 4 rows at once (the GPU's work per call grows with rows until it saturates
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -68,7 +69,7 @@ class CudaBackend(StepBackend):
 
     @classmethod
     def device_name(cls, device: torch.device) -> str:
-        return f"cuda:{torch.cuda.get_device_name(device)}"
+        return f"cuda:{cls.hardware_name(device)}"
 
     @classmethod
     def synchronize_device(cls, device: torch.device) -> None:
@@ -81,3 +82,41 @@ class CudaBackend(StepBackend):
     def free_memory_bytes(self) -> int:
         free, _total = torch.cuda.mem_get_info(self.device)
         return int(free)
+
+    # ------------------------------------------------------------------ the device, outside an engine
+    device_type = "cuda"
+    auto_dtype_by_size = True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    @classmethod
+    def auto_dtype(cls, device: torch.device, small_model: bool) -> torch.dtype:
+        """bfloat16, except float32 for a small model (model_loading.SMALL_MODEL_PARAMS says
+        what was measured)."""
+        return torch.float32 if small_model else torch.bfloat16
+
+    @classmethod
+    def autocast(cls, device: torch.device) -> AbstractContextManager:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    @classmethod
+    def hardware_name(cls, device: torch.device) -> str | None:
+        return torch.cuda.get_device_name(device)
+
+    @classmethod
+    def empty_cache(cls, device: torch.device) -> None:
+        torch.cuda.empty_cache()
+
+    @classmethod
+    def reset_peak_memory(cls, device: torch.device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    @classmethod
+    def memory_allocated_bytes(cls, device: torch.device) -> int | None:
+        return torch.cuda.memory_allocated(device)
+
+    @classmethod
+    def peak_memory_bytes(cls, device: torch.device) -> int | None:
+        return torch.cuda.max_memory_allocated(device)

@@ -92,8 +92,31 @@ def compile_plan(compile: str | bool | None, device: torch.device | str) -> tupl
     return backend_class(device, compile).compile_plan(compile_choice(compile))
 
 
+def device_backend(device: torch.device | str) -> type[StepBackend]:
+    """The backend class that answers for ``device`` outside an engine (synchronising,
+    memory figures, the auto dtype: base.py's class-level device questions), whatever
+    compile choice a step there would run with."""
+    device = torch.device(device)
+    return backend_class(device, "off" if device.type != "cuda" else "auto")
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for ``device``'s queued work, as its step backend does (no-op on CPU): for code
     that times device work outside an engine (e.g. a method's prefill figures)."""
     device = torch.device(device)
-    backend_class(device, "off" if device.type != "cuda" else "auto").synchronize_device(device)
+    device_backend(device).synchronize_device(device)
+
+
+def accelerator() -> torch.device | None:
+    """The accelerator a process granted GPUs runs on: the device type of the highest-priority
+    backend this machine has a device for; None: none here (the host runs it)."""
+    for cls in registry().values():
+        if cls.device_type is not None and cls.device_count() > 0:
+            return torch.device(cls.device_type)
+    return None
+
+
+def accelerator_count() -> int:
+    """Accelerator devices this machine has (of ``accelerator()``'s type; 0: none)."""
+    acc = accelerator()
+    return device_backend(acc).device_count() if acc is not None else 0

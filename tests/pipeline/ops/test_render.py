@@ -145,7 +145,7 @@ def test_computed_run_date_evaluates_in_a_shell(tz, offset):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--kind", "deployment"], "allowed: rayjob, raycronjob"),
+        (["--kind", "deployment"], "'deployment' is not one of 'rayjob', 'raycronjob'"),
         (["--kind", "raycronjob", "--schedule", "every night"], "--schedule 'every night' has 2 field(s)"),
         (["--schedule", "61 2 * * *"], "minute field '61': 61 is out of range"),
         (["--timezone", "Mars Base"], "--timezone 'Mars Base'"),
@@ -161,7 +161,8 @@ def test_computed_run_date_evaluates_in_a_shell(tz, offset):
 )
 def test_bad_values_exit_2_naming_the_value(args, message):
     code, _, out = _render(str(SAMPLE), *args)
-    assert code == 2 and message in out
+    # the message as one line: typer boxes an Enum option's refusal and wraps it in the box
+    assert code == 2 and message in " ".join(out.replace("│", " ").split())
 
 
 def test_name_sanitised_for_kubernetes():

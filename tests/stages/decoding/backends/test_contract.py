@@ -208,3 +208,33 @@ def test_code_outside_an_engine_synchronises_through_the_registry():
     synchronize(torch.device("cpu"))
     if torch.cuda.is_available():
         synchronize("cuda")
+
+
+def test_device_questions_outside_an_engine_are_answered_by_the_devices_backend():
+    """registry.device_backend and the class-level device answers that model loading,
+    training and the benchmarks ask instead of looking at ``device.type`` (no GPU needed:
+    the host's answers, and what CUDA declares off its class)."""
+    from stages.decoding.backends import accelerator, accelerator_count, device_backend
+
+    cpu = torch.device("cpu")
+    host = device_backend(cpu)
+    assert host.device_type is None and host.device_count() == 0 and not host.auto_dtype_by_size
+    assert host.auto_dtype(cpu, small_model=False) is torch.float32
+    assert host.hardware_name(cpu) is None  # the caller names the host (roofline: /proc/cpuinfo)
+    assert host.memory_allocated_bytes(cpu) is None and host.peak_memory_bytes(cpu) is None
+    host.empty_cache(cpu)
+    host.reset_peak_memory(cpu)
+    with host.autocast(cpu):  # no mixed precision on the host
+        assert not torch.is_autocast_enabled()
+    # CUDA: bf16 except small models (the dtype reads the model's size), bf16 autocast.
+    assert CudaBackend.device_type == "cuda" and CudaBackend.auto_dtype_by_size
+    assert CudaBackend.auto_dtype(torch.device("cuda"), small_model=False) is torch.bfloat16
+    assert CudaBackend.auto_dtype(torch.device("cuda"), small_model=True) is torch.float32
+    assert device_backend("cuda") is CudaBackend
+    # This machine's accelerator: CUDA's devices, or none (then a GPU request runs on the host).
+    if torch.cuda.is_available():
+        assert accelerator() == torch.device("cuda") and accelerator_count() == torch.cuda.device_count()
+        with CudaBackend.autocast(torch.device("cuda")):
+            assert torch.is_autocast_enabled("cuda")
+    else:
+        assert accelerator() is None and accelerator_count() == 0
