@@ -36,8 +36,7 @@ One iteration (``step``):
    (``Scheduler.admits_next``), the engine starts them before its next decode step
    ("fill first"). Why: a decode step reads every weight whatever its width, so steps
    taken while the batch is still filling cost nearly a full step each and advance only
-   a few rows (seen: 50 steps instead of 16 for 8 rows of 16 tokens, a 1B generator on
-   CPU). Once the slots are full (a night's steady state), steps run between a
+   a few rows (jobs/results/bench-job/README.md has the night it changed). Once the slots are full (a night's steady state), steps run between a
    newcomer's chunks as before. With the prefix cache on
    (``prefix_cache``, prefix_cache.py), the engine's own prefill ends a chunk where the
    question starts; that prefix's KV is stored after its last chunk, and a later request
