@@ -215,3 +215,33 @@ def test_sample_job_with_the_embedded_model(tmp_path, ray_session):
         assert r["speculative"] == "prompt_lookup" and r["compression"] == "truncate"
         assert r["context_tokens"] <= 1024 and r["doc_tokens"] >= 2000
     assert result.summary["output_tokens_per_s"] > 0
+
+
+def test_an_interrupt_while_publishing_is_recorded_and_the_next_run_publishes(tmp_path, tiny_model_dir, monkeypatch):
+    """Ctrl-C after the rows are staged, while they are published: the run record says
+    interrupted (nothing lost, nothing published twice) and the next run finishes."""
+    import pipeline.runner as runner_module
+
+    spec = _spec(tmp_path, tiny_model_dir)
+    real = runner_module.commit_date
+
+    calls: list[int] = []
+
+    def interrupted_publish(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # the start's publish of earlier runs' staged rows (none here)
+            return real(*args, **kwargs)
+        raise KeyboardInterrupt("SIGINT")  # what pipeline/cli.py's handler raises, here at the end's publish
+
+    monkeypatch.setattr(runner_module, "commit_date", interrupted_publish)
+    first = run_job(spec, runner="local", run_date=DATE, run_id="run-a", progress=False)
+    assert first.summary["status"] == "interrupted" and first.summary["interrupted_by"] == "SIGINT"
+    record = json.loads((tmp_path / "out" / "_runs" / DATE / "run-a.json").read_text())
+    assert record["summary"]["status"] == "interrupted"
+    assert list((tmp_path / "out").glob("_staging/**/*.staged")), "the staged rows were kept"
+    monkeypatch.setattr(runner_module, "commit_date", real)
+    second = run_job(spec, runner="local", run_date=DATE, run_id="run-b", progress=False)
+    assert second.summary["status"] != "interrupted"
+    rows = load_output(second.output_uri).to_pylist()
+    assert len(rows) == 5 and len({r["request_id"] for r in rows}) == 5  # every document once
+    assert not list((tmp_path / "out").glob("_staging/**/*.staged"))
