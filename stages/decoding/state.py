@@ -162,3 +162,68 @@ class CompressedPrefill:
     compress_s: list[float]
     kept_positions: list[list[int]] | None = None
     prefilled_positions: list[list[int]] | None = None
+
+
+# A group's rows are prefilled in length buckets: a row whose bucket is wider than its
+# prompt computes the padding too, and a method's kept text varies widely between the
+# questions of one document (a relevance floor keeps one sentence for one question and
+# the whole budget for the next), so one padded batch can cost twice the real tokens.
+# 1.25: a bucket holds at most 25% padding; batching rows of similar length keeps
+# most of a batch's gain on a GPU, and a CPU gains little from batching at all.
+MAX_BUCKET_PADDING = 1.25
+
+
+def length_buckets(lengths: list[int], max_padding: float = MAX_BUCKET_PADDING) -> list[list[int]]:
+    """Row indices in buckets of similar length, longest first: a bucket's rows padded to
+    its longest cost at most ``max_padding`` x their real tokens (a row longer than that
+    allows starts a new bucket). Every index appears once."""
+    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])
+    buckets: list[list[int]] = []
+    real = 0
+    for r in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= max_padding * (real + lengths[r]):
+            buckets[-1].append(r)
+            real += lengths[r]
+        else:
+            buckets.append([r])
+            real = lengths[r]
+    return buckets
+
+
+def concat_states(model, states: list[PrefillState], order: list[int]) -> PrefillState:
+    """One state of the rows of ``states`` (in bucket order), put back in input order:
+    ``order[k]`` is the input row of the k-th row of the concatenation. Shorter caches
+    are left-padded with invalid slots (zeros, never attended), as ``left_pad`` does."""
+    width = max(s.valid.shape[1] for s in states)
+    cache = DynamicCache(config=model.config)
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    back = back.to(states[0].valid.device)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:  # [b, H, S, D] -> [b, H, width, D]
+        return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
+
+    for layer in range(len(states[0].cache.layers)):
+        keys = torch.cat([padded(s.cache.layers[layer].keys) for s in states]).index_select(0, back)
+        values = torch.cat([padded(s.cache.layers[layer].values) for s in states]).index_select(0, back)
+        cache.update(keys, values, layer)
+    valid = torch.cat([torch.nn.functional.pad(s.valid, (width - s.valid.shape[1], 0)) for s in states])
+    return PrefillState(
+        cache=cache,
+        valid=valid.index_select(0, back),
+        next_pos=torch.cat([s.next_pos for s in states]).index_select(0, back),
+        last_logits=torch.cat([s.last_logits for s in states]).index_select(0, back),
+        prefill_s=sum(s.prefill_s for s in states),
+    )
+
+
+def prefill_buckets(model, prompts: list[list[int]], pad_id: int,
+                    max_padding: float = MAX_BUCKET_PADDING) -> PrefillState:
+    """``prefill_full`` of ``prompts`` in length buckets (``length_buckets``), joined into
+    one state in input order: each row's cache, position and logits are its own prefill's,
+    whatever rows share its call. Cache ends with S = max prompt length."""
+    buckets = length_buckets([len(p) for p in prompts], max_padding)
+    if len(buckets) == 1:
+        return prefill_full(model, prompts, pad_id)
+    states = [prefill_full(model, [prompts[r] for r in b], pad_id) for b in buckets]
+    return concat_states(model, states, [r for b in buckets for r in b])

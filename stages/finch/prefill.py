@@ -71,7 +71,7 @@ from stages.decoding.state import (
     forward_step,
     left_pad,
     positions_from_real,
-    prefill_full,
+    prefill_buckets,
     step_mask,
 )
 from stages.finch.fusion import (
@@ -390,7 +390,7 @@ def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id
         p.prefix_ids + [p.context_ids[j] for j in k] + p.query_ids
         for p, k in zip(parts, kept, strict=True)
     ]
-    state = prefill_full(model, prompts, pad_id)
+    state = prefill_buckets(model, prompts, pad_id)  # the rows' kept text differs widely in length
     synchronize(model.device)
     state.prefill_s = time.perf_counter() - t0
     b = len(parts)

@@ -9,7 +9,9 @@ import torch
 from stages.decoding.state import (
     forward_step,
     left_pad,
+    length_buckets,
     positions_from_real,
+    prefill_buckets,
     prefill_full,
     step_mask,
 )
@@ -68,3 +70,34 @@ def test_prefill_full_of_a_padded_batch_equals_each_prompt_alone(tiny_llama_fact
 def test_prefill_full_rejects_an_empty_prompt(tiny_llama_factory):
     with pytest.raises(ValueError, match="non-empty"):
         prefill_full(tiny_llama_factory(300), [[1, 2], []], pad_id=0)
+
+
+def test_length_buckets_hold_every_row_once_with_at_most_the_allowed_padding():
+    lengths = [40, 300, 45, 290, 12, 310, 41]
+    buckets = length_buckets(lengths, max_padding=1.25)
+    assert sorted(r for b in buckets for r in b) == list(range(len(lengths)))
+    for b in buckets:
+        widest = max(lengths[r] for r in b)
+        assert len(b) * widest <= 1.25 * sum(lengths[r] for r in b)
+    assert {frozenset(b) for b in buckets} == {frozenset({5, 1, 3}), frozenset({2, 6, 0}), frozenset({4})}
+    assert length_buckets([7, 7, 7]) == [[0, 1, 2]]  # equal lengths: one batch, as before
+
+
+def test_prefill_buckets_equals_each_prompt_alone_and_decodes_on(tiny_llama_factory):
+    """Rows of very different lengths go in separate buckets; the joined state is in input
+    order, left-padded with invalid slots, and each row continues as its own forward would."""
+    model = tiny_llama_factory(300, seed=4, initializer_range=0.1)
+    prompts = [[5, 6], [7 + i for i in range(40)], [50, 51, 52], [60 + i for i in range(38)]]
+    assert len(length_buckets([len(p) for p in prompts])) == 2
+    state = prefill_buckets(model, prompts, pad_id=0)
+    assert state.valid.tolist() == left_pad(prompts, 0, torch.device("cpu"))[1].tolist()
+    assert state.next_pos.tolist() == [2, 40, 3, 38]
+    feed = torch.tensor([[20], [21], [22], [23]])
+    logits, _ = forward_step(model, state.cache, state.valid, feed, state.next_pos[:, None],
+                             torch.ones(4, 1, dtype=torch.bool))
+    with torch.inference_mode():
+        for row, p in enumerate(prompts):
+            torch.testing.assert_close(state.last_logits[row], model(torch.tensor([p])).logits[0, -1],
+                                       rtol=1e-4, atol=1e-5)
+            alone = model(torch.tensor([p + [20 + row]])).logits[0, -1]
+            torch.testing.assert_close(logits[row, -1], alone, rtol=1e-4, atol=1e-5)
