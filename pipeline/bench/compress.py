@@ -14,11 +14,14 @@ instruction and ``QA_QUESTION``) for one row and is measured on:
   (wall seconds on GPU, where the CPU only launches kernels);
 - peak: the most bytes held at once by tensors allocated during the prefill:
   activations, masks, attention workspaces, the KV cache (the model's weights,
-  allocated before, are not counted). On GPU: ``torch.cuda.max_memory_allocated``
-  minus the bytes allocated before. On CPU: every allocation and free of the CPU
-  allocator is recorded by ``torch.profiler`` (``profile_memory=True``) and the peak
-  is the maximum running sum of those events (the profiler's per-op bookkeeping
-  costs the same small overhead in every row, so time ratios stay fair).
+  allocated before, are not counted). On GPU: the step backend's
+  ``peak_memory_bytes`` (CUDA's ``max_memory_allocated``) minus the bytes allocated
+  before. On CPU: every allocation and free of the CPU allocator is recorded by
+  ``torch.profiler`` (``profile_memory=True``) and the peak is the maximum running
+  sum of those events (the profiler's per-op bookkeeping costs the same small
+  overhead in every row, so time ratios stay fair). The step backend says which:
+  the GPU way where it measures its allocator (``memory_allocated_bytes``), and CPU
+  seconds for the ratios where the host runs the prefill (``runs_on_host``).
 
 Methods run interleaved per document size, in one process, so load from other
 processes hits them alike; ratios are Finch / full at the same size (< 1 means
@@ -78,8 +81,8 @@ class Measured:
     cpu_s: float
     peak_bytes: int
 
-    def cost(self, on_gpu: bool) -> float:
-        return self.wall_s if on_gpu else self.cpu_s
+    def cost(self, on_host: bool) -> float:
+        return self.cpu_s if on_host else self.wall_s
 
 
 def measure(fn, device) -> Measured:
@@ -141,6 +144,7 @@ def bench_compress(
 
     from schemas.spec import DEFAULT_QA_INSTRUCTION, DEFAULT_SUMMARY_INSTRUCTION
     from stages.compression.finch import prompt_similarity
+    from stages.decoding.backends import device_backend
     from stages.decoding.state import prefill_full
     from stages.finch import finch_prefill
     from stages.finch.config import SelectCompression
@@ -175,14 +179,14 @@ def bench_compress(
     selecting = find_heads(lm) if heads == "calibrated" else None  # None: every head (uncalibrated)
     finch_prefill(lm, [warm], warm_cfg, pad, boundaries=bounds, similarity=similarity, heads=selecting)
 
-    on_gpu = device.type == "cuda"
+    on_host = device_backend(device).runs_on_host(device)  # ratios of CPU seconds, else of wall seconds
     rows: list[list[str]] = []
     for n in doc_sizes:
         parts = builder.build(all_ids[:n], instruction, question)
         full = None
         if len(parts) <= window:
             full = measure(lambda p=parts: prefill_full(lm, [p.full_ids], pad), device)
-            rows.append(_row(n, "full prefill", full, full, on_gpu))
+            rows.append(_row(n, "full prefill", full, full, on_host))
         else:
             rows.append([str(n), "full prefill", "n/a (exceeds context)", "n/a", "n/a", "", ""])
         configs = [(t, chunk, cap) for t in target_list for cap in caps]
@@ -194,14 +198,14 @@ def bench_compress(
             sim = similarity if cfg.evidence == "fused" else None
             m = measure(lambda p=parts, cfg=cfg, sim=sim: finch_prefill(
                 lm, [p], cfg, pad, boundaries=bounds, similarity=sim, heads=selecting), device)
-            rows.append(_row(n, f"finch t={target} c={c}" + (f" layers<={cap}" if cap else ""), m, full, on_gpu))
+            rows.append(_row(n, f"finch t={target} c={c}" + (f" layers<={cap}" if cap else ""), m, full, on_host))
     overhead = builder.overhead_tokens(instruction, question)
     depth = f"selecting layers {', '.join(str(la) for la in sorted({la for la, _ in selecting.heads}))}" \
         if selecting is not None else "every head of every layer"
     print(f"model={model} task={task} device={device} threads={torch.get_num_threads()} window={window} "
           f"head_mode={head_mode} scoring={scoring} mode={mode} heads={heads} ({depth} of "
           f"{lm.config.get_text_config().num_hidden_layers}) prompt overhead={overhead} tokens; "
-          f"ratios use {'wall' if on_gpu else 'CPU'} seconds")
+          f"ratios use {'CPU' if on_host else 'wall'} seconds")
     print("| doc tokens | method | wall s | CPU s | peak MiB | time vs full | peak vs full |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -218,13 +222,13 @@ def _cap(text: str) -> int | None:
     return int(text)
 
 
-def _row(n: int, name: str, m: Measured, full: Measured | None, on_gpu: bool) -> list[str]:
+def _row(n: int, name: str, m: Measured, full: Measured | None, on_host: bool) -> list[str]:
     def ratio(a: float, b: float | None) -> str:
         return f"{a / b:.2f}x" if b else ""
 
     return [
         str(n), name, f"{m.wall_s:.2f}", f"{m.cpu_s:.2f}", f"{m.peak_bytes / 2**20:.1f}",
-        ratio(m.cost(on_gpu), full.cost(on_gpu) if full else None),
+        ratio(m.cost(on_host), full.cost(on_host) if full else None),
         ratio(m.peak_bytes, full.peak_bytes if full else None),
     ]
 

@@ -253,7 +253,7 @@ class Prepared:
     speculative: dict[str, str]
     peer_of: dict[str, str | None]
     peers: dict[str, dict]  # peer name -> {truncate, keep, requests, what}
-    device_type: str
+    device_type: str  # data: the peer's --device argument, the results' device record
     device_name: str
     dtype: str
     peer_model_args: list[str]
@@ -263,6 +263,7 @@ class Prepared:
     threads: int
     spec_name: str
     max_new_tokens: int
+    on_host: bool  # the host's CPU runs it (step backend's runs_on_host): threads matter, files say "cpu"
 
 
 def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
@@ -270,6 +271,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
 
     from pipeline.bench.job_docs import spec_requests, write_requests, write_synthetic_corpus
     from schemas.loading import spec_from_dict
+    from stages.decoding.backends import device_backend
     from stages.model_loading import load_tokenizer, pick_device
 
     first = specs[0]
@@ -323,6 +325,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
         device_name=_device_name(device), dtype=dtype, peer_model_args=model_args, requests=len(records),
         bad_docs=bad, docs_label=docs_label, threads=max(1, int(first.resources.num_cpus)),
         spec_name=first.name, max_new_tokens=first.generation.max_new_tokens,
+        on_host=device_backend(device).runs_on_host(device),
     )
 
 
@@ -583,7 +586,7 @@ def _peer_argv(p: Prepared, peer: str) -> list[str]:
     cfg = p.peers[peer]
     argv = [sys.executable, str(PEER_SCRIPT), "--requests", str(p.tmp / "requests.jsonl"), *p.peer_model_args,
             "--dtype", p.dtype, "--device", p.device_type, "--max-new-tokens", str(p.max_new_tokens)]
-    if p.device_type == "cpu":
+    if p.on_host:
         argv += ["--threads", str(p.threads)]  # what the generate actor uses (resources.num_cpus)
     if cfg["truncate"]:
         argv += ["--truncate-tokens", str(cfg["truncate"]), "--keep", cfg["keep"]]
@@ -746,7 +749,7 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
         **({"partial": "cut short: these sides (and runs) only"} if partial else {}),
         "versions": {**_git(), **_versions()},
         "device": {"type": p.device_type, "name": p.device_name,
-                   "file_name": "cpu" if p.device_type == "cpu" else p.device_name},
+                   "file_name": "cpu" if p.on_host else p.device_name},
         "host": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load_start],
                  "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),

@@ -3,11 +3,14 @@
 Contract:
 - ``measure_bandwidth(device)`` -> bytes/s of a large copy on ``device``, counting
   bytes read plus bytes written (the convention of STREAM's copy and of the device
-  notes). CUDA: a device-to-device copy of 1 GiB timed with CUDA events (best of 5
-  after a warm-up). CPU: a 256 MiB ``copy_`` at the current torch thread count (the
-  bench runs one thread on CPU, so this is what one core can stream).
-- ``nominal_bandwidth(name)`` -> the data-sheet bandwidth (bytes/s) for a known GPU
-  name, else None. The roofline uses the measured figure; the nominal one is printed
+  notes), best of 5 after a warm-up, as the device's step backend sizes and times it
+  (stages/decoding/backends: ``bandwidth_probe_bytes``, ``time_device_work``). CUDA: a
+  device-to-device copy of 1 GiB timed with CUDA events. CPU: a 256 MiB ``copy_`` at
+  the current torch thread count (the bench runs one thread on CPU, so this is what one
+  core can stream), timed with ``perf_counter``.
+- ``nominal_bandwidth(device, name)`` -> the data-sheet bandwidth (bytes/s) of the
+  device called ``name``, else None (the backend's ``nominal_bandwidth``: CUDA's table,
+  none for a CPU). The roofline uses the measured figure; the nominal one is printed
   beside it.
 - ``step_bytes(model, batch, context)`` -> (weight bytes, KV bytes) one decode step
   reads: every parameter once except an untied input embedding (a step gathers B
@@ -17,26 +20,7 @@ Contract:
 
 from __future__ import annotations
 
-import time
-
 import torch
-
-# Data-sheet HBM bandwidth, GB/s (10^9 bytes), by a substring of torch's device name.
-# Order matters: the first match wins, so the specific names come first.
-NOMINAL_GBPS: tuple[tuple[str, float], ...] = (
-    ("H200", 4800.0),
-    ("H100 NVL", 3900.0),
-    ("H100 PCIe", 2000.0),
-    ("H100", 3350.0),  # SXM (HBM3)
-    ("GH200", 4000.0),
-    ("A100-SXM4-80GB", 2039.0),
-    ("A100 80GB PCIe", 1935.0),
-    ("A100", 1555.0),
-    ("L40S", 864.0),
-    ("L4", 300.0),
-    ("A10G", 600.0),
-    ("T4", 320.0),
-)
 
 
 def device_name(device: torch.device) -> str:
@@ -58,42 +42,30 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def nominal_bandwidth(name: str) -> float | None:
-    """Data-sheet bandwidth in bytes/s for a GPU name, None when unknown (or a CPU)."""
-    for key, gbps in NOMINAL_GBPS:
-        if key.lower() in name.lower():
-            return gbps * 1e9
-    return None
+def nominal_bandwidth(device: torch.device, name: str) -> float | None:
+    """Data-sheet bandwidth in bytes/s of ``device`` called ``name``; None when unknown (or a CPU)."""
+    from stages.decoding.backends import device_backend
+
+    return device_backend(device).nominal_bandwidth(name)
 
 
 def measure_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> float:
     """Copy bandwidth in bytes/s (read + write) on ``device``; see the module docstring."""
-    if device.type == "cuda":
-        n = (nbytes or 2**30) // 4
-        src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
-        dst = torch.empty_like(src)
-        dst.copy_(src)  # warm-up
-        best = float("inf")
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
-        del src, dst
-        torch.cuda.empty_cache()
-        return 2 * n * 4 / best
-    n = (nbytes or 2**28) // 4
-    src = torch.rand(n, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up: fault the pages in
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
+    from stages.decoding.backends import device_backend
+
+    backend = device_backend(device)
+    n = (nbytes or backend.bandwidth_probe_bytes) // 4
+    best = _best_copy_seconds(backend, device, n, repeats)
+    backend.empty_cache(device)  # the copy's buffers are freed: hand them back
     return 2 * n * 4 / best
+
+
+def _best_copy_seconds(backend, device: torch.device, n: int, repeats: int) -> float:
+    """The fastest of ``repeats`` copies of ``n`` float32 on ``device``, after a warm-up."""
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up (on the host: faults the pages in)
+    return min(backend.time_device_work(device, lambda: dst.copy_(src)) for _ in range(repeats))
 
 
 def kv_bytes_per_token(model) -> int:

@@ -99,12 +99,12 @@ class Settings:
 
 def check_settings(s: Settings) -> None:
     """ValueError naming the option and what is allowed."""
-    from stages.decoding.backends import compile_plan
+    from stages.decoding.backends import compile_plan, device_backend
 
     if s.device not in ("cpu", "cuda"):
         raise ValueError(f"--device {s.device!r} not supported; allowed: cpu, cuda")
-    if s.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    if not device_backend(s.device).is_available(torch.device(s.device)):
+        raise ValueError(f"--device {s.device}: no {s.device.upper()} device is visible to torch")
     bad = [x for x in s.systems if x not in SYSTEMS]
     if bad or not s.systems:
         raise ValueError(f"--systems {','.join(s.systems)!r}: allowed: a comma list of {', '.join(SYSTEMS)}")
@@ -128,6 +128,13 @@ def check_settings(s: Settings) -> None:
         raise ValueError(f"--usd-per-device-hour {s.usd_per_device_hour}: allowed: >= 0")
 
 
+def _on_host(device: torch.device) -> bool:
+    """The host's CPU runs the bench (its threads, DRAM bandwidth and CPU checks apply)."""
+    from stages.decoding.backends import device_backend
+
+    return device_backend(device).runs_on_host(device)
+
+
 def _free(device: torch.device) -> None:
     from stages.decoding.backends import device_backend
 
@@ -148,7 +155,7 @@ def _header(s: Settings, device: torch.device, model, clock: Clock) -> dict:
 
     name = roofline.device_name(device)
     measured = roofline.measure_bandwidth(device)
-    nominal = roofline.nominal_bandwidth(name) if device.type == "cuda" else None
+    nominal = roofline.nominal_bandwidth(device, name)  # None on the host (no data sheet)
     params = sum(p.numel() for p in model.parameters())
     return {
         "bench": "decode",
@@ -198,7 +205,7 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
         FORMULA + f" Price: usd_per_device_hour = {s.usd_per_device_hour:g} (--usd-per-device-hour; "
         f"the spec's default cost.usd_per_device_hour is {CostSpec().usd_per_device_hour:g}).",
     ]
-    if device.type == "cpu":
+    if _on_host(device):
         notes.append("CPU roofline: DRAM copy bandwidth at the bench's thread count; a model whose weights "
                      "fit in the CPU caches (random:tiny: 13 MB) can run above it.")
     if s.ignore_eos:
@@ -413,7 +420,7 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
 
     check_settings(s)
     device = torch.device(s.device)
-    if device.type == "cpu" and s.threads > 0:
+    if _on_host(device) and s.threads > 0:
         torch.set_num_threads(s.threads)
     clock = Clock(device)
     t = time.perf_counter()
@@ -452,7 +459,7 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
             _free(device)
             if on_batch is not None:
                 on_batch(result)
-    if device.type == "cpu":
+    if _on_host(device):
         result["cpu_checks"] = [{"check": c, "passed": ok} for c, ok in cpu_checks(result["results"])]
     return result
 

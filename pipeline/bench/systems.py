@@ -26,9 +26,10 @@ decode-only figures.
 EOS: with ``ignore_eos`` every row generates exactly ``new_tokens`` tokens (ours: no
 EOS ids; HF: ``min_new_tokens``), so every system does the same work.
 
-Clock: on CUDA ``perf_counter`` after ``torch.cuda.synchronize``; on CPU with one
-torch thread this process's CPU time (on a shared machine it leaves out time other
-processes hold the core), else wall.
+Clock: on a device (CUDA) ``perf_counter`` after its step backend's synchronize
+(``cuda.synchronize``); on the host with one torch thread this process's CPU time (on a
+shared machine it leaves out time other processes hold the core), else wall. Which is
+which the step backend says (stages/decoding/backends: ``runs_on_host``).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class Clock:
     """Seconds for timing a call on ``device`` (see the module docstring)."""
 
     def __init__(self, device: torch.device) -> None:
-        from stages.decoding.backends import synchronize
+        from stages.decoding.backends import device_backend, synchronize
 
         self.device, self._synchronize = device, synchronize
-        if device.type == "cuda":
-            self.name = "cuda.synchronize+perf_counter"
+        backend = device_backend(device)
+        if not backend.runs_on_host(device):
+            self.name = f"{backend.name}.synchronize+perf_counter"  # cuda.synchronize+perf_counter
         elif torch.get_num_threads() == 1:
             self.name = "process_time (one torch thread)"
         else:
@@ -143,16 +145,19 @@ def compile_config(device: torch.device):
     import torch._dynamo
     from transformers import CompileConfig
 
+    from stages.decoding.backends import compile_plan
+
     # One compiled step per batch size (and cache length): more than dynamo's default
     # 8 graphs per function on a long --batch-sizes list would fall back to eager.
     dyn = torch._dynamo.config
     for limit in ("cache_size_limit", "recompile_limit"):
         if hasattr(dyn, limit):
             setattr(dyn, limit, max(getattr(dyn, limit), 64))
-    if device.type == "cuda":
-        return CompileConfig()  # transformers' defaults: mode "reduce-overhead" (CUDA graphs)
-    cfg = CompileConfig(mode="default")
-    cfg._compile_all_devices = True  # transformers compiles on CPU only when told to
+    # The mode our own inductor steps take on this device (the step backend's compile plan):
+    # CUDA "reduce-overhead" (CUDA graphs; transformers' default), elsewhere inductor's default.
+    mode, _compiler = compile_plan("inductor", device)
+    cfg = CompileConfig(mode=mode or "default")
+    cfg._compile_all_devices = True  # transformers compiles off CUDA only when told to (no-op on CUDA)
     return cfg
 
 

@@ -12,8 +12,9 @@ train_curve.png        the loss curve (curve.plot_curve)
 renames (``last`` -> ``last.old``, ``last.tmp`` -> ``last``), so a kill at any moment leaves
 either ``last/`` or ``last.old/`` complete; ``find_checkpoint`` takes whichever exists.
 Exact resumption needs every source of randomness restored: the segmenter's
-``random.Random`` state, torch's CPU (and CUDA) generator (LoRA dropout), the optimizer
-and scheduler states; the data order is replayed (``fit`` skips the batches already used).
+``random.Random`` state, torch's CPU generator and this machine's accelerator's (LoRA
+dropout; its step backend's ``rng_state``, keyed ``cuda_rng`` on CUDA), the optimizer and
+scheduler states; the data order is replayed (``fit`` skips the batches already used).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from stages.autocompressor.checkpoint import save_autocompressor
 from stages.autocompressor.model import AutoCompressor
+from stages.decoding.backends import accelerator_backend
 
 LAST, TMP, OLD = "last", "last.tmp", "last.old"
 STATE_FILE = "train_state.pt"
@@ -69,9 +71,15 @@ def capture(
         "elapsed_s": elapsed_s,
         "tokens": tokens,
     }
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    acc = accelerator_backend()
+    if acc is not None:  # this machine's accelerator: its generators too
+        state[_rng_key(acc)] = acc.rng_state()
     return state
+
+
+def _rng_key(acc) -> str:
+    """The state's key of an accelerator's generators (``cuda_rng`` on CUDA)."""
+    return f"{acc.device_type}_rng"
 
 
 def restore(
@@ -100,8 +108,9 @@ def restore(
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["py_rng"])
     torch.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    acc = accelerator_backend()
+    if acc is not None and _rng_key(acc) in state:
+        acc.set_rng_state(state[_rng_key(acc)])
 
 
 def write_checkpoint(

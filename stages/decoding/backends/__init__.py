@@ -9,6 +9,7 @@ cpu_native/ (CPU with the causal prefill kernel, where it pays).
 from stages.decoding.backends.base import COMPILE_CHOICES, StepBackend
 from stages.decoding.backends.registry import (
     accelerator,
+    accelerator_backend,
     accelerator_count,
     backend_class,
     backend_for,
@@ -18,5 +19,5 @@ from stages.decoding.backends.registry import (
     synchronize,
 )
 
-__all__ = ["COMPILE_CHOICES", "StepBackend", "accelerator", "accelerator_count", "backend_class", "backend_for",
-           "compile_plan", "device_backend", "registry", "synchronize"]
+__all__ = ["COMPILE_CHOICES", "StepBackend", "accelerator", "accelerator_backend", "accelerator_count",
+           "backend_class", "backend_for", "compile_plan", "device_backend", "registry", "synchronize"]

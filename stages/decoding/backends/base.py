@@ -42,7 +42,15 @@ every registered backend to it):
   has; None/0 for the host), ``auto_dtype(device, small_model)`` and
   ``auto_dtype_by_size`` (generation.dtype auto), ``autocast(device)`` (training's mixed
   precision), ``hardware_name(device)``, ``empty_cache``, ``reset_peak_memory``,
-  ``memory_allocated_bytes`` and ``peak_memory_bytes`` (None: not measured on this device).
+  ``memory_allocated_bytes`` and ``peak_memory_bytes`` (None: not measured on this device),
+  ``is_available(device)`` (this machine has the device), ``runs_on_host(device)`` (the
+  host's CPU does the work: torch threads, process CPU time and DRAM bandwidth are what
+  count), ``time_device_work(device, fn)`` (seconds of the device work ``fn`` queues: CUDA
+  events on CUDA, a synchronised wall clock elsewhere), ``bandwidth_probe_bytes`` (the copy
+  that measures memory bandwidth), ``nominal_bandwidth(name)`` (the data-sheet bytes/s of a
+  device named so; None: no data sheet, e.g. the host), ``rng_state()`` and
+  ``set_rng_state(state)`` (the device's own generators, all of its devices: what a
+  training checkpoint saves beside torch's CPU generator; None on the host).
 Nothing here is process-global: an engine owns its backend, and a backend what it measured.
 """
 
@@ -272,6 +280,48 @@ class StepBackend:
     def peak_memory_bytes(cls, device: torch.device) -> int | None:
         """Most bytes allocated on ``device`` since ``reset_peak_memory``; None: not measured here."""
         return None
+
+    @classmethod
+    def is_available(cls, device: torch.device) -> bool:
+        """Whether this machine has ``device``: the host always; an accelerator when
+        ``device_count()`` finds one (devices without a backend of their own: torch says)."""
+        return cls.device_type is None or cls.device_count() > 0
+
+    @classmethod
+    def runs_on_host(cls, device: torch.device) -> bool:
+        """Whether the host's CPU does ``device``'s work (torch's threads, this process's CPU
+        time and DRAM bandwidth are then what a measurement is about)."""
+        return device.type == "cpu"
+
+    #: Bytes of the copy that measures ``device``'s memory bandwidth (benchmarks' roofline):
+    #: 256 MiB, well past the host's caches.
+    bandwidth_probe_bytes: ClassVar[int] = 2**28
+
+    @classmethod
+    def time_device_work(cls, device: torch.device, fn: Callable[[], object]) -> float:
+        """Seconds the work ``fn()`` does on ``device``: wall time between synchronisations
+        (nothing to wait for on the host)."""
+        cls.synchronize_device(device)
+        t = time.perf_counter()
+        fn()
+        cls.synchronize_device(device)
+        return time.perf_counter() - t
+
+    @classmethod
+    def nominal_bandwidth(cls, name: str) -> float | None:
+        """Data-sheet memory bandwidth (bytes/s) of the device called ``name``
+        (``hardware_name``); None: unknown, or no data sheet (the host)."""
+        return None
+
+    @classmethod
+    def rng_state(cls) -> object | None:
+        """The random state of every device of ``device_type`` (None: the host, whose
+        generator is torch's own: torch.get_rng_state)."""
+        return None
+
+    @classmethod
+    def set_rng_state(cls, state: object) -> None:
+        """Restore what ``rng_state`` returned (nothing on the host)."""
 
     def describe(self) -> str:
         how = "eager"

@@ -10,6 +10,7 @@ takes 4 rows at once (the GPU's work per call grows with rows until it saturates
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
@@ -18,6 +19,24 @@ from stages.decoding.backends.base import StepBackend
 from stages.decoding.backends.cuda_graphs import CapturedSteps
 from stages.decoding.slot_step import SlotStep
 from stages.decoding.slots import SlotCache
+
+# Data-sheet HBM bandwidth, GB/s (10^9 bytes), by a substring of torch's device name
+# (CudaBackend.nominal_bandwidth). Order matters: the first match wins, so the specific
+# names come first.
+NOMINAL_GBPS: tuple[tuple[str, float], ...] = (
+    ("H200", 4800.0),
+    ("H100 NVL", 3900.0),
+    ("H100 PCIe", 2000.0),
+    ("H100", 3350.0),  # SXM (HBM3)
+    ("GH200", 4000.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),
+    ("L40S", 864.0),
+    ("L4", 300.0),
+    ("A10G", 600.0),
+    ("T4", 320.0),
+)
 
 
 class CudaBackend(StepBackend):
@@ -120,3 +139,36 @@ class CudaBackend(StepBackend):
     @classmethod
     def peak_memory_bytes(cls, device: torch.device) -> int | None:
         return torch.cuda.max_memory_allocated(device)
+
+    @classmethod
+    def runs_on_host(cls, device: torch.device) -> bool:
+        return False
+
+    #: 1 GiB: a device-to-device copy long enough to reach the HBM's rate.
+    bandwidth_probe_bytes = 2**30
+
+    @classmethod
+    def time_device_work(cls, device: torch.device, fn: Callable[[], object]) -> float:
+        """CUDA events around ``fn()`` on the current stream: the GPU's own time for the work."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    @classmethod
+    def nominal_bandwidth(cls, name: str) -> float | None:
+        """NOMINAL_GBPS's figure for the first substring of ``name`` it lists."""
+        for key, gbps in NOMINAL_GBPS:
+            if key.lower() in name.lower():
+                return gbps * 1e9
+        return None
+
+    @classmethod
+    def rng_state(cls) -> object | None:
+        return torch.cuda.get_rng_state_all()
+
+    @classmethod
+    def set_rng_state(cls, state: object) -> None:
+        torch.cuda.set_rng_state_all(state)

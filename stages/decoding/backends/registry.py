@@ -107,16 +107,25 @@ def synchronize(device: torch.device | str) -> None:
     device_backend(device).synchronize_device(device)
 
 
-def accelerator() -> torch.device | None:
-    """The accelerator a process granted GPUs runs on: the device type of the highest-priority
-    backend this machine has a device for; None: none here (the host runs it)."""
+def accelerator_backend() -> type[StepBackend] | None:
+    """The backend class of this machine's accelerator: the highest-priority backend with a
+    ``device_type`` this machine has a device of; None: none here (the host runs it). Found
+    without ``backend_class``, so ``$LONGDOC_STEP_BACKEND`` (which picks step backends) does
+    not hide the accelerator's own device answers (e.g. its random state for a checkpoint)."""
     for cls in registry().values():
         if cls.device_type is not None and cls.device_count() > 0:
-            return torch.device(cls.device_type)
+            return cls
     return None
+
+
+def accelerator() -> torch.device | None:
+    """The accelerator a process granted GPUs runs on: the device type of
+    ``accelerator_backend()``; None: none here (the host runs it)."""
+    cls = accelerator_backend()
+    return torch.device(cls.device_type) if cls is not None else None
 
 
 def accelerator_count() -> int:
     """Accelerator devices this machine has (of ``accelerator()``'s type; 0: none)."""
-    acc = accelerator()
-    return device_backend(acc).device_count() if acc is not None else 0
+    cls = accelerator_backend()
+    return cls.device_count() if cls is not None else 0

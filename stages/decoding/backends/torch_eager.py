@@ -60,7 +60,7 @@ class TorchEagerBackend(StepBackend):
         min_span: int = 256,
     ) -> None:
         device = torch.device(device)
-        self.on_host = device.type == "cpu"
+        self.on_host = self.runs_on_host(device)
         super().__init__(model, device, compile, compile_backend, min_span)
         # One torch thread: the forward runs on the calling thread, so its CPU time is the
         # step's cost (leaves out other processes' bursts); with more, the work is spread

@@ -222,7 +222,7 @@ def test_agreement_counts_rows_a_stop_rule_ended_early_apart_from_different_text
     from pipeline.bench.job import Prepared, agreement
 
     p = Prepared(tmp_path, {}, {"longdoc": "truncate"}, {"longdoc": True}, {"longdoc": "none"}, {"longdoc": "peer"},
-                 {}, "cpu", "cpu", "float32", [], 3, 0, "3 docs", 2, "spec", 16)
+                 {}, "cpu", "cpu", "float32", [], 3, 0, "3 docs", 2, "spec", 16, True)
 
     def row(rid: str, text: str, tokens: int) -> dict:
         return {"request_id": rid, "doc_id": f"{rid}.txt", "error": None, "output_text": text,

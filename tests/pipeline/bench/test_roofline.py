@@ -16,8 +16,14 @@ from stages.random_models import random_config
      ("NVIDIA H100 NVL", 3900), ("Some New GPU", None)],
 )
 def test_nominal_bandwidth_by_device_name(name, gbps):
-    got = roofline.nominal_bandwidth(name)
+    """The CUDA backend's data-sheet table (no GPU needed: the name is given)."""
+    got = roofline.nominal_bandwidth(torch.device("cuda"), name)
     assert got == (gbps * 1e9 if gbps else None)
+
+
+def test_no_nominal_bandwidth_for_the_host_whatever_its_name():
+    """A CPU model name holding a GPU's substring ("L4", "T4") gets no data-sheet figure."""
+    assert roofline.nominal_bandwidth(torch.device("cpu"), "Intel(R) Xeon(R) L4 T4 H100") is None
 
 
 def test_8b_step_bytes_leave_out_the_untied_input_embedding():

@@ -137,3 +137,42 @@ def test_plot_curve_writes_a_png_and_refuses_an_empty_log(tmp_path):
     resume.StepLog(tmp_path / "empty")
     with pytest.raises(ValueError, match="no rows"):
         plot_curve(tmp_path / "empty" / resume.LOG_FILE, tmp_path / "e.png")
+
+
+def test_the_accelerators_generators_are_saved_and_restored_through_its_step_backend(monkeypatch):
+    """Beside torch's CPU generator, the state holds this machine's accelerator's generators
+    (``cuda_rng`` on CUDA: its step backend's rng_state), restored where that accelerator is."""
+    import random
+
+    class Accelerator:  # a stand-in step backend class with a device of its own
+        device_type = "fake"
+        restored: list = []
+
+        @classmethod
+        def rng_state(cls):
+            return ["gen0", "gen1"]
+
+        @classmethod
+        def set_rng_state(cls, state) -> None:
+            cls.restored.append(state)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.summary_embeddings = torch.nn.Parameter(torch.zeros(2))
+            self.register_buffer("summary_center", torch.zeros(2))
+
+    ac = Tiny()
+    opt = torch.optim.SGD(ac.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    monkeypatch.setattr(resume, "accelerator_backend", lambda: Accelerator)
+    state = resume.capture(1, ac, opt, sched, random.Random(0), 0.0, 0)
+    assert state["fake_rng"] == ["gen0", "gen1"]
+    resume.restore(state, ac, opt, sched, random.Random(1))
+    assert Accelerator.restored == [["gen0", "gen1"]]
+    # No accelerator here: none saved, and a state saved with one restores without it.
+    monkeypatch.setattr(resume, "accelerator_backend", lambda: None)
+    assert not any(k.endswith("_rng") and k not in ("py_rng", "torch_rng") for k in resume.capture(
+        1, ac, opt, sched, random.Random(0), 0.0, 0))
+    resume.restore(state, ac, opt, sched, random.Random(1))
+    assert Accelerator.restored == [["gen0", "gen1"]]

@@ -92,6 +92,33 @@ def test_every_backend_keeps_the_contract(name, fresh_model):
     assert isinstance(backend.grows_slots, bool) and isinstance(backend.indexed_slot_writes, bool)
     assert isinstance(backend.describe(), str) and name in backend.describe()
     assert isinstance(cls.device_name(backend.device), str)
+    _device_answers(cls, backend.device)
+
+
+def _device_answers(cls: type[StepBackend], device: torch.device) -> None:
+    """The class-level device answers code outside an engine asks (benchmarks, training's
+    checkpoints), on a device the backend claims and this machine has."""
+    assert cls.is_available(device)
+    # the host: no accelerator type of its own; an accelerator: not the host
+    assert cls.runs_on_host(device) == (cls.device_type is None)
+    # timing device work: the work done, seconds >= 0
+    src = torch.arange(4096, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)
+    seconds = cls.time_device_work(device, lambda: dst.copy_(src))
+    assert isinstance(seconds, float) and seconds >= 0 and torch.equal(dst, src)
+    assert cls.bandwidth_probe_bytes >= 2**20 and cls.bandwidth_probe_bytes % 4 == 0
+    nominal = cls.nominal_bandwidth(cls.hardware_name(device) or "host")
+    assert nominal is None or nominal > 0
+    cls.empty_cache(device)
+    # the device's generators: None on the host (torch's own generator); else a round trip
+    state = cls.rng_state()
+    if state is None:
+        assert cls.device_type is None
+        cls.set_rng_state(state)
+    else:
+        first = torch.rand(8, device=device)
+        cls.set_rng_state(state)
+        assert torch.equal(torch.rand(8, device=device), first)
 
 
 @pytest.mark.parametrize("name", list(registry()))
@@ -214,7 +241,12 @@ def test_device_questions_outside_an_engine_are_answered_by_the_devices_backend(
     """registry.device_backend and the class-level device answers that model loading,
     training and the benchmarks ask instead of looking at ``device.type`` (no GPU needed:
     the host's answers, and what CUDA declares off its class)."""
-    from stages.decoding.backends import accelerator, accelerator_count, device_backend
+    from stages.decoding.backends import (
+        accelerator,
+        accelerator_backend,
+        accelerator_count,
+        device_backend,
+    )
 
     cpu = torch.device("cpu")
     host = device_backend(cpu)
@@ -224,6 +256,10 @@ def test_device_questions_outside_an_engine_are_answered_by_the_devices_backend(
     assert host.memory_allocated_bytes(cpu) is None and host.peak_memory_bytes(cpu) is None
     host.empty_cache(cpu)
     host.reset_peak_memory(cpu)
+    assert host.is_available(cpu) and host.runs_on_host(cpu)
+    assert host.nominal_bandwidth("NVIDIA H100 80GB HBM3") is None  # no data sheet for the host
+    assert host.rng_state() is None and host.bandwidth_probe_bytes == 2**28
+    assert host.time_device_work(cpu, lambda: sum(range(1000))) >= 0
     with host.autocast(cpu):  # no mixed precision on the host
         assert not torch.is_autocast_enabled()
     # CUDA: bf16 except small models (the dtype reads the model's size), bf16 autocast.
@@ -231,6 +267,9 @@ def test_device_questions_outside_an_engine_are_answered_by_the_devices_backend(
     assert CudaBackend.auto_dtype(torch.device("cuda"), small_model=False) is torch.bfloat16
     assert CudaBackend.auto_dtype(torch.device("cuda"), small_model=True) is torch.float32
     assert device_backend("cuda") is CudaBackend
+    cuda = torch.device("cuda")
+    assert not CudaBackend.runs_on_host(cuda) and CudaBackend.bandwidth_probe_bytes == 2**30
+    assert CudaBackend.is_available(cuda) == torch.cuda.is_available()
     # This machine's accelerator: CUDA's devices, or none (then a GPU request runs on the host).
     if torch.cuda.is_available():
         assert accelerator() == torch.device("cuda") and accelerator_count() == torch.cuda.device_count()
@@ -238,3 +277,58 @@ def test_device_questions_outside_an_engine_are_answered_by_the_devices_backend(
             assert torch.is_autocast_enabled("cuda")
     else:
         assert accelerator() is None and accelerator_count() == 0
+        assert accelerator_backend() is None
+
+
+def test_accelerator_found_past_the_step_backend_switch(monkeypatch):
+    """$LONGDOC_STEP_BACKEND picks step backends; the accelerator's own answers (its count,
+    its generators) still come from its backend."""
+    from stages.decoding.backends import accelerator, accelerator_backend, accelerator_count
+
+    monkeypatch.setattr(CudaBackend, "device_count", classmethod(lambda cls: 2))
+    monkeypatch.setenv("LONGDOC_STEP_BACKEND", "torch")
+    assert accelerator_backend() is CudaBackend and accelerator() == torch.device("cuda")
+    assert accelerator_count() == 2
+
+
+def test_cuda_device_answers_without_a_gpu(monkeypatch):
+    """What CUDA answers with torch.cuda, checked against stand-ins (no GPU needed)."""
+    cuda = torch.device("cuda")
+    # timing: CUDA events around the work, their elapsed milliseconds in seconds
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.name = "start" if not any(e == "new" for e in log) else "end"
+            log.append("new")
+
+        def record(self) -> None:
+            log.append(f"record {self.name}")
+
+        def synchronize(self) -> None:
+            log.append(f"synchronize {self.name}")
+
+        def elapsed_time(self, end: Event) -> float:
+            return 250.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert CudaBackend.time_device_work(cuda, lambda: log.append("work")) == 0.25
+    assert log == ["new", "new", "record start", "work", "record end", "synchronize end"]
+    # the generators of every CUDA device, saved and restored whole
+    restored = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["gpu0", "gpu1"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    assert CudaBackend.rng_state() == ["gpu0", "gpu1"]
+    CudaBackend.set_rng_state(["gpu0", "gpu1"])
+    assert restored == [["gpu0", "gpu1"]]
+    # the data sheet, by torch's device name: the specific names first
+    assert CudaBackend.nominal_bandwidth("NVIDIA H200") == 4800e9
+    assert CudaBackend.nominal_bandwidth("NVIDIA H100 PCIe") == 2000e9
+    assert CudaBackend.nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3350e9
+    assert CudaBackend.nominal_bandwidth("Some New GPU") is None
+    # availability: what torch sees
+    monkeypatch.setattr(CudaBackend, "device_count", classmethod(lambda cls: 0))
+    assert not CudaBackend.is_available(cuda)
+    monkeypatch.setattr(CudaBackend, "device_count", classmethod(lambda cls: 1))
+    assert CudaBackend.is_available(cuda)
