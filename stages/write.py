@@ -66,15 +66,20 @@ def runs_root(root: str) -> str:
     return f"{root.rstrip('/')}{RUNS_SUFFIX}"
 
 
+def run_record_dir(root: str, run_date: str) -> str:
+    """Where the runs of ``run_date`` write their records: ``{root}.runs/{run_date}``."""
+    return f"{runs_root(root)}/{run_date}"
+
+
 def run_record_path(root: str, run_date: str, run_id: str) -> str:
     """The run record a run of ``root`` writes: ``{root}.runs/{run_date}/{run_id}.json``."""
-    return f"{runs_root(root)}/{run_date}/{run_id}.json"
+    return f"{run_record_dir(root, run_date)}/{run_id}.json"
 
 
 def run_record_dirs(root: str, run_date: str) -> list[str]:
     """Folders that may hold run records of ``run_date``, newest layout first: the current
     one, then ``{root}/_runs/{run_date}`` (outputs written by earlier versions)."""
-    return [f"{runs_root(root)}/{run_date}", f"{root.rstrip('/')}/{LEGACY_RUNS}/{run_date}"]
+    return [run_record_dir(root, run_date), f"{root.rstrip('/')}/{LEGACY_RUNS}/{run_date}"]
 
 
 def run_record_candidates(root: str, run_date: str, run_id: str) -> list[str]:

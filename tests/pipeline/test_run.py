@@ -16,7 +16,7 @@ from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
 from schemas.loading import load_spec, spec_from_dict
 from schemas.output import INPUT, OUTPUT_COLUMNS
-from stages.write import run_record_path, staging_dir
+from stages.write import run_record_dir, run_record_path, staging_dir
 
 DATE = "2026-01-31"
 
@@ -61,7 +61,7 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(runner, tmp_path, tiny_
     assert result.summary["rows"] == 5 and result.summary["failed"] == 3
     assert set(table.column_names) == set(OUTPUT_COLUMNS)
     # The run record sits beside the table, not in it: the root holds only the rows.
-    (run_json,) = Path(run_record_path(str(out), DATE, "run-a")).parent.glob("*.json")
+    (run_json,) = Path(run_record_dir(str(out), DATE)).glob("*.json")
     assert run_json.parent == out.parent / "sample-summarize.runs" / DATE
     assert {p.suffix for p in out.rglob("*") if p.is_file()} == {".parquet"}
     recorded = json.loads(run_json.read_text())["summary"]
