@@ -14,7 +14,7 @@ What it checks:
   text and question fields (and the answer field when set): a field that none of them
   has would turn every document into an ``input`` error row after the model loaded;
 - the output is test-written and the test object removed: on object stores in the output
-  root's sibling ``{root}.runs/`` (where the run records go, stages/write.py ``runs_root``;
+  root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
   a permission scoped to the root alone would fail there), never inside the root.
 
 An input whose URI holds ``{run_date}`` is checked only when a run date is given
@@ -36,7 +36,7 @@ import fsspec
 
 from schemas.checks import shown
 from schemas.spec import JobSpec
-from stages.write import runs_root
+from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
 PREFLIGHT_RECORDS = 20

@@ -41,8 +41,9 @@ import pyarrow.parquet as pq
 
 from schemas.output import RETRYABLE
 from schemas.spec import JobSpec
+from stages.layout import runs_root
 from stages.read import Document, expand_requests, generation_fingerprint
-from stages.write import runs_root, write_table_atomic
+from stages.write import write_table_atomic
 
 #: Identity of a request (what an error row needs besides the spec), and where it sits in
 #: the input: ``shard`` (index in the run's listing) and ``doc`` (document index in the shard).
@@ -60,7 +61,7 @@ _SHARDS_KEY = b"longdoc.shards"
 
 
 def ledger_root(root: str, run_date: str) -> str:
-    """Outside the output root (stages/write.py ``runs_root``): no reader of the table sees it."""
+    """Outside the output root (stages/layout.py ``runs_root``): no reader of the table sees it."""
     return f"{runs_root(root)}/_ledger/{run_date}"
 
 

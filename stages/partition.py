@@ -5,7 +5,7 @@ Files of a run date (see stages/write.py for the names):
   request is in exactly one committed file, once.
 - staged: ``{root}.runs/_staging/D/{run_id}/*.staged``, written block by block during a
   run; outside the output root, invisible to readers. Blocks an earlier version staged
-  in ``{root}/_staging/D/`` (a crashed run's) are published too (stages/write.py
+  in ``{root}/_staging/D/`` (a crashed run's) are published too (stages/layout.py
   ``staging_dirs``).
 
 ``commit_date`` publishes the staged rows with two kinds of single-file atomic steps,
@@ -40,13 +40,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, is_retried
+from stages.layout import staging_dirs
 from stages.write import (
     STAGED_SUFFIX,
     block_digest,
     is_local,
     partition_dir,
     put_file_atomic,
-    staging_dirs,
     write_table_atomic,
 )
 

@@ -1,15 +1,9 @@
 """Write stage: output rows -> one staged Parquet file per block, atomically.
 
 Contract:
-- The layout of an output root ``{root}``: its rows, and nothing else, under
-  ``{root}/run_date=D/*.parquet`` (``partition_dir``), so a plain folder read (Polars,
-  pandas, DuckDB, Spark) sees the table without options. Everything else the job writes
-  lives in the sibling ``{root}.runs/`` (``runs_root``, the one place that says where):
-  run records ``{root}.runs/D/{run_id}.json`` (``run_record_path``), staged blocks
-  ``{root}.runs/_staging/D/`` (``staging_dir``) and the request ledger
-  ``{root}.runs/_ledger/D/`` (stages/ledger.py). Outputs written before this layout kept
-  these in ``{root}/_runs/``, ``{root}/_staging/`` and ``{root}/_ledger/``: readers still
-  look there (``run_record_candidates``, ``staging_dirs``), new runs never write there.
+- The layout of an output root (stages/layout.py): rows only under
+  ``{root}/run_date=D/*.parquet`` (``partition_dir``); run records, staged blocks and the
+  ledger in the sibling ``{root}.runs/`` (``runs_root``).
 - ``WriteStage`` stages each block at ``{root}.runs/_staging/{run_date}/{run_id}/part-{digest}.staged``
   with exactly schemas.output.FILE_SCHEMA (no ``run_date`` inside: it is the hive
   folder). ``digest`` hashes the block's request ids, so a task that Ray retries
@@ -40,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, rows_to_table
+from stages.layout import staging_dir
 from stages.rows import batch_to_rows
 from stages.storage import configure_object_stores
 
@@ -52,50 +47,6 @@ STAGED_SUFFIX = ".staged"
 def partition_dir(root: str, run_date: str) -> str:
     """The hive folder readers see: ``{root}/run_date=YYYY-MM-DD``."""
     return f"{root.rstrip('/')}/run_date={run_date}"
-
-
-RUNS_SUFFIX = ".runs"
-LEGACY_RUNS = "_runs"  # run records of outputs written before ``runs_root``
-
-
-def runs_root(root: str) -> str:
-    """Where the run records (and every other non-row file) of output root ``root`` live:
-    its sibling ``{root}.runs``. Outside ``root``, so a reader of the folder sees only
-    ``run_date=D/*.parquet``. ``root`` must have a parent folder (schemas/spec.py refuses
-    a bucket or filesystem root as ``output.uri``)."""
-    return f"{root.rstrip('/')}{RUNS_SUFFIX}"
-
-
-def run_record_dir(root: str, run_date: str) -> str:
-    """Where the runs of ``run_date`` write their records: ``{root}.runs/{run_date}``."""
-    return f"{runs_root(root)}/{run_date}"
-
-
-def run_record_path(root: str, run_date: str, run_id: str) -> str:
-    """The run record a run of ``root`` writes: ``{root}.runs/{run_date}/{run_id}.json``."""
-    return f"{run_record_dir(root, run_date)}/{run_id}.json"
-
-
-def run_record_dirs(root: str, run_date: str) -> list[str]:
-    """Folders that may hold run records of ``run_date``, newest layout first: the current
-    one, then ``{root}/_runs/{run_date}`` (outputs written by earlier versions)."""
-    return [run_record_dir(root, run_date), f"{root.rstrip('/')}/{LEGACY_RUNS}/{run_date}"]
-
-
-def run_record_candidates(root: str, run_date: str, run_id: str) -> list[str]:
-    """Where a reader looks for the record of ``run_id``, in order (``run_record_dirs``)."""
-    return [f"{d}/{run_id}.json" for d in run_record_dirs(root, run_date)]
-
-
-def staging_dir(root: str, run_date: str) -> str:
-    """Where blocks wait for the end-of-run commit: ``{root}.runs/_staging/{run_date}``."""
-    return f"{runs_root(root)}/_staging/{run_date}"
-
-
-def staging_dirs(root: str, run_date: str) -> list[str]:
-    """Folders whose staged blocks a publish takes: ``staging_dir``, then the one of outputs
-    written by earlier versions (``{root}/_staging/{run_date}``: a crashed run's rows)."""
-    return [staging_dir(root, run_date), f"{root.rstrip('/')}/_staging/{run_date}"]
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

@@ -456,7 +456,7 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
     import yaml
 
     from pipeline.bench.job_measure import run_measured
-    from stages.write import staging_dir
+    from stages.layout import staging_dir
 
     side_dir = p.tmp / variant / f"run-{k}"
     side_dir.mkdir(parents=True, exist_ok=True)

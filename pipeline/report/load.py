@@ -6,7 +6,7 @@ run records and hidden temporary files are not rows (only ``run_date=D/*.parquet
 is read, so an output of an earlier version, with ``_runs/`` inside, reads the same).
 ``run_summaries`` returns one summary per run id, using the wall time recorded in the
 run's record when present (else device time, as stated in ``throughput_basis``). Run
-records are found where stages/write.py ``run_record_candidates`` says: beside the
+records are found where stages/layout.py ``run_record_candidates`` says: beside the
 output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlier versions).
 """
 
@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
+from stages.layout import run_record_candidates
 from stages.partition import list_files, read_file
-from stages.write import run_record_candidates
 
 _PREFIX = "run_date="
 
@@ -51,7 +51,7 @@ def load_output(uri: str) -> pa.Table:
 
 
 def _recorded(uri: str, run_date: str, run_id: str) -> dict[str, Any]:
-    """The run record's summary (stages/write.py ``run_record_candidates``, the first that
+    """The run record's summary (stages/layout.py ``run_record_candidates``, the first that
     exists); {} when there is none."""
     record = read_run_record(uri, run_date, run_id)
     return record.get("summary", {}) if record else {}

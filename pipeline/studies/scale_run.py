@@ -63,7 +63,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
-from stages.write import run_record_dirs, staging_dir
+from stages.layout import run_record_dirs, staging_dir
 
 DATE = "2026-01-31"
 #: Words the synthetic documents are drawn from: plain English, so the real tokenizer
@@ -280,7 +280,7 @@ def _staging(out: Path, date: str) -> Path:
 
 
 def run_records(out: Path, date: str) -> list[dict]:
-    """The run records of ``date`` (stages/write.py ``run_record_dirs``: beside ``out``)."""
+    """The run records of ``date`` (stages/layout.py ``run_record_dirs``: beside ``out``)."""
     return [json.loads(p.read_text())["summary"]
             for d in run_record_dirs(str(out), date) for p in sorted(Path(d).glob("*.json"))]
 

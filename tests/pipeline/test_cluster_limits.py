@@ -26,7 +26,7 @@ import yaml
 from ray_head import VENV_BIN, ray_head, ray_worker
 from worker_limits import job_config_env
 
-from stages.write import run_record_dir
+from stages.layout import run_record_dir
 
 DATE = "2026-08-01"
 N_DOCS = 6

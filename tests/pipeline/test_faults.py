@@ -36,7 +36,7 @@ import pytest
 import yaml
 from ray_head import VENV_BIN, ray_head
 
-from stages.write import run_record_path, runs_root
+from stages.layout import run_record_path, runs_root
 
 DATE = "2026-04-01"
 RUN_ID = "faults-run"
@@ -51,7 +51,7 @@ def head():
 
 
 def _staging(out: Path) -> Path:
-    """Staged blocks of every date: beside the output root (stages/write.py ``runs_root``)."""
+    """Staged blocks of every date: beside the output root (stages/layout.py ``runs_root``)."""
     return Path(runs_root(str(out))) / "_staging"
 
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stages.write import run_record_path, staging_dir
+from stages.layout import run_record_path, staging_dir
 
 LONGDOC = str(Path(sys.executable).parent / "longdoc")
 DATE = "2026-01-01"

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from ray_head import FAST_NODE_DEATH, VENV_BIN, kill_raylet, ray_head, ray_worker
 
-from stages.write import run_record_dir, runs_root
+from stages.layout import run_record_dir, runs_root
 
 pytestmark = pytest.mark.slow  # two clusters' worth of nodes and three runs: minutes
 
@@ -45,7 +45,7 @@ def head():
 
 
 def _staging(out: Path) -> Path:
-    """Staged blocks of every date: beside the output root (stages/write.py ``runs_root``)."""
+    """Staged blocks of every date: beside the output root (stages/layout.py ``runs_root``)."""
     return Path(runs_root(str(out))) / "_staging"
 
 

@@ -16,7 +16,7 @@ from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
 from schemas.loading import load_spec, spec_from_dict
 from schemas.output import INPUT, OUTPUT_COLUMNS
-from stages.write import run_record_dir, run_record_path, staging_dir
+from stages.layout import run_record_dir, run_record_path, staging_dir
 
 DATE = "2026-01-31"
 

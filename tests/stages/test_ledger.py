@@ -6,9 +6,9 @@ from pathlib import Path
 
 from schemas.loading import spec_from_dict
 from schemas.output import RETRYABLE
+from stages.layout import runs_root, staging_dir
 from stages.ledger import clear, ledger_root, read_ledger, write_block
 from stages.read import Document, expand_requests, generation_fingerprint
-from stages.write import runs_root, staging_dir
 
 DATE = "2026-06-01"
 SHARDS = ["/in/a.jsonl", "/in/b.jsonl", "/in/c.jsonl"]

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.output import INPUT, RETRYABLE
+from stages.layout import runs_root
 from stages.partition import commit_date, read_file, scan_date
 from stages.rows import rows_to_batch
-from stages.write import WriteStage, runs_root
+from stages.write import WriteStage
 
 DATE = "2026-05-01"
 

@@ -15,11 +15,7 @@ from stages.rows import rows_to_batch
 from stages.write import (
     WriteStage,
     put_file_atomic,
-    run_record_candidates,
-    run_record_path,
-    runs_root,
     staged_file_name,
-    staging_dir,
     write_bytes_atomic,
     write_table_atomic,
 )
@@ -107,18 +103,3 @@ def test_write_stage_stages_a_block_once_under_a_deterministic_name(tmp_path):
     assert table.num_rows == 3 and figures.num_rows == again.num_rows == 3
     assert "output_text" not in figures.column_names  # text does not travel back to the driver
 
-
-@pytest.mark.parametrize(("root", "runs"), [
-    ("out/sample-summarize", "out/sample-summarize.runs"),
-    ("s3://b/out/job/", "s3://b/out/job.runs"),
-    ("/data/{x}/job", "/data/{x}/job.runs"),
-])
-def test_everything_but_the_rows_lives_beside_the_output_root(root, runs):
-    """The one seam for where run records (and staged blocks) of an output root live: its
-    sibling, so the root itself holds only ``run_date=D/*.parquet``."""
-    assert runs_root(root) == runs
-    assert run_record_path(root, "2026-01-01", "r1") == f"{runs}/2026-01-01/r1.json"
-    assert staging_dir(root, "2026-01-01") == f"{runs}/_staging/2026-01-01"
-    # Readers look there first, then where earlier versions wrote (inside the root).
-    assert run_record_candidates(root, "2026-01-01", "r1") == [
-        f"{runs}/2026-01-01/r1.json", f"{root.rstrip('/')}/_runs/2026-01-01/r1.json"]

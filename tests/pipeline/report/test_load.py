@@ -9,14 +9,9 @@ import json
 from pipeline.report.load import list_output_files, load_output, run_summaries
 from schemas.loading import spec_from_dict
 from schemas.output import FILE_SCHEMA, OUTPUT_SCHEMA, output_row, rows_to_table
+from stages.layout import run_record_path, staging_dir
 from stages.partition import commit_date
-from stages.write import (
-    run_record_path,
-    staged_file_name,
-    staging_dir,
-    write_bytes_atomic,
-    write_table_atomic,
-)
+from stages.write import staged_file_name, write_bytes_atomic, write_table_atomic
 
 SPEC = spec_from_dict({"name": "j", "input": {"uri": "/in"}, "task": {"kind": "summarize"}})
 
