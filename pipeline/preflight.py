@@ -13,7 +13,9 @@ What it checks:
 - the first ``PREFLIGHT_RECORDS`` records of the first JSONL/Parquet file hold the id,
   text and question fields (and the answer field when set): a field that none of them
   has would turn every document into an ``input`` error row after the model loaded;
-- the output root is test-written and the test object removed.
+- the output is test-written and the test object removed: on object stores in the output
+  root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
+  a permission scoped to the root alone would fail there), never inside the root.
 
 An input whose URI holds ``{run_date}`` is checked only when a run date is given
 (`validate` has none); the output root is resolved with the run date, or today's.
@@ -34,6 +36,7 @@ import fsspec
 
 from schemas.checks import shown
 from schemas.spec import JobSpec
+from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
 PREFLIGHT_RECORDS = 20
@@ -163,7 +166,7 @@ def _check_output(spec: JobSpec, run_date: str | None) -> list[str]:
     date = run_date or datetime.now(timezone.utc).date().isoformat()
     root = spec.output.uri.replace("{job}", spec.name).replace("{run_date}", date)
     if _remote(root):
-        probe = f"{root.rstrip('/')}/_runs/.longdoc-preflight-{uuid.uuid4().hex[:8]}"
+        probe = f"{runs_root(root)}/.longdoc-preflight-{uuid.uuid4().hex[:8]}"
         try:
             fs, path = _fs(probe)
             fs.pipe_file(path, b"")

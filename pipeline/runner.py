@@ -10,8 +10,11 @@ exactly one row in the output table (written now or by an earlier run of the dat
   reason, the summary says ``status: failed``, and the next run retries them.
 - Blocks are staged while the run goes and published (compacted) at its end; rows
   staged by a crashed run are published at the start of the next one.
-- The run summary JSON lands atomically at ``{output}/_runs/{run_date}/{run_id}.json``
-  (pipeline/report/summary.py ``run_summary`` lists its fields).
+- The run summary JSON lands atomically at ``{output}.runs/{run_date}/{run_id}.json``
+  (stages/layout.py ``run_record_path``; pipeline/report/summary.py ``run_summary`` lists
+  its fields), beside the output root, never in it: the root holds only the
+  ``run_date=D/*.parquet`` rows, so Polars, pandas, DuckDB and Spark read the folder
+  without options. Staged blocks and the ledger live in ``{output}.runs/`` too.
 - The input is listed once (``stages.read.list_shards``, before Ray starts) and read
   once (the read stage); the abort path and the progress total take the run's requests
   from the read stage's ledger (stages/ledger.py), never from the input again.
@@ -64,17 +67,12 @@ from schemas.output import (
     rows_to_table,
 )
 from schemas.spec import JobSpec
+from stages.layout import run_record_path, staging_dir
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
 from stages.partition import commit_date, scan_date
 from stages.read import list_shards
-from stages.write import (
-    TEXT_COLUMNS,
-    staged_file_name,
-    staging_dir,
-    write_bytes_atomic,
-    write_table_atomic,
-)
+from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, write_table_atomic
 
 log = logging.getLogger("longdoc")
 MISSING_BLOCK_ROWS = 10_000  # error rows of an aborted run staged per file
@@ -401,7 +399,7 @@ def run_job(
                    started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
                    files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
     write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
-                       f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json")
+                       run_record_path(root, run_date, run_id))
     return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)
 
 

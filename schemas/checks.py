@@ -96,3 +96,22 @@ def location(uri: str) -> str:
     rest = uri[m.end():] if m else uri
     scheme = "gs" if scheme == "gcs" else scheme
     return f"{scheme}://" + posixpath.normpath("/" + rest).lstrip("/")
+
+
+def check_output_root(uri: str) -> str:
+    """``uri`` if the output root it names has a parent folder, else ValueError.
+
+    The run records live in the root's sibling ``{uri}.runs`` (stages/write.py
+    ``runs_root``): a bucket (``s3://bucket``), a filesystem root or ``.``/``..`` has none
+    in the same place.
+    """
+    rest = uri.split("://", 1)[1] if "://" in uri else uri
+    parts = [p for p in rest.rstrip("/").split("/") if p]
+    last = parts[-1] if parts else ""
+    bucket_only = uri.split("://", 1)[0] in ("s3", "gs", "gcs") and len(parts) < 2
+    if last in ("", ".", "..", "~") or bucket_only:
+        raise ValueError(
+            f"{shown(uri)} names no folder with a parent; the run records go beside the output "
+            "folder ({output}.runs/), so name a folder: e.g. s3://bucket/longdoc/{job} or out/{job}"
+        )
+    return uri

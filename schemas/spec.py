@@ -20,6 +20,7 @@ from schemas.checks import (
     NAME_RE,
     OUTPUT_PLACEHOLDERS,
     FieldError,
+    check_output_root,
     check_uri,
     location,
     shown,
@@ -184,7 +185,7 @@ class OutputSpec(_Strict):
     @field_validator("uri")
     @classmethod
     def _uri_supported(cls, v: str) -> str:
-        return check_uri(v, OUTPUT_PLACEHOLDERS)
+        return check_output_root(check_uri(v, OUTPUT_PLACEHOLDERS))
 
 
 class CostSpec(_Strict):

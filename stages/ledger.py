@@ -5,13 +5,15 @@ Why: the input is listed once per run (the driver, before Ray starts) and read o
 still get one (a retryable error row), and the progress line wants the run's total:
 both come from this ledger, never from reading the input again.
 
-Layout: ``{root}/_ledger/{run_date}/{run_id}/shards-{first:06d}.parquet``, one file per
+Layout: ``{root}.runs/_ledger/{run_date}/{run_id}/shards-{first:06d}.parquet``, one file per
 read batch (a block of shards; at most ~200 per run), written atomically by the read
 stage after it has read every shard of the batch. A file holds the identity columns
 (``LEDGER_SCHEMA``: no text) of every request of its shards, in input order, and the
 indices of the shards it covers in its metadata (a shard without documents has no
-row but is still covered). Readers skip ``_`` folders; the runner removes the date's
-ledger at the start and at the end of a run (one run of a date at a time).
+row but is still covered). It lives beside the output root, not in it (no reader of the
+table sees it); the runner removes the date's ledger at the start and at the end of a
+run (one run of a date at a time), also one an earlier version left in
+``{root}/_ledger/{run_date}/``.
 
 Contract:
 - ``write_block(root, run_date, run_id, shard_indices, requests)`` records a batch.
@@ -39,6 +41,7 @@ import pyarrow.parquet as pq
 
 from schemas.output import RETRYABLE
 from schemas.spec import JobSpec
+from stages.layout import runs_root
 from stages.read import Document, expand_requests, generation_fingerprint
 from stages.write import write_table_atomic
 
@@ -58,6 +61,12 @@ _SHARDS_KEY = b"longdoc.shards"
 
 
 def ledger_root(root: str, run_date: str) -> str:
+    """Outside the output root (stages/layout.py ``runs_root``): no reader of the table sees it."""
+    return f"{runs_root(root)}/_ledger/{run_date}"
+
+
+def _legacy_ledger_root(root: str, run_date: str) -> str:
+    """Where versions before ``runs_root`` kept it (inside the output root)."""
     return f"{root.rstrip('/')}/_ledger/{run_date}"
 
 
@@ -75,10 +84,12 @@ def write_block(root: str, run_date: str, run_id: str, shard_indices: list[int],
 
 
 def clear(root: str, run_date: str) -> None:
-    """Remove every ledger of ``run_date`` (a crashed run's, or this run's once done)."""
-    fs, path = fsspec.core.url_to_fs(ledger_root(root, run_date))
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
+    """Remove every ledger of ``run_date`` (a crashed run's, or this run's once done), also
+    one an earlier version left inside the output root."""
+    for folder in (ledger_root(root, run_date), _legacy_ledger_root(root, run_date)):
+        fs, path = fsspec.core.url_to_fs(folder)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
 
 
 @dataclass

@@ -3,8 +3,10 @@
 Files of a run date (see stages/write.py for the names):
 - committed: ``{root}/run_date=D/*.parquet``, what readers see. Invariant: each
   request is in exactly one committed file, once.
-- staged: ``{root}/_staging/D/{run_id}/*.staged``, written block by block during a
-  run; invisible to readers.
+- staged: ``{root}.runs/_staging/D/{run_id}/*.staged``, written block by block during a
+  run; outside the output root, invisible to readers. Blocks an earlier version staged
+  in ``{root}/_staging/D/`` (a crashed run's) are published too (stages/layout.py
+  ``staging_dirs``).
 
 ``commit_date`` publishes the staged rows with two kinds of single-file atomic steps,
 so a reader listing the folder at ANY moment (or a crash at any point) sees every
@@ -38,13 +40,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, is_retried
+from stages.layout import staging_dirs
 from stages.write import (
     STAGED_SUFFIX,
     block_digest,
     is_local,
     partition_dir,
     put_file_atomic,
-    staging_dir,
     write_table_atomic,
 )
 
@@ -129,13 +131,18 @@ def _states(fs, path: str) -> Iterator[tuple[str, RowState]]:
 
 def scan_date(root: str, run_date: str) -> DateScan:
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
-    stage = fsspec.core.url_to_fs(staging_dir(root, run_date))[1]
-    scan = DateScan(fs, list_files(fs, part, ".parquet"), list_files(fs, stage, STAGED_SUFFIX))
+    scan = DateScan(fs, list_files(fs, part, ".parquet"), _staged_files(fs, root, run_date))
     for path in scan.committed:
         scan.rows.update(_states(fs, path))
     for rid, state in _staged_winners(fs, scan.staged).items():
         scan.rows[rid] = state
     return scan
+
+
+def _staged_files(fs: fsspec.AbstractFileSystem, root: str, run_date: str) -> list[str]:
+    """Every staged block of ``run_date``: this layout's, then an earlier version's."""
+    return [f for d in staging_dirs(root, run_date)
+            for f in list_files(fs, fsspec.core.url_to_fs(d)[1], STAGED_SUFFIX)]
 
 
 def _staged_winners(fs, staged: list[str]) -> dict[str, RowState]:
@@ -186,8 +193,7 @@ def commit_date(
     ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``.
     """
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
-    stage = fsspec.core.url_to_fs(staging_dir(root, run_date))[1]
-    staged = list_files(fs, stage, STAGED_SUFFIX)
+    staged = _staged_files(fs, root, run_date)
     out = {"staged_files": len(staged), "replaced": 0, "added": 0, "dropped": 0, "files_written": 0}
     if not staged and not stale:
         return out

@@ -1,12 +1,15 @@
 """Write stage: output rows -> one staged Parquet file per block, atomically.
 
 Contract:
-- ``WriteStage`` stages each block at ``{root}/_staging/{run_date}/{run_id}/part-{digest}.staged``
+- The layout of an output root (stages/layout.py): rows only under
+  ``{root}/run_date=D/*.parquet`` (``partition_dir``); run records, staged blocks and the
+  ledger in the sibling ``{root}.runs/`` (``runs_root``).
+- ``WriteStage`` stages each block at ``{root}.runs/_staging/{run_date}/{run_id}/part-{digest}.staged``
   with exactly schemas.output.FILE_SCHEMA (no ``run_date`` inside: it is the hive
   folder). ``digest`` hashes the block's request ids, so a task that Ray retries
   rewrites the same file instead of adding a duplicate. Readers never see staged
-  files (``_``-prefixed folder, no ``.parquet`` suffix); the driver publishes them
-  into ``run_date=D/`` at the end of the run (stages/partition.py ``commit_date``).
+  files (outside the output root); the driver publishes them into ``run_date=D/`` at
+  the end of the run (stages/partition.py ``commit_date``).
 - Atomic on every filesystem: locally a hidden temporary name + ``os.replace``; on
   object stores (s3fs, gcsfs, ...) the bytes are built in memory or in a local
   temporary file and sent in ONE call (``pipe``/``put``), so an object appears only
@@ -31,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, rows_to_table
+from stages.layout import staging_dir
 from stages.rows import batch_to_rows
 from stages.storage import configure_object_stores
 
@@ -43,11 +47,6 @@ STAGED_SUFFIX = ".staged"
 def partition_dir(root: str, run_date: str) -> str:
     """The hive folder readers see: ``{root}/run_date=YYYY-MM-DD``."""
     return f"{root.rstrip('/')}/run_date={run_date}"
-
-
-def staging_dir(root: str, run_date: str) -> str:
-    """Where blocks wait for the end-of-run commit; every reader skips ``_`` folders."""
-    return f"{root.rstrip('/')}/_staging/{run_date}"
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

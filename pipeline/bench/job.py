@@ -459,6 +459,7 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
     import yaml
 
     from pipeline.bench.job_measure import run_measured
+    from stages.layout import staging_dir
 
     side_dir = p.tmp / variant / f"run-{k}"
     side_dir.mkdir(parents=True, exist_ok=True)
@@ -475,7 +476,7 @@ def run_longdoc(s: JobBenchSettings, p: Prepared, variant: str, k: int, usd: flo
     else:
         argv = [sys.executable, "-m", "pipeline.bench.inprocess", str(spec_path), "--date", s.date,
                 "--run-id", run_id, "--timeline", str(timeline_path)]
-    watch = StagingWatch(side_dir / "out" / "_staging" / s.date / run_id)
+    watch = StagingWatch(Path(staging_dir(str(side_dir / "out"), s.date)) / run_id)
     load = os.getloadavg()[0]
     env = {**_env(), **next(v.env for v in s.variants if v.name == variant)}
     m = run_measured(argv, env, ROOT, side_dir / "log.txt", on_tick=watch if ray else None)

@@ -1,10 +1,13 @@
 """Read an output table back and summarise it per run (``longdoc report``).
 
 Contract: ``load_output(uri)`` returns every committed row under ``uri`` (all run
-dates) with OUTPUT_SCHEMA, ``run_date`` taken from the hive folder name; staged,
-``_runs/`` and hidden temporary files are not rows. ``run_summaries`` returns one
-summary per run id, using the wall time recorded in the run's summary JSON when
-present (else device time, as stated in ``throughput_basis``).
+dates) with OUTPUT_SCHEMA, ``run_date`` taken from the hive folder name; staged files,
+run records and hidden temporary files are not rows (only ``run_date=D/*.parquet``
+is read, so an output of an earlier version, with ``_runs/`` inside, reads the same).
+``run_summaries`` returns one summary per run id, using the wall time recorded in the
+run's record when present (else device time, as stated in ``throughput_basis``). Run
+records are found where stages/layout.py ``run_record_candidates`` says: beside the
+output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlier versions).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pyarrow.compute as pc
 
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
+from stages.layout import run_record_candidates
 from stages.partition import list_files, read_file
 
 _PREFIX = "run_date="
@@ -47,13 +51,21 @@ def load_output(uri: str) -> pa.Table:
 
 
 def _recorded(uri: str, run_date: str, run_id: str) -> dict[str, Any]:
-    """The run record's summary (``_runs/{run_date}/{run_id}.json``); {} when there is none."""
+    """The run record's summary (stages/layout.py ``run_record_candidates``, the first that
+    exists); {} when there is none."""
+    record = read_run_record(uri, run_date, run_id)
+    return record.get("summary", {}) if record else {}
+
+
+def read_run_record(uri: str, run_date: str, run_id: str) -> dict[str, Any] | None:
+    """The whole run record of ``run_id`` (summary and spec), from where this version writes
+    it or, for an output of an earlier version, from ``{uri}/_runs/``; None when neither has it."""
     fs, root = fsspec.core.url_to_fs(uri)
-    path = f"{root.rstrip('/')}/_runs/{run_date}/{run_id}.json"
-    if not fs.exists(path):
-        return {}
-    with fs.open(path, "r") as f:
-        return json.load(f).get("summary", {})
+    for path in run_record_candidates(root, run_date, run_id):
+        if fs.exists(path):
+            with fs.open(path, "r") as f:
+                return json.load(f)
+    return None
 
 
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ of the date failed; ``failed``: Ray aborted the run, its unfinished requests are
 retryable error rows), ``errors_by_kind`` (this run's rows) and the date as a whole
 (``date_rows``, ``date_failed``, ``date_failed_fraction``, ``date_errors_by_kind``: each
 request once, after retried rows replaced old ones). ``run_record_json`` is the bytes
-of ``_runs/{date}/{run_id}.json``; ``package_versions`` the versions it carries.
+of the run record (``{output}.runs/{date}/{run_id}.json``, stages/layout.py
+``run_record_path``); ``package_versions`` the versions it carries.
 """
 
 from __future__ import annotations

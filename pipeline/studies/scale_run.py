@@ -13,12 +13,12 @@ then runs the real CLI, ``longdoc run SPEC --date D --runner ray``, as a subproc
    seconds (the rows' ``device_s``: batch wall time / rows) to separate model time
    from pipeline overhead; the steady rate between the first and the last staged block.
 2. **Kill + rerun.** A fresh output folder; the same command is started, and once the
-   staged files (``{out}/_staging/D/{run_id}/*.staged``, one per generate batch) hold
+   staged files (``{out}.runs/_staging/D/{run_id}/*.staged``, one per generate batch) hold
    ``--kill-at`` of the rows, the driver's process group is SIGKILLed (an event: files
    are polled, nothing waits on a timer). Ray processes still alive afterwards are
    reported (and left running: the rerun must work beside them), then the same
    command runs again. Checked from the Parquet files: every request exactly once, no
-   error, the rerun's ``skipped`` (its run record under ``{out}/_runs/D/``) at least
+   error, the rerun's ``skipped`` (its run record under ``{out}.runs/D/``) at least
    the rows on disk before it (more when the killed run's leftover workers staged rows
    in the meantime: ``straggler_rows``), and each of those rows still carrying the killed
    run's ``run_id`` (``redone`` counts the ones that do not: must be 0).
@@ -62,6 +62,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
+
+from stages.layout import run_record_dirs, staging_dir
 
 DATE = "2026-01-31"
 #: Words the synthetic documents are drawn from: plain English, so the real tokenizer
@@ -269,12 +271,18 @@ def _tail(log: Path, chars: int = 3000) -> str:
 
 def rows_of(out: Path, date: str, columns: list[str]) -> list[dict]:
     """Rows written for ``date``, published and staged (the staged may repeat a published one)."""
-    files = sorted((out / f"run_date={date}").glob("*.parquet")) + sorted((out / "_staging" / date).glob("*/*.staged"))
+    files = sorted((out / f"run_date={date}").glob("*.parquet")) + sorted(_staging(out, date).glob("*/*.staged"))
     return [r for f in files for r in pq.read_table(f, columns=columns).to_pylist()]
 
 
+def _staging(out: Path, date: str) -> Path:
+    return Path(staging_dir(str(out), date))
+
+
 def run_records(out: Path, date: str) -> list[dict]:
-    return [json.loads(p.read_text())["summary"] for p in sorted((out / "_runs" / date).glob("*.json"))]
+    """The run records of ``date`` (stages/layout.py ``run_record_dirs``: beside ``out``)."""
+    return [json.loads(p.read_text())["summary"]
+            for d in run_record_dirs(str(out), date) for p in sorted(Path(d).glob("*.json"))]
 
 
 def full_run(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -286,7 +294,7 @@ def full_run(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="ldscale-") as ray_tmp:  # short: Ray's socket paths
         t0 = time.monotonic()
         proc = start(cmd, work / "full" / "run.log", Path(ray_tmp))
-        watch = Watch(proc.pid, out / "_staging" / args.date, args.poll_s, t0)
+        watch = Watch(proc.pid, _staging(out, args.date), args.poll_s, t0)
         watch.until(proc)
         wall = time.monotonic() - t0
         left = still_alive(watch.tree_procs)
@@ -336,7 +344,7 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
     out.mkdir(parents=True)
     cmd = longdoc_command(spec, args.date, out)
     target = max(1, math.ceil(args.kill_at * args.docs))
-    staging = out / "_staging" / args.date
+    staging = _staging(out, args.date)
     with tempfile.TemporaryDirectory(prefix="ldscale-") as tmp_a, tempfile.TemporaryDirectory(prefix="ldscale-") as tmp_b:
         t0 = time.monotonic()
         proc = start(cmd, work / "kill" / "killed.log", Path(tmp_a))

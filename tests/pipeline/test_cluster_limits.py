@@ -26,6 +26,8 @@ import yaml
 from ray_head import VENV_BIN, ray_head, ray_worker
 from worker_limits import job_config_env
 
+from stages.layout import run_record_dir
+
 DATE = "2026-08-01"
 N_DOCS = 6
 # Above what a Ray worker holds with torch and a tiny model loaded (~1.75 GB of private
@@ -63,7 +65,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 def _summary(out: Path) -> dict:
-    (path,) = (out / "_runs" / DATE).glob("*.json")
+    (path,) = Path(run_record_dir(str(out), DATE)).glob("*.json")
     return json.loads(path.read_text())["summary"]
 
 

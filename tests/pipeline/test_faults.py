@@ -36,6 +36,8 @@ import pytest
 import yaml
 from ray_head import VENV_BIN, ray_head
 
+from stages.layout import run_record_path, runs_root
+
 DATE = "2026-04-01"
 RUN_ID = "faults-run"
 N_DOCS = 30
@@ -46,6 +48,11 @@ GENERATE = "MapWorker(MapBatches(GenerateStage))"
 def head():
     with ray_head(num_cpus=8) as h:
         yield h
+
+
+def _staging(out: Path) -> Path:
+    """Staged blocks of every date: beside the output root (stages/layout.py ``runs_root``)."""
+    return Path(runs_root(str(out))) / "_staging"
 
 
 def _spec(tmp_path: Path, model_dir: Path) -> Path:
@@ -89,7 +96,7 @@ def _failed_to_join(proc: subprocess.Popen) -> bool:
 
 def _written_rows(out: Path) -> list[dict]:
     """request_id/error/error_kind of every row written for DATE: published or staged."""
-    files = sorted((out / f"run_date={DATE}").glob("*.parquet")) + sorted((out / "_staging").rglob("*.staged"))
+    files = sorted((out / f"run_date={DATE}").glob("*.parquet")) + sorted(_staging(out).rglob("*.staged"))
     cols = ["request_id", "error", "error_kind"]
     return [r for f in files for r in pq.read_table(f, columns=cols).to_pylist()]
 
@@ -102,7 +109,7 @@ def _generate_actors(head) -> list:
 
 
 def _staged(out: Path) -> set[Path]:
-    return set((out / "_staging").rglob("*.staged"))
+    return set(_staging(out).rglob("*.staged"))
 
 
 def _handed_a_batch(head, actor_id: str) -> bool:
@@ -150,7 +157,7 @@ def _run_with_actor_kill(spec: Path, head, out: Path, *extra: str) -> tuple[subp
 
 
 def _summary(out: Path) -> dict:
-    return json.loads((out / "_runs" / DATE / f"{RUN_ID}.json").read_text())["summary"]
+    return json.loads(Path(run_record_path(str(out), DATE, RUN_ID)).read_text())["summary"]
 
 
 @pytest.mark.slow  # a driver crash, two actor kills and a healing rerun on a real Ray head: minutes
@@ -203,7 +210,7 @@ def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_m
     after = _written_rows(out)
     assert len(after) == N_DOCS and len({r["request_id"] for r in after}) == N_DOCS  # exactly once
     assert all(r["error"] is None for r in after) and set(before) <= {r["request_id"] for r in after}
-    assert not list((out / "_staging").rglob("*.staged"))  # all published
+    assert not list(_staging(out).rglob("*.staged"))  # all published
     restarts = max((a.num_restarts for a in _generate_actors(head)), default=0)
     assert restarts >= 1, "Ray did not restart the killed generate actor"
     healed = _summary(out)

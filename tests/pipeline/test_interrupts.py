@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from stages.layout import run_record_path, staging_dir
+
 LONGDOC = str(Path(sys.executable).parent / "longdoc")
 DATE = "2026-01-01"
 DOCS = 48  # enough that a signal sent at the first staged block lands mid-run
@@ -44,7 +46,7 @@ def _job(tmp_path: Path) -> Path:
 
 
 def _staged(out: Path) -> set[Path]:
-    return set(out.glob("_staging/**/*.staged"))
+    return set(Path(staging_dir(str(out), DATE)).rglob("*.staged"))
 
 
 def _run(spec: Path, runner: str, sig: signal.Signals | None) -> tuple[int, str]:
@@ -67,7 +69,7 @@ def _run(spec: Path, runner: str, sig: signal.Signals | None) -> tuple[int, str]
 
 def _record(spec: Path, text: str) -> dict:
     run_id = text.split("longdoc: run ", 1)[1].split()[0]
-    return json.loads((spec.parent / "out" / "_runs" / DATE / f"{run_id}.json").read_text())["summary"]
+    return json.loads(Path(run_record_path(str(spec.parent / "out"), DATE, run_id)).read_text())["summary"]
 
 
 def _interrupt_then_finish(tmp_path: Path, runner: str) -> None:

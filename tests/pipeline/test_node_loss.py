@@ -29,6 +29,8 @@ import pytest
 import yaml
 from ray_head import FAST_NODE_DEATH, VENV_BIN, kill_raylet, ray_head, ray_worker
 
+from stages.layout import run_record_dir, runs_root
+
 pytestmark = pytest.mark.slow  # two clusters' worth of nodes and three runs: minutes
 
 N_DOCS = 24
@@ -40,6 +42,11 @@ NODE = {"gen_node": 1}
 def head():
     with ray_head(num_cpus=4, env=FAST_NODE_DEATH) as h:
         yield h
+
+
+def _staging(out: Path) -> Path:
+    """Staged blocks of every date: beside the output root (stages/layout.py ``runs_root``)."""
+    return Path(runs_root(str(out))) / "_staging"
 
 
 def _spec(tmp_path: Path, model_dir: Path) -> Path:
@@ -69,13 +76,13 @@ def _env() -> dict[str, str]:
 
 
 def _rows(out: Path, date: str) -> list[dict]:
-    files = sorted((out / f"run_date={date}").glob("*.parquet")) + sorted((out / "_staging").rglob("*.staged"))
+    files = sorted((out / f"run_date={date}").glob("*.parquet")) + sorted(_staging(out).rglob("*.staged"))
     cols = ["request_id", "error", "error_kind"]
     return [r for f in files for r in pq.read_table(f, columns=cols).to_pylist()]
 
 
 def _summary(out: Path, date: str) -> dict:
-    (path,) = sorted((out / "_runs" / date).glob("*.json"), key=lambda p: p.stat().st_mtime)[-1:]
+    (path,) = sorted(Path(run_record_dir(str(out), date)).glob("*.json"), key=lambda p: p.stat().st_mtime)[-1:]
     return json.loads(path.read_text())["summary"]
 
 
@@ -113,7 +120,7 @@ def _lose_the_node(head, worker, out: Path, freeze_pid, done: threading.Event, r
     pid = None
     while not done.is_set():
         pid = pid or freeze_pid()  # a run's driver keeps its pid: ask the Jobs API until it answers
-        staged = bool(list((out / "_staging").rglob("*.staged")))
+        staged = bool(list(_staging(out).rglob("*.staged")))
         report["last_poll"] = {"driver_pid": pid, "block_staged": staged}  # for a timing miss's message
         if not (pid and staged):
             tick.wait(0.05)
@@ -148,7 +155,7 @@ def _check_exactly_once(out: Path, date: str) -> dict:
     ids = [r["request_id"] for r in rows]
     assert len(ids) == N_DOCS and len(set(ids)) == N_DOCS, "each request exactly once"
     assert [r for r in rows if r["error"] is not None] == [], "0 errors"
-    assert not list((out / "_staging").rglob("*.staged"))
+    assert not list(_staging(out).rglob("*.staged"))
     s = _summary(out, date)
     assert s["status"] == "succeeded" and s["date_rows"] == N_DOCS and s["date_failed"] == 0
     assert pq.read_table(out / f"run_date={date}").num_rows == s["date_rows"]  # the summary = the files

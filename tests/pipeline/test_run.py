@@ -16,6 +16,7 @@ from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
 from schemas.loading import load_spec, spec_from_dict
 from schemas.output import INPUT, OUTPUT_COLUMNS
+from stages.layout import run_record_dir, run_record_path, staging_dir
 
 DATE = "2026-01-31"
 
@@ -59,8 +60,10 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(runner, tmp_path, tiny_
     assert {rows[d]["error_kind"] for d in ("empty.txt", "latin1.txt", "huge.txt")} == {INPUT}
     assert result.summary["rows"] == 5 and result.summary["failed"] == 3
     assert set(table.column_names) == set(OUTPUT_COLUMNS)
-    # The run summary JSON sits beside the table.
-    (run_json,) = (out / "_runs" / DATE).glob("*.json")
+    # The run record sits beside the table, not in it: the root holds only the rows.
+    (run_json,) = Path(run_record_dir(str(out), DATE)).glob("*.json")
+    assert run_json.parent == out.parent / "sample-summarize.runs" / DATE
+    assert {p.suffix for p in out.rglob("*") if p.is_file()} == {".parquet"}
     recorded = json.loads(run_json.read_text())["summary"]
     assert recorded["rows"] == 5 and recorded["status"] == "partial"
     assert recorded["errors_by_kind"] == {"input": 3, "retryable": 0}
@@ -110,9 +113,12 @@ def _rows_by_reader(out) -> dict[str, Counter]:
     got["duckdb no hive"] = Counter(con.execute(
         f"select request_id, error from read_parquet('{glob}', hive_partitioning = false)").fetchall())
     assert "run_date" not in con.sql(f"select * from read_parquet('{glob}', hive_partitioning = false)").columns
-    got["polars glob"] = Counter(pl.read_parquet(glob).select("request_id", "error").iter_rows())
-    lazy = pl.scan_parquet(glob, hive_partitioning=True).select(pl.col("run_date").cast(pl.String), "request_id", "error")
-    got["polars hive"] = Counter(lazy.collect().iter_rows())
+    # Polars reads the folder as it is, no options: run_date comes back as a Date.
+    folder = pl.read_parquet(out)
+    assert folder.schema["run_date"] == pl.Date
+    got["polars"] = Counter(folder.select(pl.col("run_date").cast(pl.String), "request_id", "error").iter_rows())
+    lazy = pl.scan_parquet(out).select(pl.col("run_date").cast(pl.String), "request_id", "error")
+    got["polars scan"] = Counter(lazy.collect().iter_rows())
     return got
 
 
@@ -197,7 +203,7 @@ def test_one_big_file_is_written_batch_by_batch(runner, tmp_path, tiny_model_dir
     assert load_output(result.output_uri).num_rows == 6
     assert result.summary["staged_blocks"] == 3
     assert len(files) == 1 and pq.ParquetFile(files[0]).metadata.num_rows == 6
-    assert not list((tmp_path / "out" / "_staging").rglob("*.staged"))  # published, then removed
+    assert not list(Path(staging_dir(result.output_uri, DATE)).rglob("*.staged"))  # published, then removed
 
 
 @pytest.mark.e2e
@@ -215,6 +221,42 @@ def test_sample_job_with_the_embedded_model(tmp_path, ray_session):
         assert r["speculative"] == "prompt_lookup" and r["compression"] == "truncate"
         assert r["context_tokens"] <= 1024 and r["doc_tokens"] >= 2000
     assert result.summary["output_tokens_per_s"] > 0
+
+
+@pytest.mark.e2e
+def test_the_embedded_models_output_folder_reads_without_options(tmp_path):
+    """The README's promise: Polars, pandas and DuckDB read the output folder as it is.
+    The run record lives beside it (``{output}.runs/``), so the folder holds only Parquet;
+    an output an earlier version wrote (records in ``{output}/_runs/``) still reports."""
+    import pandas as pd
+    import polars as pl
+
+    root = tmp_path / "out" / "sample-summarize"
+    spec = load_spec("jobs/sample-summarize.yaml", ["input.limit=2", "generation.max_new_tokens=4",
+                                                     f"output.uri={root}"])
+    result = run_job(spec, runner="local", run_date=DATE, run_id="run-e", progress=False)
+    assert result.output_uri == str(root)
+    assert [p.name for p in root.iterdir()] == [f"run_date={DATE}"]
+    assert Path(run_record_path(str(root), DATE, "run-e")) == tmp_path / "out" / "sample-summarize.runs" / DATE / "run-e.json"
+    assert Path(run_record_path(str(root), DATE, "run-e")).is_file()
+
+    df = pl.read_parquet(root)  # no options
+    assert df.height == 2 and df.schema["run_date"] == pl.Date
+    assert df["run_date"].cast(pl.String).to_list() == [DATE] * 2
+    assert pl.scan_parquet(root).select(pl.len()).collect().item() == 2
+    assert len(pd.read_parquet(root)) == 2
+    ((n, run_date),) = duckdb.sql(
+        f"select count(*), any_value(run_date) from read_parquet('{root}/**/*.parquet')").fetchall()
+    assert n == 2 and str(run_date) == DATE
+
+    # An output of an earlier version: its run record inside the root, under _runs/.
+    (summary,) = run_summaries(str(root), load_output(str(root)))
+    assert summary["status"] == result.summary["status"] and summary["throughput_basis"] == "wall"
+    legacy = root / "_runs" / DATE / "run-e.json"
+    legacy.parent.mkdir(parents=True)
+    Path(run_record_path(str(root), DATE, "run-e")).rename(legacy)
+    (old,) = run_summaries(str(root), load_output(str(root)))
+    assert old == summary  # the report finds it where that version wrote it
 
 
 def test_an_interrupt_while_publishing_is_recorded_and_the_next_run_publishes(tmp_path, tiny_model_dir, monkeypatch):
@@ -236,12 +278,15 @@ def test_an_interrupt_while_publishing_is_recorded_and_the_next_run_publishes(tm
     monkeypatch.setattr(runner_module, "commit_date", interrupted_publish)
     first = run_job(spec, runner="local", run_date=DATE, run_id="run-a", progress=False)
     assert first.summary["status"] == "interrupted" and first.summary["interrupted_by"] == "SIGINT"
-    record = json.loads((tmp_path / "out" / "_runs" / DATE / "run-a.json").read_text())
+    record = json.loads(Path(run_record_path(first.output_uri, DATE, "run-a")).read_text())
     assert record["summary"]["status"] == "interrupted"
-    assert list((tmp_path / "out").glob("_staging/**/*.staged")), "the staged rows were kept"
+    staging = Path(staging_dir(first.output_uri, DATE))
+    assert list(staging.rglob("*.staged")), "the staged rows were kept"
+    # ... outside the output root: a reader of the folder meets no staged file meanwhile.
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.suffix != ".parquet"]
     monkeypatch.setattr(runner_module, "commit_date", real)
     second = run_job(spec, runner="local", run_date=DATE, run_id="run-b", progress=False)
     assert second.summary["status"] != "interrupted"
     rows = load_output(second.output_uri).to_pylist()
     assert len(rows) == 5 and len({r["request_id"] for r in rows}) == 5  # every document once
-    assert not list((tmp_path / "out").glob("_staging/**/*.staged"))
+    assert not list(staging.rglob("*.staged"))

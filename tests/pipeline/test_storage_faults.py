@@ -128,7 +128,7 @@ def _rows(store) -> list[dict]:
 def _staged(store) -> list[str]:
     fs = store["direct"]
     fs.invalidate_cache()
-    root = f"{store['out']}/faults/_staging"
+    root = f"{store['out']}/faults.runs/_staging"  # beside the output root faults/
     return [f for f in fs.find(root) if f.endswith(".staged")] if fs.exists(root) else []
 
 
@@ -174,14 +174,14 @@ def test_failing_staging_and_publish_writes_are_retried(proxy, store, tiny_model
     spec = _spec(store, tiny_model_dir)
     o = store["out"]
     proxy.add(
-        Fault("slowdown", "PUT", rf"^/{o}/faults/_staging/", times=2),
-        Fault("internal", "PUT", rf"^/{o}/faults/_staging/"),
-        Fault("reset", "PUT", rf"^/{o}/faults/_staging/"),
-        Fault("reset", "PUT", rf"^/{o}/faults/_ledger/"),
+        Fault("slowdown", "PUT", rf"^/{o}/faults\.runs/_staging/", times=2),
+        Fault("internal", "PUT", rf"^/{o}/faults\.runs/_staging/"),
+        Fault("reset", "PUT", rf"^/{o}/faults\.runs/_staging/"),
+        Fault("reset", "PUT", rf"^/{o}/faults\.runs/_ledger/"),
         Fault("internal", "PUT", rf"^/{o}/faults/{PUBLISHED}"),
         Fault("reset", "PUT", rf"^/{o}/faults/{PUBLISHED}"),
-        Fault("slowdown", "PUT", rf"^/{o}/faults/_runs/"),
-        Fault("internal", "DELETE", rf"^/{o}/faults/_staging/"),
+        Fault("slowdown", "PUT", rf"^/{o}/faults\.runs/{DATE}/"),
+        Fault("internal", "DELETE", rf"^/{o}/faults\.runs/_staging/"),
     )
     res = _run(spec, "write-faults")
     assert res.summary["status"] == "succeeded", res.summary
@@ -234,7 +234,7 @@ def test_a_publish_interrupted_half_way_is_completed_without_duplicates(proxy, s
     assert 0 < len(_rows(store)) < len(store["docs"])
     proxy.clear()
     # Interrupted again, now while removing the staged copies after publishing.
-    proxy.add(Fault("internal", "DELETE", rf"^/{o}/faults/_staging/", times=10**6, after=1))
+    proxy.add(Fault("internal", "DELETE", rf"^/{o}/faults\.runs/_staging/", times=10**6, after=1))
     with pytest.raises(OSError):
         _commit(root, "half")
     proxy.clear()

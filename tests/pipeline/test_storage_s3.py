@@ -72,12 +72,14 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     assert sorted(table.column("doc_id").to_pylist()) == sorted(DOCS)
     assert len(set(table.column("request_id").to_pylist())) == 3
     assert all(u.startswith("s3://s3job-corpus/docs/2026-03-01/") for u in table.column("source_uri").to_pylist())
-    summary = json.loads(fs.cat(f"s3job-results/longdoc/s3job/_runs/{DATE}/s3run.json"))
+    # The run record lives beside the output root (s3job.runs/), not in it.
+    summary = json.loads(fs.cat(f"s3job-results/longdoc/s3job.runs/{DATE}/s3run.json"))
     assert summary["summary"]["rows"] == 3 and summary["summary"]["status"] == "succeeded"
     assert summary["summary"]["versions"]["longdoc"] and summary["summary"]["started_at"]
     # Blocks were staged, then published as one compacted object; nothing staged is left,
     # and the partition column lives in the key (run_date=...) only.
     assert len(files) == 1 and not [f for f in fs.find("s3job-results") if "/_staging/" in f]
+    assert fs.find("s3job-results/longdoc/s3job") == files  # the root: only the rows
     assert "run_date" not in pq.read_schema(files[0], filesystem=fs).names
 
     # Resume on S3: a rerun of the date would skip exactly these requests.
@@ -101,9 +103,9 @@ def test_run_reads_and_writes_s3(s3, tmp_path, tiny_model_dir):
     # DuckDB over the same objects (fsspec filesystem registered with DuckDB).
     con = duckdb.connect()
     con.register_filesystem(fs)
-    n, ids, date = con.execute(  # hive partitioning turns run_date into a DATE
+    n, ids, date = con.execute(  # no options: DuckDB turns the run_date=... folders into a DATE
         "select count(*), count(distinct request_id), cast(min(run_date) as varchar) from "
-        "read_parquet('s3://s3job-results/longdoc/s3job/**/*.parquet', hive_partitioning=true)"
+        "read_parquet('s3://s3job-results/longdoc/s3job/**/*.parquet')"
     ).fetchone()
     assert (n, ids, date) == (3, 3, DATE)
 

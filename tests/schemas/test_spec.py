@@ -48,6 +48,15 @@ def test_bad_values_name_the_field(patch, path_in_message):
     assert "job.yaml" in str(e.value)
 
 
+@pytest.mark.parametrize("uri", ["s3://results", "gs://results/", "/", "."])
+def test_an_output_root_without_a_parent_folder_is_refused(uri):
+    """The run records go in the output root's sibling ``{uri}.runs/``: a bucket or a
+    filesystem root has none in the same place."""
+    with pytest.raises(SpecError, match=r"output\.uri.*names no folder with a parent"):
+        spec_from_dict({**MINIMAL, "output": {"uri": uri}})
+    assert spec_from_dict({**MINIMAL, "output": {"uri": f"{uri.rstrip('/')}/longdoc/{{job}}"}})
+
+
 def test_unknown_method_lists_allowed_methods():
     with pytest.raises(SpecError) as e:
         spec_from_dict({**MINIMAL, "compression": {"method": "zip"}})

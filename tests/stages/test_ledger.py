@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from schemas.loading import spec_from_dict
 from schemas.output import RETRYABLE
+from stages.layout import runs_root, staging_dir
 from stages.ledger import clear, ledger_root, read_ledger, write_block
 from stages.read import Document, expand_requests, generation_fingerprint
 
@@ -44,9 +47,15 @@ def test_requests_in_input_order_and_placeholders_for_unread_files(tmp_path):
     write_block(root, DATE, "r1", [2], _record(spec, 2, 2))
     full = read_ledger(root, DATE, "r1")
     assert full.complete(3) and len(full.requests(spec, SHARDS, "r1", DATE)) == 5
+    assert ledger_root(root, DATE) == f"{runs_root(root)}/_ledger/{DATE}"  # beside the output root
+    assert not (tmp_path / "out").exists()  # nothing a reader of the table would list
+    # A ledger an earlier version left inside the output root goes with this one.
+    legacy = tmp_path / "out" / "_ledger" / DATE / "r0"
+    legacy.mkdir(parents=True)
+    (legacy / "shards-000000.parquet").write_bytes(b"")
     clear(root, DATE)
-    assert not (tmp_path / "out" / "_ledger").exists() or not list((tmp_path / "out" / "_ledger").rglob("*"))
-    assert read_ledger(root, DATE, "r1").files == 0 and ledger_root(root, DATE).endswith(f"_ledger/{DATE}")
+    assert not Path(ledger_root(root, DATE)).exists() and not legacy.parent.exists()
+    assert read_ledger(root, DATE, "r1").files == 0
 
 
 def test_the_limit_counts_documents_in_input_order(tmp_path):
@@ -108,7 +117,7 @@ def test_an_aborted_run_stages_its_error_rows_in_blocks(tmp_path, monkeypatch):
     root, shards = _ledger_of(tmp_path, spec, blocks=2, shards_per_block=2, docs=5)
     monkeypatch.setattr(runner, "MISSING_BLOCK_ROWS", 6)
     figures = runner.write_missing_as_errors(spec, root, DATE, "r1", RuntimeError("node lost"), shards)
-    staged = sorted((tmp_path / "out-2" / "_staging" / DATE / "r1").glob("*.staged"))
+    staged = sorted((Path(staging_dir(root, DATE)) / "r1").glob("*.staged"))
     assert figures.num_rows == 20 and len(staged) == 4  # 6 + 6 + 6 + 2
     assert "output_text" not in figures.column_names
     assert set(figures.column("error_kind").to_pylist()) == {RETRYABLE}

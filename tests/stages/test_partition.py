@@ -7,13 +7,25 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from schemas.output import INPUT, RETRYABLE
+from stages.layout import runs_root
 from stages.partition import commit_date, read_file, scan_date
 from stages.rows import rows_to_batch
 from stages.write import WriteStage
 
 DATE = "2026-05-01"
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """An output root with a parent: its staged blocks go to the sibling ``out.runs/``."""
+    return tmp_path / "out"
+
+
+def _staging(root: Path) -> Path:
+    return Path(runs_root(str(root))) / "_staging"
 
 
 def _rows(ids: range, error: str | None = None, kind: str | None = None, run_id: str = "r1") -> list[dict]:
@@ -38,116 +50,140 @@ def _visible(root: Path) -> dict[str, dict]:
     return out
 
 
-def test_blocks_are_compacted_into_one_file_and_staging_is_emptied(tmp_path):
-    _stage(tmp_path, "r1", _rows(range(0, 4)), _rows(range(4, 8)), _rows(range(8, 10), "read: empty", INPUT))
-    assert _visible(tmp_path) == {}  # nothing visible before the commit
-    assert len(scan_date(str(tmp_path), DATE).rows) == 10  # but a resume already sees them
-    out = commit_date(str(tmp_path), DATE, "r1")
+def test_blocks_are_compacted_into_one_file_and_staging_is_emptied(root):
+    _stage(root, "r1", _rows(range(0, 4)), _rows(range(4, 8)), _rows(range(8, 10), "read: empty", INPUT))
+    assert _visible(root) == {}  # nothing visible before the commit
+    assert len(scan_date(str(root), DATE).rows) == 10  # but a resume already sees them
+    out = commit_date(str(root), DATE, "r1")
     assert out == {"staged_files": 3, "replaced": 0, "added": 10, "dropped": 0, "files_written": 1}
-    files = list((tmp_path / f"run_date={DATE}").glob("*.parquet"))
+    files = list((root / f"run_date={DATE}").glob("*.parquet"))
     assert [f.name.startswith("part-r1-") for f in files] == [True]
-    assert len(_visible(tmp_path)) == 10
-    assert not list((tmp_path / "_staging").rglob("*.staged"))
-    assert scan_date(str(tmp_path), DATE).counts() == {"rows": 10, "failed": 2, "errors_input": 2,
+    assert len(_visible(root)) == 10
+    assert not list((_staging(root)).rglob("*.staged"))
+    assert scan_date(str(root), DATE).counts() == {"rows": 10, "failed": 2, "errors_input": 2,
                                                        "errors_retryable": 0}
 
 
-def test_compaction_splits_at_the_target_size(tmp_path):
-    _stage(tmp_path, "r1", _rows(range(0, 3)), _rows(range(3, 6)), _rows(range(6, 9)))
-    out = commit_date(str(tmp_path), DATE, "r1", target_bytes=1)  # every block exceeds it
-    assert out["files_written"] == 3 and len(_visible(tmp_path)) == 9
+def test_staged_blocks_live_beside_the_output_root_never_in_it(root):
+    _stage(root, "r1", _rows(range(0, 4)))
+    assert not root.exists() and list(_staging(root).rglob("*.staged"))  # a reader of root sees nothing
+    commit_date(str(root), DATE, "r1")
+    assert [p.name for p in root.iterdir()] == [f"run_date={DATE}"]
+    assert {p.suffix for p in root.rglob("*") if p.is_file()} == {".parquet"}
 
 
-def test_a_compacted_file_has_row_groups_of_about_the_row_group_size(tmp_path, monkeypatch):
+def test_blocks_an_earlier_version_staged_inside_the_root_are_published_and_removed(root):
+    """A crashed run of an earlier version left its blocks in ``{root}/_staging/D/``: the next
+    run's scan counts them (no request redone) and its publish takes them, once."""
+    _stage(root, "r0", _rows(range(0, 3)), _rows(range(3, 4), "generate: OSError", RETRYABLE))
+    legacy = root / "_staging"
+    shutil.move(_staging(root), legacy)  # where versions before {root}.runs/ staged them
+    scan = scan_date(str(root), DATE)
+    assert len(scan.rows) == 4 and scan.skip("retryable") == {"q000", "q001", "q002"}
+    _stage(root, "r1", _rows(range(3, 5), run_id="r1"))  # the rerun redoes q003, adds q004
+    out = commit_date(str(root), DATE, "r1")
+    assert out["staged_files"] == 3 and out["added"] == 5
+    rows = _visible(root)
+    assert sorted(rows) == [f"q{i:03d}" for i in range(5)] and rows["q003"]["run_id"] == "r1"
+    assert not list(legacy.rglob("*.staged")) and not list(_staging(root).rglob("*.staged"))
+
+
+def test_compaction_splits_at_the_target_size(root):
+    _stage(root, "r1", _rows(range(0, 3)), _rows(range(3, 6)), _rows(range(6, 9)))
+    out = commit_date(str(root), DATE, "r1", target_bytes=1)  # every block exceeds it
+    assert out["files_written"] == 3 and len(_visible(root)) == 9
+
+
+def test_a_compacted_file_has_row_groups_of_about_the_row_group_size(root, monkeypatch):
     import stages.partition as partition
 
-    _stage(tmp_path, "r1", *[_rows(range(i, i + 2)) for i in range(0, 20, 2)])  # 10 blocks
+    _stage(root, "r1", *[_rows(range(i, i + 2)) for i in range(0, 20, 2)])  # 10 blocks
     one_block = partition.read_file(*partition.fsspec.core.url_to_fs(
-        str(next((tmp_path / "_staging").rglob("*.staged")))))
+        str(next((_staging(root)).rglob("*.staged")))))
     # Three blocks fill a row group: a new group starts after every third block.
     monkeypatch.setattr(partition, "ROW_GROUP_BYTES", 3 * one_block.nbytes)
-    commit_date(str(tmp_path), DATE, "r1")
-    [f] = (tmp_path / f"run_date={DATE}").glob("*.parquet")
+    commit_date(str(root), DATE, "r1")
+    [f] = (root / f"run_date={DATE}").glob("*.parquet")
     meta = pq.ParquetFile(f).metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [6, 6, 6, 2]
-    assert len(_visible(tmp_path)) == 20
+    assert len(_visible(root)) == 20
 
 
-def test_a_retried_row_replaces_the_old_error_in_its_file(tmp_path):
-    _stage(tmp_path, "r1", _rows(range(0, 3)), _rows(range(3, 5), "generate: ActorDiedError", RETRYABLE))
-    commit_date(str(tmp_path), DATE, "r1")
-    (before,) = (tmp_path / f"run_date={DATE}").glob("*.parquet")
-    scan = scan_date(str(tmp_path), DATE)
+def test_a_retried_row_replaces_the_old_error_in_its_file(root):
+    _stage(root, "r1", _rows(range(0, 3)), _rows(range(3, 5), "generate: ActorDiedError", RETRYABLE))
+    commit_date(str(root), DATE, "r1")
+    (before,) = (root / f"run_date={DATE}").glob("*.parquet")
+    scan = scan_date(str(root), DATE)
     assert scan.skip("retryable") == {"q000", "q001", "q002"} and len(scan.skip("none")) == 5
-    _stage(tmp_path, "r2", _rows(range(3, 5), run_id="r2"))  # the rerun redoes q003, q004
-    out = commit_date(str(tmp_path), DATE, "r2")
+    _stage(root, "r2", _rows(range(3, 5), run_id="r2"))  # the rerun redoes q003, q004
+    out = commit_date(str(root), DATE, "r2")
     assert out["replaced"] == 2 and out["added"] == 0
-    assert list((tmp_path / f"run_date={DATE}").glob("*.parquet")) == [before]  # same file, rewritten
-    rows = _visible(tmp_path)
+    assert list((root / f"run_date={DATE}").glob("*.parquet")) == [before]  # same file, rewritten
+    rows = _visible(root)
     assert len(rows) == 5 and all(r["error"] is None for r in rows.values())
     assert rows["q003"]["output_text"] == "answer 3 by r2" and rows["q000"]["run_id"] == "r1"
 
 
-def test_a_commit_interrupted_before_cleanup_is_finished_by_the_next_without_duplicates(tmp_path):
-    _stage(tmp_path, "r1", _rows(range(0, 2)), _rows(range(2, 4), "generate: OSError", RETRYABLE))
-    commit_date(str(tmp_path), DATE, "r1")
-    _stage(tmp_path, "r2", _rows(range(2, 4), run_id="r2"), _rows(range(4, 6), run_id="r2"))
+def test_a_commit_interrupted_before_cleanup_is_finished_by_the_next_without_duplicates(root):
+    _stage(root, "r1", _rows(range(0, 2)), _rows(range(2, 4), "generate: OSError", RETRYABLE))
+    commit_date(str(root), DATE, "r1")
+    _stage(root, "r2", _rows(range(2, 4), run_id="r2"), _rows(range(4, 6), run_id="r2"))
     # Crash after every file was published but before the staged copies were deleted:
-    saved = tmp_path / "saved"
-    shutil.copytree(tmp_path / "_staging", saved)
-    commit_date(str(tmp_path), DATE, "r2")
-    published = {f.name: f.stat().st_mtime_ns for f in (tmp_path / f"run_date={DATE}").glob("*.parquet")}
-    shutil.rmtree(tmp_path / "_staging")
-    shutil.copytree(saved, tmp_path / "_staging")
-    assert len(scan_date(str(tmp_path), DATE).rows) == 6  # a reader mid-way: each request once
-    out = commit_date(str(tmp_path), DATE, "r3")
+    saved = root.parent / "saved"
+    shutil.copytree(_staging(root), saved)
+    commit_date(str(root), DATE, "r2")
+    published = {f.name: f.stat().st_mtime_ns for f in (root / f"run_date={DATE}").glob("*.parquet")}
+    shutil.rmtree(_staging(root))
+    shutil.copytree(saved, _staging(root))
+    assert len(scan_date(str(root), DATE).rows) == 6  # a reader mid-way: each request once
+    out = commit_date(str(root), DATE, "r3")
     assert out["files_written"] == 0 and out["staged_files"] == 2  # already published: cleanup only
-    assert {f.name: f.stat().st_mtime_ns for f in (tmp_path / f"run_date={DATE}").glob("*.parquet")} == published
-    rows = _visible(tmp_path)
+    assert {f.name: f.stat().st_mtime_ns for f in (root / f"run_date={DATE}").glob("*.parquet")} == published
+    rows = _visible(root)
     assert sorted(rows) == [f"q{i:03d}" for i in range(6)] and all(r["error"] is None for r in rows.values())
 
 
-def test_files_written_before_schema_2_are_read_conformed(tmp_path):
-    part = tmp_path / f"run_date={DATE}"
-    part.mkdir()
+def test_files_written_before_schema_2_are_read_conformed(root):
+    part = root / f"run_date={DATE}"
+    part.mkdir(parents=True)
     pq.write_table(pa.table({"run_id": ["r0"], "run_date": [DATE], "job": ["j"], "doc_id": ["d"],
                              "request_id": ["q"], "error": ["boom"]}), part / "part-old.parquet")
-    t = read_file(scan_date(str(tmp_path), DATE).fs, str(part / "part-old.parquet"))
+    t = read_file(scan_date(str(root), DATE).fs, str(part / "part-old.parquet"))
     assert "run_date" not in t.column_names
     assert t.column("schema_version").to_pylist() == [1] and t.column("error_kind").to_pylist() == [None]
-    assert scan_date(str(tmp_path), DATE).skip("retryable") == frozenset()  # unknown kind: retried
+    assert scan_date(str(root), DATE).skip("retryable") == frozenset()  # unknown kind: retried
 
 
-def test_stale_error_rows_are_dropped_and_a_file_of_only_stale_rows_removed(tmp_path):
+def test_stale_error_rows_are_dropped_and_a_file_of_only_stale_rows_removed(root):
     # Run 1: file A holds an unreadable-file error row plus two answers; file B only errors.
-    _stage(tmp_path, "r1", _rows(range(0, 2)) + _rows(range(2, 3), "read: cannot read f", RETRYABLE))
-    commit_date(str(tmp_path), DATE, "r1")
-    _stage(tmp_path, "r2", _rows(range(5, 7), "read: cannot read g", RETRYABLE, run_id="r2"))
-    commit_date(str(tmp_path), DATE, "r2")
-    assert len(list((tmp_path / f"run_date={DATE}").glob("*.parquet"))) == 2
+    _stage(root, "r1", _rows(range(0, 2)) + _rows(range(2, 3), "read: cannot read f", RETRYABLE))
+    commit_date(str(root), DATE, "r1")
+    _stage(root, "r2", _rows(range(5, 7), "read: cannot read g", RETRYABLE, run_id="r2"))
+    commit_date(str(root), DATE, "r2")
+    assert len(list((root / f"run_date={DATE}").glob("*.parquet"))) == 2
     # Run 3 reads both files now: new requests, and the file-level error rows are stale.
-    _stage(tmp_path, "r3", _rows(range(10, 12), run_id="r3"))
-    out = commit_date(str(tmp_path), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
+    _stage(root, "r3", _rows(range(10, 12), run_id="r3"))
+    out = commit_date(str(root), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
     assert out["dropped"] == 3 and out["added"] == 2
-    seen = _visible(tmp_path)
+    seen = _visible(root)
     assert sorted(seen) == ["q000", "q001", "q010", "q011"]
     assert all(r["error"] is None for r in seen.values())
-    assert len(list((tmp_path / f"run_date={DATE}").glob("*.parquet"))) == 2  # B removed, r3's added
+    assert len(list((root / f"run_date={DATE}").glob("*.parquet"))) == 2  # B removed, r3's added
     # Dropping is idempotent: a second commit with the same stale ids changes nothing.
-    again = commit_date(str(tmp_path), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
-    assert again["dropped"] == 0 and sorted(_visible(tmp_path)) == sorted(seen)
+    again = commit_date(str(root), DATE, "r3", stale=frozenset({"q002", "q005", "q006"}))
+    assert again["dropped"] == 0 and sorted(_visible(root)) == sorted(seen)
 
 
-def test_a_request_staged_twice_in_one_block_is_published_once(tmp_path):
+def test_a_request_staged_twice_in_one_block_is_published_once(root):
     """An input row repeated exactly (same id, text, question: the same request_id) reaches
     the writer twice, even inside one block: the table holds the request once."""
     rows = _rows(range(3))
-    _stage(tmp_path, "r1", rows + [dict(rows[1])])
-    commit_date(str(tmp_path), DATE, "r1")
-    assert sorted(_visible(tmp_path)) == ["q000", "q001", "q002"]
+    _stage(root, "r1", rows + [dict(rows[1])])
+    commit_date(str(root), DATE, "r1")
+    assert sorted(_visible(root)) == ["q000", "q001", "q002"]
     # ...and a retry that stages it twice again replaces it in place, once.
     again = _rows([1], run_id="r2")
-    _stage(tmp_path, "r2", again + again)
-    commit_date(str(tmp_path), DATE, "r2")
-    visible = _visible(tmp_path)
+    _stage(root, "r2", again + again)
+    commit_date(str(root), DATE, "r2")
+    visible = _visible(root)
     assert len(visible) == 3 and visible["q001"]["output_text"] == "answer 1 by r2"

@@ -96,9 +96,10 @@ def test_write_stage_stages_a_block_once_under_a_deterministic_name(tmp_path):
     stage = WriteStage(str(tmp_path / "out"), "2026-01-01", "run-1")
     figures = stage(rows_to_batch(_rows(3)))
     again = stage(rows_to_batch(list(reversed(_rows(3)))))  # a Ray retry of the same block
-    staged = list((tmp_path / "out" / "_staging" / "2026-01-01" / "run-1").iterdir())
+    staged = list((tmp_path / "out.runs" / "_staging" / "2026-01-01" / "run-1").iterdir())  # beside out/
     assert [p.name for p in staged] == [staged_file_name(["q0", "q1", "q2"])]
     table = pq.read_table(staged[0])
     assert table.schema.names == FILE_SCHEMA.names  # no run_date inside: it is the folder
     assert table.num_rows == 3 and figures.num_rows == again.num_rows == 3
     assert "output_text" not in figures.column_names  # text does not travel back to the driver
+

@@ -9,8 +9,9 @@ import json
 from pipeline.report.load import list_output_files, load_output, run_summaries
 from schemas.loading import spec_from_dict
 from schemas.output import FILE_SCHEMA, OUTPUT_SCHEMA, output_row, rows_to_table
+from stages.layout import run_record_path, staging_dir
 from stages.partition import commit_date
-from stages.write import staged_file_name, staging_dir, write_bytes_atomic, write_table_atomic
+from stages.write import staged_file_name, write_bytes_atomic, write_table_atomic
 
 SPEC = spec_from_dict({"name": "j", "input": {"uri": "/in"}, "task": {"kind": "summarize"}})
 
@@ -61,7 +62,7 @@ def test_one_summary_per_run_on_wall_time_when_recorded(tmp_path):
     commit_date(root, "2026-01-01", "r1")
     _stage(root, _rows("r2", "2026-01-02", 2))
     commit_date(root, "2026-01-02", "r2")
-    write_bytes_atomic(json.dumps({"summary": {"wall_s": 10.0}}).encode(), f"{root}/_runs/2026-01-01/r1.json")
+    write_bytes_atomic(json.dumps({"summary": {"wall_s": 10.0}}).encode(), run_record_path(root, "2026-01-01", "r1"))
 
     summaries = run_summaries(root, load_output(root))
     assert [(s["run_date"], s["run_id"]) for s in summaries] == [("2026-01-01", "r1"), ("2026-01-02", "r2")]
@@ -82,6 +83,7 @@ def test_report_shows_the_recorded_status_and_scores_answers_against_references(
             for i, (ref, out) in enumerate(answers)]
     _stage(root, rows)
     commit_date(root, "2026-01-01", "r1")
+    # Recorded where versions before {root}.runs/ wrote run records: an old output still reports.
     write_bytes_atomic(json.dumps({"summary": {"wall_s": 1.0, "status": "succeeded"}}).encode(),
                        f"{root}/_runs/2026-01-01/r1.json")
     (s,) = run_summaries(root, load_output(root))
@@ -96,3 +98,15 @@ def test_report_shows_the_recorded_status_and_scores_answers_against_references(
     assert res.exit_code == 0, res.output
     assert "succeeded" in res.output and "status                          -" not in res.output
     assert "answers with a reference" in res.output and "containing the reference" in res.output
+
+
+def test_a_run_record_in_the_current_place_wins_over_one_an_earlier_version_left(tmp_path):
+    root = str(tmp_path / "out")
+    _stage(root, _rows("r1", "2026-01-01", 2))
+    commit_date(root, "2026-01-01", "r1")
+    write_bytes_atomic(json.dumps({"summary": {"wall_s": 9.0, "status": "failed"}}).encode(),
+                       f"{root}/_runs/2026-01-01/r1.json")
+    write_bytes_atomic(json.dumps({"summary": {"wall_s": 2.0, "status": "succeeded"}}).encode(),
+                       run_record_path(root, "2026-01-01", "r1"))
+    (s,) = run_summaries(root, load_output(root))  # the old _runs/ folder is not read as rows either
+    assert (s["rows"], s["wall_s"], s["status"]) == (2, 2.0, "succeeded")

@@ -1,0 +1,59 @@
+"""Where an output root's files live: the rows in it, everything else beside it.
+
+Contract: an output root ``{root}`` holds only ``{root}/run_date=D/*.parquet``, so a
+plain folder read (Polars, pandas, DuckDB, Spark) sees the table without options. What
+else the job writes lives in the sibling ``{root}.runs/`` (``runs_root``: the one place
+that says where):
+- run records ``{root}.runs/D/{run_id}.json`` (``run_record_path``);
+- staged blocks ``{root}.runs/_staging/D/{run_id}/`` (``staging_dir``);
+- the request ledger ``{root}.runs/_ledger/D/{run_id}/`` (stages/ledger.py).
+Outputs written before this layout kept these in ``{root}/_runs/``, ``{root}/_staging/``
+and ``{root}/_ledger/``: readers still look there (``run_record_candidates``,
+``staging_dirs``, stages/ledger.py ``clear``); new runs never write there.
+Pure string functions, no imports: the CLI's preflight uses them before anything heavy.
+"""
+
+from __future__ import annotations
+
+RUNS_SUFFIX = ".runs"
+LEGACY_RUNS = "_runs"  # run records of outputs written before ``runs_root``
+
+
+def runs_root(root: str) -> str:
+    """Where the run records (and every other non-row file) of output root ``root`` live:
+    its sibling ``{root}.runs``. Outside ``root``, so a reader of the folder sees only
+    ``run_date=D/*.parquet``. ``root`` must have a parent folder (schemas/spec.py refuses
+    a bucket or filesystem root as ``output.uri``)."""
+    return f"{root.rstrip('/')}{RUNS_SUFFIX}"
+
+
+def run_record_dir(root: str, run_date: str) -> str:
+    """Where the runs of ``run_date`` write their records: ``{root}.runs/{run_date}``."""
+    return f"{runs_root(root)}/{run_date}"
+
+
+def run_record_path(root: str, run_date: str, run_id: str) -> str:
+    """The run record a run of ``root`` writes: ``{root}.runs/{run_date}/{run_id}.json``."""
+    return f"{run_record_dir(root, run_date)}/{run_id}.json"
+
+
+def run_record_dirs(root: str, run_date: str) -> list[str]:
+    """Folders that may hold run records of ``run_date``, newest layout first: the current
+    one, then ``{root}/_runs/{run_date}`` (outputs written by earlier versions)."""
+    return [run_record_dir(root, run_date), f"{root.rstrip('/')}/{LEGACY_RUNS}/{run_date}"]
+
+
+def run_record_candidates(root: str, run_date: str, run_id: str) -> list[str]:
+    """Where a reader looks for the record of ``run_id``, in order (``run_record_dirs``)."""
+    return [f"{d}/{run_id}.json" for d in run_record_dirs(root, run_date)]
+
+
+def staging_dir(root: str, run_date: str) -> str:
+    """Where blocks wait for the end-of-run commit: ``{root}.runs/_staging/{run_date}``."""
+    return f"{runs_root(root)}/_staging/{run_date}"
+
+
+def staging_dirs(root: str, run_date: str) -> list[str]:
+    """Folders whose staged blocks a publish takes: ``staging_dir``, then the one of outputs
+    written by earlier versions (``{root}/_staging/{run_date}``: a crashed run's rows)."""
+    return [staging_dir(root, run_date), f"{root.rstrip('/')}/_staging/{run_date}"]
