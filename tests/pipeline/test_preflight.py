@@ -59,6 +59,11 @@ def no_aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # Nor an s3fs instance an earlier test of this process cached for another endpoint
+    # (fsspec caches filesystems by their arguments, not by AWS_ENDPOINT_URL).
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _spec(tmp_path: Path, **sections) -> Path:
