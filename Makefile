@@ -28,11 +28,17 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(BIN)/longdoc run $(SPEC)
 
+# Two pytest workers (pytest-xdist): most tests are single-threaded (one BLAS thread) or
+# wait on child processes, Ray and I/O, so a second worker uses the second core. Each
+# worker has its own session fixtures (tiny models, one embedded Ray). worksteal: a worker
+# that runs dry takes queued tests from the other (a few tests take a minute). XDIST= runs serially.
+XDIST ?= -n 2 --dist worksteal
+
 test: setup
 	# One BLAS thread per process: tests run Ray actors beside the driver on 2 cores,
 	# and oversubscribed OpenMP threads make small matmuls many times slower.
 	# Cluster scenarios of minutes (marker slow) run once per CI run: make test-slow.
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-slow: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
