@@ -6,7 +6,8 @@ else the job writes lives in the sibling ``{root}.runs/`` (``runs_root``: the on
 that says where):
 - run records ``{root}.runs/D/{run_id}.json`` (``run_record_path``);
 - staged blocks ``{root}.runs/_staging/D/{run_id}/`` (``staging_dir``);
-- the request ledger ``{root}.runs/_ledger/D/{run_id}/`` (stages/ledger.py).
+- the request ledger ``{root}.runs/_ledger/D/{run_id}/`` (stages/ledger.py);
+- the temporary files of a local publish into ``run_date=D/`` (``scratch_dir``).
 Outputs written before this layout kept these in ``{root}/_runs/``, ``{root}/_staging/``
 and ``{root}/_ledger/``: readers still look there (``run_record_candidates``,
 ``staging_dirs``, stages/ledger.py ``clear``); new runs never write there.
@@ -51,6 +52,13 @@ def run_record_candidates(root: str, run_date: str, run_id: str) -> list[str]:
 def staging_dir(root: str, run_date: str) -> str:
     """Where blocks wait for the end-of-run commit: ``{root}.runs/_staging/{run_date}``."""
     return f"{runs_root(root)}/_staging/{run_date}"
+
+
+def scratch_dir(root: str) -> str:
+    """Where a local publish into ``{root}/run_date=D/`` builds each file before renaming
+    it in: ``{root}.runs/_scratch`` (stages/write.py), so the partition never holds a
+    file that is not finished Parquet, even for the instant of a write."""
+    return f"{runs_root(root)}/_scratch"
 
 
 def staging_dirs(root: str, run_date: str) -> list[str]:

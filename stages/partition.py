@@ -12,8 +12,9 @@ Files of a run date (see stages/write.py for the names):
 so a reader listing the folder at ANY moment (or a crash at any point) sees every
 committed request exactly once:
 1. a staged row whose request is already committed (a retried error row) replaces it
-   IN the committed file: the file is rewritten whole under the same name (temporary
-   name + rename locally; one PUT on object stores, which replaces atomically);
+   IN the committed file: the file is rewritten whole under the same name (a temporary
+   file in ``{root}.runs/_scratch`` + rename locally, so the folder never holds an
+   unfinished file; one PUT on object stores, which replaces atomically);
 2. the other staged rows are new requests: they are compacted into one file per
    ``target_bytes`` (not one per block) named ``part-{run_id}-{digest}.parquet``;
 3. only then are the staged files deleted.
@@ -40,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, is_retried
-from stages.layout import staging_dirs
+from stages.layout import scratch_dir, staging_dirs
 from stages.write import (
     STAGED_SUFFIX,
     block_digest,
@@ -193,6 +194,7 @@ def commit_date(
     ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``.
     """
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    scratch = _scratch(fs, root)
     staged = _staged_files(fs, root, run_date)
     out = {"staged_files": len(staged), "replaced": 0, "added": 0, "dropped": 0, "files_written": 0}
     if not staged and not stale:
@@ -219,12 +221,12 @@ def commit_date(
             fs.rm_file(path)  # every row of the file was stale
             out["files_written"] += 1
             continue
-        write_table_atomic(table, _uri(fs, path))
+        write_table_atomic(table, _uri(fs, path), scratch)
         out["replaced"] += len(swapped)
         out["files_written"] += 1
     # 2. New requests: compacted into few large files.
     new_ids = winners.keys() - committed.keys()
-    for written in _compact(fs, part, run_id, winners, new_ids, target_bytes):
+    for written in _compact(fs, part, run_id, winners, new_ids, target_bytes, scratch):
         out["added"] += written
         out["files_written"] += 1
     # 3. Everything is published: the staged copies can go.
@@ -243,7 +245,7 @@ def _staged_rows(fs, winners: dict[str, RowState], ids: set[str]) -> pa.Table:
 
 
 def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[str],
-             target_bytes: int) -> Iterator[int]:
+             target_bytes: int, scratch: str | None) -> Iterator[int]:
     """Write the staged rows of ``ids`` into files of ~target_bytes; yield rows per file.
 
     Streamed: each staged file's rows go into the open compacted file's row-group buffer
@@ -260,10 +262,10 @@ def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[
         out.add(_take(fs, path, sel))
         out.staged_bytes += fs.size(path)
         if out.staged_bytes >= target_bytes:
-            yield out.publish(fs, part, run_id)
+            yield out.publish(fs, part, run_id, scratch)
             out = None
     if out is not None:
-        yield out.publish(fs, part, run_id)
+        yield out.publish(fs, part, run_id, scratch)
 
 
 class _CompactFile:
@@ -290,16 +292,22 @@ class _CompactFile:
             self._writer.write_table(pa.concat_tables(self._group))
         self._group, self._group_bytes = [], 0
 
-    def publish(self, fs, part: str, run_id: str) -> int:
+    def publish(self, fs, part: str, run_id: str, scratch: str | None) -> int:
         """Close the file and publish it atomically as ``part-{run_id}-{digest}.parquet``."""
         try:
             self._flush()
             self._writer.close()
             name = f"part-{run_id}-{block_digest(self.ids)}.parquet"
-            put_file_atomic(self._local, _uri(fs, f"{part}/{name}"))
+            put_file_atomic(self._local, _uri(fs, f"{part}/{name}"), scratch)
             return len(self.ids)
         finally:
             self._tmpdir.cleanup()
+
+
+def _scratch(fs, root: str) -> str | None:
+    """The local folder for a publish's temporary files (stages/layout.py ``scratch_dir``),
+    as a plain path; None on object stores, whose single PUT needs none."""
+    return scratch_dir(fs._strip_protocol(root)) if is_local(fs) else None
 
 
 def _uri(fs, path: str) -> str:

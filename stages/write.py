@@ -10,12 +10,18 @@ Contract:
   rewrites the same file instead of adding a duplicate. Readers never see staged
   files (outside the output root); the driver publishes them into ``run_date=D/`` at
   the end of the run (stages/partition.py ``commit_date``).
-- Atomic on every filesystem: locally a hidden temporary name + ``os.replace``; on
+- Atomic on every filesystem: locally a temporary file + ``os.replace``; on
   object stores (s3fs, gcsfs, ...) the bytes are built in memory or in a local
   temporary file and sent in ONE call (``pipe``/``put``), so an object appears only
   when the upload completed. Never an open remote stream: fsspec's ``__exit__``
   calls ``close()``, which completes the upload even when the ``with`` body raised,
   leaving a truncated object (tests/stages/test_write.py shows it on a real S3 server).
+- Locally the temporary file lives in ``scratch`` when the caller gives one (the publish
+  into ``run_date=D/`` gives ``{root}.runs/_scratch``, stages/layout.py): a reader that
+  lists the partition mid-publish then sees only finished ``*.parquet`` files. Polars
+  refuses a folder that holds any other file, hidden or not. Without ``scratch``, or when
+  ``scratch`` is on another filesystem than the target (a rename cannot cross it), the
+  temporary file is a hidden name beside the target.
 - ``WriteStage`` returns the block's figures without the text columns (what the
   driver needs for progress and the run summary), so text never travels twice.
 """
@@ -27,6 +33,7 @@ import io
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 
 import fsspec
 import numpy as np
@@ -54,49 +61,65 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
-def _hidden_tmp(path: str) -> str:
-    parent, name = path.rsplit("/", 1)
-    return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+def _tmp_folder(path: str, scratch: str | None) -> str:
+    """Where the temporary file of local target ``path`` goes: ``scratch`` when it is on
+    the target's filesystem (``os.replace`` renames only within one), else beside it."""
+    parent = path.rsplit("/", 1)[0]
+    if scratch is not None:
+        os.makedirs(scratch, exist_ok=True)
+        if os.stat(scratch).st_dev == os.stat(parent).st_dev:
+            return scratch
+    return parent
 
 
-def write_bytes_atomic(data: bytes, uri: str) -> None:
-    """Make ``uri`` hold exactly ``data``, or leave it as it was (no partial object)."""
+def _local_atomic(path: str, scratch: str | None, fill: Callable[[str], None]) -> None:
+    """``fill(tmp)`` creates the finished file at ``tmp``; then one rename publishes it.
+    A failure at any point leaves ``path`` as it was and no temporary file behind."""
+    os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    tmp = f"{_tmp_folder(path, scratch)}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _write_to(data: bytes) -> Callable[[str], None]:
+    def fill(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return fill
+
+
+def write_bytes_atomic(data: bytes, uri: str, scratch: str | None = None) -> None:
+    """Make ``uri`` hold exactly ``data``, or leave it as it was (no partial object).
+    ``scratch``: a local folder for the temporary file (module docstring)."""
     fs, path = fsspec.core.url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if is_local(fs):
-        tmp = _hidden_tmp(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        _local_atomic(path, scratch, _write_to(data))
     else:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fs.pipe_file(path, data)  # one PUT (or a multipart upload completed only at the end)
 
 
-def put_file_atomic(local_path: str, uri: str) -> None:
-    """Publish a finished local file at ``uri`` (moves it when ``uri`` is local too)."""
+def put_file_atomic(local_path: str, uri: str, scratch: str | None = None) -> None:
+    """Publish a finished local file at ``uri`` (moves it when ``uri`` is local too).
+    ``scratch``: a local folder for the temporary file (module docstring)."""
     fs, path = fsspec.core.url_to_fs(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if is_local(fs):
-        tmp = _hidden_tmp(path)
-        try:
-            shutil.move(local_path, tmp)  # same filesystem: a rename; else copy, then rename
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        # same filesystem: a rename; else a copy, then the rename publishes it
+        _local_atomic(path, scratch, lambda tmp: shutil.move(local_path, tmp))
     else:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(local_path, path)  # multipart uploads complete only after the last part
 
 
-def write_table_atomic(table: pa.Table, uri: str) -> None:
+def write_table_atomic(table: pa.Table, uri: str, scratch: str | None = None) -> None:
     """Serialise ``table`` completely first, then publish it in one atomic step."""
     buf = io.BytesIO()
     pq.write_table(table, buf)  # raises before anything reaches the store
-    write_bytes_atomic(buf.getvalue(), uri)
+    write_bytes_atomic(buf.getvalue(), uri, scratch)
 
 
 def block_digest(request_ids: list[str]) -> str:

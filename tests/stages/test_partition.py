@@ -72,6 +72,35 @@ def test_staged_blocks_live_beside_the_output_root_never_in_it(root):
     assert {p.suffix for p in root.rglob("*") if p.is_file()} == {".parquet"}
 
 
+def test_a_reader_listing_the_partition_mid_publish_sees_only_finished_parquet(root, monkeypatch):
+    """Polars refuses a folder holding any non-Parquet file, hidden or not: every rename
+    into ``run_date=D/`` (a new compacted file and a rewritten one) must come from outside."""
+    import os
+
+    import polars as pl
+
+    part = root / f"run_date={DATE}"
+    seen: list[tuple[set[str], int]] = []
+    rename = os.replace
+
+    def spy(src, dst):  # the real rename, after looking at the folder the way a reader would
+        if os.path.isdir(part):
+            seen.append(({p.suffix for p in part.iterdir()}, pl.read_parquet(str(root)).height))
+        assert not str(src).startswith(str(part)), f"temporary file inside the partition: {src}"
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    _stage(root, "r1", _rows(range(0, 3)), _rows(range(3, 5), "generate: OSError", RETRYABLE))
+    monkeypatch.setattr(os, "replace", rename)  # staging is outside the root anyway
+    commit_date(str(root), DATE, "r1")
+    _stage(root, "r2", _rows(range(3, 5), run_id="r2"), _rows(range(5, 7), run_id="r2"))
+    monkeypatch.setattr(os, "replace", spy)
+    commit_date(str(root), DATE, "r2")  # rewrites the first file, then adds a second
+    assert seen == [({".parquet"}, 5), ({".parquet"}, 5)]
+    assert pl.read_parquet(str(root)).height == 7
+    assert not list(Path(runs_root(str(root)), "_scratch").iterdir())  # nothing left behind
+
+
 def test_blocks_an_earlier_version_staged_inside_the_root_are_published_and_removed(root):
     """A crashed run of an earlier version left its blocks in ``{root}/_staging/D/``: the next
     run's scan counts them (no request redone) and its publish takes them, once."""

@@ -59,6 +59,28 @@ def test_local_write_replaces_whole_or_not_at_all(tmp_path):
     assert (tmp_path / "d" / "s.json").read_bytes() == b"{}"
 
 
+def test_a_scratch_folder_holds_the_temporary_file_and_is_skipped_across_filesystems(tmp_path, monkeypatch):
+    target, scratch = tmp_path / "d" / "f.parquet", tmp_path / "scratch"
+    made: list[str] = []
+    rename = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (made.append(os.path.dirname(src)), rename(src, dst)))
+    write_table_atomic(rows_to_table(_rows(2), FILE_SCHEMA), str(target), str(scratch))
+    assert made == [str(scratch)] and os.listdir(scratch) == []
+    with pytest.raises(pa.ArrowInvalid):  # a failed write leaves neither file behind
+        write_table_atomic(_bad_table(), str(target), str(scratch))
+    assert os.listdir(scratch) == [] and os.listdir(target.parent) == ["f.parquet"]
+    # A scratch folder on another filesystem (st_dev differs) cannot be renamed from:
+    # the temporary file goes beside the target instead.
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: os.stat_result(
+        (*real_stat(p)[:2], 12345 if str(p) == str(scratch) else real_stat(p).st_dev, *real_stat(p)[3:]))
+        if not a and not k else real_stat(p, *a, **k))
+    src = tmp_path / "local.bin"
+    src.write_bytes(b"payload")
+    put_file_atomic(str(src), str(target), str(scratch))
+    assert made[-1] == str(target.parent) and target.read_bytes() == b"payload"
+
+
 def test_an_open_s3_stream_completes_the_upload_even_when_the_writer_raises(s3):
     """Why write_table_atomic never streams to an object store: fsspec's __exit__
     closes (= completes) the upload on an exception, publishing a truncated object."""
