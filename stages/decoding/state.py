@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from stages.decoding.forward import cache_kwargs
+from stages.kv.slots import stack_caches
 
 
 @dataclass
@@ -194,20 +195,11 @@ def concat_states(model, states: list[PrefillState], order: list[int]) -> Prefil
     """One state of the rows of ``states`` (in bucket order), put back in input order:
     ``order[k]`` is the input row of the k-th row of the concatenation. Shorter caches
     are left-padded with invalid slots (zeros, never attended), as ``left_pad`` does."""
-    width = max(s.valid.shape[1] for s in states)
-    cache = DynamicCache(config=model.config)
+    cache, valid = stack_caches([(s.cache, s.valid) for s in states], model.config)
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
-    back = back.to(states[0].valid.device)
-
-    def padded(t: torch.Tensor) -> torch.Tensor:  # [b, H, S, D] -> [b, H, width, D]
-        return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
-
-    for layer in range(len(states[0].cache.layers)):
-        keys = torch.cat([padded(s.cache.layers[layer].keys) for s in states]).index_select(0, back)
-        values = torch.cat([padded(s.cache.layers[layer].values) for s in states]).index_select(0, back)
-        cache.update(keys, values, layer)
-    valid = torch.cat([torch.nn.functional.pad(s.valid, (width - s.valid.shape[1], 0)) for s in states])
+    back = back.to(valid.device)
+    cache.batch_select_indices(back)
     return PrefillState(
         cache=cache,
         valid=valid.index_select(0, back),

@@ -8,9 +8,12 @@ Contract:
 - ``gather_slots(keys, values, idx)``: per row and KV head, the slots ``idx``
   ([B, G, K] long, G = 1 shared by every head or G = H_kv) of one layer:
   (keys, values) [B, H_kv, K, D].
-- ``stack_rows(caches, config=None)``: per-row caches (batch 1 each, any lengths) as one
-  batch, each row right-aligned (left padding): (cache, valid [B, S] bool), S = the
-  longest row; ``config`` (the model's) gives the cache its per-layer kinds.
+- ``stack_caches(parts, config=None)``: batches of caches with their valid masks
+  (``[(cache [b_i, H_kv, S_i, D], valid [b_i, S_i] bool)]``) as one batch, each part
+  right-aligned (left padding with invalid zero slots): (cache, valid [sum b_i, S]),
+  S = max S_i; ``config`` (the model's) gives the cache its per-layer kinds.
+- ``stack_rows(caches, config=None)``: ``stack_caches`` of per-row caches (batch 1 each,
+  any lengths, every slot valid).
   The rows' positions are theirs to track: slots keep the RoPE positions they hold.
 """
 
@@ -38,22 +41,29 @@ def gather_slots(
     return keys.gather(2, gidx), values.gather(2, gidx)
 
 
+def stack_caches(
+    parts: list[tuple[DynamicCache, torch.Tensor]], config=None
+) -> tuple[DynamicCache, torch.Tensor]:
+    """Concatenate ``(cache, valid)`` batches along the batch axis, each left-padded with
+    invalid slots to the widest: (cache, valid [B, S] bool). See the module contract."""
+    if not parts:
+        raise ValueError("stack_caches needs at least one cache")
+    width = max(valid.shape[1] for _, valid in parts)
+    valid = torch.cat([F.pad(v, (width - v.shape[1], 0)) for _, v in parts])
+    out = DynamicCache(config=config) if config is not None else DynamicCache()
+    for i in range(len(parts[0][0].layers)):
+        # keys/values [b, H_kv, S_i, D] -> [b, H_kv, width, D]: zeros on the left
+        keys = [F.pad(c.layers[i].keys, (0, 0, width - c.layers[i].keys.shape[2], 0)) for c, _ in parts]
+        values = [F.pad(c.layers[i].values, (0, 0, width - c.layers[i].values.shape[2], 0)) for c, _ in parts]
+        out.update(torch.cat(keys), torch.cat(values), i)
+    return out, valid
+
+
 def stack_rows(caches: list[DynamicCache], config=None) -> tuple[DynamicCache, torch.Tensor]:
     """Right-align per-row caches (batch 1 each) into one batch: (cache, valid [B, S])."""
     if not caches:
         raise ValueError("stack_rows needs at least one cache")
-    lengths = [c.get_seq_length() for c in caches]
-    width = max(lengths)
     dev = caches[0].layers[0].keys.device
-    valid = torch.zeros((len(caches), width), dtype=torch.bool, device=dev)
-    for r, n in enumerate(lengths):
-        valid[r, width - n :] = True
-    out = DynamicCache(config=config) if config is not None else DynamicCache()
-    for i in range(len(caches[0].layers)):
-        keys, values = [], []
-        for c, n in zip(caches, lengths, strict=True):
-            k, v = c.layers[i].keys, c.layers[i].values  # [1, H_kv, n, D]
-            keys.append(F.pad(k, (0, 0, width - n, 0)))
-            values.append(F.pad(v, (0, 0, width - n, 0)))
-        out.update(torch.cat(keys), torch.cat(values), i)
-    return out, valid
+    return stack_caches(
+        [(c, torch.ones((1, c.get_seq_length()), dtype=torch.bool, device=dev)) for c in caches], config
+    )
