@@ -69,37 +69,6 @@ def test_ray_job_and_peer_write_every_document_and_the_json_layout(tmp_path, mon
     assert "## Medians" in md.read_text() and "| peer |" in md.read_text()
 
 
-def test_a_sides_engines_are_its_largest_pool_under_ray_and_one_in_process():
-    from types import SimpleNamespace
-
-    from pipeline.bench.job import _engines, parse_variant
-
-    ray, local = SimpleNamespace(runner="ray", variants=()), SimpleNamespace(runner="local", variants=())
-    assert _engines(ray, "a", {"resources": {"actors": 2}}) == 2
-    assert _engines(ray, "a", {"resources": {"actors": [1, 3]}}) == 3  # an autoscaling pool may reach its max
-    assert _engines(local, "a", {"resources": {"actors": [1, 3]}}) == 1
-    # A variant's own runner= wins over --runner, for that side only.
-    mixed = SimpleNamespace(runner="ray", variants=(parse_variant("one:runner=local;resources.actors=2"),))
-    assert _engines(mixed, "one", {"resources": {"actors": 2}}) == 1 and _engines(mixed, "b", {"resources": {"actors": 2}}) == 2
-    assert mixed.variants[0].spec_overrides == ("resources.actors=2",) and mixed.variants[0].runner == "local"
-    # auto: what `longdoc run` picks on one machine (one actor: in one process; a pool: Ray).
-    auto = SimpleNamespace(runner="auto", variants=())
-    assert _engines(auto, "a", {"resources": {"actors": 1}}) == 1 and _engines(auto, "a", {"resources": {"actors": 3}}) == 3
-
-
-def test_a_sides_row_totals_count_successful_rows_and_the_prefix_caches_tokens():
-    from pipeline.bench.job import _row_totals
-
-    base = {"prefill_s": 1.0, "decode_s": 2.0, "compress_s": 0.0, "ttft_s": 1.5, "output_tokens": 10,
-            "context_tokens": 100, "draft_tokens": 4, "accepted_tokens": 1}
-    rows = [{**base, "error": None, "cached_prompt_tokens": 0}, {**base, "error": None, "cached_prompt_tokens": 90},
-            {**base, "error": "generate: OSError", "cached_prompt_tokens": None},
-            {**base, "error": None}]  # a row of an output written before schema version 5
-    t = _row_totals(rows)
-    assert t["cached_prompt_tokens"] == 90 and t["output_tokens"] == 30 and t["rows_prefill_s"] == 3.0
-    assert t["acceptance"] == 0.25 and t["mean_ttft_s"] == 1.5
-
-
 # Blocks `import ray` in every interpreter the bench starts (sitecustomize runs at start-up),
 # as on a GPU machine without Ray: the bench must pick the in-process runner by itself.
 _NO_RAY = "import sys\nsys.modules['ray'] = None\n"
@@ -241,7 +210,8 @@ def test_side_agreement_matches_each_question_of_a_document_by_its_prompt(tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.bench.job import _read_rows, side_agreement
+    from pipeline.bench.job import side_agreement
+    from pipeline.bench.job_sides import read_rows
 
     def side(name: str, texts: list[str], order: list[int]) -> list[dict]:
         part = tmp_path / name / "run_date=2026-01-01"
@@ -256,7 +226,7 @@ def test_side_agreement_matches_each_question_of_a_document_by_its_prompt(tmp_pa
             cols[c] = [0.1] * n
         cols["error"] = pa.array([None] * n, pa.string())
         pq.write_table(pa.table(cols).take(order), part / "part-0.parquet")
-        return _read_rows(tmp_path / name, "2026-01-01")
+        return read_rows(tmp_path / name, "2026-01-01")
 
     first = side("a", ["x", "y", "z", "w"], [0, 1, 2, 3])
     other = side("b", ["x", "y", "z", "q"], [3, 1, 0, 2])  # another order of the rows

@@ -1,0 +1,35 @@
+"""The sides of `longdoc bench job` (pipeline/bench/job_sides.py): engines per side and row totals."""
+
+from __future__ import annotations
+
+
+def test_a_sides_engines_are_its_largest_pool_under_ray_and_one_in_process():
+    from types import SimpleNamespace
+
+    from pipeline.bench.job_settings import parse_variant
+    from pipeline.bench.job_sides import engines
+
+    ray, local = SimpleNamespace(runner="ray", variants=()), SimpleNamespace(runner="local", variants=())
+    assert engines(ray, "a", {"resources": {"actors": 2}}) == 2
+    assert engines(ray, "a", {"resources": {"actors": [1, 3]}}) == 3  # an autoscaling pool may reach its max
+    assert engines(local, "a", {"resources": {"actors": [1, 3]}}) == 1
+    # A variant's own runner= wins over --runner, for that side only.
+    mixed = SimpleNamespace(runner="ray", variants=(parse_variant("one:runner=local;resources.actors=2"),))
+    assert engines(mixed, "one", {"resources": {"actors": 2}}) == 1 and engines(mixed, "b", {"resources": {"actors": 2}}) == 2
+    assert mixed.variants[0].spec_overrides == ("resources.actors=2",) and mixed.variants[0].runner == "local"
+    # auto: what `longdoc run` picks on one machine (one actor: in one process; a pool: Ray).
+    auto = SimpleNamespace(runner="auto", variants=())
+    assert engines(auto, "a", {"resources": {"actors": 1}}) == 1 and engines(auto, "a", {"resources": {"actors": 3}}) == 3
+
+
+def test_a_sides_row_totals_count_successful_rows_and_the_prefix_caches_tokens():
+    from pipeline.bench.job_sides import row_totals
+
+    base = {"prefill_s": 1.0, "decode_s": 2.0, "compress_s": 0.0, "ttft_s": 1.5, "output_tokens": 10,
+            "context_tokens": 100, "draft_tokens": 4, "accepted_tokens": 1}
+    rows = [{**base, "error": None, "cached_prompt_tokens": 0}, {**base, "error": None, "cached_prompt_tokens": 90},
+            {**base, "error": "generate: OSError", "cached_prompt_tokens": None},
+            {**base, "error": None}]  # a row of an output written before schema version 5
+    t = row_totals(rows)
+    assert t["cached_prompt_tokens"] == 90 and t["output_tokens"] == 30 and t["rows_prefill_s"] == 3.0
+    assert t["acceptance"] == 0.25 and t["mean_ttft_s"] == 1.5
