@@ -7,15 +7,9 @@ that exceeds a trim threshold (twice the mmap threshold). A CPU forward pass all
 and frees blocks of the same few MB again and again (a prefill chunk's activations:
 1,077 tokens x 1,536 floats = 6.6 MB per MLP tensor on SmolLM2-135M), so many of them
 come back as new pages that the kernel must zero and map one 4 KiB fault at a time.
-Measured 2026-11-26 on the 2-core AMD EPYC dev machine (shared, noisy), SmolLM2-135M
-fp32 at 2 threads, one 1,077-token prefill through the engine's step: 15,000-190,000
-minor page faults with glibc's defaults, 0 with the settings below; silu 91 -> 32 ms and
-the elementwise muls 121 -> 70 ms per prefill; the prefill 2.41 -> 2.23 s on the main
-thread and 2.9 -> 2.6 s on a thread of its own as the engine runs it (4 prefills per
-process, 2 processes each way, alternated). In a whole job the gain is within the
-machine's noise: the in-process runner over 12 sample documents spent 31.8 / 29.8 s in
-prefill with the settings and 31.2 / 33.1 s without (2 alternated runs each), and a
-6-document run took 384k minor faults against 781k.
+Keeping them removes those faults and speeds the elementwise operations of one prefill;
+in a whole job the gain was within a shared machine's noise (measured:
+jobs/results/code-choices.md, "stages/host_memory.py").
 
 Contract: ``keep_freed_memory()`` fixes the mmap threshold at glibc's largest value
 (32 MiB) and the trim threshold at ``TRIM_BYTES`` (1 GiB) with ``mallopt``, for the

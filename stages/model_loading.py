@@ -174,12 +174,10 @@ def resolve_embedder(name: str) -> str:
     return name
 
 
-# Below this many parameters "auto" keeps float32 on a GPU. Measured on an H100
-# (2026-11-22, the decode engine of that date), embedded SmolLM2-135M: fp32 was FASTER than bf16 (plain
-# greedy 146 vs 57 tok/s, prompt lookup 258 vs 96; a small model is bound by kernel
-# launches, not by weight reads) and exact (16/16 summaries identical with and
-# without prompt lookup, bf16 13/16). Large models are bound by weight reads, where
-# bf16 halves the bytes: bf16 there.
+# Below this many parameters "auto" keeps float32 on a GPU: a small model is bound by
+# kernel launches, not by weight reads, so fp32 was faster than bf16 there, and exact
+# (measured: jobs/results/code-choices.md, "stages/model_loading.py"). Large models are
+# bound by weight reads, where bf16 halves the bytes: bf16 there.
 SMALL_MODEL_PARAMS = 1_000_000_000
 
 

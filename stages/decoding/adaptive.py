@@ -350,9 +350,8 @@ def explore_width(chosen: int, longest: int, candidates: Sequence[int] | None = 
     Why one step past the choice and not the widest: it teaches the acceptance and cost
     models about the margin they decide on, at the price of a slightly wider step. The
     widest step teaches about widths far from any choice and can cost several ordinary
-    steps: on the sample job (CPU, 2026-11-27, up to 39 rows, acceptance 0.15) four
-    exploring steps at widths 9 and 13 took 3.3 s of the job's 17.3 s of decode steps,
-    and without drafting its steps took 14.6 s.
+    steps: on the sample job, exploring at the widest widths cost more than drafting saved
+    (measured: jobs/results/code-choices.md, "stages/decoding/adaptive.py").
     """
     top = longest + 1
     if candidates is not None:

@@ -57,8 +57,8 @@ def packed_gqa_sdpa(
         s = key.shape[2]
         if s == t:
             # A first chunk: plain causal attention. SDPA's causal kernel with grouped
-            # heads needs no mask tensor (CPU: 35 vs 51-60 ms per layer at T = 1060 on
-            # SmolLM2-135M's 9/3 heads, measured 2026-11-25).
+            # heads needs no mask tensor, and was faster than a masked call on CPU
+            # (measured: jobs/results/code-choices.md, "stages/decoding/forward.py").
             out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
             return out.transpose(1, 2).contiguous(), None
         mask = torch.ones(t, s, dtype=torch.bool, device=query.device).tril(s - t)[None, None]  # [1, 1, T, S]

@@ -12,10 +12,9 @@ libgomp keeps a team of worker threads for each thread that ever started one. On
 threads have teams (the model loaded and warmed up on the caller's thread, the steps run
 on the service's) there are more OpenMP threads than CPUs on a 2-core machine, and libgomp
 then lets idle workers spin only ~100 times before sleeping, so every region wakes its
-worker through the kernel. Measured 2026-11-27 on the 2-core Xeon, SmolLM2-135M fp32, one
-1,060-token prefill, 2 threads: 1.20-1.23 s where one thread did everything, 1.36-1.45 s
-on a second thread after the main thread had loaded the model (~2,040 voluntary context
-switches per prefill against ~0), user CPU time the same. So the service can build its
+worker through the kernel: a prefill on a second thread was ~15% slower, with thousands of
+context switches where one thread had none (measured: jobs/results/code-choices.md,
+"stages/decoding/service.py"). So the service can build its
 engine itself: ``EngineService(build)`` calls ``build()`` on its own thread (model load,
 warm-up, kernel plans), and that thread then runs every step.
 

@@ -28,8 +28,7 @@ never padding (padding only follows the real tokens) or stale slots past it.
 Span: a step attends over the first ``L`` slots only, the smallest span covering
 ``max(length) + T`` of the rows fed. Why: attention over the whole capacity made a
 Finch row kept to 1k tokens decode as slowly as an 8k row in an 8k-capacity engine
-(H100, 2026-11-24: 36 ms per step at batch 1, fp32 attention 147 us per layer call
-at 1170 slots). The span is the length of the ``slot_ids`` input, one more symbolic
+(measured: jobs/results/code-choices.md, "stages/decoding/slot_step.py"). The span is the length of the ``slot_ids`` input, one more symbolic
 size, so it costs no compilation.
 """
 

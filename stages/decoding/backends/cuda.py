@@ -58,19 +58,13 @@ class CudaBackend(StepBackend):
     def compile_plan(cls, choice: str) -> tuple[str | None, str | None]:
         """``auto`` is ``cudagraphs`` (the eager step captured by hand, cuda_graphs.py): it
         replays the eager step bit for bit and warms up in seconds, where inductor compiles
-        for minutes, for a step about as fast at batch 1. Random-weight Llama-3-8B in bf16 on
-        an H100 (jobs/results/bench-decode): captured 10.1 ms a step after a 0.8 s warm-up
-        (2026-11-27), eager 57 ms; inductor 9.7 ms after 148 s of compilation for batches 1,
-        8 and 32 (2026-11-24, an older engine); on an H200 inductor took 66 s for one slot
-        (2026-11-26). In a night of 8k-token documents (32 rows, H100, 2026-11-27) captured
-        steps took 22.7 ms against 70 ms eager. ``compile: inductor`` stays a choice (with
-        torch's CUDA graphs: mode reduce-overhead); a night with it is unmeasured.
+        for minutes, for a step about as fast at batch 1, and several times faster than eager.
+        ``compile: inductor`` stays a choice (with torch's CUDA graphs: mode reduce-overhead);
+        a night with it is unmeasured.
 
-        Off CUDA ``auto`` is eager because inductor was measured slower there: the embedded
-        model in fp32 on a 2-core AMD EPYC (2026-11-26, 8 fixed slots of 1,536 tokens,
-        prompts of 1,024 tokens, two threads) stepped at 94-97 ms at batch 1 and 196-242 ms
-        at batch 8 compiled, against 54-58 ms and 109-113 ms eager, and its first warm-up
-        took 162 s (23 s with the compiler's cache warm).
+        Off CUDA ``auto`` is eager because inductor was measured slower there, with a first
+        warm-up of minutes (both measured: jobs/results/code-choices.md,
+        "stages/decoding/backends/cuda.py").
         """
         if choice in ("auto", "cudagraphs"):
             return None, "cudagraphs"

@@ -70,9 +70,8 @@ class TorchEagerBackend(StepBackend):
             # CPU memory is zero-filled (touched) when allocated: start with a few slots and
             # add them as rows wait (relayouts are cheap copies on the host). Indexed
             # assignment writes the same bytes as scatter_, but on CPU scatter_ on a bfloat16
-            # slot tensor rewrites the whole tensor (13 ms a call at 39 rows, 60 calls a step
-            # for the embedded model; float32 scatter_ and indexing ~0.02 ms; 2026-11-26,
-            # Intel Xeon with AMX, two threads).
+            # slot tensor rewrites the whole tensor, hundreds of times slower (measured:
+            # jobs/results/code-choices.md, "stages/decoding/backends/torch_eager.py").
             self.grows_slots = True
             self.indexed_slot_writes = True
 
