@@ -29,8 +29,10 @@ run: setup
 	$(BIN)/longdoc run $(SPEC)
 
 # `make test XDIST="-n 2 --dist worksteal"`: two pytest workers (pytest-xdist), each with its
-# own session fixtures and embedded Ray. Serial by default: not yet timed side by side with
-# the serial run on a quiet machine, and the refusal tests' 3 s bound shares the cores.
+# own session fixtures and embedded Ray. Serial by default: on this 2-core machine two
+# workers took longer than one (23 min 56 s against 21 min 38 s, fresh clones of main,
+# 2026-11-28; a background eval at nice 19 beside the two-worker run) and failed four tests
+# whose time bounds the workers' Ray clusters crowd out. It pays on machines with more cores.
 XDIST ?=
 
 test: setup
