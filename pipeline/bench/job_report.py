@@ -25,8 +25,8 @@ give each round's ratio to the peer (``rounds``: run k of the side over run k of
 measured minutes apart); ``targets`` are the PASS/FAIL lines of the project's targets that
 apply to the device, judged against the peer by the lower of the medians' ratio and the
 median round's ratio: a machine that slows down during the command makes the medians of
-sides measured at different times disagree (2026-11-27: the peer's runs took 127, 146 and
-168 s, the medians' ratio said 1.65x, the rounds 1.44x, 1.65x and 1.43x).
+sides measured at different times disagree, and the medians' ratio then overstated what
+the rounds reached (measured: jobs/results/code-choices.md, "pipeline/bench/job_report.py").
 
 Files: ``<out>/job-<device>-<spec name>-<model>[-synthetic-<n>x<tokens>].{json,md}``.
 """
@@ -169,8 +169,9 @@ def prefill_bounds(result: dict) -> None:
     median) and ``start_bound``: the other side's wall time over that start plus the shared
     prefill, the most a whole-process ratio can reach if only decoding and writing were free.
     Why: on a GPU a side's start can outweigh its decoding (prompt lookup's extra captured
-    graphs, 2026-11-27: 17 s of warm-up against greedy's 7 s, in 31-40 s processes), and a
-    whole-process target above this bound needs a shorter start, not a faster engine.
+    graphs; measured: jobs/results/code-choices.md, "pipeline/bench/job_report.py
+    prefill_bounds"), and a whole-process target above this bound needs a shorter start, not
+    a faster engine.
     """
     summary = result["summary"]
     for side, rec in result["ratios"].items():

@@ -9,14 +9,14 @@ several ways, each prefilled with the pipeline's prompt and answered greedily (3
 - share:    whole sentences ranked by the share of their tokens selected, document order
 - max:      whole sentences ranked by their best token's score, document order (keep sentences)
 - max_rel:  the same sentences, least relevant first (keep sentences, order relevance: the
-            qa default since 2026-11-23)
+            qa default)
 - share_rel: share-ranked sentences, least relevant first
 - max_best_last: max's sentences in document order, except the single best one, moved last
 - next_rel / next_doc: max's ranking, each sentence taken with the sentence after it (context)
 - psg_rel / psg_doc: passages (consecutive sentences up to 128 tokens) ranked by their best
             kept token, whole passages within the budget
 - max_rel_t3 / max_rel_t5: max_rel without the sentences scoring below 0.3 / 0.5 x the best
-            (``min_relevance``; 0.5 is the qa default since 2026-11-24)
+            (``min_relevance``; 0.5 is the qa default)
 - psg_rel_t5: psg_rel with the 0.5 floor per passage
 - t5_next_rel: max_rel_t5's sentences, each with the sentence after it (may exceed a tiny
             budget; an experiment on context for native questions)
@@ -33,7 +33,8 @@ facts inserted at depths 0.2/0.5/0.8 into the 8 sample documents (held-out hayst
         --target 512 --variants doc,max,max_rel,rag --out /tmp/layout-eval-512.json
 
 Results: jobs/eval/results/2026-11-23-finch-sentences-relevance-cpu.md and
-2026-11-24-finch-relevance-floor-cpu.md.
+2026-11-24-finch-relevance-floor-cpu.md; when each default was chosen:
+jobs/results/code-choices.md, "pipeline/studies/finch_layouts.py".
 """
 
 from __future__ import annotations

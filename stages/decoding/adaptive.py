@@ -3,8 +3,8 @@
 Speculation must never cost more than it saves. A verify step of width T feeds
 T tokens for EVERY row of the batch (padding included), and on a CPU a step with
 more than one token in the whole batch costs far more than a one-token step
-(matrix-vector vs matrix-matrix kernels; measured 1.7x for 2 tokens and 2.3x for
-9 tokens at batch 1 on SmolLM2-135M). So the engine decides per step:
+(matrix-vector vs matrix-matrix kernels; measured: jobs/results/code-choices.md,
+"stages/decoding/adaptive.py, module docstring"). So the engine decides per step:
 
 1. ``DraftLengths`` (per row, following its recent acceptance): the row may ask
    for ``k`` drafts; ``k`` starts at ``k_init``, grows by ``grow`` after a fully
@@ -351,7 +351,7 @@ def explore_width(chosen: int, longest: int, candidates: Sequence[int] | None = 
     models about the margin they decide on, at the price of a slightly wider step. The
     widest step teaches about widths far from any choice and can cost several ordinary
     steps: on the sample job, exploring at the widest widths cost more than drafting saved
-    (measured: jobs/results/code-choices.md, "stages/decoding/adaptive.py").
+    (measured: jobs/results/code-choices.md, "stages/decoding/adaptive.py explore_width").
     """
     top = longest + 1
     if candidates is not None:

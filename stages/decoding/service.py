@@ -71,7 +71,8 @@ class EngineService:
         self._error: BaseException | None = None
         # torch's intra-op thread count as the creating thread set it: a new thread starts
         # with OpenMP's default from OMP_NUM_THREADS (Ray sets it for its workers), so a
-        # 2-thread actor would run its matmuls on one thread (measured: 2x slower prefill).
+        # 2-thread actor would run its matmuls on one thread, and its prefill slower (measured:
+        # jobs/results/code-choices.md, "stages/decoding/service.py EngineService.__init__").
         self._torch_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()

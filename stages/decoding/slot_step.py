@@ -137,9 +137,9 @@ class SlotStep:
         ``capture``: instead of torch.compile, wrap the eager step functions as
         ``capture(fn, cache)`` (the CUDA backend's hand-captured graphs,
         backends/cuda_graphs.CapturedSteps: on torch 2.11 the compile backend's graph trees
-        replayed a graph recorded for one width with inputs of another ("size of tensor a (4)
-        must match the size of tensor b (8)", H100, 2026-11-24), and it copies the KV cache
-        inside each graph (out of memory, H200, 2026-11-26)). ``warm_up_calls``: calls per
+        replayed a graph recorded for one width with inputs of another, and it copies the KV
+        cache inside each graph, which ran out of memory (seen: jobs/results/code-choices.md,
+        "stages/decoding/slot_step.py SlotStep capture")). ``warm_up_calls``: calls per
         shape that leave it ready (the backend knows; see ``warm_up_calls()``)."""
         self.view = view
         self.cache = cache

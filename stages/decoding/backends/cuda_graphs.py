@@ -3,9 +3,9 @@
 Why not ``torch.compile(backend="cudagraphs")``: that backend runs the step through
 AOTAutograd, which functionalises the in-place writes into the KV slots: every layer's
 key and value tensors are copied whole inside the graph and written back at its end, so a
-step holds a second copy of the KV cache. On an H200 (2026-11-26) an 8B model with 8k-token
-slots ran out of memory warming up, whatever the KV budget
-(jobs/results/bench-job/gpu-night-nvidia-h200-2026-11-26-session.txt). Capturing the
+step holds a second copy of the KV cache, and a large model with long slots ran out of
+memory warming up, whatever the KV budget (seen: jobs/results/code-choices.md,
+"stages/decoding/backends/cuda_graphs.py"). Capturing the
 eager step keeps the writes in place: the graph replays exactly the kernels the eager step
 launches (so its outputs equal the eager step's, bit for bit), without the host's launch
 cost, and warms up in a fraction of a second per shape instead of a compilation.
@@ -102,8 +102,9 @@ class CapturedSteps:
         if self.cache.layout_version != self._layout:  # slots re-laid out: old addresses
             self.graphs.clear()
             # A new pool too: capturing into a pool whose graphs are all gone fails an
-            # allocator assertion ("use_count > 0", CUDACachingAllocator.cpp; seen on an
-            # H200 the first time an engine re-laid out its slots, 2026-11-26).
+            # allocator assertion ("use_count > 0", CUDACachingAllocator.cpp; seen the first
+            # time an engine re-laid out its slots: jobs/results/code-choices.md,
+            # "stages/decoding/backends/cuda_graphs.py CapturedSteps.__call__").
             self._pool = torch.cuda.graph_pool_handle()
             self._layout = self.cache.layout_version
         key = tuple((tuple(a.shape), a.dtype) for a in args)

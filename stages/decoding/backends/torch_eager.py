@@ -32,8 +32,9 @@ def host_attention(
     """forward.packed_gqa_sdpa, where reading the mask on the host is free (eager CPU steps).
 
     A one-token step whose span every row sees whole (rows of equal length, e.g. batch 1)
-    attends without a mask: SDPA then runs a faster kernel (~4-15% of a CPU step's
-    attention). Not for devices that would synchronise to read the mask, nor compiled steps.
+    attends without a mask: SDPA then runs a faster kernel (measured:
+    jobs/results/code-choices.md, "stages/decoding/backends/torch_eager.py host_attention").
+    Not for devices that would synchronise to read the mask, nor compiled steps.
     """
     if (
         attention_mask is not None and query.shape[2] == 1 and not torch.compiler.is_compiling()
