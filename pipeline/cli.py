@@ -107,6 +107,21 @@ def validate(
     if not skip_storage:
         _preflight(job, None)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+    # What passed, as a YAML comment: the output stays a spec a user can save and run.
+    typer.echo(f"# {spec}: valid; {_validated(job, skip_storage)}")
+
+
+def _validated(job, skip_storage: bool) -> str:
+    """What ``validate`` checked beyond the spec itself, in words (the preflight's scope)."""
+    if skip_storage:
+        return "storage not checked (--skip-storage): `run` checks it before the model loads"
+    output = f"the output {job.output.uri.replace('{job}', job.name)} can be written"
+    if "{run_date}" in job.input.uri:
+        return f"{output}; the input's URI needs a run date, so `run` checks its records"
+    fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
+                                   job.input.answer_field) if f)
+    what = "its files" if job.input.format == "text" else f"its first records have {fields}"
+    return f"the input {job.input.uri} lists and {what}; {output}"
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import yaml
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -18,6 +19,13 @@ def test_validate_prints_resolved_spec():
     assert res.exit_code == 0, res.output
     assert "max_new_tokens: 7" in res.output
     assert "question_field: questions" in res.output
+    # The last line says what passed, as a YAML comment: the output is still the spec.
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("# jobs/sample-qa.yaml: valid; the input jobs/sample-qa.jsonl lists and its first "
+                           "records have id, text, questions, answers; the output "), last
+    assert yaml.safe_load(res.output)["generation"]["max_new_tokens"] == 7
+    skipped = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--skip-storage"])
+    assert "storage not checked (--skip-storage)" in skipped.output.strip().splitlines()[-1]
 
 
 def test_invalid_spec_exits_2_naming_the_field(tmp_path):
