@@ -13,7 +13,8 @@ Contract:
   has documents (a document that fails to read is a row with its error) and, once the
   batch is read, records the batch's requests in the run's ledger (stages/ledger.py).
 - ``ExpandRequests(spec, run_id, run_date, skip)``: flat_map fn, one document row -> its
-  request rows (stages.read.expand_requests), minus the request ids in ``skip``.
+  request rows (stages.read.expand_requests), minus the request ids in ``skip``. The
+  rows come from the requests ReadDocuments planned: each request id is hashed once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from stages.read import (
     document_table,
     expand_requests,
     generation_fingerprint,
+    plan_requests,
     read_shard,
 )
 
@@ -53,11 +55,13 @@ class ReadDocuments:
         indices = batch.column("index").to_pylist()
         recorded: list[dict[str, Any]] = []
         for index, shard in zip(indices, batch.column("shard").to_pylist()):
-            docs = read_shard(shard, self.spec.input, self.root_uri)
+            # Each document's requests are planned (hashed) here, once: the ledger records
+            # them and ExpandRequests copies them after input.limit (stages.read.plan_requests).
+            docs = [plan_requests(doc, self.spec, self.fingerprint)
+                    for doc in read_shard(shard, self.spec.input, self.root_uri)]
             for doc_index, doc in enumerate(docs):
-                for req in expand_requests(doc, self.spec, self.run_id, self.run_date, self.fingerprint):
-                    recorded.append({"shard": index, "doc": doc_index, **{
-                        k: req[k] for k in ("request_id", "doc_id", "source_uri", "prompt", "question", "reference")}})
+                recorded += [{"shard": index, "doc": doc_index, "doc_id": doc.doc_id,
+                              "source_uri": doc.source_uri, **part} for part in doc.requests or ()]
             if docs:
                 yield document_table(docs)
         write_block(self.output_root, self.run_date, self.run_id, indices, recorded)
@@ -76,5 +80,7 @@ class ExpandRequests:
         d = Document(**{f.name: doc[f.name] for f in fields(Document) if f.name in doc})
         d.questions = list(d.questions if d.questions is not None else [])
         d.answers = list(d.answers if d.answers is not None else [])
+        if d.requests is not None:  # planned by ReadDocuments: copied, never hashed again
+            d.requests = [dict(part) for part in d.requests]
         reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
         return [r for r in reqs if r["request_id"] not in self.skip]

@@ -417,7 +417,11 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
     if init_ray(address, spec):  # keeps our interrupt handlers (_our_signal_handlers)
         check_fits(spec, "ray")
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # input.limit keeps the first documents
+    # Order only where it changes which rows exist: input.limit keeps the FIRST documents.
+    # Elsewhere the rows' order is no contract (README: match by doc_id and prompt), and an
+    # ordered run holds every finished block behind the slowest earlier one: the first
+    # staged block then waits for the first input file's read, however many files run.
+    ctx.execution_options.preserve_order = spec.input.limit is not None
     # One progress line of our own (pipeline/progress.py); Ray Data's bars only with --verbose.
     ctx.enable_progress_bars = progress and sys.stderr.isatty() and ray_logs_wanted()
     quiet_issue_detectors(ctx)  # Ray's repeated high-memory warning; see its docstring

@@ -23,8 +23,10 @@ Contract:
   request expansion (``document_table`` builds it).
 - ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
   on each document's token count.
-- ``expand_requests(doc, spec, run_id, run_date)`` returns one request row per
-  document x prompt (see stages/rows.py for the columns); ``request_id`` is stable
+- ``plan_requests(doc, spec, fingerprint)`` computes a document's requests once (their
+  ids hash the text); ``expand_requests(doc, spec, run_id, run_date, fingerprint)``
+  returns one request row per document x prompt (see stages/rows.py for the columns),
+  from the planned requests when the document carries them. ``request_id`` is stable
   across runs for the same document, prompt and settings, so reruns can skip work.
 """
 
@@ -62,6 +64,9 @@ class Document:
     answers: list[str | None] = field(default_factory=list)
     error: str | None = None
     error_kind: str | None = None  # schemas.output.INPUT | RETRYABLE when error is set
+    #: Its requests' own fields (REQUEST_PART_FIELDS), once ``plan_requests`` computed them:
+    #: the read stage expands a document once and hands the result on (see expand_requests).
+    requests: list[dict[str, Any]] | None = None
 
 
 #: Documents as the read stage hands them on (text can exceed 2 GiB per batch: large_string).
@@ -73,7 +78,15 @@ DOCUMENT_SCHEMA = pa.schema([
     pa.field("answers", pa.list_(pa.string())),
     pa.field("error", pa.string()),
     pa.field("error_kind", pa.string()),
+    pa.field("requests", pa.list_(pa.struct([
+        pa.field("request_id", pa.string()),
+        pa.field("prompt", pa.large_string()),
+        pa.field("question", pa.large_string()),
+        pa.field("reference", pa.large_string()),
+    ]))),
 ])
+#: What differs between the requests of one document (the rest is the document's own).
+REQUEST_PART_FIELDS = ("request_id", "prompt", "question", "reference")
 
 
 def document_table(docs: list[Document]) -> pa.Table:
@@ -354,8 +367,50 @@ def request_id(doc_id: str, text: str | None, prompt: str, fingerprint: str) -> 
     return h.hexdigest()[:24]
 
 
-def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fingerprint: str) -> list[dict[str, Any]]:
+def plan_requests(doc: Document, spec: JobSpec, fingerprint: str) -> Document:
+    """``doc`` with ``requests`` set: one entry (REQUEST_PART_FIELDS) per prompt, in order.
+
+    The only place a request id is hashed (sha256 over the document's text, per prompt).
+    A readable document with no question at all gets one request and its error set here,
+    so every later step sees the same error. Returns ``doc`` itself (changed in place).
+    """
+    if doc.requests is not None:
+        return doc
     instruction = spec.task.resolved_instruction
+    if spec.task.kind == "summarize":
+        pairs: list[tuple[str | None, str | None]] = [(None, None)]
+    else:
+        pairs = list(zip(doc.questions, list(doc.answers) + [None] * len(doc.questions)))
+        pairs += [(q, None) for q in spec.task.questions]
+        if not pairs:
+            pairs = [(None, None)]
+            if doc.error is None:
+                field = spec.input.question_field
+                why = (f": its field {field!r} (input.question_field) is missing, null or empty, and "
+                       "task.questions is empty") if field else ""
+                doc.error = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question{why}"
+                doc.error_kind = INPUT
+    parts = []
+    for question, answer in pairs:
+        prompt = question if question is not None else instruction
+        parts.append({
+            "request_id": request_id(doc.doc_id, doc.text, prompt, fingerprint),
+            "prompt": prompt,
+            "question": question,
+            "reference": None if answer is None else str(answer),
+        })
+    doc.requests = parts
+    return doc
+
+
+def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fingerprint: str) -> list[dict[str, Any]]:
+    """One request row per document x prompt (stages/rows.py's columns).
+
+    Reuses ``doc.requests`` when the read stage planned them (``plan_requests``): the
+    plan hashes each request once, in the read stage, and the expansion after
+    ``input.limit`` only copies. ``fingerprint`` is ``generation_fingerprint(spec)``.
+    """
+    plan_requests(doc, spec, fingerprint)
     base = {
         "run_id": run_id,
         "run_date": run_date,
@@ -363,34 +418,9 @@ def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fi
         "doc_id": doc.doc_id,
         "source_uri": doc.source_uri,
         "task": spec.task.kind,
-        "instruction": instruction,
+        "instruction": spec.task.resolved_instruction,
         "text": doc.text,
         "error": doc.error,
         "error_kind": (doc.error_kind or INPUT) if doc.error else None,
     }
-    if spec.task.kind == "summarize":
-        pairs: list[tuple[str | None, str | None]] = [(None, None)]
-    else:
-        pairs = list(zip(doc.questions, doc.answers + [None] * len(doc.questions)))
-        pairs += [(q, None) for q in spec.task.questions]
-        if not pairs:
-            pairs = [(None, None)]
-            if base["error"] is None:
-                field = spec.input.question_field
-                why = (f": its field {field!r} (input.question_field) is missing, null or empty, and "
-                       "task.questions is empty") if field else ""
-                base["error"] = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question{why}"
-                base["error_kind"] = INPUT
-    rows = []
-    for question, answer in pairs:
-        prompt = question if question is not None else instruction
-        rows.append(
-            {
-                **base,
-                "request_id": request_id(doc.doc_id, doc.text, prompt, fingerprint),
-                "prompt": prompt,
-                "question": question,
-                "reference": None if answer is None else str(answer),
-            }
-        )
-    return rows
+    return [{**base, **{k: part[k] for k in REQUEST_PART_FIELDS}} for part in doc.requests or ()]

@@ -51,3 +51,44 @@ def test_documents_are_read_expanded_and_finished_requests_skipped(tmp_path) -> 
     done = frozenset({requests[0]["request_id"]})
     again = [r for d in docs for r in ExpandRequests(spec, "run1", "2026-01-01", done)(d)]
     assert [r["request_id"] for r in again] == [requests[1]["request_id"]]
+
+
+def test_each_request_id_is_hashed_once_between_the_read_and_the_expansion(tmp_path, monkeypatch) -> None:
+    """The read stage plans a document's requests (the ledger records them); the
+    expansion after input.limit copies them, whatever form Ray hands the row in."""
+    import stages.read
+
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    lines = [{"id": f"d{i}", "text": f"Document {i}. " * 50, "questions": ["Q1?", "Q2?", "Q3?"],
+              "answers": ["a", "b", "c"]} for i in range(4)]
+    (corpus / "a.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    spec = spec_from_dict({"name": "t", "input": {"uri": str(corpus), "format": "jsonl",
+                                                  "question_field": "questions", "answer_field": "answers"},
+                           "task": {"kind": "qa"}, "output": {"uri": str(tmp_path / "out")}})
+    hashed: list[str] = []
+    real = stages.read.request_id
+    monkeypatch.setattr(stages.read, "request_id", lambda *a: hashed.append(a[0]) or real(*a))
+    read = ReadDocuments(spec, str(corpus), str(tmp_path / "out"), "run1", "2026-01-01")
+    (table,) = read(pa.table({"shard": [str(corpus / "a.jsonl")], "index": [0]}))
+    assert len(hashed) == 12
+    expand = ExpandRequests(spec, "run1", "2026-01-01", frozenset())
+    # A row as a dict of Python lists, and as numpy arrays of dicts (Ray's numpy rows).
+    import numpy as np
+
+    rows = table.to_pylist()
+    as_numpy = [{k: (np.array(v, dtype=object) if isinstance(v, list) else v) for k, v in r.items()} for r in rows]
+    requests = [r for d in rows for r in expand(d)]
+    assert [r for d in as_numpy for r in expand(d)] == requests
+    assert len(hashed) == 12, "the expansion hashed again"
+    assert [r["reference"] for r in requests[:3]] == ["a", "b", "c"]
+    assert requests == [r for doc in read_again(spec, corpus) for r in doc]
+
+
+def read_again(spec, corpus) -> list[list[dict]]:
+    """The requests as expand_requests computes them from scratch (no plan carried)."""
+    from stages.read import expand_requests, read_shard
+
+    fp = generation_fingerprint(spec)
+    return [expand_requests(doc, spec, "run1", "2026-01-01", fp)
+            for doc in read_shard(str(corpus / "a.jsonl"), spec.input, str(corpus))]
