@@ -307,7 +307,7 @@ class _CompactFile:
 def _scratch(fs, root: str) -> str | None:
     """The local folder for a publish's temporary files (stages/layout.py ``scratch_dir``),
     as a plain path; None on object stores, whose single PUT needs none."""
-    return scratch_dir(fs._strip_protocol(root)) if is_local(fs) else None
+    return scratch_dir(fsspec.core.strip_protocol(root)) if is_local(fs) else None
 
 
 def _uri(fs, path: str) -> str:
