@@ -50,14 +50,14 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.choices import RUNNERS
-from pipeline.report.summary import package_versions, run_record_json, run_summary
+from pipeline.report.summary import RunTally, package_versions, run_record_json, run_summary
 from schemas.output import (
     FILE_SCHEMA,
     RETRY_POLICIES,
@@ -94,7 +94,6 @@ class RunResult:
     output_uri: str
     summary: dict[str, Any]
     skipped: int = 0
-    figures: pa.Table | None = field(default=None, repr=False)
 
 
 def today_utc() -> str:
@@ -321,14 +320,14 @@ def run_job(
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}"
          + ("; runner local: in this process, no Ray" if runner == "local" else ""))
-    parts: list[pa.Table] = []
-    seen_ids: set[str] = set()
-    done = failed = out_tokens = duplicates = 0
+    tally = RunTally()  # the run's aggregates, folded block by block: not the rows
+    seen_ids: set[str] = set()  # request ids written by this run: a repeat is dropped
+    duplicates = 0
     abort: BaseException | None = None
     interrupted: KeyboardInterrupt | None = None
 
     def iterate() -> None:
-        nonlocal done, failed, out_tokens, duplicates
+        nonlocal duplicates
         for batch in batches():
             if guard is not None:
                 guard.progress()
@@ -341,12 +340,9 @@ def run_job(
             if len(fresh) < len(ids):  # an input row repeated exactly: one request, one row
                 duplicates += len(ids) - len(fresh)
                 batch = batch.take(fresh)
-            parts.append(batch)
-            done += batch.num_rows
-            failed += batch.num_rows - batch.column("error").null_count
-            out_tokens += int(sum(v for v in batch.column("output_tokens").to_pylist() if v))
+            tally.add(batch)
             look_ledger()
-            bar.update(done, failed, out_tokens)
+            bar.update(tally.rows, tally.failed, int(tally.sums["output_tokens"]))
 
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
@@ -367,14 +363,13 @@ def run_job(
     bar.close()
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
-        parts.append(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
+        tally.add(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
     stale: frozenset[str] = frozenset()
     if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
         # retry and did not produce again is no longer a request (e.g. a file that failed
         # to read as a whole now reads, and its documents have rows of their own).
-        produced = {rid for t in parts for rid in t.column("request_id").to_pylist()}
-        stale = frozenset(set(before.rows) - skip - produced)
+        stale = frozenset(set(before.rows) - skip - seen_ids)
     commit = {"staged_files": 0, "files_written": 0}
     if interrupted is None:
         try:
@@ -387,11 +382,10 @@ def run_job(
             interrupted = e
     # else: staged rows stay staged; the next run of the date publishes them first
     wall = time.perf_counter() - t0
-    figures = pa.concat_tables(parts, promote_options="permissive") if parts else _empty_figures()
     # The date as a whole (this run plus earlier runs it resumed or healed): a rerun
     # that only fills gaps must not hide rows that failed before; each request once.
     after = scan_date(root, run_date).counts()
-    summary = run_summary(figures, wall_s=wall, date_counts=after, aborted=abort)
+    summary = run_summary(tally, wall_s=wall, date_counts=after, aborted=abort)
     if interrupted is not None:
         summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
@@ -400,7 +394,7 @@ def run_job(
                    files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
     write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                        run_record_path(root, run_date, run_id))
-    return RunResult(run_id, run_date, root, summary, skipped=len(skip), figures=figures)
+    return RunResult(run_id, run_date, root, summary, skipped=len(skip))
 
 
 

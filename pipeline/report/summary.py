@@ -1,6 +1,8 @@
 """Run summaries: one definition of every aggregate, for `longdoc run` and `report`.
 
-Contract: ``summarize(table, wall_s)`` takes any table with the output schema's
+Contract: ``RunTally`` folds the rows block by block into the run's aggregates (what
+`longdoc run`'s driver keeps: a float and an int per row, not the rows);
+``summarize(table, wall_s)`` takes any table with the output schema's
 figure columns (text columns optional) and returns a flat dict; throughput figures
 use ``wall_s`` when the run's wall time is known, else the summed device seconds
 (stated in ``throughput_basis``). ``format_summary`` renders it as an aligned table.
@@ -23,19 +25,13 @@ import re
 from importlib import metadata
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.output import ERROR_KINDS
 
 VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
-
-
-def _quantile(col: pa.ChunkedArray, q: float) -> float | None:
-    vals = pc.drop_null(col)
-    if len(vals) == 0:
-        return None
-    return float(pc.quantile(vals, q=q, interpolation="linear")[0].as_py())
 
 
 def _sum(table: pa.Table, col: str) -> float:
@@ -67,65 +63,109 @@ def score_answers(table: pa.Table) -> dict[str, Any]:
     }
 
 
+class RunTally:
+    """The run's aggregates, folded block by block: what the driver keeps instead of the
+    rows. Memory per row: one float (its end-to-end latency, for the quantiles) and one
+    int (its document's hash, for the document count); every other figure is a running
+    sum. ``summary(wall_s)`` equals ``summarize`` of the blocks concatenated (tested)."""
+
+    _SUMS_OK = ("output_tokens", "prompt_tokens", "cached_prompt_tokens", "draft_tokens", "accepted_tokens")
+    _SUMS_ALL = ("device_s", "cost_usd")
+
+    def __init__(self) -> None:
+        self.rows = self.failed = self.ratio_n = 0
+        self.ratio_sum = 0.0
+        self.sums = dict.fromkeys(self._SUMS_OK + self._SUMS_ALL, 0.0)
+        self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self._e2e: list[np.ndarray] = []  # ok rows' e2e_s, one array per block
+        self._docs: list[np.ndarray] = []  # hash(doc_id) per row, folded to unique values
+
+    def add(self, table: pa.Table) -> RunTally:
+        """Fold one block (any table with the output schema's figure columns)."""
+        if not table.num_rows:
+            return self
+        errors = table.column("error")
+        ok = pc.is_null(errors)
+        n_failed = table.num_rows - int(pc.sum(ok).as_py() or 0)
+        self.rows += table.num_rows
+        self.failed += n_failed
+        ok_table = table.filter(ok)
+        for name in self._SUMS_OK:  # old outputs may lack a column: nothing to add
+            if name in table.column_names:
+                self.sums[name] += _sum(ok_table, name)
+        for name in self._SUMS_ALL:
+            self.sums[name] += _sum(table, name)
+        ratios = pc.drop_null(ok_table.column("compression_ratio"))
+        self.ratio_n += len(ratios)
+        self.ratio_sum += float(pc.sum(ratios).as_py() or 0.0)
+        self._e2e.append(pc.drop_null(ok_table.column("e2e_s")).to_numpy(zero_copy_only=False).astype(np.float64))
+        # A document's rows may span blocks: unique hashes, re-folded as they accumulate.
+        self._docs.append(np.unique(np.fromiter((hash(d) for d in table.column("doc_id").to_pylist()),
+                                                dtype=np.int64, count=table.num_rows)))
+        if len(self._docs) >= 64:
+            self._docs = [np.unique(np.concatenate(self._docs))]
+        if n_failed and "error_kind" in table.column_names:
+            for kind in table.filter(pc.invert(ok)).column("error_kind").to_pylist():
+                self.errors[kind if kind in self.errors else "retryable"] += 1
+        elif n_failed:  # a row failed before error_kind existed counts as retryable
+            self.errors["retryable"] += n_failed
+        return self
+
+    @property
+    def documents(self) -> int:
+        return len(np.unique(np.concatenate(self._docs))) if self._docs else 0
+
+    def summary(self, wall_s: float | None = None) -> dict[str, Any]:
+        """The flat summary dict (module docstring), without answer scores (no text kept)."""
+        rows, failed, s = self.rows, self.failed, self.sums
+        docs = self.documents
+        basis_s = wall_s if wall_s else s["device_s"]
+        e2e = np.concatenate(self._e2e) if self._e2e else np.zeros(0)
+        quantile = (lambda q: float(np.quantile(e2e, q))) if len(e2e) else (lambda q: None)
+        return {
+            "documents": docs,
+            "rows": rows,
+            "ok": rows - failed,
+            "failed": failed,
+            "failed_fraction": failed / rows if rows else 0.0,
+            "tokens_in": int(s["prompt_tokens"]),
+            "tokens_in_cached": int(s["cached_prompt_tokens"]),
+            "tokens_out": int(s["output_tokens"]),
+            "mean_compression_ratio": self.ratio_sum / self.ratio_n if self.ratio_n else None,
+            "acceptance_rate": s["accepted_tokens"] / s["draft_tokens"] if s["draft_tokens"] else None,
+            "wall_s": wall_s,
+            "device_s": s["device_s"],
+            "throughput_basis": "wall" if wall_s else "device",
+            "docs_per_s": docs / basis_s if basis_s else None,
+            "output_tokens_per_s": s["output_tokens"] / basis_s if basis_s else None,
+            "p50_e2e_s": quantile(0.5),
+            "p95_e2e_s": quantile(0.95),
+            "cost_usd": s["cost_usd"],
+        }
+
+
 def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
-    rows = table.num_rows
-    errors = table.column("error")
-    failed = rows - int(pc.sum(pc.is_null(errors)).as_py() or 0) if rows else 0
-    ok_table = table.filter(pc.is_null(errors)) if rows else table
-    docs = len(pc.unique(table.column("doc_id"))) if rows else 0
-    out_tokens = _sum(ok_table, "output_tokens") if rows else 0.0
-    in_tokens = _sum(ok_table, "prompt_tokens") if rows else 0.0
-    # Outputs written before schema version 5 have no prefix-cache column: nothing was cached.
-    cached = _sum(ok_table, "cached_prompt_tokens") if rows and "cached_prompt_tokens" in table.column_names else 0.0
-    device_s = _sum(table, "device_s") if rows else 0.0
-    basis_s = wall_s if wall_s else device_s
-    drafted = _sum(ok_table, "draft_tokens") if rows else 0.0
-    accepted = _sum(ok_table, "accepted_tokens") if rows else 0.0
-    ratio = pc.mean(ok_table.column("compression_ratio")).as_py() if ok_table.num_rows else None
-    return {
-        "documents": docs,
-        "rows": rows,
-        "ok": rows - failed,
-        "failed": failed,
-        "failed_fraction": failed / rows if rows else 0.0,
-        "tokens_in": int(in_tokens),
-        "tokens_in_cached": int(cached),
-        "tokens_out": int(out_tokens),
-        "mean_compression_ratio": ratio,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "wall_s": wall_s,
-        "device_s": device_s,
-        "throughput_basis": "wall" if wall_s else "device",
-        "docs_per_s": docs / basis_s if basis_s else None,
-        "output_tokens_per_s": out_tokens / basis_s if basis_s else None,
-        "p50_e2e_s": _quantile(ok_table.column("e2e_s"), 0.5) if rows else None,
-        "p95_e2e_s": _quantile(ok_table.column("e2e_s"), 0.95) if rows else None,
-        "cost_usd": _sum(table, "cost_usd") if rows else 0.0,
-        **score_answers(table),
-    }
+    """The summary of one table of rows (``RunTally`` of it, plus answer scores when the
+    table has its text columns)."""
+    return {**RunTally().add(table).summary(wall_s), **score_answers(table)}
 
 
 def errors_by_kind(table: pa.Table) -> dict[str, int]:
     """Failed rows per error_kind (a row failed before error_kind existed counts as retryable)."""
-    out = dict.fromkeys(ERROR_KINDS, 0)
-    if "error_kind" not in table.column_names or not table.num_rows:
-        return out
-    failed = table.filter(pc.is_valid(table.column("error")))
-    for kind in failed.column("error_kind").to_pylist():
-        out[kind if kind in out else "retryable"] += 1
-    return out
+    return dict(RunTally().add(table).errors)
 
 
 def run_summary(
-    figures: pa.Table, wall_s: float | None, date_counts: dict[str, int], aborted: BaseException | None
+    tally: RunTally, wall_s: float | None, date_counts: dict[str, int], aborted: BaseException | None
 ) -> dict[str, Any]:
-    """``summarize`` of this run's rows + status and date-level counts (see module docstring).
+    """The summary of this run's rows (``tally``) + status and date-level counts (see module
+    docstring).
 
     ``date_counts``: stages.partition.DateScan.counts() after the commit.
     """
-    s = summarize(figures, wall_s=wall_s)
+    s = tally.summary(wall_s)
     rows, failed = date_counts["rows"], date_counts["failed"]
-    s["errors_by_kind"] = errors_by_kind(figures)
+    s["errors_by_kind"] = dict(tally.errors)
     s.update(
         date_rows=rows,
         date_failed=failed,

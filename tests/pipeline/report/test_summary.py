@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import statistics
+
+import pyarrow as pa
+import pytest
 
 from pipeline.report.summary import (
+    RunTally,
     format_summary,
     package_versions,
     run_record_json,
@@ -25,12 +30,12 @@ def _table(errors: list[tuple[str | None, str | None]]):
 def test_status_follows_the_date_and_the_abort():
     figures = _table([(None, None), ("read: empty", INPUT), ("generate: OSError", RETRYABLE)])
     date = {"rows": 10, "failed": 2, "errors_input": 1, "errors_retryable": 1}
-    s = run_summary(figures, wall_s=2.0, date_counts=date, aborted=None)
+    s = run_summary(RunTally().add(figures), wall_s=2.0, date_counts=date, aborted=None)
     assert s["status"] == "partial" and s["errors_by_kind"] == {"input": 1, "retryable": 1}
     assert s["date_failed_fraction"] == 0.2 and s["date_errors_by_kind"] == {"input": 1, "retryable": 1}
     clean = {"rows": 10, "failed": 0, "errors_input": 0, "errors_retryable": 0}
-    assert run_summary(figures, 2.0, clean, None)["status"] == "succeeded"
-    failed = run_summary(figures, 2.0, clean, aborted=RuntimeError("actor died"))
+    assert run_summary(RunTally().add(figures), 2.0, clean, None)["status"] == "succeeded"
+    failed = run_summary(RunTally().add(figures), 2.0, clean, aborted=RuntimeError("actor died"))
     assert failed["status"] == "failed" and failed["abort_reason"] == "RuntimeError: actor died"
     assert "status" in format_summary(s) and "partial" in format_summary(s)
 
@@ -38,7 +43,7 @@ def test_status_follows_the_date_and_the_abort():
 def test_record_carries_versions_and_round_trips():
     versions = package_versions()
     assert versions["longdoc"] and versions["pyarrow"] and versions["ray"] and versions["python"]
-    s = run_summary(_table([(None, None)]), 1.0, {"rows": 1, "failed": 0}, None)
+    s = run_summary(RunTally().add(_table([(None, None)])), 1.0, {"rows": 1, "failed": 0}, None)
     s["versions"] = versions
     record = json.loads(run_record_json(s, {"name": "j"}))
     assert record["summary"]["versions"] == versions and record["spec"] == {"name": "j"}
@@ -54,3 +59,61 @@ def test_prompt_tokens_from_the_prefix_cache_are_summed_over_successful_rows():
     # an output written before schema version 5 has no such column: nothing was cached
     old = rows_to_table(rows[:1]).drop_columns(["cached_prompt_tokens"])
     assert summarize(old)["tokens_in_cached"] == 0
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    """Rows of 7 documents (a document's rows spread over blocks), some failed, some
+    figures null."""
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        failed = rnd.random() < 0.2
+        out.append({"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": f"d{rnd.randrange(7)}",
+                    "request_id": f"q{seed}-{i}", "error": "generate: OSError" if failed else None,
+                    "error_kind": rnd.choice(["input", "retryable", None]) if failed else None,
+                    "output_tokens": None if failed else rnd.randrange(1, 50),
+                    "prompt_tokens": rnd.randrange(10, 900), "cached_prompt_tokens": rnd.randrange(0, 10),
+                    "draft_tokens": rnd.randrange(0, 9), "accepted_tokens": rnd.randrange(0, 5),
+                    "compression_ratio": None if rnd.random() < 0.3 else rnd.random(),
+                    "e2e_s": None if rnd.random() < 0.1 else rnd.uniform(0.1, 9.0),
+                    "device_s": rnd.uniform(0, 2), "cost_usd": rnd.uniform(0, 0.01)})
+    return out
+
+
+@pytest.mark.parametrize("wall_s", [None, 12.5])
+def test_the_tally_folded_block_by_block_equals_the_summary_of_all_rows(wall_s):
+    blocks = [rows_to_table(_rows(n, seed)) for seed, n in enumerate([9, 1, 0, 30, 17])]
+    tally = RunTally()
+    for b in blocks:
+        tally.add(b)
+    whole = summarize(pa.concat_tables(blocks), wall_s=wall_s)
+    folded = tally.summary(wall_s)
+    assert folded.keys() == whole.keys()
+    for k, v in whole.items():
+        assert folded[k] == pytest.approx(v), k
+    assert folded["documents"] == 7 and folded["rows"] == 57
+    rows = [r for seed, n in enumerate([9, 1, 0, 30, 17]) for r in _rows(n, seed)]  # by hand
+    ok = [r for r in rows if r["error"] is None]
+    assert folded["tokens_out"] == sum(r["output_tokens"] for r in ok)
+    assert folded["p50_e2e_s"] == pytest.approx(statistics.median(r["e2e_s"] for r in ok if r["e2e_s"] is not None))
+    ratios = [r["compression_ratio"] for r in ok if r["compression_ratio"] is not None]
+    assert folded["mean_compression_ratio"] == pytest.approx(sum(ratios) / len(ratios))
+    assert tally.errors == run_summary(RunTally().add(pa.concat_tables(blocks)), wall_s, {"rows": 1, "failed": 0},
+                                       None)["errors_by_kind"]
+    assert sum(tally.errors.values()) == folded["failed"] > 0
+
+
+def test_the_tally_keeps_a_float_and_an_int_a_row_not_the_rows():
+    tally = RunTally()
+    for seed in range(200):  # 200 blocks of 50 rows: the document hashes fold as they come
+        tally.add(rows_to_table(_rows(50, seed)))
+    assert len(tally._docs) < 64 and sum(len(d) for d in tally._docs) <= 7 * 64
+    assert sum(a.nbytes for a in tally._e2e) <= 8 * 10_000
+    assert tally.summary()["documents"] == 7 and tally.rows == 10_000
+
+
+def test_an_empty_run_has_the_summary_of_no_rows():
+    empty = rows_to_table([])
+    assert RunTally().add(empty).summary(1.0) == summarize(empty, wall_s=1.0)
