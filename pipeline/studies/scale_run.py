@@ -176,12 +176,18 @@ def still_alive(procs: dict[int, int]) -> dict[int, int]:
     return out
 
 
+TIMELINE_EVERY = 10  # polls between two driver_timeline samples
+
+
 @dataclass
 class Watch:
     """Polls a driver process, its process tree and its staged files until it exits.
 
     Figures (kB, seconds since ``t0``): ``driver_hwm_kb`` (the kernel's high-water mark
-    of the driver), ``tree_peak_kb`` (the largest per-poll sum of VmRSS over the tree),
+    of the driver), ``driver_anon_peak_kb`` and ``driver_shared_peak_kb`` (the largest
+    RssAnon, and RssFile + RssShmem, seen: the driver's own heap against pages it maps,
+    such as Ray's object store), ``driver_timeline`` ((t, VmRSS, RssAnon, staged rows) every
+    ``TIMELINE_EVERY`` polls: which phase of the run the memory grows in), ``tree_peak_kb`` (the largest per-poll sum of VmRSS over the tree),
     ``tree_procs`` (every process seen in the tree: pid -> start time), the staged rows
     seen over time (``first_rows_t``, ``last_rows_t``, ``staged_rows``), and when the
     processes of ``lingering`` (an earlier run's, pid -> start time) were all gone
@@ -193,6 +199,9 @@ class Watch:
     interval_s: float
     t0: float
     driver_hwm_kb: int = 0
+    driver_anon_peak_kb: int = 0
+    driver_shared_peak_kb: int = 0
+    driver_timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
     tree_peak_kb: int = 0
     tree_max_procs: int = 0
     tree_procs: dict[int, int] = field(default_factory=dict)
@@ -203,12 +212,21 @@ class Watch:
     lingering: dict[int, int] = field(default_factory=dict)
     lingering_gone_s: float | None = None
     _rows_per_file: dict[Path, int] = field(default_factory=dict)
+    _polls: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def poll(self) -> None:
         hwm = _status_kb(self.pid, "VmHWM")
         if hwm is not None:
             self.driver_hwm_kb = max(self.driver_hwm_kb, hwm)
+            anon = _status_kb(self.pid, "RssAnon") or 0
+            self.driver_anon_peak_kb = max(self.driver_anon_peak_kb, anon)
+            shared = (_status_kb(self.pid, "RssFile") or 0) + (_status_kb(self.pid, "RssShmem") or 0)
+            self.driver_shared_peak_kb = max(self.driver_shared_peak_kb, shared)
+            self._polls += 1
+            if self._polls % TIMELINE_EVERY == 1:
+                self.driver_timeline.append((round(time.monotonic() - self.t0, 1), _status_kb(self.pid, "VmRSS") or 0,
+                                             anon, self.staged_rows))
         tree = descendants(self.pid)
         self.tree_procs.update(tree)
         total = sum(_status_kb(p, "VmRSS") or 0 for p in tree)
@@ -329,6 +347,9 @@ def full_run(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
         "mean_e2e_s": sum(r["e2e_s"] or 0.0 for r in rows) / n if n else None,
         "mean_output_tokens": sum(r["output_tokens"] or 0 for r in rows) / n if n else None,
         "driver_peak_rss_mb": watch.driver_hwm_kb / 1024,
+        "driver_peak_anon_mb": watch.driver_anon_peak_kb / 1024,
+        "driver_peak_shared_mb": watch.driver_shared_peak_kb / 1024,
+        "driver_timeline": watch.driver_timeline,
         "tree_peak_rss_mb": watch.tree_peak_kb / 1024,
         "tree_max_processes": watch.tree_max_procs,
         "left_running_after_exit": len(left),
@@ -541,9 +562,9 @@ def sizes_markdown(res: dict[str, Any]) -> str:
     def row(label: str, key: str, digits: int = 1, ratio: bool = False) -> str:
         cells = []
         for r in runs:
-            v = r["full_run"][key]
+            v = r["full_run"].get(key)  # a size measured before the figure existed: -
             cell = _f(v, digits)
-            if ratio and r is not runs[0] and v is not None and base[key]:
+            if ratio and r is not runs[0] and v is not None and base.get(key):
                 cell += f" ({v / base[key]:.2f}x)"
             cells.append(cell)
         return f"| {label} | " + " | ".join(cells) + " |"
@@ -551,6 +572,8 @@ def sizes_markdown(res: dict[str, Any]) -> str:
     lines += [
         row("rows", "rows", 0),
         row("driver peak RSS (MB, VmHWM)", "driver_peak_rss_mb", ratio=True),
+        row("  its own heap at peak (MB, RssAnon)", "driver_peak_anon_mb", ratio=True),
+        row("  mapped files and shared memory at peak (MB, RssFile + RssShmem)", "driver_peak_shared_mb", ratio=True),
         row("first block staged after (s)", "first_block_s", ratio=True),
         row("rows/s (whole command)", "rows_per_s", 2, ratio=True),
         row("steady rows/s (first to last staged block)", "steady_rows_per_s", 2, ratio=True),
