@@ -141,6 +141,7 @@ def _run_readme_snippets(cwd: Path) -> None:
             exec(compile(block, "README.md", "exec"), ns)  # noqa: S102 - the README's own code
         per_date = duckdb.sql(sql[0]).fetchall()
     assert len(ns["df"]) == 10 and ns["failed_per_date"].tolist() == [3, 3]
+    assert len(ns["answers"]) == 10 and ns["answers"]["error"].count() == 6
     assert [(str(d), n, f) for d, n, f, *_ in per_date] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
     assert [(str(d), n, f) for d, n, f in ns["per_date"].iter_rows()] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
 
