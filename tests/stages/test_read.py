@@ -71,6 +71,28 @@ def test_missing_uri_and_empty_folder(tmp_path):
         list_shards(InputSpec(uri=str(tmp_path)), "2026-01-01")
 
 
+def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
+    """The listing keeps the paths it matched, not every file's metadata: 10x the folders
+    (same files each) leaves the peak beyond the kept list about where it was."""
+    import tracemalloc
+
+    extra = {}
+    for folders in (2, 20):
+        root = tmp_path / f"corpus{folders}"
+        for f in range(folders):
+            (root / f"day={f:02d}").mkdir(parents=True)
+            for i in range(300):
+                (root / f"day={f:02d}" / f"doc{i:03d}.txt").write_text("x")
+        tracemalloc.start()
+        paths = list_shards(InputSpec(uri=str(root), format="text"), "")
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(paths) == folders * 300 and paths == sorted(paths)
+        extra[folders] = peak - held
+    # All 6,000 files' metadata at once was ~10x the 600 of two folders.
+    assert extra[20] < 2 * extra[2], extra
+
+
 def test_requests_expand_per_question_with_stable_ids(tmp_path):
     spec = spec_from_dict(
         {
