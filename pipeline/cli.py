@@ -308,6 +308,9 @@ def report(
     plot: Annotated[Optional[str], typer.Option(help="Also draw a PNG report here.")] = None,  # noqa: UP045
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     last: Annotated[int, typer.Option(min=1, help="Plot at most the newest N runs.")] = 30,
+    answers: Annotated[int, typer.Option(
+        min=0, help="Also print the first N answers of the newest run date: document, question, "
+        "answer or error, reference.")] = 0,
 ) -> None:
     """Summarise the Parquet output of one or more runs."""
     from pipeline.report.load import load_output, run_summaries
@@ -324,6 +327,10 @@ def report(
 
         for s in summaries:
             typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
+    if answers and not as_json:
+        from pipeline.report.answers import format_answers
+
+        typer.echo(format_answers(table, answers))
     if plot:
         from pipeline.report.plot import plot_report
 

@@ -44,6 +44,13 @@ def _normalized(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
 
+def contains_reference(reference: str, answer: str | None) -> bool:
+    """Whether ``answer`` contains ``reference`` after normalizing both (a failed row's
+    answer is None: it contains nothing)."""
+    ref = _normalized(reference)
+    return bool(ref) and ref in _normalized(answer or "")
+
+
 def score_answers(table: pa.Table) -> dict[str, Any]:
     """Answers against ``reference`` where one exists (input.answer_field): ``answers_scored``
     (rows with a reference, failed rows count as wrong), ``answers_contain`` (fraction whose
@@ -58,7 +65,7 @@ def score_answers(table: pa.Table) -> dict[str, Any]:
     refs = [(_normalized(r), _normalized(o or "")) for r, o in pairs]
     return {
         "answers_scored": len(refs),
-        "answers_contain": sum(bool(r) and r in o for r, o in refs) / len(refs),
+        "answers_contain": sum(contains_reference(r, o) for r, o in pairs) / len(refs),
         "answers_exact": sum(r == o for r, o in refs) / len(refs),
     }
 

@@ -1,0 +1,47 @@
+"""The answers themselves, for a person reading a run in a terminal (`longdoc report --answers N`).
+
+The summary counts rows; this prints what they said: each row's document, question (or
+summary instruction), answer, and its reference or error. Rows come from the newest run
+date, in document order, so the same output prints the same lines. Analysts with many rows
+read the Parquet table instead (README, "Reading the output").
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.report.summary import contains_reference
+
+#: Characters of one field before it is cut (a summary can be long; the table has it whole).
+FIELD_CHARS = 600
+
+
+def _field(label: str, text: str) -> str:
+    cut = text if len(text) <= FIELD_CHARS else text[:FIELD_CHARS].rstrip() + " [...]"
+    return textwrap.fill(" ".join(cut.split()), width=100, initial_indent=f"  {label}: ",
+                         subsequent_indent=" " * (len(label) + 4))
+
+
+def format_answers(table: pa.Table, limit: int) -> str:
+    """At most ``limit`` rows of the newest ``run_date`` in ``table`` (the output schema), as
+    text blocks: ``[doc_id] prompt`` then ``answer`` or ``error (kind)``, and ``reference``
+    with whether the answer contains it (the report's own comparison) when one exists.
+    The heading says how many rows the date has and how many are shown."""
+    newest = pc.max(table.column("run_date")).as_py()
+    rows = table.filter(pc.equal(table.column("run_date"), newest))
+    rows = rows.take(pc.sort_indices(rows, [("doc_id", "ascending"), ("prompt", "ascending")]))
+    shown = rows.slice(0, limit).to_pylist()
+    lines = [f"answers of {newest}: {len(shown)} of {rows.num_rows} row(s) (--answers N for more)"]
+    for r in shown:
+        lines.append(f"[{r['doc_id']}] {' '.join((r.get('prompt') or '').split())}")
+        if r.get("error") is not None:
+            lines.append(_field(f"error ({r.get('error_kind') or '-'})", r["error"]))
+        else:
+            lines.append(_field("answer", r.get("output_text") or ""))
+        if r.get("reference") is not None:
+            verdict = "contains it" if contains_reference(r["reference"], r.get("output_text")) else "does not"
+            lines.append(_field(f"reference ({verdict})", r["reference"]))
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""`longdoc report --answers N` (pipeline/report/answers.py): the newest date's rows, in
+document order, each with its question, answer or error, and its reference."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.report.answers import FIELD_CHARS
+from schemas.loading import spec_from_dict
+from schemas.output import output_row
+from stages.partition import commit_date
+from tests.pipeline.report.test_load import _stage
+
+QA = spec_from_dict({"name": "j", "input": {"uri": "/in", "question_field": "q", "answer_field": "a",
+                                            "format": "jsonl"}, "task": {"kind": "qa"}})
+
+
+def _row(run_date: str, doc: str, question: str, reference: str | None, **result) -> dict:
+    req = {"run_id": "r-" + run_date, "run_date": run_date, "job": "j", "doc_id": doc,
+           "request_id": f"{run_date}-{doc}-{question}", "prompt": question, "reference": reference}
+    return output_row(QA, req, **result)
+
+
+def test_answers_print_the_newest_date_in_document_order_with_references_and_errors(tmp_path):
+    root = str(tmp_path / "out")
+    _stage(root, [_row("2026-01-01", "old", "Old question?", None, output_text="old answer")])
+    commit_date(root, "2026-01-01", "r-2026-01-01")
+    _stage(root, [
+        _row("2026-01-02", "b.txt", "Who wrote it?", "Ada", output_text="It was written by Ada."),
+        _row("2026-01-02", "a.txt", "Where?", "Paris", output_text="In " + "very " * 300 + "far Rome."),
+        _row("2026-01-02", "c.txt", "When?", None, error="read: c.txt is not valid UTF-8", error_kind="input"),
+    ])
+    commit_date(root, "2026-01-02", "r-2026-01-02")
+
+    res = CliRunner().invoke(app, ["report", root, "--answers", "2"])
+    assert res.exit_code == 0, res.output
+    out = res.output[res.output.index("answers of 2026-01-02"):]
+    assert out.startswith("answers of 2026-01-02: 2 of 3 row(s)")
+    assert "old answer" not in out and "c.txt" not in out  # another date; past the limit of 2
+    assert out.index("[a.txt] Where?") < out.index("[b.txt] Who wrote it?")
+    assert "reference (does not): Paris" in out and "[...]" in out  # a long answer is cut
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "reference (contains it): Ada" in out and "answer: It was written by Ada." in out
+
+    res = CliRunner().invoke(app, ["report", root, "--answers", "10"])
+    assert "3 of 3 row(s)" in res.output
+    assert "[c.txt] When?" in res.output and "error (input): read: c.txt is not valid UTF-8" in res.output
+    assert "answers of" not in CliRunner().invoke(app, ["report", root]).output  # off by default
+    assert FIELD_CHARS < len("very " * 300)
