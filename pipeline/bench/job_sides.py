@@ -109,6 +109,13 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     for v in s.variants:  # named even when the peer does not run here (--merge joins an earlier one)
         peer_of[v.name] = next(n for n, p in peers.items() if p["key"] == keys[v.name])
     write_requests(records, tmp / "requests.jsonl")
+    # One-time work (the embedded model's conversion, a random model's draw to the cache)
+    # happens here, before any timed side: the first side would pay it, the others not.
+    from stages.model_loading import prepare_model
+
+    scorers = [getattr(sp.compression, "scorer", None) for sp in out_specs]  # select's small reader
+    for model in dict.fromkeys([first.generation.model, *filter(None, scorers)]):
+        prepare_model(model, first.generation.dtype, device)
     model_args, dtype = _peer_model(first.generation.model, first.generation.dtype, device, tmp)
     return Prepared(
         tmp=tmp, specs=datas, methods=methods, same_context=same_context, speculative=speculative, peer_of=peer_of, peers=peers, device_type=device.type,
@@ -142,7 +149,13 @@ def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], st
         cfg.save_pretrained(tmp / "random-config")
         tok.save_pretrained(tmp / "tokenizer")
         torch_dtype = resolve_dtype(dtype, device, cfg)
-        args = ["--random-config", str(tmp / "random-config"), "--tokenizer", str(tmp / "tokenizer"), "--seed", "0"]
+        # Where longdoc reads the drawn weights from the cache, the peer reads the same files
+        # (a user's script loads its model from disk); elsewhere both draw them.
+        from stages.model_loading import random_model_dir
+
+        folder = random_model_dir(name, cfg, torch_dtype, device, seed=0)
+        args = (["--model", str(folder)] if folder is not None else
+                ["--random-config", str(tmp / "random-config"), "--seed", "0"]) + ["--tokenizer", str(tmp / "tokenizer")]
     else:
         path = str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
         by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size  # as load_causal_lm

@@ -134,3 +134,38 @@ def test_a_complete_folder_is_reused_without_the_lock(tmp_path):
     assert convert_once(target, never) == target
     assert not (tmp_path / ".m.lock").exists()
 
+
+
+def test_random_weights_drawn_on_the_cpu_are_kept_and_read_back_unchanged(tmp_path, monkeypatch):
+    """A random model's CPU draw is saved once; later loads read it (no second draw) and
+    get exactly the weights, name and tied head a fresh draw gives."""
+    import stages.model_loading as ml
+    from stages.random_models import build_random_model
+
+    tok_dir = ml.embedded_tokenizer_dir()  # the real cache's tokenizer: no conversion into tmp_path
+    monkeypatch.setattr(ml, "embedded_tokenizer_dir", lambda: tok_dir)
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    drawn, tok = ml.load_causal_lm("random:tiny")
+    (folder,) = (tmp_path / "models").glob("random-tiny-float32-seed0-*")
+
+    def no_draw(*_a, **_k):
+        raise AssertionError("drew the weights again")
+
+    monkeypatch.setattr(ml, "build_random_model", no_draw)
+    read, _ = ml.load_causal_lm("random:tiny")
+    cfg = random_config("random:tiny", eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    fresh = build_random_model(cfg, torch.float32, torch.device("cpu"), seed=0)
+    assert read.state_dict().keys() == fresh.state_dict().keys()
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in read.state_dict().items())
+    ids = torch.tensor([[1, 17, 400, 9]])
+    assert torch.equal(read(ids).logits, fresh(ids).logits) and torch.equal(drawn(ids).logits, fresh(ids).logits)
+    assert read.config._name_or_path == "random:tiny" and not read.training
+    assert read.lm_head.weight.data_ptr() == read.model.embed_tokens.weight.data_ptr()  # still tied
+    assert read.generation_config.pad_token_id == tok.pad_token_id
+    with pytest.raises(AssertionError, match="drew"):  # another seed is another draw
+        ml.load_causal_lm("random:tiny", seed=1)
+    # Not cached: an accelerator's draw (other numbers than the CPU's), or weights too big.
+    assert ml.random_model_dir("random:tiny", cfg, torch.float32, torch.device("meta"), 0) is None
+    monkeypatch.setattr(ml, "RANDOM_CACHE_MAX_BYTES", 1024)
+    assert ml.random_model_dir("random:tiny", cfg, torch.float32, torch.device("cpu"), 0) is None
+    assert folder.is_dir()
