@@ -52,10 +52,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -63,6 +61,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.studies.proc_watch import Watch, comm, descendants, end, still_alive
 from stages.layout import run_record_dirs, staging_dir
 
 DATE = "2026-01-31"
@@ -123,148 +122,6 @@ def spec_dict(corpus: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# ----------------------------------------------------------------------------- /proc
-def _status_kb(pid: int, key: str) -> int | None:
-    """A ``kB`` field of /proc/<pid>/status (VmHWM, VmRSS), None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return None
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a live process, else None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            rest = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces and ')'
-    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-        return None
-    if rest[0] == "Z":
-        return None  # a zombie holds no memory and runs nothing
-    return int(rest[1]), int(rest[19])
-
-
-def descendants(root: int) -> dict[int, int]:
-    """pid -> start time of ``root`` and every live process below it (one /proc scan)."""
-    parent: dict[int, int] = {}
-    started: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st is not None:
-                parent[int(entry)], started[int(entry)] = st
-    tree, frontier = {}, [root]
-    while frontier:
-        pid = frontier.pop()
-        if pid in started and pid not in tree:
-            tree[pid] = started[pid]
-            frontier.extend(c for c, p in parent.items() if p == pid)
-    return tree
-
-
-def still_alive(procs: dict[int, int]) -> dict[int, int]:
-    """The processes of ``procs`` (pid -> start time) alive now (same pid, same start)."""
-    out = {}
-    for pid, start in procs.items():
-        st = _stat(pid)
-        if st is not None and st[1] == start:
-            out[pid] = start
-    return out
-
-
-TIMELINE_EVERY = 10  # polls between two driver_timeline samples
-
-
-@dataclass
-class Watch:
-    """Polls a driver process, its process tree and its staged files until it exits.
-
-    Figures (kB, seconds since ``t0``): ``driver_hwm_kb`` (the kernel's high-water mark
-    of the driver), ``driver_anon_peak_kb`` and ``driver_shared_peak_kb`` (the largest
-    RssAnon, and RssFile + RssShmem, seen: the driver's own heap against pages it maps,
-    such as Ray's object store), ``driver_timeline`` ((t, VmRSS, RssAnon, staged rows) every
-    ``TIMELINE_EVERY`` polls: which phase of the run the memory grows in), ``tree_peak_kb`` (the largest per-poll sum of VmRSS over the tree),
-    ``tree_procs`` (every process seen in the tree: pid -> start time), the staged rows
-    seen over time (``first_rows_t``, ``last_rows_t``, ``staged_rows``), and when the
-    processes of ``lingering`` (an earlier run's, pid -> start time) were all gone
-    (``lingering_gone_s``).
-    """
-
-    pid: int
-    staging: Path
-    interval_s: float
-    t0: float
-    driver_hwm_kb: int = 0
-    driver_anon_peak_kb: int = 0
-    driver_shared_peak_kb: int = 0
-    driver_timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
-    tree_peak_kb: int = 0
-    tree_max_procs: int = 0
-    tree_procs: dict[int, int] = field(default_factory=dict)
-    staged_rows: int = 0
-    first_rows_t: float | None = None
-    last_rows_t: float | None = None
-    first_rows: int = 0
-    lingering: dict[int, int] = field(default_factory=dict)
-    lingering_gone_s: float | None = None
-    _rows_per_file: dict[Path, int] = field(default_factory=dict)
-    _polls: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def poll(self) -> None:
-        hwm = _status_kb(self.pid, "VmHWM")
-        if hwm is not None:
-            self.driver_hwm_kb = max(self.driver_hwm_kb, hwm)
-            anon = _status_kb(self.pid, "RssAnon") or 0
-            self.driver_anon_peak_kb = max(self.driver_anon_peak_kb, anon)
-            shared = (_status_kb(self.pid, "RssFile") or 0) + (_status_kb(self.pid, "RssShmem") or 0)
-            self.driver_shared_peak_kb = max(self.driver_shared_peak_kb, shared)
-            self._polls += 1
-            if self._polls % TIMELINE_EVERY == 1:
-                self.driver_timeline.append((round(time.monotonic() - self.t0, 1), _status_kb(self.pid, "VmRSS") or 0,
-                                             anon, self.staged_rows))
-        tree = descendants(self.pid)
-        self.tree_procs.update(tree)
-        total = sum(_status_kb(p, "VmRSS") or 0 for p in tree)
-        self.tree_peak_kb = max(self.tree_peak_kb, total)
-        self.tree_max_procs = max(self.tree_max_procs, len(tree))
-        self.staged_rows = self.count_staged()
-        if self.lingering:
-            self.lingering = still_alive(self.lingering)
-            if not self.lingering:
-                self.lingering_gone_s = time.monotonic() - self.t0
-
-    def count_staged(self) -> int:
-        """Rows in the staged files now (each file's row count read once, from its footer)."""
-        now = time.monotonic() - self.t0
-        for path in self.staging.glob("*/*.staged"):
-            if path not in self._rows_per_file:
-                try:
-                    self._rows_per_file[path] = pq.read_metadata(path).num_rows
-                except (FileNotFoundError, OSError):
-                    continue  # published and removed by the end-of-run commit meanwhile
-        rows = sum(self._rows_per_file.values())
-        if rows and self.first_rows_t is None:
-            self.first_rows_t, self.first_rows = now, rows
-        if rows > self.staged_rows:
-            self.last_rows_t = now
-        return rows
-
-    def until(self, proc: subprocess.Popen, rows: int | None = None) -> bool:
-        """Poll until ``proc`` exits (False) or, when ``rows`` is given, until the staged
-        files hold at least that many rows (True)."""
-        while proc.poll() is None:
-            self.poll()
-            if rows is not None and self.staged_rows >= rows:
-                return True
-            self._stop.wait(self.interval_s)
-        return False
-
-
 # ----------------------------------------------------------------------------- runs
 def longdoc_command(spec: Path, date: str, out: Path) -> list[str]:
     exe = Path(sys.executable).with_name("longdoc")
@@ -316,7 +173,7 @@ def full_run(spec: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]
         watch.until(proc)
         wall = time.monotonic() - t0
         left = still_alive(watch.tree_procs)
-        _end(left)
+        end(left)
     if proc.returncode != 0:
         raise RuntimeError(f"run 1 exited {proc.returncode}:\n{_tail(work / 'full' / 'run.log')}")
     cols = ["request_id", "error", "device_s", "e2e_s", "compress_s", "prefill_s", "decode_s", "output_tokens"]
@@ -379,7 +236,7 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
         proc.wait(timeout=KILL_GRACE_S)
         rows_at_kill = watch.staged_rows
         left_after_kill = still_alive(watch.tree_procs)
-        left_names = sorted(Counter(map(_comm, left_after_kill)).items())  # now: they may exit soon
+        left_names = sorted(Counter(map(comm, left_after_kill)).items())  # now: they may exit soon
         killed_run_ids = sorted(p.name for p in staging.iterdir() if p.is_dir())
         # What the rerun will find: every row on disk now (stragglers of the killed run
         # included, if any survived it).
@@ -390,7 +247,7 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
         watch2.until(rerun)
         rerun_s = time.monotonic() - t1
         left_after_rerun = still_alive({**left_after_kill, **watch2.tree_procs})
-        _end(left_after_rerun)
+        end(left_after_rerun)
     if rerun.returncode != 0:
         raise RuntimeError(f"the rerun exited {rerun.returncode}:\n{_tail(work / 'kill' / 'rerun.log')}")
     final = rows_of(out, args.date, ["request_id", "run_id", "error"])
@@ -429,22 +286,6 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
         "staged_left": len(list(staging.glob("*/*.staged"))) if staging.exists() else 0,
         "ray_processes_left_after_rerun": len(left_after_rerun),
     }
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def _end(procs: dict[int, int]) -> None:
-    """SIGKILL processes this tool started that outlived their run (by pid, same start time)."""
-    for pid in still_alive(procs):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # ----------------------------------------------------------------------------- report
