@@ -183,7 +183,9 @@ def random_model_dir(name: str, config, dtype: torch.dtype, device: torch.device
     """The cached folder of ``random:<shape>`` weights drawn on the CPU (drawn and saved on
     first use, once across processes: ``convert_once``); None where they are not cached
     (an accelerator, or more than ``RANDOM_CACHE_MAX_BYTES``)."""
-    if device.type != "cpu" or estimate_parameters(config) * dtype.itemsize > RANDOM_CACHE_MAX_BYTES:
+    # A draw on the host's CPU: slow there, and the same numbers in every CPU process.
+    on_host = device_backend(device).runs_on_host(device)
+    if not on_host or estimate_parameters(config) * dtype.itemsize > RANDOM_CACHE_MAX_BYTES:
         return None
     import hashlib
     import json
