@@ -16,8 +16,9 @@ Contract:
   that folder and reuse the result (``convert_once``).
 - ``random:<shape>`` weights drawn on the CPU are kept under ``$LONGDOC_CACHE/models``
   (``random_model_dir``): the first load draws and saves them, later loads read the file,
-  as a real model of that size would be read (a 1B draw is ~12-25 s of torch's ``normal_``
-  on a CPU; reading it back from the page cache takes about a second). The folder is keyed
+  as a real model of that size would be read (a CPU's ``normal_`` over a billion weights
+  takes far longer than reading them back: jobs/results/bench-job/README.md, the 1B night
+  of 2026-11-29). The folder is keyed
   by the shape, dtype, seed and the torch and transformers versions, so it holds exactly
   the weights a fresh draw gives. Accelerator draws are not cached: they are fast there,
   and a GPU draws other numbers than a CPU.
