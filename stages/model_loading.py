@@ -223,9 +223,28 @@ def prepare_model(name: str, dtype: str, device: torch.device) -> None:
     if name == EMBEDDED_MODEL:
         embedded_model_dir()
     elif is_random_model(name):
-        tok = load_tokenizer(name)
-        config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        config = random_model_config(name)
         random_model_dir(name, config, resolve_dtype(dtype, device, config), device, seed=0)
+
+
+def random_model_config(name: str, tok=None):
+    """The ``LlamaConfig`` of ``random:<shape>`` model ``name`` with the eos and pad ids of
+    the tokenizer it shares (``tok``, else loaded); a ValueError where the shape's vocabulary
+    is smaller than that tokenizer's."""
+    tok = tok if tok is not None else load_tokenizer(name)
+    config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if config.vocab_size < len(tok):
+        raise ValueError(f"{name}: vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tok)}")
+    return config
+
+
+def checkpoint_dtype(path: str, dtype: str, device: torch.device) -> torch.dtype:
+    """``resolve_dtype`` for the checkpoint at ``path``: its config is read only where the
+    device's auto dtype depends on the model's size."""
+    from transformers import AutoConfig
+
+    by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size
+    return resolve_dtype(dtype, device, AutoConfig.from_pretrained(path) if by_size else None)
 
 
 def resolve_model_path(name: str) -> str:
@@ -303,25 +322,20 @@ def load_causal_lm(name: str, dtype: str = "auto", device: torch.device | None =
 
     ``seed`` seeds the weights of a ``random:<shape>`` model (ignored otherwise).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     device = device or torch.device("cpu")
     tok = load_tokenizer(name)
     if is_random_model(name):
-        config = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        if config.vocab_size < len(tok):
-            raise ValueError(f"{name}: vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tok)}")
+        config = random_model_config(name, tok)
         torch_dtype = resolve_dtype(dtype, device, config)
         folder = random_model_dir(name, config, torch_dtype, device, seed)
         if folder is None:
             return build_random_model(config, torch_dtype, device, seed), tok
         return _load_random_dir(name, config, torch_dtype, folder), tok
     path = resolve_model_path(name)
-    # The config is read ahead only where the auto dtype depends on the model's size.
-    by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size
-    config = AutoConfig.from_pretrained(path) if by_size else None
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device, config), attn_implementation="sdpa"
+        path, dtype=checkpoint_dtype(path, dtype, device), attn_implementation="sdpa"
     )
     model.to(device).eval()
     return model, tok

@@ -134,33 +134,29 @@ def _device_name(device) -> str:
 
 def _peer_model(name: str, dtype: str, device, tmp: Path) -> tuple[list[str], str]:
     """The peer's model options (a directory, or a random config + the tokenizer) and its dtype."""
-    from transformers import AutoConfig
-
-    from schemas.spec import EMBEDDED_MODEL
-    from stages.decoding.backends import device_backend
-    from stages.model_loading import embedded_model_dir, resolve_dtype
+    from stages.model_loading import (
+        checkpoint_dtype,
+        load_tokenizer,
+        random_model_config,
+        random_model_dir,
+        resolve_dtype,
+        resolve_model_path,
+    )
 
     if name.startswith("random:"):
-        from stages.model_loading import load_tokenizer
-        from stages.random_models import random_config
-
         tok = load_tokenizer(name)  # random:<shape> models share the embedded tokenizer
-        cfg = random_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cfg = random_model_config(name, tok)
         cfg.save_pretrained(tmp / "random-config")
         tok.save_pretrained(tmp / "tokenizer")
         torch_dtype = resolve_dtype(dtype, device, cfg)
         # Where longdoc reads the drawn weights from the cache, the peer reads the same files
         # (a user's script loads its model from disk); elsewhere both draw them.
-        from stages.model_loading import random_model_dir
-
         folder = random_model_dir(name, cfg, torch_dtype, device, seed=0)
         args = (["--model", str(folder)] if folder is not None else
                 ["--random-config", str(tmp / "random-config"), "--seed", "0"]) + ["--tokenizer", str(tmp / "tokenizer")]
     else:
-        path = str(embedded_model_dir()) if name == EMBEDDED_MODEL else name
-        by_size = dtype == "auto" and device_backend(device).auto_dtype_by_size  # as load_causal_lm
-        cfg = AutoConfig.from_pretrained(path) if by_size else None
-        torch_dtype = resolve_dtype(dtype, device, cfg)
+        path = resolve_model_path(name)
+        torch_dtype = checkpoint_dtype(path, dtype, device)  # as load_causal_lm
         args = ["--model", path]
     return args, str(torch_dtype).removeprefix("torch.")
 

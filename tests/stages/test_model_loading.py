@@ -35,6 +35,34 @@ def test_unknown_dtype_names_the_allowed_ones():
         resolve_dtype("fp8", torch.device("cpu"))
 
 
+def test_checkpoint_dtype_reads_the_size_only_where_auto_depends_on_it(tmp_path):
+    """On a GPU auto picks by the checkpoint's size (read from its config); on the CPU, and
+    for a named dtype, the config is not needed (a folder without one still resolves)."""
+    from stages.model_loading import checkpoint_dtype
+
+    random_config("random:smollm2-135m").save_pretrained(tmp_path / "small")
+    random_config("random:llama-8b").save_pretrained(tmp_path / "large")
+    assert checkpoint_dtype(str(tmp_path / "small"), "auto", CUDA) == torch.float32
+    assert checkpoint_dtype(str(tmp_path / "large"), "auto", CUDA) == torch.bfloat16
+    no_config = str(tmp_path / "none")
+    assert checkpoint_dtype(no_config, "auto", torch.device("cpu")) == torch.float32
+    assert checkpoint_dtype(no_config, "float16", CUDA) == torch.float16
+
+
+def test_random_model_config_takes_the_shared_tokenizers_ids_and_refuses_a_small_vocabulary(monkeypatch):
+    import stages.model_loading as ml
+    import stages.random_models as rm
+
+    tok = ml.load_tokenizer("random:tiny")
+    cfg = ml.random_model_config("random:tiny", tok)
+    assert (cfg.eos_token_id, cfg.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    from dataclasses import replace
+
+    monkeypatch.setitem(rm.SHAPES, "tiny", replace(rm.SHAPES["tiny"], vocab_size=100))
+    with pytest.raises(ValueError, match="random:tiny: vocab_size 100 is smaller than the tokenizer's"):
+        ml.random_model_config("random:tiny", tok)
+
+
 def _dirs(tmp_path, target_files: dict[str, str], new_files: dict[str, str]):
     """(converted model folder, existing target folder) holding the given files."""
     out = []
