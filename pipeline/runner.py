@@ -32,6 +32,10 @@ exactly one row in the output table (written now or by an earlier run of the dat
   interrupted`` (``interrupted_by``: the signal) and the run record is written; the next
   run of the date publishes the staged rows first and does only the rest. One that lands
   while the rows are published is recorded the same way (the publish resumes next run).
+- A run resumed under the same run id (``--run-id``, an eval's ``--eval-id``) keeps the
+  earlier attempts' records: its summary lists them in ``earlier_attempts`` (start, end,
+  wall time, rows, status) and ``wall_s_all_attempts`` sums their wall times with its own,
+  the time the run id's rows cost.
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -238,6 +242,21 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     return True
 
 
+# What a resumed run keeps of each earlier attempt of its run id.
+ATTEMPT_FIELDS = ("started_at", "finished_at", "wall_s", "rows", "failed", "skipped", "status")
+
+
+def _earlier_attempts(root: str, run_date: str, run_id: str) -> list[dict[str, Any]]:
+    """The attempts recorded under ``run_id`` before this one, oldest first ([] for a new id)."""
+    from pipeline.report.load import read_run_record
+
+    record = read_run_record(root, run_date, run_id)
+    if not record:
+        return []
+    last = record.get("summary", {})
+    return [*last.get("earlier_attempts", []), {k: last.get(k) for k in ATTEMPT_FIELDS}]
+
+
 def run_job(
     spec: JobSpec,
     run_date: str | None = None,
@@ -392,6 +411,10 @@ def run_job(
                    retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                    started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
                    files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
+    earlier = _earlier_attempts(root, run_date, run_id)
+    if earlier:  # a resumed run id: its first attempts' times are not overwritten
+        summary.update(earlier_attempts=earlier,
+                       wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
     write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                        run_record_path(root, run_date, run_id))
     return RunResult(run_id, run_date, root, summary, skipped=len(skip))

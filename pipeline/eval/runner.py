@@ -190,7 +190,9 @@ def run_eval(
         if res.summary.get("status") == "failed":  # Ray gave up: rows are retryable errors
             failed[r.tag] = f"run aborted: {res.summary.get('abort_reason')}; rerun with --eval-id {eval_id}"
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
-        if not res.skipped:  # a resumed run's wall time covers only the rows it added
+        if "wall_s_all_attempts" in res.summary:  # a resumed eval id: every attempt's time
+            wall[(r.method, r.target_tokens)] = res.summary["wall_s_all_attempts"]
+        elif not res.skipped:  # rows done under another id: this wall time covers only the rest
             wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
         rows = score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta, evidence)
         scored += rows

@@ -74,7 +74,8 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     for rec in sorted(runs.to_pylist(), key=lambda r: (r["run_date"], r["run_id"])):
         mask = pc.and_(pc.equal(table["run_date"], rec["run_date"]), pc.equal(table["run_id"], rec["run_id"]))
         recorded = _recorded(uri, rec["run_date"], rec["run_id"])
-        s = summarize(table.filter(mask), wall_s=recorded.get("wall_s"))
+        # A run id resumed: its rows came from every attempt, and so did their time.
+        s = summarize(table.filter(mask), wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
         out.append({**rec, **s, "status": recorded.get("status")})
     return out

@@ -69,17 +69,22 @@ def test_bad_inputs_are_error_rows_and_the_rest_succeeds(runner, tmp_path, tiny_
     assert recorded["errors_by_kind"] == {"input": 3, "retryable": 0}
     assert recorded["versions"]["ray"] and recorded["versions"]["pyarrow"] and recorded["finished_at"]
 
-    # Input errors are final: the default rerun skips everything already written.
-    again = run_job(spec, runner=runner, run_date=DATE, run_id="run-b", progress=False)
+    # Input errors are final: the default rerun skips everything already written. Rerun
+    # under the same run id, it keeps the first attempt's record beside its own.
+    again = run_job(spec, runner=runner, run_date=DATE, run_id="run-a", progress=False)
     assert again.skipped == 5 and again.summary["rows"] == 0
+    (first,) = json.loads(run_json.read_text())["summary"]["earlier_attempts"]
+    assert (first["rows"], first["failed"], first["status"], first["wall_s"]) == (5, 3, "partial", recorded["wall_s"])
+    assert again.summary["wall_s_all_attempts"] == pytest.approx(recorded["wall_s"] + again.summary["wall_s"])
     # --retry-errors all redoes the 3 error rows and REPLACES them: still 5 rows.
     healed = run_job(spec, runner=runner, run_date=DATE, run_id="run-c", progress=False, retry_errors="all")
     assert healed.skipped == 2 and healed.summary["retried"] == 3 and healed.summary["rows"] == 3
     assert healed.summary["date_rows"] == 5 and healed.summary["date_failed"] == 3
     table2 = load_output(result.output_uri)
     assert table2.num_rows == 5 and len(set(table2.column("request_id").to_pylist())) == 5
-    assert [(s["run_id"], s["rows"]) for s in run_summaries(result.output_uri, table2)] == [
-        ("run-a", 2), ("run-c", 3)]
+    listed = run_summaries(result.output_uri, table2)
+    assert [(s["run_id"], s["rows"]) for s in listed] == [("run-a", 2), ("run-c", 3)]
+    assert listed[0]["wall_s"] == pytest.approx(again.summary["wall_s_all_attempts"])  # both attempts' time
 
     # The next night's run lands in its own partition; every reader sees both dates.
     run_job(spec, runner=runner, run_date="2026-02-01", run_id="run-d", progress=False)

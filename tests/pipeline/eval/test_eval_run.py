@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -98,6 +99,23 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
         assert 0.0 <= float(r["f1"]) <= 1.0
     assert (d / "eval.png").read_bytes()[:4] == b"\x89PNG"
     assert (d / "runs" / "rag-64").is_dir() and (d / "summary.csv").is_file()
+
+    # Resumed under the same eval id, a finished budget's rows are kept and its time is both
+    # attempts' (the first attempt's record is not overwritten by the rerun that found it done).
+    rerun = [
+        "eval", "--eval-set", str(eval_set(tmp_path)), "--target-tokens", "64", "--methods", "truncate",
+        "--max-new-tokens", "3", "--out", str(out), "--set", f"generation.model={tiny_model_dir}",
+        "--eval-id", "e1", "--quiet",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, rerun)
+    assert res.exit_code == 0, res.output
+    first_wall = summary["summary"][0]["wall_s_per_request"] * 3
+    resumed = json.loads((d / "summary.json").read_text())["summary"][0]
+    (record,) = (d / "runs").glob("truncate-64.runs/*/e1.json")
+    attempts = json.loads(record.read_text())["summary"]
+    assert attempts["earlier_attempts"][0]["wall_s"] == pytest.approx(first_wall)
+    assert resumed["wall_s_per_request"] == pytest.approx(attempts["wall_s_all_attempts"] / 3)
+    assert resumed["wall_s_per_request"] * 3 > first_wall
 
 
 def test_eval_command_rejects_bad_values(tmp_path) -> None:
