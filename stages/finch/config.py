@@ -23,6 +23,13 @@ from schemas.spec import EMBEDDED_EMBEDDER
 # best one are dropped. Chosen among 0 / 0.3 / 0.5 on the eval set (0.3 and 0.5 tied) and
 # the held-out sets broke the tie (jobs/eval/results/2026-11-24-finch-relevance-floor-cpu.md).
 AUTO_MIN_RELEVANCE = 0.5
+# The floor of the reading once for all questions (reading: chunk, select's default). A chunk
+# read without the question's kept entries before it scores more sentences near the best
+# one, so at the per-question reading's 0.5 it kept twice the text (84 tokens on the tuning
+# part at 1024) and the reader answered fewer questions. Chosen among 0.5 / 0.6 / 0.7 / 0.8
+# on the tuning part at 1024 and 512
+# (jobs/eval/results/2026-11-29-smollm2-135m-qa-tuning-select-chunk-relevance-floor-cpu.md).
+AUTO_MIN_RELEVANCE_CHUNK = 0.7
 # Finch's fused evidence for qa: weight of the embedder's sentence similarity, and how
 # sentences are cut. Chosen on the tuning part of the eval (jobs/eval/qa-tuning.jsonl).
 AUTO_SIMILARITY_WEIGHT = 0.5
@@ -123,7 +130,8 @@ class FinchCompression(CompressionSpec):
         "least this fraction of the best one's, so a question whose evidence is concentrated "
         "reads a few sentences rather than the whole budget (target_tokens stays the cap; a "
         "document within it is read whole); 0 fills the budget; auto: "
-        f"{AUTO_MIN_RELEVANCE} for task.kind qa, 0 for summaries (and in mode kv).",
+        f"{AUTO_MIN_RELEVANCE} for task.kind qa ({AUTO_MIN_RELEVANCE_CHUNK} with reading chunk), "
+        "0 for summaries (and in mode kv).",
     )
 
     evidence: Literal["auto", "heads", "fused"] = Field(
@@ -168,7 +176,8 @@ class FinchCompression(CompressionSpec):
             order = "relevance" if early and task_kind == "qa" else "document"
         floor = self.min_relevance
         if floor == "auto":
-            floor = AUTO_MIN_RELEVANCE if early and task_kind == "qa" else 0.0
+            qa_floor = AUTO_MIN_RELEVANCE_CHUNK if self.reading == "chunk" else AUTO_MIN_RELEVANCE
+            floor = qa_floor if early and task_kind == "qa" else 0.0
         evidence = self.evidence
         if evidence == "auto":
             evidence = "fused" if keep == "sentences" and task_kind == "qa" else "heads"

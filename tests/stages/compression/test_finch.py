@@ -10,7 +10,7 @@ import torch
 from schemas.loading import spec_from_dict
 from stages.compression.finch import FinchMethod, prompt_similarity
 from stages.decoding.state import prefill_full
-from stages.finch.config import AUTO_MIN_RELEVANCE, FinchCompression, SelectCompression
+from stages.finch.config import AUTO_MIN_RELEVANCE, AUTO_MIN_RELEVANCE_CHUNK, FinchCompression, SelectCompression
 from stages.prompting import PromptParts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,11 +36,12 @@ def test_finch_defaults_are_the_paper_and_select_names_the_selection():
 @pytest.mark.parametrize(
     ("settings", "kind", "want"),
     [
-        ({"method": "select"}, "qa", ("sentences", "relevance", AUTO_MIN_RELEVANCE, "fused")),
+        ({"method": "select"}, "qa", ("sentences", "relevance", AUTO_MIN_RELEVANCE_CHUNK, "fused")),
+        ({"method": "select", "reading": "kept"}, "qa", ("sentences", "relevance", AUTO_MIN_RELEVANCE, "fused")),
         ({"method": "select"}, "summarize", ("sentences", "document", 0.0, "heads")),
         ({}, "qa", ("tokens", "document", 0.0, "heads")),  # finch: the paper's frame
         ({"mode": "kv", "scoring": "heads"}, "qa", ("tokens", "document", 0.0, "heads")),
-        ({"method": "select", "keep": "tokens"}, "qa", ("tokens", "relevance", AUTO_MIN_RELEVANCE, "heads")),
+        ({"method": "select", "keep": "tokens"}, "qa", ("tokens", "relevance", AUTO_MIN_RELEVANCE_CHUNK, "heads")),
         ({"method": "select", "min_relevance": 0.2, "order": "document", "evidence": "heads"}, "qa",
          ("sentences", "document", 0.2, "heads")),
     ],
