@@ -10,7 +10,12 @@ import torch
 from schemas.loading import spec_from_dict
 from stages.compression.finch import FinchMethod, prompt_similarity
 from stages.decoding.state import prefill_full
-from stages.finch.config import AUTO_MIN_RELEVANCE, AUTO_MIN_RELEVANCE_CHUNK, FinchCompression, SelectCompression
+from stages.finch.config import (
+    AUTO_MIN_RELEVANCE,
+    AUTO_MIN_RELEVANCE_CHUNK,
+    FinchCompression,
+    SelectCompression,
+)
 from stages.prompting import PromptParts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
