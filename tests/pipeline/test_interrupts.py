@@ -29,6 +29,10 @@ DATE = "2026-01-01"
 DOCS = 48  # enough that a signal sent at the first staged block lands mid-run
 #: The longest a child may take to stage a block or to stop (a loaded 2-core machine).
 WAIT_S = 300
+# Tokens decoded per row: with 48 a quiet machine finished the rest of a run between the
+# test's polls of the staged folder (random weights read from the cache start fast), so the
+# signal had no run left to land in.
+NEW_TOKENS = 256
 
 
 def _job(tmp_path: Path) -> Path:
@@ -39,7 +43,7 @@ def _job(tmp_path: Path) -> Path:
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "intr", "input": {"uri": str(tmp_path / "docs.jsonl"), "format": "jsonl"},
-        "generation": {"model": "random:tiny", "max_new_tokens": 48},
+        "generation": {"model": "random:tiny", "max_new_tokens": NEW_TOKENS},
         "resources": {"batch_size": 2}, "output": {"uri": str(tmp_path / "out")},
     }))
     return spec
