@@ -293,6 +293,9 @@ def run_job(
     # First of all: a missing prefix, bad credentials or a FIFO fail before Ray starts or
     # anything is written.
     shards = list_shards(spec.input, run_date)
+    # Read before the stages run: after them, an interrupt must find nothing left to do but
+    # write the record.
+    earlier = _earlier_attempts(root, run_date, run_id)
     if runner == "local":
         check_fits(spec, "local")
 
@@ -411,7 +414,6 @@ def run_job(
                    retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                    started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
                    files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
-    earlier = _earlier_attempts(root, run_date, run_id)
     if earlier:  # a resumed run id: its first attempts' times are not overwritten
         summary.update(earlier_attempts=earlier,
                        wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
