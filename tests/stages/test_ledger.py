@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from alone import run_alone
+
 from schemas.loading import spec_from_dict
 from schemas.output import RETRYABLE
 from stages.layout import runs_root, staging_dir
