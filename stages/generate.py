@@ -302,9 +302,9 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
             kv_memory_gb=res.kv_memory_gb, kv_memory_fraction=res.kv_memory_fraction,
             slots=None if res.decode_slots == "auto" else res.decode_slots,
             expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,
-            # A method's own wish (a small scorer's launch-bound passes) counts where the
-            # backend groups method prefills at all (accelerators); on CPU a group is one request.
-            group_rows=method.prefill_group_rows(spec) if backend_class(device, gen.compile).method_prefill_rows > 1 else None,
+            # A method's own wish (a small scorer reads many documents per pass) counts on
+            # every backend; otherwise the backend's default (one request per group on CPU).
+            group_rows=method.prefill_group_rows(spec),
             prefix_cache=spec.reuses_document_prefix,
         )
     except ValueError as e:

@@ -48,7 +48,10 @@ class SelectMethod(FinchMethod):
     order = 4
 
     def prefill_group_rows(self, job: JobSpec) -> int | None:
-        """A small scorer's passes are launch-bound on a GPU: 16 documents per pass (the generator's prefill of their kept text stays within a few GB)."""
+        """With a small scorer, 16 documents per pass on every device: its passes are
+        launch-bound on a GPU, and on a CPU its narrow matmuls (and the generator's prefill
+        of the kept text) run faster batched than one document at a time (the CPU 1B night,
+        jobs/results/bench-job/README.md). The kept text's prefill stays within a few GB."""
         return 16 if self.config(job).scorer is not None else None
 
     def load(self, job: JobSpec, device: torch.device) -> Loaded:

@@ -100,6 +100,32 @@ def test_questions_on_one_document_prefill_it_once_with_the_same_rows(tiny_model
         assert cached == [0] * 6
 
 
+def test_a_small_scorer_reads_a_batch_of_documents_in_one_pass_on_cpu(tiny_model_dir, tokenizer):
+    """select with a scorer asks for groups of documents (prefill_group_rows), and the CPU
+    engine honours it: one method prefill for the batch, not one per document (its narrow
+    matmuls run faster batched: jobs/results/bench-job/README.md)."""
+    spec = spec_from_dict({
+        "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "summarize"},
+        "compression": {"method": "select", "target_tokens": 24, "chunk_tokens": 32,
+                        "scorer": str(tiny_model_dir)},
+        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 4},
+    })  # fmt: skip
+    stage = GenerateStage(spec.model_dump(mode="json"))
+    engine = stage.engine
+    calls: list[int] = []
+    prefill = engine.prefill
+
+    def counted(parts, on_chunk=None):
+        calls.append(len(parts))
+        return prefill(parts, on_chunk=on_chunk)
+
+    engine.prefill = counted
+    texts = [f"The river number {i} rises in the hills. It flows north to the sea. " * 6 for i in range(4)]
+    out = batch_to_rows(stage(rows_to_batch([_request(i, tokenizer, t) for i, t in enumerate(texts)])))
+    assert engine.group_rows == 16 and calls == [4]
+    assert all(r["error"] is None and 0 < r["context_tokens"] <= 24 for r in out)
+
+
 def test_errors_pass_through_and_too_long_fails_alone(tiny_model_dir, tokenizer):
     stage = GenerateStage(_spec(tiny_model_dir, max_new_tokens=4))
     stage.max_context = 64  # the tiny model's window, shrunk so a short text overflows it
