@@ -111,9 +111,11 @@ class FinchCompression(CompressionSpec):
 
     keep: Literal["auto", "tokens", "sentences"] = Field(
         default="auto",
-        description="sentences (mode early_exit): whole sentences around the selected tokens, "
-        "best-scored first (the answer often follows the words matching the question); "
-        "tokens: the selected tokens; auto: sentences in mode early_exit, tokens in mode kv.",
+        description="sentences: whole sentences around the selected tokens, best-scored first "
+        "(the answer often follows the words matching the question); in mode early_exit their "
+        "text is prefilled, in mode kv (scoring heads, selection shared) each chunk pass keeps "
+        "the KV entries of whole sentences, each ranked by its best token; tokens: the selected "
+        "tokens; auto: sentences in mode early_exit, tokens in mode kv.",
     )
 
     order: Literal["auto", "document", "relevance"] = Field(
@@ -211,8 +213,14 @@ class FinchCompression(CompressionSpec):
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
         if self.relevance_floor > 0 and self.mode != "early_exit":
             raise ValueError(f"min_relevance needs mode early_exit (got mode {self.mode}); allowed: min_relevance 0")
-        if self.keep == "sentences" and self.mode != "early_exit":
-            raise ValueError(f"keep sentences needs mode early_exit (got mode {self.mode}); allowed: keep tokens")
+        if self.keep == "sentences" and self.mode == "kv" and (
+            self.scoring != "heads" or self.selection != "shared" or self.head_mode != "sum"
+        ):
+            raise ValueError(
+                f"keep sentences in mode kv ranks whole sentences in one selection for every layer: it "
+                f"needs scoring heads, selection shared and head_mode sum (got scoring {self.scoring}, "
+                f"selection {self.selection}, head_mode {self.head_mode}); allowed: keep tokens"
+            )
         if self.evidence == "fused" and (self.mode != "early_exit" or self.keep == "tokens"):
             raise ValueError(
                 f"evidence fused scores whole sentences: it needs mode early_exit and keep sentences "

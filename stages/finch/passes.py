@@ -5,7 +5,7 @@ and one pass's selection and compaction (step 4 of prefill.py's module docstring
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache
@@ -122,14 +122,21 @@ def next_kept(schedules: list[list[int]], kept: torch.Tensor, i: int) -> torch.T
 def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: torch.Tensor,
                        prefix_len: torch.Tensor, scored: torch.Tensor, kept_score: torch.Tensor,
                        cand_pos: torch.Tensor, inv_freq: torch.Tensor, early: bool,
-                       doc_index: list[torch.Tensor], block_doc: torch.Tensor, trace: bool):
+                       doc_index: list[torch.Tensor], block_doc: torch.Tensor, trace: bool,
+                       sentence_of: torch.Tensor | None = None):
     """Step 4 of one pass, for both readings: rank the candidates (the kept entries and
     the chunk's, ``view.cand_valid`` [B, C]), keep ``new_kept`` [B] per row and rebuild
     each layer of ``cache`` as [prefix | kept] (re-rotated to contiguous positions).
     ``scored`` [B]: rows whose question scored in this pass (the others carry their
     scores). Updates ``doc_index`` in place (layer 0 always, every layer for a trace;
-    ``block_doc`` [B, C - K] the document index of the non-kept candidates). Returns
+    ``block_doc`` [B, C - K] the document index of the non-kept candidates).
+    ``sentence_of`` [B, N]: the sentence of each document index (keep sentences in mode
+    kv, one selection for every layer); the selector then ranks whole sentences. Returns
     (plan, kept_score [B, K'])."""
+    if sentence_of is not None:
+        cand_doc = torch.cat([doc_index[0][:, 0], block_doc], dim=1)  # [B, C]
+        top = sentence_of.shape[1] - 1
+        view = replace(view, cand_sentence=sentence_of.gather(1, cand_doc.clamp(0, max(top, 0))))
     lp = view.lp
     cand_valid = view.cand_valid
     b = cand_valid.shape[0]

@@ -209,7 +209,8 @@ def finch_prefill(
     early = config.mode == "early_exit"
     if early and all(len(p.context_ids) <= config.target_tokens for p in parts):
         return _prefill_kept(model, parts, [list(range(len(p.context_ids))) for p in parts], pad_id, t0, 0.0)
-    read = read_document(model, parts, config, pad_id, trace=trace, heads=heads, on_chunk=on_chunk)
+    read = read_document(model, parts, config, pad_id, trace=trace, heads=heads, on_chunk=on_chunk,
+                         boundaries=boundaries)
     compress_s = read.compress_s
     b = len(parts)
     if early:
@@ -275,10 +276,12 @@ def read_document(
     trace: list[FinchStep] | None = None,
     heads: HeadSet | None | object = _AUTO,
     on_chunk: Callable[[], None] | None = None,
+    boundaries: Boundaries | None = None,
 ) -> Reading:
     """The chunked reading pass of every row (steps 1-4 of the module docstring), through
     the layers early exit needs (mode early_exit) or all of them (mode kv). ``reading:
-    chunk`` reads each distinct document once for all its rows (shared.py)."""
+    chunk`` reads each distinct document once for all its rows (shared.py). ``boundaries``:
+    needed by ``keep: sentences`` in mode kv, whose passes rank whole sentences."""
     if heads is _AUTO:
         heads = None
         if config.scoring == "heads":
@@ -286,12 +289,30 @@ def read_document(
             if heads is not None:
                 check_heads(model, heads)
     selector = make_selector(model, config, heads)  # type: ignore[arg-type]
+    sentence_of = None
+    if config.mode == "kv" and config.keep == "sentences":
+        if boundaries is None:
+            raise ValueError("finch keep sentences needs the tokenizer's sentence-ending ids (boundaries)")
+        sentence_of = sentence_index(parts, boundaries, config.sentence_split == "prose", model.device)
     if config.reading == "chunk":
-        return read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
-    return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk)
+        return read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
+                           sentence_of=sentence_of)
+    return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
+                      sentence_of=sentence_of)
 
 
-def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None) -> Reading:
+def sentence_index(parts: list[PromptParts], boundaries: Boundaries, join_lines: bool, device) -> torch.Tensor:
+    """[B, N] long: the sentence (spans.sentence_spans) of each document token per row,
+    N = the longest document (0 past a row's end; at least one column)."""
+    width = max(1, max(len(p.context_ids) for p in parts))
+    out = torch.zeros((len(parts), width), dtype=torch.long)
+    for r, p in enumerate(parts):
+        for k, (a, e) in enumerate(sentence_spans(p.context_ids, boundaries, join_lines=join_lines)):
+            out[r, a:e] = k
+    return out.to(device)
+
+
+def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None, sentence_of=None) -> Reading:
     """The paper's reading: each chunk is read after its row's kept entries."""
     early = config.mode == "early_exit"
     device = model.device
@@ -337,7 +358,7 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
         view = _pass_view(capture, cache, mask, blk, lp, cand_valid)
         plan, kept_score = select_and_compact(
             selector, view, cache, new_kept, prefix_len, blk.is_chunk.any(dim=1), kept_score,
-            cand_pos, inv_freq, early, doc_index, blk.doc_index, trace is not None,
+            cand_pos, inv_freq, early, doc_index, blk.doc_index, trace is not None, sentence_of,
         )
         if trace is not None:
             record_step(trace, i, slots, torch.cat([valid, blk.real], dim=1), new_kept, doc_index,

@@ -79,8 +79,10 @@ def read_shared(
     selector: Selector,
     trace: list[FinchStep] | None = None,
     on_chunk: Callable[[], None] | None = None,
+    sentence_of: torch.Tensor | None = None,
 ) -> Reading:
-    """The chunk reading of every row, each distinct document read once (module docstring)."""
+    """The chunk reading of every row, each distinct document read once (module docstring).
+    ``sentence_of`` [B, N]: see passes.select_and_compact."""
     early = config.mode == "early_exit"
     device = model.device
     base = decoder(model)
@@ -170,7 +172,7 @@ def read_shared(
         block_doc = torch.cat([chunk_doc, torch.zeros_like(p_pos)], dim=1)  # [B, T + P]
         plan, kept_score = select_and_compact(
             selector, view, cache, new_kept, prefix_len, scored, kept_score, cand_pos, inv_freq,
-            early, doc_index, block_doc, trace is not None,
+            early, doc_index, block_doc, trace is not None, sentence_of,
         )
         if trace is not None:
             record_step(trace, i, slots, torch.cat([past_valid, p_real], dim=1), new_kept, doc_index,

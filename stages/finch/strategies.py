@@ -14,7 +14,8 @@ cache with the block appended) to the candidate indices each layer keeps,
   model was never calibrated, within the first ``max_scoring_layers`` layers when
   that is set (heads.selecting_heads). head_mode="kv_group" makes that one selection
   per KV group. ``run_layers`` is the deepest selecting layer + 1: early exit needs no
-  layer past it.
+  layer past it. With ``keep: sentences`` in mode kv each candidate ranks by its
+  sentence's best pooled score (evidence.pool_sentences), so whole sentences are kept.
 - scoring="heads", selection="per_layer": each layer ranks by its own heads, all
   of them, normalised and pooled (the uncalibrated recipe, layer by layer).
 """
@@ -27,7 +28,14 @@ from dataclasses import dataclass
 import torch
 
 from stages.finch.compaction import Plan, select_indices
-from stages.finch.evidence import fill_empty_groups, group_heads, head_mass, normalise, pool_valid
+from stages.finch.evidence import (
+    fill_empty_groups,
+    group_heads,
+    head_mass,
+    normalise,
+    pool_sentences,
+    pool_valid,
+)
 from stages.finch.heads import HeadSet, selecting_heads
 from stages.finch.paper_scores import prompt_scores
 
@@ -36,7 +44,9 @@ from stages.finch.paper_scores import prompt_scores
 class PassView:
     """What a selector sees of one pass. queries[l]: [B, H, P, D] for captured layers;
     keys[l]: [B, H_kv, S, D] the layer's cache (block appended); row_mask: [B, P, S];
-    p_real: [B, P]; lp: width of the prefix region; cand_valid: [B, C], C = S - lp."""
+    p_real: [B, P]; lp: width of the prefix region; cand_valid: [B, C], C = S - lp;
+    cand_sentence: [B, C] long, each candidate's sentence in its document (``keep:
+    sentences`` in mode kv; None otherwise)."""
 
     queries: dict[int, torch.Tensor]
     keys: list[torch.Tensor]
@@ -44,6 +54,7 @@ class PassView:
     p_real: torch.Tensor
     lp: int
     cand_valid: torch.Tensor
+    cand_sentence: torch.Tensor | None = None
 
 
 class Selector(ABC):
@@ -120,7 +131,10 @@ class HeadSelector(Selector):
         assert total is not None
         if self.groups > 1:
             total = fill_empty_groups(total, self.has_head.to(total.device))
-        return pool_valid(total, view.cand_valid, self.config.pool_window)
+        pooled = pool_valid(total, view.cand_valid, self.config.pool_window)
+        if view.cand_sentence is not None:  # keep sentences (mode kv): whole sentences rank together
+            pooled = pool_sentences(pooled, view.cand_sentence, view.cand_valid)
+        return pooled
 
     def select(self, view: PassView, plan: Plan) -> list[torch.Tensor]:
         idx = select_indices(self.scores(view), view.cand_valid, plan)

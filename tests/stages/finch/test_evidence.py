@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.finch.evidence import fill_empty_groups, group_heads, normalise, pool_valid
+from stages.finch.evidence import fill_empty_groups, group_heads, normalise, pool_sentences, pool_valid
 
 
 def test_normalise_sums_to_one_over_valid_slots() -> None:
@@ -48,3 +48,18 @@ def test_pooling_skips_padding_and_matches_the_compact_row() -> None:
     torch.testing.assert_close(got[:, :, slots], want)
     assert torch.equal(got[:, :, ~valid[0]], torch.zeros(1, 2, 8))
     assert torch.equal(pool_valid(padded, valid, 1), padded * valid[:, None])
+
+
+def test_sentences_rank_by_their_best_token_and_ignore_padding() -> None:
+    # Candidates: sentence 0 = slots 0-2, sentence 1 = slots 3-5 (slot 4 padding), sentence 2 = 6-7.
+    scores = torch.tensor([[[0.1, 0.5, 0.2, 0.3, 99.0, 0.1, 0.0, 0.05]]])
+    sentence = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2]])
+    valid = torch.tensor([[True, True, True, True, False, True, True, True]])
+    out = pool_sentences(scores, sentence, valid)[0, 0]
+    torch.testing.assert_close(out[:3], 0.5 + 1e-3 * scores[0, 0, :3])  # the padding's 99 lifts nothing
+    torch.testing.assert_close(out[[3, 5]], 0.3 + 1e-3 * scores[0, 0, [3, 5]])
+    assert out[4] == 0
+    # A budget of 4 keeps sentence 0 whole, then sentence 1's best token.
+    top = out.masked_fill(~valid[0], float("-inf")).topk(4).indices.sort().values
+    assert top.tolist() == [0, 1, 2, 3]
+

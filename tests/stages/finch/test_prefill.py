@@ -160,3 +160,48 @@ def test_kv_tokens_is_the_prompt_with_at_most_the_budget() -> None:
     model = tiny("llama", seed=2)
     out = finch_prefill(model, [long_], FinchCompression(target_tokens=24, chunk_tokens=16), 0)
     assert int(out.state.valid[0].sum()) <= method.kv_tokens(job, long_)
+
+
+def _sentenced_parts(rows: list[tuple[int, int, int]], seed: int):
+    """random_parts whose documents end a sentence (token 3, a break) every 5-11 tokens."""
+    from stages.finch.spans import Boundaries
+
+    parts = random_parts(rows, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    for p in parts:
+        i = 0
+        while True:
+            i += int(torch.randint(5, 12, (1,), generator=g))
+            if i >= len(p.context_ids):
+                break
+            p.context_ids[i] = 3
+    return parts, Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
+
+
+@pytest.mark.parametrize("reading", ["kept", "chunk"])
+def test_kv_sentences_keep_whole_sentences_exactly_within_the_budget(reading: str) -> None:
+    """keep sentences in mode kv: the same exact budget, batch equals rows alone, and the
+    kept entries cover whole sentences where the token selection cuts many."""
+    from stages.finch.spans import sentence_spans
+
+    model = tiny("llama", seed=5)
+    parts, bounds = _sentenced_parts([(5, 300, 6), (4, 180, 8)], seed=4)
+    base = {"scoring": "heads", "mode": "kv", "reading": reading, "target_tokens": 40, "chunk_tokens": 32}
+    sent = finch_prefill(model, parts, FinchCompression(keep="sentences", **base), 0, boundaries=bounds)
+    tokens = finch_prefill(model, parts, FinchCompression(keep="tokens", **base), 0)
+    assert sent.context_tokens == tokens.context_tokens == [40, 40]
+    for row, p in enumerate(parts):
+        alone = finch_prefill(model, [p], FinchCompression(keep="sentences", **base), 0, boundaries=bounds)
+        assert alone.kept_positions == [sent.kept_positions[row]]
+        torch.testing.assert_close(alone.state.last_logits[0], sent.state.last_logits[row])
+        spans = sentence_spans(p.context_ids, bounds)
+
+        def cut(kept: list[int]) -> int:
+            have = set(kept)
+            return sum(0 < len(have & set(range(a, e))) < e - a for a, e in spans)
+
+        # A pass's budget, or a chunk's edge, may cut a sentence; the tokens scatter over many.
+        assert 2 * cut(sent.kept_positions[row]) <= cut(tokens.kept_positions[row])
+    with pytest.raises(ValueError, match="boundaries"):
+        finch_prefill(model, parts, FinchCompression(keep="sentences", **base), 0)
+

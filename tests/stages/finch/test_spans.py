@@ -65,8 +65,9 @@ def test_boundaries_of_the_embedded_tokenizer(tokenizer):
     assert all("\n" in tokenizer.decode([i]) for i in list(b.breaks)[:50])
 
 
-def test_keep_sentences_needs_early_exit():
+def test_keep_sentences_in_mode_kv_needs_one_shared_heads_selection():
 
-    with pytest.raises(ValueError, match="keep sentences needs mode early_exit"):
-        heads_config(keep="sentences", mode="kv")
     assert heads_config(keep="sentences").mode == "early_exit"
+    assert heads_config(keep="sentences", mode="kv").keep == "sentences"
+    with pytest.raises(ValueError, match="keep sentences in mode kv.*selection per_layer"):
+        heads_config(keep="sentences", mode="kv", selection="per_layer")
