@@ -32,8 +32,10 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    only the layers up to the deepest selecting head, and the kept document tokens
    are then prefilled with prefix and P through the whole model (a plain cache).
    When every document fits the budget, early exit is one full prefill.
-   keep="sentences" (early exit only) widens the selection to whole sentences
-   around the selected tokens before that prefill (spans.py), same budget;
+   keep="sentences" in mode kv (scoring heads, one shared selection) ranks each
+   candidate of every pass by its sentence's best score (evidence.pool_sentences),
+   so the kept entries are whole sentences. In early exit it widens the selection
+   to whole sentences around the selected tokens before that prefill (spans.py), same budget;
    order="relevance" lays the kept runs (or sentences) out least relevant first,
    by the last pass's scores, so the best evidence ends next to the question, and
    min_relevance > 0 drops the runs (sentences) scoring below that fraction of the

@@ -1,4 +1,5 @@
-"""Whole sentences from a token selection (Finch ``keep: sentences``, early-exit mode).
+"""Whole sentences from a token selection (Finch ``keep: sentences``, early-exit mode; in
+mode kv the passes rank sentences themselves: evidence.pool_sentences).
 
 Why: the question's retrieval heads attend to the tokens that MATCH the question
 ("the first prize at the Valparaiso hackathon"), and pooling keeps their
