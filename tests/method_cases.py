@@ -3,7 +3,8 @@
 ``MethodEnv`` (fixture ``method_env`` in tests/stages/conftest.py): a tiny random
 Llama with a WINDOW-token context (so a longer document is "longer than the model's
 context") saved with the embedded tokenizer, and AutoCompressor checkpoints over it
-(summary vectors; the kv form as the VARIANTS case ``autocompressor-kv``). ``spec``
+(summary vectors; the kv form as the VARIANTS case ``autocompressor-kv``; finch's
+``keep: sentences`` as ``finch-kv-sentences``). ``spec``
 builds any method's (or case's) JobSpec on it; ``request`` a RequestRow; ``text_stages``
 the stages before generate, chained as pipeline/plan.py chains them.
 """
@@ -25,7 +26,8 @@ TARGET = 48  # every budgeted method's target_tokens in these tests
 
 # Further cases of the shared matrix: a method run in another form that takes another
 # code path (case name -> method). Their settings are MethodEnv.variants[case].
-VARIANTS = {"autocompressor-kv": "autocompressor"}  # the kv summary form (the shipped default)
+# The kv summary form (the shipped default), and Finch keeping whole sentences' keys and values.
+VARIANTS = {"autocompressor-kv": "autocompressor", "finch-kv-sentences": "finch"}
 # Budgeted methods whose target_tokens is a cap for qa (the matrix's task), not a quota:
 # select reads whole sentences, the ones its evidence ranks high (README.md, "Compression methods").
 CAPPED_FOR_QA = frozenset({"select"})

@@ -26,7 +26,9 @@ def method_env(tmp_path_factory, tokenizer) -> MethodEnv:
     kv = AutoCompressor(lm, ACConfig(summary_length=1, summary_form="kv", kv_stride=4))
     kv_ckpt = save_autocompressor(kv, tmp_path_factory.mktemp("tiny-ac-kv"), base_model=str(model_dir))
     return MethodEnv(
-        model_dir, {"checkpoint": str(ckpt)}, variants={"autocompressor-kv": {"checkpoint": str(kv_ckpt)}}
+        model_dir, {"checkpoint": str(ckpt)},
+        variants={"autocompressor-kv": {"checkpoint": str(kv_ckpt)},
+                  "finch-kv-sentences": {"scoring": "heads", "keep": "sentences"}},
     )
 
 
