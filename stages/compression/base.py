@@ -200,9 +200,10 @@ class CompressionMethod(ABC):
         return Loaded(model, tok, full, full_prefill=True)
 
     def prefill_group_rows(self, job: JobSpec) -> int | None:
-        """Requests one call of this method's prefill may take on an accelerator (None: the
-        engine's default). A method whose reading is launch-bound (a small scorer model)
-        asks for more, so each pass reads many documents."""
+        """Requests one call of this method's prefill may take, on any backend (None: the
+        backend's default, one on CPU). A method whose reading gains from wider passes (a
+        small scorer model: launch-bound on a GPU, narrow matmuls on a CPU) asks for more,
+        so each pass reads many documents."""
         return None
 
     def reads_once_per_document(self, job: JobSpec) -> bool:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from stages.finch.evidence import fill_empty_groups, group_heads, normalise, pool_sentences, pool_valid
+from stages.finch.evidence import (
+    fill_empty_groups,
+    group_heads,
+    normalise,
+    pool_sentences,
+    pool_valid,
+)
 
 
 def test_normalise_sums_to_one_over_valid_slots() -> None:

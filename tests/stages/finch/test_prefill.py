@@ -196,7 +196,8 @@ def test_kv_sentences_keep_whole_sentences_exactly_within_the_budget(reading: st
         torch.testing.assert_close(alone.state.last_logits[0], sent.state.last_logits[row])
         spans = sentence_spans(p.context_ids, bounds)
 
-        def cut(kept: list[int]) -> int:
+        def cut(kept: list[int], spans=spans) -> int:
+            """Sentences of which some, not all, entries are kept."""
             have = set(kept)
             return sum(0 < len(have & set(range(a, e))) < e - a for a, e in spans)
 
