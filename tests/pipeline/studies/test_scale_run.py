@@ -49,7 +49,9 @@ def test_a_whole_run_is_measured(tmp_path, capsys):
 
 @pytest.mark.slow  # two driver starts (the killed run and its rerun): minutes on a shared core
 def test_a_driver_killed_at_half_then_rerun_redoes_nothing(tmp_path):
-    res = main([*ARGS, "--out", str(tmp_path), "--runs", "kill"])
+    # 128 new tokens a row: at 8, a fast CPU (Zen 5) staged the last 38 rows within a few
+    # polls of the end, and the run was over before the kill could land at half.
+    res = main([*ARGS, "--max-new-tokens", "128", "--out", str(tmp_path), "--runs", "kill"])
     kill = res["kill_rerun"]
     # Killed once half the rows were staged; the rerun skipped at least what was on disk
     # (plus what the killed run's leftover workers staged before its scan: CI once saw 6
