@@ -96,7 +96,7 @@ from stages.finch.passes import (
 )
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.shared import read_shared
-from stages.finch.spans import Boundaries, sentence_spans, snap_to_sentences
+from stages.finch.spans import Boundaries, sentence_index, sentence_spans, snap_to_sentences
 from stages.finch.strategies import PassView, make_selector
 from stages.finch.support import check_inputs, check_supported
 from stages.kv.model_parts import attention_modules, decoder, rotary_module
@@ -301,17 +301,6 @@ def read_document(
                            sentence_of=sentence_of)
     return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
                       sentence_of=sentence_of)
-
-
-def sentence_index(parts: list[PromptParts], boundaries: Boundaries, join_lines: bool, device) -> torch.Tensor:
-    """[B, N] long: the sentence (spans.sentence_spans) of each document token per row,
-    N = the longest document (0 past a row's end; at least one column)."""
-    width = max(1, max(len(p.context_ids) for p in parts))
-    out = torch.zeros((len(parts), width), dtype=torch.long)
-    for r, p in enumerate(parts):
-        for k, (a, e) in enumerate(sentence_spans(p.context_ids, boundaries, join_lines=join_lines)):
-            out[r, a:e] = k
-    return out.to(device)
 
 
 def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None, sentence_of=None) -> Reading:

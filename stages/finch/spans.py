@@ -19,6 +19,8 @@ Contract:
   with whitespace nor breaks (wrapped prose, not an indented code line or a blank
   line) continues the sentence, up to ``MAX_JOINED`` tokens: hard-wrapped text is
   read in sentences, not in lines.
+- ``sentence_index(parts, boundaries, join_lines, device)``: [B, N] each document token's
+  sentence per row (mode kv's ranking of whole sentences).
 - ``snap_to_sentences(kept, spans, budget, score=None)``: exactly ``min(budget, n_doc)``
   ascending document indices: whole sentences holding kept tokens, best first, each
   taken while it fits the budget; the rest of the budget goes to the kept tokens
@@ -30,6 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from stages.prompting import PromptParts
 
 _ENDS = (".", "!", "?")
 MAX_JOINED = 96  # a joined sentence breaks at its next newline past this many tokens
@@ -108,3 +116,17 @@ def snap_to_sentences(
             break
         chosen.add(j)
     return sorted(chosen)
+
+
+def sentence_index(parts: list[PromptParts], boundaries: Boundaries, join_lines: bool, device) -> torch.Tensor:
+    """[B, N] long on ``device``: the sentence (``sentence_spans``) of each document token
+    per row, N = the longest document (0 past a row's end; at least one column): what
+    ``keep: sentences`` in mode kv ranks candidates by."""
+    import torch
+
+    width = max(1, max(len(p.context_ids) for p in parts))
+    out = torch.zeros((len(parts), width), dtype=torch.long)
+    for r, p in enumerate(parts):
+        for k, (a, e) in enumerate(sentence_spans(p.context_ids, boundaries, join_lines=join_lines)):
+            out[r, a:e] = k
+    return out.to(device)

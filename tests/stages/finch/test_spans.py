@@ -71,3 +71,13 @@ def test_keep_sentences_in_mode_kv_needs_one_shared_heads_selection():
     assert heads_config(keep="sentences", mode="kv").keep == "sentences"
     with pytest.raises(ValueError, match="keep sentences in mode kv.*selection per_layer"):
         heads_config(keep="sentences", mode="kv", selection="per_layer")
+
+
+def test_sentence_index_numbers_each_rows_sentences_and_pads_with_zero():
+    from stages.finch.spans import Boundaries, sentence_index
+    from stages.prompting import PromptParts
+
+    bounds = Boundaries(breaks=frozenset({3}), ends=frozenset(), opens=frozenset())
+    parts = [PromptParts([], [5, 3, 6, 6, 3, 7], []), PromptParts([], [8, 8, 3], [])]
+    idx = sentence_index(parts, bounds, join_lines=False, device="cpu")
+    assert idx.tolist() == [[0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
