@@ -131,9 +131,11 @@ class FinchCompression(CompressionSpec):
         description="mode early_exit: keep only the sentences (or runs) whose best score is at "
         "least this fraction of the best one's, so a question whose evidence is concentrated "
         "reads a few sentences rather than the whole budget (target_tokens stays the cap; a "
-        "document within it is read whole); 0 fills the budget; auto: "
+        "document within it is read whole); mode kv with keep sentences: the same floor on the "
+        "kept sentences' entries after the last pass (the answer's cache holds fewer entries); "
+        "0 fills the budget; auto: "
         f"{AUTO_MIN_RELEVANCE} for task.kind qa ({AUTO_MIN_RELEVANCE_CHUNK} with reading chunk), "
-        "0 for summaries (and in mode kv).",
+        "0 for summaries and in mode kv (the paper's exact budget).",
     )
 
     evidence: Literal["auto", "heads", "fused"] = Field(
@@ -141,8 +143,8 @@ class FinchCompression(CompressionSpec):
         description="keep sentences (mode early_exit): which sentences the model reads. heads: the "
         "retrieval heads' scores of the chunked pass; fused: those scores fused per sentence with "
         "the embedder's similarity between the question and the sentence, so a question that asks "
-        "in other words than the document still finds its sentence; auto: fused for task.kind qa, "
-        "heads for summaries.",
+        "in other words than the document still finds its sentence; auto: fused for task.kind qa "
+        "in mode early_exit, heads for summaries and in mode kv.",
     )
     embedder: str = Field(
         default=EMBEDDED_EMBEDDER,
@@ -181,8 +183,8 @@ class FinchCompression(CompressionSpec):
             qa_floor = AUTO_MIN_RELEVANCE_CHUNK if self.reading == "chunk" else AUTO_MIN_RELEVANCE
             floor = qa_floor if early and task_kind == "qa" else 0.0
         evidence = self.evidence
-        if evidence == "auto":
-            evidence = "fused" if keep == "sentences" and task_kind == "qa" else "heads"
+        if evidence == "auto":  # fused is early exit's (mode kv loads no embedder: the paper's frame)
+            evidence = "fused" if early and keep == "sentences" and task_kind == "qa" else "heads"
         return self.model_copy(update={"keep": keep, "order": order, "min_relevance": floor,
                                        "evidence": evidence})
 
@@ -211,8 +213,11 @@ class FinchCompression(CompressionSpec):
             )
         if self.order == "relevance" and self.mode != "early_exit":
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")
-        if self.relevance_floor > 0 and self.mode != "early_exit":
-            raise ValueError(f"min_relevance needs mode early_exit (got mode {self.mode}); allowed: min_relevance 0")
+        if self.relevance_floor > 0 and self.mode != "early_exit" and self.keep != "sentences":
+            raise ValueError(
+                f"min_relevance needs mode early_exit, or keep sentences in mode kv (got mode {self.mode}, "
+                f"keep {self.keep}); allowed: min_relevance 0"
+            )
         if self.keep == "sentences" and self.mode == "kv" and (
             self.scoring != "heads" or self.selection != "shared" or self.head_mode != "sum"
         ):

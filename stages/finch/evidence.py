@@ -116,22 +116,28 @@ def pool_valid(scores: torch.Tensor, valid: torch.Tensor, window: int) -> torch.
     return (out + masked * _TIE_BREAK) * valid[:, None]
 
 
+def sentence_best(scores: torch.Tensor, sentence: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The best valid score of each candidate's sentence: scores [B, G, C], sentence [B, C]
+    long (each candidate's sentence index in its row's document, any value on invalid
+    slots), valid [B, C] bool. Returns [B, G, C] (invalid slots: their sentence's best, or
+    -inf where it has no valid candidate)."""
+    b, g, c = scores.shape
+    idx = sentence.clamp(min=0)[:, None].expand(b, g, c)
+    masked = scores.masked_fill(~valid[:, None], float("-inf"))
+    best = torch.full((b, g, int(idx.max()) + 1), float("-inf"), dtype=scores.dtype, device=scores.device)
+    best = best.scatter_reduce(2, idx, masked, reduce="amax", include_self=True)
+    return best.gather(2, idx)
+
+
 def pool_sentences(scores: torch.Tensor, sentence: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Each candidate ranked by the best score of its sentence (``keep: sentences`` in mode
     kv), plus ``_TIE_BREAK`` x its own, so a budget keeps whole sentences, best first, and
     a sentence cut by the budget keeps its strongest tokens.
 
-    scores: [B, G, C] (pooled evidence); sentence: [B, C] long, each candidate's sentence
-    index in its row's document (any value on invalid slots); valid: [B, C] bool. Returns
-    [B, G, C]; invalid slots get 0.
+    scores: [B, G, C] (pooled evidence); sentence, valid: as ``sentence_best`` takes them.
+    Returns [B, G, C]; invalid slots get 0.
     """
-    b, g, c = scores.shape
-    if c == 0:
+    if scores.shape[2] == 0:
         return scores
-    idx = sentence.clamp(min=0)[:, None].expand(b, g, c)
-    masked = scores.masked_fill(~valid[:, None], float("-inf"))
-    best = torch.full((b, g, int(idx.max()) + 1), float("-inf"), dtype=scores.dtype, device=scores.device)
-    best = best.scatter_reduce(2, idx, masked, reduce="amax", include_self=True)
-    out = best.gather(2, idx) + scores * _TIE_BREAK
+    out = sentence_best(scores, sentence, valid) + scores * _TIE_BREAK
     return torch.where(valid[:, None], out, torch.zeros_like(out))
-

@@ -13,9 +13,11 @@ from transformers import DynamicCache
 from stages.decoding.forward import cache_kwargs
 from stages.decoding.state import left_pad, positions_from_real, step_mask
 from stages.finch.compaction import gather_layer, make_plan, select_indices
+from stages.finch.evidence import sentence_best
 from stages.finch.strategies import PassView
 
-__all__ = ["FinchStep", "Reading", "first_layers", "next_kept", "prefill_prefix", "record_step", "select_and_compact"]
+__all__ = ["FinchStep", "Reading", "drop_below_floor", "first_layers", "next_kept", "prefill_prefix", "record_step",
+           "select_and_compact"]
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,10 @@ class Reading:
     of the layers run, ``valid`` [B, Lp + K] its real slots, ``prefix_len`` [B] and
     ``kept`` [B] the real prefix and kept entries, ``doc_index0`` [B, H_kv, K] the
     document index held by each kept slot of layer 0 (-1 on invalid slots),
-    ``kept_score`` [B, K] the last scoring pass's score of each kept slot (early exit),
-    ``compress_s`` the pass's own seconds (on_chunk excluded)."""
+    ``kept_score`` [B, K] the last scoring pass's score of each kept slot (early exit, and
+    keep sentences in mode kv), ``compress_s`` the pass's own seconds (on_chunk excluded),
+    ``sentence_of`` [B, N] the sentence of each document index (keep sentences in mode kv;
+    None otherwise)."""
 
     cache: DynamicCache
     valid: torch.Tensor
@@ -108,6 +112,7 @@ class Reading:
     doc_index0: torch.Tensor
     kept_score: torch.Tensor
     compress_s: float
+    sentence_of: torch.Tensor | None = None
 
 
 def next_kept(schedules: list[list[int]], kept: torch.Tensor, i: int) -> torch.Tensor:
@@ -148,7 +153,9 @@ def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: 
         zeros = torch.zeros((b, 1, slots - lp), device=cand_valid.device)
         chosen = [select_indices(zeros, cand_valid, plan)] * len(cache.layers)
         kept_score = _follow_score(_carried(kept_score, cand_valid), chosen[0], plan)
-    elif early:  # one shared selection; its scores order the kept text
+    elif early or sentence_of is not None:
+        # One shared selection whose scores the kept slots carry: early exit orders the kept
+        # text by them, whole sentences in mode kv hold them for the relevance floor.
         scores = selector.scores(view)  # [B, 1, C]
         chosen = [select_indices(scores, cand_valid, plan)] * len(cache.layers)
         # A row without a chunk in this pass has no question in it either: it keeps
@@ -162,6 +169,45 @@ def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: 
             doc_index[layer_idx] = _follow(doc_index[layer_idx], block_doc, idx, plan)
         layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
     return plan, kept_score
+
+
+def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: torch.Tensor) -> Reading:
+    """Mode kv with whole sentences and ``min_relevance`` > 0, after the last pass: drop the
+    kept sentences whose best slot score is below ``floor`` x the row's best, so the
+    answer's cache holds the sentences near the best one's relevance and ``target_tokens``
+    is a cap. A sentence stays or goes whole (the slots' scores differ inside it by the
+    tie-break only, evidence.pool_sentences). ``fits`` [B] bool: rows whose whole document
+    fits the budget keep it whole (their scores may never have been computed, and a row's
+    cache must not depend on its batch). Every layer is rebuilt as ``[prefix | kept']`` at
+    contiguous positions (one selection serves every layer). Needs ``read.sentence_of`` and
+    the slots' last scores ``kept_score`` [B, K] (select_and_compact tracks them with
+    ``sentence_of``)."""
+    assert read.sentence_of is not None, "the relevance floor in mode kv needs keep sentences"
+    k = read.kept_score.shape[1]
+    lp = read.valid.shape[1] - k
+    slot_valid = read.valid[:, lp:]  # [B, K]
+    score = read.kept_score.masked_fill(~slot_valid, float("-inf"))
+    if k:
+        top = read.sentence_of.shape[1] - 1
+        sentence = read.sentence_of.gather(1, read.doc_index0[:, 0].clamp(0, max(top, 0)))  # [B, K]
+        score = sentence_best(score[:, None], sentence, slot_valid)[:, 0]
+    best = score.max(dim=1, keepdim=True).values if k else score.new_zeros(score.shape[0], 1)
+    keep = slot_valid & ((score >= floor * best) | fits[:, None])
+    plan = make_plan(keep.sum(dim=1), read.prefix_len)
+    idx = select_indices(score.masked_fill(~keep, float("-inf"))[:, None], keep, plan)  # [B, 1, K']
+    # The kept slots sit at contiguous positions after the prefix (compaction.py), invalid first.
+    rank = torch.arange(k, device=score.device)[None] - (k - read.kept)[:, None]  # [B, K]
+    cand_pos = torch.where(slot_valid, read.prefix_len[:, None] + rank, 0)
+    for layer in read.cache.layers:
+        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
+    empty = read.doc_index0.new_zeros((read.doc_index0.shape[0], 0))
+    return replace(
+        read,
+        valid=torch.cat([read.valid[:, :lp], plan.slot_valid], dim=1),
+        kept=plan.kept,
+        doc_index0=_follow(read.doc_index0, empty, idx, plan),
+        kept_score=_follow_score(score, idx, plan),
+    )
 
 
 def record_step(trace: list[FinchStep], i: int, slots: int, pass_valid: torch.Tensor,

@@ -6,7 +6,8 @@ Contract: ``finch_prefill(model, parts, config, pad_id)`` takes B prompts split 
 
     [ prefix (whole) ; kept document entries ; query P ]
 
-where exactly ``min(target_tokens, len(doc))`` document entries are kept, in
+where exactly ``min(target_tokens, len(doc))`` document entries are kept (at most that
+many with ``min_relevance`` > 0 in mode kv), in
 document order, at contiguous positions right after the prefix (keys re-rotated),
 ``next_pos`` is the position after P and ``last_logits`` predicts the first
 answer token from that compressed cache.
@@ -34,7 +35,9 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    When every document fits the budget, early exit is one full prefill.
    keep="sentences" in mode kv (scoring heads, one shared selection) ranks each
    candidate of every pass by its sentence's best score (evidence.pool_sentences),
-   so the kept entries are whole sentences. In early exit it widens the selection
+   so the kept entries are whole sentences; min_relevance > 0 then drops, after the
+   last pass, the sentences scoring below that fraction of the best one
+   (passes.drop_below_floor): the budget becomes a cap, the cache stays the kept KV. In early exit it widens the selection
    to whole sentences around the selected tokens before that prefill (spans.py), same budget;
    order="relevance" lays the kept runs (or sentences) out least relevant first,
    by the last pass's scores, so the best evidence ends next to the question, and
@@ -59,7 +62,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,6 +91,7 @@ from stages.finch.order import lay_out
 from stages.finch.passes import (
     FinchStep,
     Reading,
+    drop_below_floor,
     first_layers,
     next_kept,
     prefill_prefix,
@@ -219,6 +223,9 @@ def finch_prefill(
         kept_tokens, spent = kept_text(parts, read, config, boundaries, similarity)
         del read  # the scoring cache goes before the kept text is prefilled
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s + spent)
+    if config.relevance_floor > 0:  # whole sentences in mode kv (config.py): the budget is a cap
+        fits = torch.tensor([len(p.context_ids) <= config.target_tokens for p in parts], device=device)
+        read = drop_below_floor(read, config.relevance_floor, fits, rotary_module(model).inv_freq)
     cache, valid, kept, prefix_len = read.cache, read.valid, read.kept, read.prefix_len
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)
@@ -297,10 +304,12 @@ def read_document(
             raise ValueError("finch keep sentences needs the tokenizer's sentence-ending ids (boundaries)")
         sentence_of = sentence_index(parts, boundaries, config.sentence_split == "prose", model.device)
     if config.reading == "chunk":
-        return read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
+        read = read_shared(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
                            sentence_of=sentence_of)
-    return _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
-                      sentence_of=sentence_of)
+    else:
+        read = _read_kept(model, parts, config, pad_id, selector, trace=trace, on_chunk=on_chunk,
+                          sentence_of=sentence_of)
+    return replace(read, sentence_of=sentence_of)
 
 
 def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None, sentence_of=None) -> Reading:

@@ -49,6 +49,10 @@ def test_finch_defaults_are_the_paper_and_select_names_the_selection():
         ({"method": "select", "keep": "tokens"}, "qa", ("tokens", "relevance", AUTO_MIN_RELEVANCE_CHUNK, "heads")),
         ({"method": "select", "min_relevance": 0.2, "order": "document", "evidence": "heads"}, "qa",
          ("sentences", "document", 0.2, "heads")),
+        # finch's whole sentences in mode kv may take a floor; auto stays the paper's exact budget
+        ({"scoring": "heads", "keep": "sentences"}, "qa", ("sentences", "document", 0.0, "heads")),
+        ({"scoring": "heads", "keep": "sentences", "min_relevance": 0.5}, "qa",
+         ("sentences", "document", 0.5, "heads")),
     ],
 )
 def test_auto_settings_resolve_per_task(settings, kind, want):
@@ -69,6 +73,8 @@ def test_auto_settings_resolve_per_task(settings, kind, want):
         ({"head_mode": "kv_group", "scoring": "heads", "mode": "early_exit"}, "head_mode kv_group"),
         ({"mode": "kv", "order": "relevance"}, "order relevance needs mode early_exit.*allowed: order document"),
         ({"mode": "kv", "min_relevance": 0.3}, "min_relevance needs mode early_exit.*allowed: min_relevance 0"),
+        ({"mode": "kv", "scoring": "heads", "keep": "tokens", "min_relevance": 0.3},
+         "min_relevance needs mode early_exit, or keep sentences in mode kv.*keep tokens.*allowed: min_relevance 0"),
         ({"mode": "kv", "keep": "sentences"}, "keep sentences in mode kv.*got scoring paper.*allowed: keep tokens"),
         ({"mode": "kv", "keep": "sentences", "scoring": "heads", "head_mode": "kv_group"},
          "keep sentences in mode kv.*head_mode kv_group.*allowed: keep tokens"),

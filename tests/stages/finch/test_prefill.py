@@ -206,3 +206,41 @@ def test_kv_sentences_keep_whole_sentences_exactly_within_the_budget(reading: st
     with pytest.raises(ValueError, match="boundaries"):
         finch_prefill(model, parts, FinchCompression(keep="sentences", **base), 0)
 
+
+
+@pytest.mark.parametrize("reading", ["kept", "chunk"])
+def test_kv_sentences_relevance_floor_drops_whole_weak_sentences_from_the_cache(reading: str) -> None:
+    """min_relevance with keep sentences in mode kv: after the last pass the answer's cache
+    keeps only the kept sentences near the best one's score: fewer entries than the budget,
+    a subset of the budget's entries, no sentence cut that the budget left whole, a document
+    within the budget kept whole, batch equal to rows alone, and decoding runs from it."""
+    from stages.finch.spans import sentence_spans
+
+    model = tiny("llama", seed=5)
+    parts, bounds = _sentenced_parts([(5, 300, 6), (4, 180, 8), (6, 30, 5)], seed=4)
+    base = {"scoring": "heads", "mode": "kv", "reading": reading, "target_tokens": 40, "chunk_tokens": 32,
+            "keep": "sentences"}
+    full = finch_prefill(model, parts, FinchCompression(**base), 0, boundaries=bounds)
+    # A random tiny model's sentence scores are nearly flat: the lowest of these floors that
+    # drops a sentence in both long rows (one of them must).
+    for floor in (0.9, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999):
+        floored = finch_prefill(model, parts, FinchCompression(min_relevance=floor, **base), 0, boundaries=bounds)
+        if max(floored.context_tokens[:2]) < 40:
+            break
+    assert full.context_tokens == [40, 40, 30]
+    assert floored.context_tokens[2] == 30  # the short document fits the budget: read whole
+    assert all(0 < n < 40 for n in floored.context_tokens[:2])
+    for row, p in enumerate(parts):
+        kept, budget = floored.kept_positions[row], full.kept_positions[row]
+        assert set(kept) <= set(budget)
+        assert int(floored.state.valid[row].sum()) == int(full.state.valid[row].sum()) - (len(budget) - len(kept))
+        spans = sentence_spans(p.context_ids, bounds)
+        # Every sentence the budget kept whole is kept whole or dropped whole.
+        for a, e in spans:
+            whole = set(range(a, e)) <= set(budget)
+            assert not whole or len(set(range(a, e)) & set(kept)) in (0, e - a)
+        alone = finch_prefill(model, [p], FinchCompression(min_relevance=floor, **base), 0, boundaries=bounds)
+        assert alone.kept_positions == [kept]
+        torch.testing.assert_close(alone.state.last_logits[0], floored.state.last_logits[row])
+    out = decode_plain(model, floored.state, DecodeConfig(max_new_tokens=4, eos_ids=frozenset({-1})))
+    assert [len(r.tokens) for r in out] == [4, 4, 4]
