@@ -158,7 +158,8 @@ class FinchCompression(CompressionSpec):
     next_sentence: bool = Field(
         default=AUTO_NEXT_SENTENCE,
         description="evidence fused: each chosen sentence brings the next sentence of its paragraph "
-        "along (within the budget): an answer often follows the sentence that names its subject.",
+        "along (within the budget): an answer often follows the sentence that names its subject; "
+        "mode kv with min_relevance: a kept sentence right after one above the floor stays.",
     )
     sentence_split: Literal["lines", "prose"] = Field(
         default=AUTO_SENTENCE_SPLIT,

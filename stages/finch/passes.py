@@ -171,14 +171,17 @@ def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: 
     return plan, kept_score
 
 
-def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: torch.Tensor) -> Reading:
+def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: torch.Tensor,
+                     next_sentence: bool = False) -> Reading:
     """Mode kv with whole sentences and ``min_relevance`` > 0, after the last pass: drop the
     kept sentences whose best slot score is below ``floor`` x the row's best, so the
     answer's cache holds the sentences near the best one's relevance and ``target_tokens``
     is a cap. A sentence stays or goes whole (the slots' scores differ inside it by the
     tie-break only, evidence.pool_sentences). ``fits`` [B] bool: rows whose whole document
     fits the budget keep it whole (their scores may never have been computed, and a row's
-    cache must not depend on its batch). Every layer is rebuilt as ``[prefix | kept']`` at
+    cache must not depend on its batch). ``next_sentence``: a kept sentence right after one
+    that passes the floor stays too (an answer often follows the sentence naming its
+    subject). Every layer is rebuilt as ``[prefix | kept']`` at
     contiguous positions (one selection serves every layer). Needs ``read.sentence_of`` and
     the slots' last scores ``kept_score`` [B, K] (select_and_compact tracks them with
     ``sentence_of``)."""
@@ -187,12 +190,18 @@ def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: 
     lp = read.valid.shape[1] - k
     slot_valid = read.valid[:, lp:]  # [B, K]
     score = read.kept_score.masked_fill(~slot_valid, float("-inf"))
+    top = read.sentence_of.shape[1] - 1
+    sentence = read.sentence_of.gather(1, read.doc_index0[:, 0].clamp(0, max(top, 0)))  # [B, K]
     if k:
-        top = read.sentence_of.shape[1] - 1
-        sentence = read.sentence_of.gather(1, read.doc_index0[:, 0].clamp(0, max(top, 0)))  # [B, K]
         score = sentence_best(score[:, None], sentence, slot_valid)[:, 0]
     best = score.max(dim=1, keepdim=True).values if k else score.new_zeros(score.shape[0], 1)
-    keep = slot_valid & ((score >= floor * best) | fits[:, None])
+    keep = slot_valid & (score >= floor * best)
+    if next_sentence and k:
+        passed = keep.new_zeros((keep.shape[0], top + 2), dtype=torch.long)
+        passed.scatter_add_(1, sentence, keep.long())  # [B, N + 1]: kept slots per passing sentence
+        after = (passed.gather(1, (sentence - 1).clamp(min=0)) > 0) & (sentence > 0)
+        keep |= slot_valid & after
+    keep |= slot_valid & fits[:, None]
     plan = make_plan(keep.sum(dim=1), read.prefix_len)
     idx = select_indices(score.masked_fill(~keep, float("-inf"))[:, None], keep, plan)  # [B, 1, K']
     # The kept slots sit at contiguous positions after the prefix (compaction.py), invalid first.

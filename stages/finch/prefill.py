@@ -225,7 +225,8 @@ def finch_prefill(
         return _prefill_kept(model, parts, kept_tokens, pad_id, t0, compress_s + spent)
     if config.relevance_floor > 0:  # whole sentences in mode kv (config.py): the budget is a cap
         fits = torch.tensor([len(p.context_ids) <= config.target_tokens for p in parts], device=device)
-        read = drop_below_floor(read, config.relevance_floor, fits, rotary_module(model).inv_freq)
+        read = drop_below_floor(read, config.relevance_floor, fits, rotary_module(model).inv_freq,
+                                config.next_sentence)
     cache, valid, kept, prefix_len = read.cache, read.valid, read.kept, read.prefix_len
     ids, real = left_pad([p.query_ids for p in parts], pad_id, device)
     pos = positions_from_real(real, prefix_len + kept)

@@ -219,7 +219,7 @@ def test_kv_sentences_relevance_floor_drops_whole_weak_sentences_from_the_cache(
     model = tiny("llama", seed=5)
     parts, bounds = _sentenced_parts([(5, 300, 6), (4, 180, 8), (6, 30, 5)], seed=4)
     base = {"scoring": "heads", "mode": "kv", "reading": reading, "target_tokens": 40, "chunk_tokens": 32,
-            "keep": "sentences"}
+            "keep": "sentences", "next_sentence": False}
     full = finch_prefill(model, parts, FinchCompression(**base), 0, boundaries=bounds)
     # A random tiny model's sentence scores are nearly flat: the lowest of these floors that
     # drops a sentence in both long rows (one of them must).
@@ -244,3 +244,13 @@ def test_kv_sentences_relevance_floor_drops_whole_weak_sentences_from_the_cache(
         torch.testing.assert_close(alone.state.last_logits[0], floored.state.last_logits[row])
     out = decode_plain(model, floored.state, DecodeConfig(max_new_tokens=4, eos_ids=frozenset({-1})))
     assert [len(r.tokens) for r in out] == [4, 4, 4]
+    # next_sentence: the kept sentence right after each one above the floor stays too.
+    base["next_sentence"] = True
+    more = finch_prefill(model, parts, FinchCompression(min_relevance=floor, **base), 0, boundaries=bounds)
+    for row, p in enumerate(parts[:2]):
+        spans = sentence_spans(p.context_ids, bounds)
+        of = {j: n for n, (a, e) in enumerate(spans) for j in range(a, e)}
+        above = {of[j] for j in floored.kept_positions[row]}
+        want = {j for j in full.kept_positions[row] if of[j] in above or of[j] - 1 in above}
+        assert set(more.kept_positions[row]) == want
+    assert sum(more.context_tokens[:2]) > sum(floored.context_tokens[:2])  # some sentence followed one
