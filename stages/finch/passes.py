@@ -181,10 +181,9 @@ def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: 
     fits the budget keep it whole (their scores may never have been computed, and a row's
     cache must not depend on its batch). ``next_sentence``: a kept sentence right after one
     that passes the floor stays too (an answer often follows the sentence naming its
-    subject). Every layer is rebuilt as ``[prefix | kept']`` at
-    contiguous positions (one selection serves every layer). Needs ``read.sentence_of`` and
-    the slots' last scores ``kept_score`` [B, K] (select_and_compact tracks them with
-    ``sentence_of``)."""
+    subject). Every layer is rebuilt as ``[prefix | kept']`` at contiguous positions (one
+    selection serves every layer). Needs ``read.sentence_of`` and the slots' last scores
+    ``kept_score`` [B, K] (select_and_compact tracks them with ``sentence_of``)."""
     assert read.sentence_of is not None, "the relevance floor in mode kv needs keep sentences"
     k = read.kept_score.shape[1]
     lp = read.valid.shape[1] - k

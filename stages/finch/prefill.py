@@ -36,8 +36,9 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    keep="sentences" in mode kv (scoring heads, one shared selection) ranks each
    candidate of every pass by its sentence's best score (evidence.pool_sentences),
    so the kept entries are whole sentences; min_relevance > 0 then drops, after the
-   last pass, the sentences scoring below that fraction of the best one
-   (passes.drop_below_floor): the budget becomes a cap, the cache stays the kept KV. In early exit it widens the selection
+   last pass, the sentences scoring below that fraction of the best one, next_sentence
+   keeping the one after each (passes.drop_below_floor): the budget becomes a cap, the
+   cache stays the kept KV. In early exit keep="sentences" widens the selection
    to whole sentences around the selected tokens before that prefill (spans.py), same budget;
    order="relevance" lays the kept runs (or sentences) out least relevant first,
    by the last pass's scores, so the best evidence ends next to the question, and
