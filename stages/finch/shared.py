@@ -17,8 +17,11 @@ Per chunk i, two passes through the layers the reading needs:
    ``[prefix | kept_q | chunk_i]``, the chunk's keys rotated by +kept_q so the layout
    is the paper's (kept entries, then the chunk, contiguous); the block is the
    row's question P alone, whose captured queries score the kept entries and the
-   chunk (strategies.py). Selection and compaction are the paper reading's
-   (prefix.select_and_compact).
+   chunk (strategies.py). It runs only the layers the selection reads (every layer
+   for the paper's scoring; up to the deepest selecting head for heads scoring, in
+   mode kv too): P's entries are dropped after it, so the deeper layers' caches stay
+   ``[prefix | kept_q | chunk_i]``. Selection and compaction are the paper reading's
+   (passes.select_and_compact).
 Cost: the chunk's tokens go through the model once per document (G x T tokens), the
 questions once per row (B x |P|, small). Memory: the document cache holds
 ``Lp + T`` slots per layer and document; each row's ``Lp + target + T + |P|``, the
@@ -156,7 +159,9 @@ def read_shared(
         past_valid = torch.cat([valid, chunk_real], dim=1)  # [B, Lp + K + T]
         p_pos = positions_from_real(p_real, prefix_len + kept + chunk_real.long().sum(dim=1))
         mask = step_mask(past_valid, p_real)  # [B, 1, P, S]
-        with capture.capturing(p_rows), first_layers(base, run_layers):
+        # Only the selecting layers: P's own entries are dropped after the selection, so the
+        # layers past the deepest selecting head (heads scoring) need nothing from P.
+        with capture.capturing(p_rows), first_layers(base, selector.run_layers):
             base(input_ids=p_ids, attention_mask=mask, position_ids=p_pos,
                  use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]

@@ -91,3 +91,32 @@ def test_document_read_once_and_memory_bounded() -> None:
     lp, pmax = 6, max(len(p.query_ids) for p in parts)
     for step in trace:
         assert step.slots <= lp + cfg.target_tokens + cfg.chunk_tokens + pmax
+
+
+def test_question_pass_stops_at_the_deepest_selecting_head_in_mode_kv(monkeypatch) -> None:
+    """Heads scoring in mode kv: the document pass runs every layer (its entries are the
+    answer's cache), the question pass only up to the deepest selecting head (P's entries are
+    dropped), and the result equals a question pass through every layer."""
+    from stages.finch import shared
+    from stages.finch.heads import HeadSet
+
+    model = tiny("llama", seed=3)
+    assert len(model.model.layers) >= 2
+    parts = _questions(doc_len=100)
+    heads = HeadSet(model="tiny", fingerprint="-", heads=((0, 0), (0, 1)))
+    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", scoring="heads", mode="kv")
+    deep: list[int] = []
+    hook = model.model.layers[-1].register_forward_hook(lambda m, a, o: deep.append(int(a[0].shape[0])))
+    try:
+        out = finch_prefill(model, parts, cfg, 0, heads=heads)
+    finally:
+        hook.remove()
+    # The last layer sees the prefix pass and the document passes (G=2 rows) and the final
+    # query prefill (B=4), never a question pass during the reading.
+    chunks = -(-100 // 16)
+    assert deep == [2] * (1 + chunks) + [4]
+    every = shared.first_layers
+    monkeypatch.setattr(shared, "first_layers", lambda base, n: every(base, len(base.layers)))
+    full = finch_prefill(model, parts, cfg, 0, heads=heads)
+    assert out.kept_positions == full.kept_positions
+    torch.testing.assert_close(out.state.last_logits, full.state.last_logits)
