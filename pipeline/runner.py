@@ -211,6 +211,39 @@ def _our_signal_handlers():
                 signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def _interrupts_held():
+    """Within the block SIGINT and SIGTERM are noted, not raised; yields the list of those
+    that arrived (signal numbers), for the caller to act on after the block.
+
+    Why: between the last row and the run record the runner closes the progress line and
+    builds the summary; an interrupt raised there would leave the run without a record
+    (it came in at any point once the rows were done: the faster the machine, the likelier).
+    A second signal in the block goes to the handler the block replaced (pipeline/cli.py's
+    exits at once): a storage listing that hangs here must not make the process deaf.
+    Outside the main thread (no handlers can be set there) the block runs as is.
+    """
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum: int, frame) -> None:
+        previous = saved[signal.Signals(signum)]
+        if arrived and callable(previous):
+            previous(signum, frame)
+        arrived.append(signum)
+
+    for signum in saved:
+        signal.signal(signum, note)
+    try:
+        yield arrived
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     """init_ray's body: ray.init on a cluster or embedded."""
     from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
@@ -381,8 +414,11 @@ def run_job(
             stop_engine()
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
-    bar.activity = None  # the last line counts rows only
-    bar.close()
+    with _interrupts_held() as arrived:
+        bar.activity = None  # the last line counts rows only
+        bar.close()
+    if arrived and interrupted is None:  # after the last row, before publishing: not published
+        interrupted = RunInterrupted(arrived[0])
     if abort is not None:
         # Never a missing row: every request without one becomes a retryable error row.
         tally.add(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
@@ -403,24 +439,26 @@ def run_job(
             # this run is still recorded, as interrupted.
             interrupted = e
     # else: staged rows stay staged; the next run of the date publishes them first
-    wall = time.perf_counter() - t0
-    # The date as a whole (this run plus earlier runs it resumed or healed): a rerun
-    # that only fills gaps must not hide rows that failed before; each request once.
-    after = scan_date(root, run_date).counts()
-    summary = run_summary(tally, wall_s=wall, date_counts=after, aborted=abort)
-    if interrupted is not None:
-        summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
-    summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
-                   retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
-                   started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
-                   files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
-    if earlier:  # a resumed run id: its first attempts' times are not overwritten
-        summary.update(earlier_attempts=earlier,
-                       wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
-    write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
-                       run_record_path(root, run_date, run_id))
+    # The record is written whatever arrives now; an interrupt after publishing is moot
+    # (the run is complete, and the process ends as soon as it returns).
+    with _interrupts_held():
+        wall = time.perf_counter() - t0
+        # The date as a whole (this run plus earlier runs it resumed or healed): a rerun
+        # that only fills gaps must not hide rows that failed before; each request once.
+        after = scan_date(root, run_date).counts()
+        summary = run_summary(tally, wall_s=wall, date_counts=after, aborted=abort)
+        if interrupted is not None:
+            summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
+        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
+                       retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
+                       started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
+                       files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
+        if earlier:  # a resumed run id: its first attempts' times are not overwritten
+            summary.update(earlier_attempts=earlier,
+                           wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
+        write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
+                           run_record_path(root, run_date, run_id))
     return RunResult(run_id, run_date, root, summary, skipped=len(skip))
-
 
 
 def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pipeline.runner import _interrupts_held
 from stages.layout import run_record_path, staging_dir
 
 LONGDOC = str(Path(sys.executable).parent / "longdoc")
@@ -29,10 +30,13 @@ DATE = "2026-01-01"
 DOCS = 48  # enough that a signal sent at the first staged block lands mid-run
 #: The longest a child may take to stage a block or to stop (a loaded 2-core machine).
 WAIT_S = 300
-# Tokens decoded per row: with 48 a quiet machine finished the rest of a run between the
-# test's polls of the staged folder (random weights read from the cache start fast), so the
-# signal had no run left to land in.
+# Tokens decoded per row, and the engine's slots: with 48 tokens a quiet machine finished
+# the rest of a run between the test's polls of the staged folder (random weights read from
+# the cache start fast); with every row in the engine at once they all finish in the same
+# step as the first staged block (a Zen 5 core, 2026-11-29). Two slots: 24 waves of rows,
+# so the signal lands while 23 are still to decode.
 NEW_TOKENS = 256
+SLOTS = 2
 
 
 def _job(tmp_path: Path) -> Path:
@@ -44,7 +48,7 @@ def _job(tmp_path: Path) -> Path:
     spec.write_text(yaml.safe_dump({
         "name": "intr", "input": {"uri": str(tmp_path / "docs.jsonl"), "format": "jsonl"},
         "generation": {"model": "random:tiny", "max_new_tokens": NEW_TOKENS},
-        "resources": {"batch_size": 2}, "output": {"uri": str(tmp_path / "out")},
+        "resources": {"batch_size": 2, "decode_slots": SLOTS}, "output": {"uri": str(tmp_path / "out")},
     }))
     return spec
 
@@ -105,3 +109,29 @@ def test_interrupts_on_the_local_runner_lose_nothing(tmp_path):
 @pytest.mark.slow
 def test_interrupts_on_the_ray_runner_lose_nothing(tmp_path):
     _interrupt_then_finish(tmp_path, "ray")
+
+
+def test_an_interrupt_between_the_last_row_and_the_record_is_noted_not_raised():
+    """pipeline/runner.py ``_interrupts_held``: a real SIGINT inside the block is noted (the
+    runner records the run as interrupted); a second goes to the handler it replaced; after
+    the block that handler is back."""
+    seen: list[int] = []
+
+    def previous(signum, _frame):
+        seen.append(signum)
+
+    restore = signal.signal(signal.SIGINT, previous)
+    try:
+        with _interrupts_held() as arrived:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs at the next bytecode of the main thread
+            assert arrived == [signal.SIGINT] and seen == []
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert seen == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is previous
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert seen == [signal.SIGINT, signal.SIGINT] and len(arrived) == 2
+    finally:
+        signal.signal(signal.SIGINT, restore)
