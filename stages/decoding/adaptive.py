@@ -361,12 +361,15 @@ def explore_width(chosen: int, longest: int, candidates: Sequence[int] | None = 
     return max(chosen, min(chosen + 1, top))
 
 
-def default_cost_prior(accelerator: bool) -> tuple[float, float]:
+def default_cost_prior(accelerator: bool, linear_shape: bool = False) -> tuple[float, float]:
     """(c/a, j/a) of StepCost before measurements, measured on SmolLM2-135M.
 
     A CPU step grows ~6% of a one-token step per extra token and jumps ~70% once it feeds
     more than one (h = the indicator); an accelerator's step barely grows at these sizes.
+    ``linear_shape``: h is the measured cost shape of the linear layers (the CPU-native
+    backend's linear plan); they are about two thirds of a CPU step, and attention and the
+    rest grow ~2% of a one-token step per extra token.
     """
     if accelerator:
         return (0.002, 0.0)
-    return (0.06, 0.7)
+    return (0.02, 0.67) if linear_shape else (0.06, 0.7)

@@ -62,11 +62,13 @@ def exact_marginals(small_vocab_model, prompt):
 
 @pytest.fixture
 def fresh_kernel(monkeypatch, tmp_path):
-    """The C kernel's per-process choice reset and its build cache in a temporary folder;
+    """The C kernels' per-process choices reset and their build cache in a temporary folder;
     reset again after the test, so the next user decides in its own environment."""
-    from stages.decoding.backends.cpu_native import attention
+    from stages.decoding.backends.cpu_native import attention, linear
 
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
-    attention._kernel_choice.cache_clear()
+    for module in (attention, linear):
+        module._kernel_choice.cache_clear()
     yield tmp_path
-    attention._kernel_choice.cache_clear()
+    for module in (attention, linear):
+        module._kernel_choice.cache_clear()

@@ -1,14 +1,19 @@
 """The CPU-native backend: the torch eager CPU backend with prefill chunks attending through
-the C kernel of attention.c (attention.py; build.py compiles it once per machine).
+the C kernel of attention.c (attention.py; build.py compiles it once per machine), and the
+decode view's linear layers routed by a plan measured on this CPU (linear_plan.py: the BLAS,
+its other operand order, or linear.c's packed kernel, per token count).
 
-Why only this kernel: of the CPU kernels the project wrote, it is the one that saved at least
-5% of the sample night side by side (13% on an Intel Xeon with AVX-512; the decode-attention,
-packed-linear and fused norm/activation/RoPE kernels saved 0-3% there and nothing on CPUs
-without AVX-512, and were removed: jobs/results/cpu-kernels/README.md).
+Why these: a CPU kernel stays where it saved at least 5% of the sample night side by side on
+the machine that measured it (jobs/results/cpu-kernels/README.md). The causal prefill kernel
+saved 13% on an Intel Xeon with AVX-512; the linear plan with the packed kernel 8% on an AMD
+EPYC with AVX-512 (3% on the Xeon: the plan probes it per machine and routes only where it
+wins). The decode-attention and fused norm/activation/RoPE kernels did not pay and are gone.
 
 Chosen (registry.py) for CPU steps, eager (``generation.compile`` auto or off), where the
-kernel is in use (``attention.status()``: a C compiler and a CPU with AVX-512); the torch
-backend runs otherwise. The kernel is installed on the view only for model families whose
+causal kernel is in use (``attention.status()``: a C compiler and a CPU with AVX-512); the
+torch backend runs otherwise. ``warm_up`` measures (or reads from the disk cache) the linear
+plan and routes the view before the first step; models too small for it to matter keep the
+stock layers bit for bit. The kernel is installed on the view only for model families whose
 declared structure it was measured and tested with (``KERNEL_FAMILIES``, by
 ``config.model_type``: plain causal attention over RoPE'd heads, no sliding window or logit
 soft-capping); other families keep torch's attention. ``portable=True`` runs the kernel's
@@ -21,8 +26,11 @@ from collections.abc import Callable
 
 import torch
 
+from stages.decoding.adaptive import default_cost_prior
 from stages.decoding.backends.base import Attention, compile_choice
 from stages.decoding.backends.cpu_native import attention as kernel
+from stages.decoding.backends.cpu_native import linear as packed_kernel
+from stages.decoding.backends.cpu_native.linear_plan import LinearPlan, plan_for, route_linears
 from stages.decoding.backends.torch_eager import TorchEagerBackend, host_attention
 
 #: config.model_type of the families the kernel was measured and tested with.
@@ -75,6 +83,8 @@ class CpuNativeBackend(TorchEagerBackend):
         portable: bool = False,
     ) -> None:
         self.portable = portable
+        self.plan: LinearPlan | None = None  # the view's linear plan, once warm_up measured it
+        self._warm = False
         super().__init__(model, device, compile, compile_backend, min_span)
         if not self.on_host or self.compiled:
             raise ValueError(f"the {self.name} backend runs eager steps on the CPU, not {self.describe()}")
@@ -89,6 +99,26 @@ class CpuNativeBackend(TorchEagerBackend):
             return host_attention
         return portable_native_attention if self.portable else native_attention
 
+    def warm_up(self) -> None:
+        """Measure (or read from the disk cache) the linear plan and route the view's linear
+        layers by it, before the first step (so no step's measured cost includes it); once."""
+        if self._warm:
+            return
+        self._warm = True
+        self.plan = plan_for(self.view, self._timer)
+        if self.plan is not None:
+            route_linears(self.view, self.plan)
+
+    def cost_prior(self) -> tuple[float, float]:
+        return default_cost_prior(accelerator=False, linear_shape=self.plan is not None)
+
+    def cost_shape(self, m: int) -> float:
+        return self.plan.shape(m) if self.plan is not None else super().cost_shape(m)
+
     def describe(self) -> str:
         how = "portable path (tests)" if self.portable else kernel.status()
-        return f"{super().describe()}, prefill attention: {how}"
+        if self.plan is None:
+            linear = "stock (no plan: weights too small to matter, or before warm-up)"
+        else:
+            linear = f"plan {{{self.plan.describe()}}}, {packed_kernel.status()}"
+        return f"{super().describe()}, prefill attention: {how}, linear layers: {linear}"

@@ -2,11 +2,11 @@
    calls it (build.py compiles it once per machine, without -march=native).
 
    Why a kernel of our own: a CPU prefill's attention is compute-bound, and SDPA's causal
-   flash kernel runs it at about half the rate of the model's matrix products. This is the
-   one CPU kernel of the project that paid for itself in a whole night (the sample night,
-   jobs/results/bench-job/...-causal-kernel-xeon.md: 78.9 s against 91.1 s with SDPA on an
-   Intel Xeon with AVX-512); the decode-attention, packed-linear and fused-norm kernels did
-   not (jobs/results/cpu-kernels/) and were removed.
+   flash kernel runs it at about half the rate of the model's matrix products. It paid for
+   itself in a whole night (the sample night, jobs/results/bench-job/...-causal-kernel-xeon.md:
+   78.9 s against 91.1 s with SDPA on an Intel Xeon with AVX-512); of the other CPU kernels
+   only the packed linear one (linear.c) did too, on another CPU, and the decode-attention and
+   fused-norm kernels were removed (jobs/results/cpu-kernels/).
 
    Portability: one binary for every x86-64 CPU. The AVX-512 path is compiled for AVX-512
    by the target pragma below, not by the command line, and runs only where the CPU reports
