@@ -23,15 +23,11 @@ is correct everywhere but not faster than SDPA, so it is not used for work).
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from stages.decoding.backends.cpu_native import build
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 
@@ -44,23 +40,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         fn.argtypes = [ptr] * 4 + [i64] * 13 + [ctypes.c_float, ctypes.c_int]
 
 
-def build_library() -> ctypes.CDLL:
-    """The kernel library, compiled into the cache on first use (build.py), whatever the CPU.
-
-    Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
-    lib = build.load_library(SOURCE)
-    _bind(lib)
-    return lib
-
-
-@functools.cache
-def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
-    """(library or None, status line), decided once per process (the machine does not change
-    under a running process)."""
-    choice = build.choose(SOURCE, "SDPA", _bind, on="causal kernel (AVX-512)",
-                          without_avx512="no AVX-512 on this CPU: the portable path is not faster than SDPA")
-    log.info("CPU prefill attention: %s", choice[1])
-    return choice
+build_library, _kernel_choice = build.kernel_functions(
+    SOURCE, _bind, "SDPA", on="causal kernel (AVX-512)",
+    without_avx512="no AVX-512 on this CPU: the portable path is not faster than SDPA", what="CPU prefill attention")
 
 
 def library() -> ctypes.CDLL | None:

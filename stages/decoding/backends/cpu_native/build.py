@@ -15,6 +15,7 @@ module runs its fallback (SDPA, the BLAS, torch's ops) and says why.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -102,3 +103,28 @@ def choose(
     if not lib.ld_fast_path():
         return None, f"{instead} ({without_avx512})"
     return lib, on
+
+
+def kernel_functions(
+    source: Path, bind: Callable[[ctypes.CDLL], None], instead: str, on: str, without_avx512: str, what: str,
+) -> tuple[Callable[[], ctypes.CDLL], Callable[[], tuple[ctypes.CDLL | None, str]]]:
+    """A kernel module's two entry points to its library: ``(build_library, kernel_choice)``.
+
+    ``build_library()``: ``source`` compiled into the cache on first use and bound, whatever
+    the CPU (the portable path's tests); raises RuntimeError (no compiler, a failed build) or
+    OSError (unloadable). ``kernel_choice()``: ``choose``'s decision, made once per process
+    (the machine does not change under a running process; ``cache_clear()`` forgets it) and
+    logged as ``what``."""
+
+    def build_library() -> ctypes.CDLL:
+        lib = load_library(source)
+        bind(lib)
+        return lib
+
+    @functools.cache
+    def kernel_choice() -> tuple[ctypes.CDLL | None, str]:
+        choice = choose(source, instead, bind, on=on, without_avx512=without_avx512)
+        log.info("%s: %s", what, choice[1])
+        return choice
+
+    return build_library, kernel_choice

@@ -20,15 +20,11 @@ Contract:
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from stages.decoding.backends.cpu_native import build
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 PANEL = 32  # output columns per packed panel (linear.c)
@@ -44,22 +40,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         fn.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
 
 
-def build_library() -> ctypes.CDLL:
-    """The kernel library, compiled into the cache on first use (build.py), whatever the CPU.
-
-    Raises RuntimeError (no compiler, a failed build) or OSError (unloadable)."""
-    lib = build.load_library(SOURCE)
-    _bind(lib)
-    return lib
-
-
-@functools.cache
-def _kernel_choice() -> tuple[ctypes.CDLL | None, str]:
-    """(library or None, status line), decided once per process."""
-    choice = build.choose(SOURCE, "BLAS", _bind, on="packed kernel (AVX-512)",
-                          without_avx512="no AVX-512 on this CPU: the portable path is not faster than the BLAS")
-    log.info("CPU linear layers: %s", choice[1])
-    return choice
+build_library, _kernel_choice = build.kernel_functions(
+    SOURCE, _bind, "BLAS", on="packed kernel (AVX-512)",
+    without_avx512="no AVX-512 on this CPU: the portable path is not faster than the BLAS", what="CPU linear layers")
 
 
 def status() -> str:
