@@ -1,19 +1,21 @@
-"""The CPU-native backend: the torch eager CPU backend with prefill chunks attending through
-the C kernel of attention.c (attention.py; build.py compiles it once per machine), and the
-decode view's linear layers routed by a plan measured on this CPU (linear_plan.py: the BLAS,
-its other operand order, or linear.c's packed kernel, per token count).
+"""The CPU-native backend: the torch eager CPU backend with prefill chunks and decode steps
+attending through the C kernels of attention.c (attention.py; build.py compiles it once per
+machine), and the decode view's linear layers routed by a plan measured on this CPU
+(linear_plan.py: the BLAS, its other operand order, or linear.c's packed kernel, per token
+count).
 
 Why these: a CPU kernel stays where it saved at least 5% of the sample night side by side on
 the machine that measured it (jobs/results/cpu-kernels/README.md). The causal prefill kernel
-saved 13% on an Intel Xeon with AVX-512; the linear plan with the packed kernel 8% on an AMD
-EPYC with AVX-512 (3% on the Xeon: the plan probes it per machine and routes only where it
-wins). The decode-attention and fused norm/activation/RoPE kernels did not pay and are gone.
+saved 13% on an Intel Xeon with AVX-512; on an AMD EPYC with AVX-512 the linear plan with the
+packed kernel saved 8% (3% on the Xeon: the plan probes it per machine and routes only where
+it wins) and the decode attention kernel 5.5% (0.1% on the Xeon). The fused
+norm/activation/RoPE kernels did not pay (1.5%) and are gone.
 
 Chosen (registry.py) for CPU steps, eager (``generation.compile`` auto or off), where the
 causal kernel is in use (``attention.status()``: a C compiler and a CPU with AVX-512); the
 torch backend runs otherwise. ``warm_up`` measures (or reads from the disk cache) the linear
 plan and routes the view before the first step; models too small for it to matter keep the
-stock layers bit for bit. The kernel is installed on the view only for model families whose
+stock layers bit for bit. The attention kernels are installed on the view only for model families whose
 declared structure it was measured and tested with (``KERNEL_FAMILIES``, by
 ``config.model_type``: plain causal attention over RoPE'd heads, no sliding window or logit
 soft-capping); other families keep torch's attention. ``portable=True`` runs the kernel's
@@ -49,13 +51,24 @@ def _native(portable: bool) -> Attention:
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         """A prefill chunk (no mask, T > 1: the engine's own chunks and method prefills that
-        pass none) through the causal kernel; everything else, and inputs outside the
-        kernel's contract, through torch_eager.host_attention."""
-        if attention_mask is None and query.shape[2] > 1 and not torch.compiler.is_compiling():
+        pass none) through the causal kernel; a decode or narrow verify step (a boolean mask
+        [B, 1, T, L] over the first L slots) through the decode kernel, each row's keys and
+        values read once for all the query heads sharing them; everything else, and inputs
+        outside the kernels' contracts, through torch_eager.host_attention."""
+        if not torch.compiler.is_compiling():
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-            out = kernel.attend_causal(query, key, value, scale, portable=portable)
-            if out is not None:
-                return out, None
+            if attention_mask is None and query.shape[2] > 1:
+                out = kernel.attend_causal(query, key, value, scale, portable=portable)
+                if out is not None:
+                    return out, None
+            elif attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] == 1:
+                b, hq, t, d = query.shape
+                span, hkv = attention_mask.shape[-1], key.shape[1]
+                packed = query.reshape(b, hkv, hq // hkv * t, d)  # row r: head r // t, token r % t
+                out = kernel.attend(packed, key[:, :, :span], value[:, :, :span], attention_mask[:, 0], scale,
+                                    portable=portable)
+                if out is not None:
+                    return out.reshape(b, hq, t, -1).transpose(1, 2).contiguous(), None
         return host_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
     native_attention.__qualname__ = f"native_attention_{'portable' if portable else 'fast'}"

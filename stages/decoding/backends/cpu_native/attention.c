@@ -1,5 +1,24 @@
-/* Causal attention of a prefill chunk on CPU (ld_attend_causal); attention.py builds and
-   calls it (build.py compiles it once per machine, without -march=native).
+/* Attention on CPU: causal prefill chunks (ld_attend_causal) and decode steps over KV slots
+   (ld_attend, further down); attention.py builds and calls them (build.py compiles the file
+   once per machine, without -march=native).
+
+   Decode steps: a decode step has few queries per KV head (query heads sharing it x step
+   width), so its attention is two streaming passes over each row's keys and values, and
+   SDPA's flash kernel runs them at about half the machine's memory rate. ld_attend does
+   both passes once per (row, KV head), stopping at the row's last visible key. It saved
+   5.5% of the sample night on an AMD EPYC with AVX-512 (jobs/results/cpu-kernels/).
+   Contract of ld_attend (row-major data; one call per layer):
+   q     [B, G, R, D]  float32, contiguous. Row r of KV head g is query (r / Tq) of the
+                       group's heads at step token t = r % Tq (the packing of forward.py).
+   k     [B, G, S, D]  float32 or bfloat16 (kv_bf16 = 1), element strides (k_sb, k_sg,
+                       k_ss) for the B, G and S axes and 1 for D.
+   v     [B, G, S, Dv] as k, strides (v_sb, v_sg, v_ss).
+   mask  [B, Tq, L]    uint8, contiguous: query token t of row b sees key j < L iff
+                       mask[b, t, j] != 0. Keys past the last visible one are never read.
+   out   [B, G, R, Dv] float32, contiguous: softmax(scale * q k^T over visible keys) v.
+   A query that sees no key gets zeros. Softmax in float32 with the maximum subtracted.
+
+   Prefill chunks:
 
    Why a kernel of our own: a CPU prefill's attention is compute-bound, and SDPA's causal
    flash kernel runs it at about half the rate of the model's matrix products. It paid for
@@ -71,6 +90,68 @@ int ld_attend_causal_portable(LD_CAUSAL_ARGS) {
     return failed ? -1 : 0;
 }
 
+/* ---- Decode steps over KV slots (ld_attend) ------------------------------------------ */
+/* Software prefetch distance of the AVX-512 decode path: the rows ~2 KB ahead (8 float32 or
+   16 bfloat16 rows of 64 elements); without it the loads stall on DRAM latency (the sweep:
+   jobs/results/code-choices.md, this file's section). Prefetching past an allocation's end
+   never faults. */
+#define PREFETCH_BYTES 2048
+
+static inline float bf16_to_f32(uint16_t x) {
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)x << 16;
+    return c.f;
+}
+
+/* Number of keys a row must read: one past the last key any of its Tq queries sees. */
+static int64_t visible_span(const uint8_t* m, int64_t Tq, int64_t L) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < Tq; ++t) {
+        const uint8_t* row = m + t * L;
+        for (int64_t j = L - 1; j >= n; --j) {
+            if (row[j]) { n = j + 1; break; }
+        }
+    }
+    return n;
+}
+
+/* One (row, KV head), portable C: the same arithmetic order per query, libm's expf. */
+static void attend_one_portable(const float* q, const char* kb, const char* vb, int64_t k_ss, int64_t v_ss, int bf16,
+                                const uint8_t* m, float* o, int64_t R, int64_t D, int64_t Dv, int64_t Tq, int64_t L,
+                                int64_t n, float scale, float* scores) {
+    for (int64_t r = 0; r < R; ++r) {
+        const uint8_t* mr = m + (r % Tq) * L;
+        float* s = scores + r * n;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+            if (!mr[j]) continue;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < D; ++d) {
+                float kd = bf16 ? bf16_to_f32(((const uint16_t*)kb)[j * k_ss + d]) : ((const float*)kb)[j * k_ss + d];
+                dot += q[r * D + d] * scale * kd;
+            }
+            s[j] = dot;
+            if (dot > top) top = dot;
+        }
+        float total = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+            s[j] = mr[j] ? expf(s[j] - top) : 0.0f;
+            total += s[j];
+        }
+        float* orow = o + r * Dv;
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+            if (s[j] == 0.0f) continue;
+            for (int64_t d = 0; d < Dv; ++d) {
+                float vd = bf16 ? bf16_to_f32(((const uint16_t*)vb)[j * v_ss + d]) : ((const float*)vb)[j * v_ss + d];
+                orow[d] += s[j] * vd;
+            }
+        }
+        float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 /* Whether this CPU runs the AVX-512 path (the path the whole-night measurement was made with). */
 int ld_fast_path(void) {
@@ -107,6 +188,95 @@ static inline __attribute__((unused)) __m512 exp_nonpositive(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_mov_ps(~tiny, _mm512_scalef_ps(p, n));
 }
+
+#define LD_DECODE_FAST 1
+/* 16 keys' or values' elements as float32 from float32 or bfloat16 memory (first `count` lanes). */
+static inline __m512 load16(const void* p, int bf16, __mmask16 lanes) {
+    if (bf16) {
+        __m256i h = _mm256_maskz_loadu_epi16(lanes, p);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(lanes, p);
+}
+
+/* One key or value row of `dim` elements as dim / 16 float32 vectors; prefetches the row
+   `ahead` bytes further on. */
+static inline void load_row(__m512* dst, const char* row, int64_t dim, int64_t esz, int bf16, int64_t ahead) {
+    for (int64_t c = 0; c < dim * esz; c += 64) _mm_prefetch(row + ahead + c, _MM_HINT_T0);
+    for (int64_t c = 0; c < dim / 16; ++c) dst[c] = load16(row + c * 16 * esz, bf16, 0xFFFF);
+}
+
+
+/* Of keys j..j+15 (those below n): which exist (*lanes) and which the query row sees (returned). */
+static inline __mmask16 seen_lanes(const uint8_t* mask_row, int64_t j, int64_t n, __mmask16* lanes) {
+    *lanes = lanes_below(n, j);
+    return _mm_mask_cmpneq_epi8_mask(*lanes, _mm_maskz_loadu_epi8(*lanes, mask_row + j), _mm_setzero_si128());
+}
+
+
+/* One (row, KV head): scores, softmax, weighted values, AVX-512. */
+static void attend_one(const float* q, const char* kb, const char* vb, int64_t k_ss, int64_t v_ss, int bf16,
+                       const uint8_t* m, float* o, int64_t R, int64_t D, int64_t Dv, int64_t Tq, int64_t L,
+                       int64_t n, float scale, float* scores, float* qs) {
+    const int64_t esz = bf16 ? 2 : 4;
+    const int64_t dc = D / 16, vc = Dv / 16;
+    const int64_t pf_k = (PREFETCH_BYTES / (D * esz) + 1) * k_ss * esz; /* bytes ahead, whole rows */
+    const int64_t pf_v = (PREFETCH_BYTES / (Dv * esz) + 1) * v_ss * esz;
+    for (int64_t i = 0; i < R * D; ++i) qs[i] = q[i] * scale;
+    /* pass 1: scores[r, j] = q_r . k_j; one read of each key for all R queries */
+    for (int64_t j = 0; j < n; ++j) {
+        __m512 kv[16];
+        load_row(kv, kb + j * k_ss * esz, D, esz, bf16, pf_k);
+        for (int64_t r = 0; r < R; ++r) {
+            const float* qr = qs + r * D;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qr), kv[0]);
+            for (int64_t c = 1; c < dc; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * c), kv[c], acc);
+            scores[r * n + j] = _mm512_reduce_add_ps(acc);
+        }
+    }
+    /* softmax per query row over its visible keys (masked keys weigh exactly 0) */
+    for (int64_t r = 0; r < R; ++r) {
+        float* s = scores + r * n;
+        const uint8_t* mr = m + (r % Tq) * L;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        __mmask16 lanes;
+        for (int64_t j = 0; j < n; j += 16) {
+            __mmask16 seen = seen_lanes(mr, j, n, &lanes);
+            mx = _mm512_mask_max_ps(mx, seen, mx, _mm512_maskz_loadu_ps(seen, s + j));
+        }
+        float top = _mm512_reduce_max_ps(mx);
+        __m512 sum = _mm512_setzero_ps();
+        __m512 topv = _mm512_set1_ps(top);
+        for (int64_t j = 0; j < n; j += 16) {
+            __mmask16 seen = seen_lanes(mr, j, n, &lanes);
+            __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(seen, s + j), topv)));
+            _mm512_mask_storeu_ps(s + j, lanes, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        float total = _mm512_reduce_add_ps(sum);
+        qs[r] = total > 0.0f ? 1.0f / total : 0.0f; /* qs is free now: reuse for 1 / sum */
+    }
+    /* pass 2: o_r = sum_j p[r, j] v_j / sum_r; one read of each value for all R queries */
+    float* acc = o; /* out rows accumulate in place */
+    memset(acc, 0, sizeof(float) * R * Dv);
+    for (int64_t j = 0; j < n; ++j) {
+        __m512 vv[16];
+        load_row(vv, vb + j * v_ss * esz, Dv, esz, bf16, pf_v);
+        for (int64_t r = 0; r < R; ++r) {
+            float p = scores[r * n + j];
+            if (p == 0.0f) continue;
+            __m512 pv = _mm512_set1_ps(p);
+            float* ar = acc + r * Dv;
+            for (int64_t c = 0; c < vc; ++c)
+                _mm512_storeu_ps(ar + 16 * c, _mm512_fmadd_ps(pv, vv[c], _mm512_loadu_ps(ar + 16 * c)));
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        __m512 inv = _mm512_set1_ps(qs[r]);
+        for (int64_t c = 0; c < vc; ++c) _mm512_storeu_ps(acc + r * Dv + 16 * c, _mm512_mul_ps(inv, _mm512_loadu_ps(acc + r * Dv + 16 * c)));
+    }
+}
+
 /* The AVX-512 path. Keys are transposed into panels of 16
    once per call, then each task (a few query positions x the heads sharing a KV head) computes
    its scores in register tiles of 12 rows x 32 keys, a float32 softmax over each row's
@@ -279,3 +449,46 @@ int ld_attend_causal(LD_CAUSAL_ARGS) {
     return -2;
 }
 #endif
+
+/* Decode steps (contract at the top). Returns 0, or -1 when scratch memory could not be
+   allocated (out is then undefined). The AVX-512 path runs where the CPU has it and the head
+   sizes are multiples of 16 up to 256, unless `portable`; the portable path otherwise. */
+int ld_attend(const float* q, const void* k, const void* v, const uint8_t* mask, float* out,
+              int64_t B, int64_t G, int64_t R, int64_t D, int64_t Dv, int64_t Tq, int64_t L,
+              int64_t k_sb, int64_t k_sg, int64_t k_ss, int64_t v_sb, int64_t v_sg, int64_t v_ss,
+              int kv_bf16, float scale, int threads, int portable) {
+    const int64_t esz = kv_bf16 ? 2 : 4;
+#ifdef LD_DECODE_FAST
+    const int fast = !portable && ld_fast_path() && D % 16 == 0 && Dv % 16 == 0 && D <= 256 && Dv <= 256;
+#endif
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        /* per thread: scores [R, L] and the scaled queries [R, max(D, R)] */
+        float* scores = (float*)malloc(sizeof(float) * (size_t)(R * (L > 0 ? L : 1)));
+        float* qs = (float*)malloc(sizeof(float) * (size_t)(R * (D > R ? D : R)));
+        if (!scores || !qs) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < B * G; ++task) {
+            if (!scores || !qs) continue;
+            const int64_t b = task / G, g = task % G;
+            const uint8_t* m = mask + b * Tq * L;
+            const int64_t n = visible_span(m, Tq, L);
+            const char* kb = (const char*)k + (b * k_sb + g * k_sg) * esz;
+            const char* vb = (const char*)v + (b * v_sb + g * v_sg) * esz;
+            const float* qt = q + task * R * D;
+            float* ot = out + task * R * Dv;
+#ifdef LD_DECODE_FAST
+            if (fast) {
+                attend_one(qt, kb, vb, k_ss, v_ss, kv_bf16, m, ot, R, D, Dv, Tq, L, n, scale, scores, qs);
+                continue;
+            }
+#endif
+            (void)portable;
+            attend_one_portable(qt, kb, vb, k_ss, v_ss, kv_bf16, m, ot, R, D, Dv, Tq, L, n, scale, scores);
+        }
+        free(scores);
+        free(qs);
+    }
+    return failed ? -1 : 0;
+}
