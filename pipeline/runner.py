@@ -220,7 +220,8 @@ def _interrupts_held():
     builds the summary; an interrupt raised there would leave the run without a record
     (it came in at any point once the rows were done: the faster the machine, the likelier).
     A second signal in the block goes to the handler the block replaced (pipeline/cli.py's
-    exits at once): a storage listing that hangs here must not make the process deaf.
+    raises RunInterrupted, and the command exits without waiting for the record): a storage
+    listing that hangs here must not make the process deaf.
     Outside the main thread (no handlers can be set there) the block runs as is.
     """
     arrived: list[int] = []

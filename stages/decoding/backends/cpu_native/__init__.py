@@ -15,11 +15,11 @@ Chosen (registry.py) for CPU steps, eager (``generation.compile`` auto or off), 
 causal kernel is in use (``attention.status()``: a C compiler and a CPU with AVX-512); the
 torch backend runs otherwise. ``warm_up`` measures (or reads from the disk cache) the linear
 plan and routes the view before the first step; models too small for it to matter keep the
-stock layers bit for bit. The attention kernels are installed on the view only for model families whose
-declared structure it was measured and tested with (``KERNEL_FAMILIES``, by
+stock layers bit for bit. The attention kernels are installed on the view only for model
+families whose declared structure they were measured and tested with (``KERNEL_FAMILIES``, by
 ``config.model_type``: plain causal attention over RoPE'd heads, no sliding window or logit
-soft-capping); other families keep torch's attention. ``portable=True`` runs the kernel's
-plain-C path whatever the CPU (correct everywhere, slower than SDPA: for tests).
+soft-capping); other families keep torch's attention. ``portable=True`` runs the kernels'
+plain-C paths whatever the CPU (correct everywhere, slower than SDPA: for tests).
 """
 
 from __future__ import annotations
