@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.kv.rope import rerotate
+from stages.kv.rope import rotate_by, rotation
 from stages.kv.slots import gather_slots
 
 
@@ -68,29 +68,35 @@ def select_indices(scores: torch.Tensor, cand_valid: torch.Tensor, plan: Plan) -
     return order.clamp(min=0)
 
 
+def entry_moves(idx: torch.Tensor, cand_pos: torch.Tensor, plan: Plan,
+                inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotation (cos, sin) [B, G, K', D] moving the kept candidates ``idx`` [B, G, K']
+    from their positions ``cand_pos`` [B, C] to ``plan.new_pos``. Layers sharing one
+    selection share it (select_and_compact computes it once for them)."""
+    old_pos = cand_pos[:, None].expand(idx.shape[0], idx.shape[1], cand_pos.shape[-1]).gather(2, idx)
+    delta = torch.where(plan.slot_valid[:, None], plan.new_pos[:, None] - old_pos, 0)
+    return rotation(delta, inv_freq)
+
+
 def gather_layer(
     keys: torch.Tensor,
     values: torch.Tensor,
     prefix_width: int,
     idx: torch.Tensor,
-    cand_pos: torch.Tensor,
-    plan: Plan,
-    inv_freq: torch.Tensor,
+    moves: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rebuild one layer as ``[prefix | kept]``.
 
     keys, values: [B, H_kv, Lp + C, D] (prefix region then candidates); idx: [B, G, K']
-    from ``select_indices``; cand_pos: [B, C] long, each candidate's current RoPE
-    position. Returns keys, values of shape [B, H_kv, Lp + K', D].
+    from ``select_indices``; moves: ``entry_moves`` of that idx. Returns keys, values of
+    shape [B, H_kv, Lp + K', D].
     """
     b, h_kv = keys.shape[:2]
     idx = idx.expand(b, h_kv, idx.shape[-1])  # G = 1 shares one selection across heads
     sel_k, sel_v = gather_slots(keys[:, :, prefix_width:], values[:, :, prefix_width:], idx)  # [B, Hkv, K', D]
-    old_pos = cand_pos[:, None].expand(b, h_kv, cand_pos.shape[-1]).gather(2, idx)  # [B, Hkv, K']
-    delta = torch.where(plan.slot_valid[:, None], plan.new_pos[:, None] - old_pos, 0)
     # Rotating by 0 is exact (cos 1, sin 0), and asking whether any delta is non-zero would
     # cost a host sync per layer: on a GPU the pass is launch-bound, so rotate always.
-    sel_k = rerotate(sel_k, delta, inv_freq)
+    sel_k = rotate_by(sel_k, *moves)
     new_k = torch.cat([keys[:, :, :prefix_width], sel_k], dim=2)
     new_v = torch.cat([values[:, :, :prefix_width], sel_v], dim=2)
     return new_k, new_v

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from stages.decoding.forward import cache_kwargs
 from stages.decoding.state import left_pad, positions_from_real, step_mask
-from stages.finch.compaction import gather_layer, make_plan, select_indices
+from stages.finch.compaction import entry_moves, gather_layer, make_plan, select_indices
 from stages.finch.evidence import sentence_best
 from stages.finch.strategies import PassView
 
@@ -164,10 +164,13 @@ def select_and_compact(selector, view: PassView, cache: DynamicCache, new_kept: 
         kept_score = _follow_score(fresh, chosen[0], plan)
     else:
         chosen = selector.select(view, plan)
+    moves, moved_by = None, None
     for layer_idx, (layer, idx) in enumerate(zip(cache.layers, chosen, strict=True)):
         if trace or layer_idx == 0:
             doc_index[layer_idx] = _follow(doc_index[layer_idx], block_doc, idx, plan)
-        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
+        if idx is not moved_by:  # layers sharing one selection share its rotation
+            moves, moved_by = entry_moves(idx, cand_pos, plan, inv_freq), idx
+        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, moves)
     return plan, kept_score
 
 
@@ -206,8 +209,9 @@ def drop_below_floor(read: Reading, floor: float, fits: torch.Tensor, inv_freq: 
     # The kept slots sit at contiguous positions after the prefix (compaction.py), invalid first.
     rank = torch.arange(k, device=score.device)[None] - (k - read.kept)[:, None]  # [B, K]
     cand_pos = torch.where(slot_valid, read.prefix_len[:, None] + rank, 0)
+    moves = entry_moves(idx, cand_pos, plan, inv_freq)  # one selection: one rotation for every layer
     for layer in read.cache.layers:
-        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, cand_pos, plan, inv_freq)
+        layer.keys, layer.values = gather_layer(layer.keys, layer.values, lp, idx, moves)
     empty = read.doc_index0.new_zeros((read.doc_index0.shape[0], 0))
     return replace(
         read,

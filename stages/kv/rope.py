@@ -55,20 +55,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rotation(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unit cos/sin for (possibly negative) positions: [...] -> ([..., D], [..., D]) float64."""
     # float64 angles: positions of long documents times high frequencies lose
-    # digits in float32 before the cos/sin.
+    # digits in float32 before the cos/sin. cos/sin of the D/2 distinct angles, then
+    # duplicated: half the transcendental work of taking them over the duplicated vector.
     angles = positions[..., None].double() * inv_freq.double().to(positions.device)  # [..., D/2]
-    emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos(), emb.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def rotate_by(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate post-RoPE ``keys`` [B, H, S, D] by a ``rotation`` (cos/sin broadcastable to
+    them): one rotation serves every layer that moves its entries by the same distances.
+    Computed in float32 (float64 for float64 keys); returns the keys' dtype."""
+    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    k = keys.to(work)
+    return (k * cos.to(work) + rotate_half(k) * sin.to(work)).to(keys.dtype)
 
 
 def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move post-RoPE keys by ``delta`` positions.
 
-    keys: [B, H, S, D] (any float dtype); delta: [B, H, S] long (broadcastable).
+    keys: [B, H, S, D] (any float dtype); delta: [B, H, S] long (broadcastable: [B, 1, 1]
+    moves every entry of a row alike at the cost of one [B, 1, 1, D] rotation).
     Returns keys of the same dtype, computed in float32 (float64 for float64 keys) so
     bf16 caches lose no more than one rounding.
     """
-    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    cos, sin = rotation(delta, inv_freq)  # [B, H, S, D]
-    k = keys.to(work)
-    return (k * cos.to(work) + rotate_half(k) * sin.to(work)).to(keys.dtype)
+    return rotate_by(keys, *rotation(delta, inv_freq))

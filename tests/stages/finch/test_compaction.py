@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.finch.compaction import gather_layer, make_plan, select_indices
+from stages.finch.compaction import entry_moves, gather_layer, make_plan, select_indices
 
 T, F = True, False
 
@@ -72,7 +72,7 @@ def test_gather_keeps_the_chosen_slots_and_moves_their_keys_to_the_new_positions
     scores = torch.rand(b, groups, c, generator=g, dtype=torch.float64)
     idx = select_indices(scores, cand_valid, plan)  # [B, G, K']
 
-    new_k, new_v = gather_layer(keys, values, lp, idx, cand_pos, plan, inv_freq)
+    new_k, new_v = gather_layer(keys, values, lp, idx, entry_moves(idx, cand_pos, plan, inv_freq))
 
     assert new_k.shape == new_v.shape == (b, h_kv, lp + 4, d)
     torch.testing.assert_close(new_k[:, :, :lp], prefix_k, rtol=0, atol=0)  # the prefix stays whole
@@ -100,5 +100,5 @@ def test_gather_with_entries_already_in_place_copies_keys_unchanged():
     plan = make_plan(torch.tensor([2]), torch.tensor([2]))
     idx = torch.tensor([[[0, 1]]])
     cand_pos = torch.tensor([[2, 3, 4]])  # candidates 0, 1 already sit at 2, 3
-    new_k, new_v = gather_layer(keys, values, 2, idx, cand_pos, plan, torch.ones(2))
+    new_k, new_v = gather_layer(keys, values, 2, idx, entry_moves(idx, cand_pos, plan, torch.ones(2)))
     assert torch.equal(new_k, keys[:, :, :4]) and torch.equal(new_v, values[:, :, :4])

@@ -7,7 +7,7 @@ import torch
 from tiny_models import tiny_causal_lm
 
 from stages.kv.model_parts import rotary_module
-from stages.kv.rope import check_rope, rerotate
+from stages.kv.rope import check_rope, rerotate, rotate_by, rotation
 
 
 def tiny(family: str = "llama", dtype: torch.dtype = torch.float64, **overrides):
@@ -56,3 +56,15 @@ def test_dynamic_rope_is_rejected() -> None:
     model = tiny("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(ValueError, match="dynamic"):
         check_rope(model)
+
+
+def test_one_rotation_per_row_moves_every_entry_alike() -> None:
+    """A [B, 1, 1] delta (one rotation per row, broadcast over heads and slots) equals the
+    same delta written out per entry, and rotate_by with a shared rotation equals rerotate."""
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(2, 3, 5, 8, generator=g)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    delta = torch.tensor([7, -3])[:, None, None]
+    full = rerotate(keys, delta.expand(2, 3, 5), inv_freq)
+    torch.testing.assert_close(rerotate(keys, delta, inv_freq), full, rtol=0, atol=0)
+    torch.testing.assert_close(rotate_by(keys, *rotation(delta, inv_freq)), full, rtol=0, atol=0)
