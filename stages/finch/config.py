@@ -46,7 +46,7 @@ class FinchCompression(CompressionSpec):
     """Finch's settings; the defaults are the paper's (mode kv, scoring paper, reading kept)."""
 
     method: Literal["finch"] = "finch"
-    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from", "question_pass")
+    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from")
     target_tokens: int = Field(
         default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
     )
@@ -107,16 +107,6 @@ class FinchCompression(CompressionSpec):
         default=True,
         description="reading chunk: the engine hands a document's queued questions to one "
         "reading pass (false: one pass per question; the same answers, for comparison).",
-    )
-
-    question_pass: Literal["each_chunk", "once"] = Field(
-        default="each_chunk",
-        description="reading chunk: each_chunk (default): after every chunk the question is read "
-        "over the row's kept entries and the chunk, through the selecting layers, and its queries "
-        "score them; once: the question is read a single time, after the prompt's prefix, and "
-        "those queries score every chunk (no per-chunk question pass: a document's reading costs "
-        "its chunks alone, whatever its number of questions; the question's queries do not see "
-        "the document).",
     )
 
     keep: Literal["auto", "tokens", "sentences"] = Field(
@@ -221,11 +211,6 @@ class FinchCompression(CompressionSpec):
                 f"max_scoring_layers caps the layers of the selecting heads: it needs scoring heads and "
                 f"selection shared (got scoring {self.scoring}, selection {self.selection}); allowed: "
                 f"max_scoring_layers null with those"
-            )
-        if self.question_pass == "once" and self.reading != "chunk":
-            raise ValueError(
-                "question_pass once reads the question after the prompt's prefix for every chunk: it "
-                f"needs reading chunk (got reading {self.reading}); allowed: question_pass each_chunk"
             )
         if self.order == "relevance" and self.mode != "early_exit":
             raise ValueError(f"order relevance needs mode early_exit (got mode {self.mode}); allowed: order document")

@@ -21,9 +21,7 @@ Per chunk i, two passes through the layers the reading needs:
    for the paper's scoring; up to the deepest selecting head for heads scoring, in
    mode kv too): P's entries are dropped after it, so the deeper layers' caches stay
    ``[prefix | kept_q | chunk_i]``. Selection and compaction are the paper reading's
-   (passes.select_and_compact). With ``question_pass: once`` there is no question pass:
-   P is read once after the prefix (``QuestionOnce``) and its entries and queries are
-   moved after each chunk by a RoPE rotation.
+   (passes.select_and_compact).
 Cost: the chunk's tokens go through the model once per document (G x T tokens), the
 questions once per row (B x |P|, small). Memory: the document cache holds
 ``Lp + T`` slots per layer and document; each row's ``Lp + target + T + |P|``, the
@@ -34,7 +32,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,54 +71,6 @@ def document_groups(parts: list[PromptParts]) -> tuple[list[int], list[int]]:
             doc_row.append(r)
         row_doc.append(first[key])
     return row_doc, doc_row
-
-
-@dataclass
-class QuestionOnce:
-    """``question_pass: once``: each row's question P read a single time, after the prompt's
-    prefix, through the selecting layers. ``real`` [B, P] (P left-padded), ``start`` [B] the
-    positions P was read at (its first real token: ``prefix_len``), ``queries[l]``
-    [B, H, P, D] post-RoPE for each captured layer, ``keys[l]`` / ``values[l]``
-    [B, H_kv, P, D] for the selecting layers l < run_layers.
-
-    Why: the question pass after every chunk is a third of a document's reading at three
-    questions (jobs/results/bench-job/profiles/share-reading-profile-2026-11-29-cpu.md).
-    Read once, P's queries and entries do not see the document; a chunk's pass then costs
-    a RoPE move of P (rotation is relative: placing P after the chunk is a rotation by the
-    distance) instead of P's forward through the selecting layers."""
-
-    real: torch.Tensor
-    start: torch.Tensor
-    queries: dict[int, torch.Tensor]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    @classmethod
-    def read(cls, base, cache: DynamicCache, capture: QueryCapture, run_layers: int,
-             parts: list[PromptParts], valid: torch.Tensor, prefix_len: torch.Tensor, pad_id: int) -> QuestionOnce:
-        """P's forward on each row's ``[prefix]`` (``cache``, ``valid`` [B, Lp]); the cache is
-        left as it was (P's entries are taken out)."""
-        lp = valid.shape[1]
-        p_ids, p_real = left_pad([p.query_ids for p in parts], pad_id, valid.device)  # [B, P]
-        pos = positions_from_real(p_real, prefix_len)
-        with capture.capturing(p_ids.shape[1]), first_layers(base, run_layers):
-            base(input_ids=p_ids, attention_mask=step_mask(valid, p_real), position_ids=pos,
-                 use_cache=True, **cache_kwargs(base, cache))
-        keys, values = [], []
-        for layer in cache.layers[:run_layers]:
-            keys.append(layer.keys[:, :, lp:])
-            values.append(layer.values[:, :, lp:])
-            layer.keys, layer.values = layer.keys[:, :, :lp], layer.values[:, :, :lp]
-        return cls(p_real, prefix_len, dict(capture.queries), keys, values)
-
-    def place(self, cache: DynamicCache, start: torch.Tensor, inv_freq: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Append P's entries to the selecting layers of ``cache`` ([prefix | kept | chunk]
-        per row), moved so P starts at ``start`` [B]; returns P's queries moved alike."""
-        move = rotation((start - self.start)[:, None, None], inv_freq)  # [B, 1, 1, D]: every layer, head, row of P
-        for layer, k, v in zip(cache.layers, self.keys, self.values, strict=False):
-            layer.keys = torch.cat([layer.keys, rotate_by(k, *move)], dim=2)
-            layer.values = torch.cat([layer.values, v], dim=2)
-        return {i: rotate_by(q, *move) for i, q in self.queries.items()}
 
 
 @torch.inference_mode()
@@ -171,11 +120,6 @@ def read_shared(
     doc_index = [torch.zeros((b, h_kv, 0), dtype=torch.long, device=device) for _ in range(run_layers)]
     kept_score = torch.zeros((b, 0), device=device)  # [B, K]
     compress_s = 0.0
-    once = None
-    if config.question_pass == "once":
-        ts = time.perf_counter()
-        once = QuestionOnce.read(base, cache, capture, selector.run_layers, parts, valid, prefix_len, pad_id)
-        compress_s += time.perf_counter() - ts
     for i in range(max(len(s) for s in spans)):
         ts = time.perf_counter()
         # 1. The document pass: each distinct document's chunk, after its prefix.
@@ -209,32 +153,24 @@ def read_shared(
         chunk_real = d_real.index_select(0, by_row)  # [B, T]
         scored = chunk_real.any(dim=1)  # [B]: rows whose document has a chunk i
         chunk_pos = positions_from_real(chunk_real, prefix_len + kept)  # [B, T]
+        # The question pass: P alone, on [prefix | kept | chunk].
+        q_rows = [p.query_ids if bool(scored[r]) else [] for r, p in enumerate(parts)]
+        p_ids, p_real = left_pad(q_rows, pad_id, device)  # [B, P]
+        p_rows = p_ids.shape[1]
         past_valid = torch.cat([valid, chunk_real], dim=1)  # [B, Lp + K + T]
-        p_start = prefix_len + kept + chunk_real.long().sum(dim=1)  # [B]
-        if once is None:
-            # The question pass: P alone, on [prefix | kept | chunk].
-            q_rows = [p.query_ids if bool(scored[r]) else [] for r, p in enumerate(parts)]
-            p_ids, p_real = left_pad(q_rows, pad_id, device)  # [B, P]
-            p_pos = positions_from_real(p_real, p_start)
-            mask = step_mask(past_valid, p_real)  # [B, 1, P, S]
-            # Only the selecting layers: P's own entries are dropped after the selection, so the
-            # layers past the deepest selecting head (heads scoring) need nothing from P.
-            with capture.capturing(p_ids.shape[1]), first_layers(base, selector.run_layers):
-                base(input_ids=p_ids, attention_mask=mask, position_ids=p_pos,
-                     use_cache=True, **cache_kwargs(base, cache))
-            queries = capture.queries
-        else:
-            # question_pass once: P's entries and queries, read once, moved after the chunk.
-            p_real = once.real & scored[:, None]  # [B, P]
-            p_pos = positions_from_real(p_real, p_start)
-            mask = step_mask(past_valid, p_real)
-            queries = once.place(cache, p_start, inv_freq)
+        p_pos = positions_from_real(p_real, prefix_len + kept + chunk_real.long().sum(dim=1))
+        mask = step_mask(past_valid, p_real)  # [B, 1, P, S]
+        # Only the selecting layers: P's own entries are dropped after the selection, so the
+        # layers past the deepest selecting head (heads scoring) need nothing from P.
+        with capture.capturing(p_rows), first_layers(base, selector.run_layers):
+            base(input_ids=p_ids, attention_mask=mask, position_ids=p_pos,
+                 use_cache=True, **cache_kwargs(base, cache))
         slots = cache.layers[0].keys.shape[2]
         assert slots <= bound, f"Finch cache grew to {slots} slots, bound {bound}"
         new_kept = next_kept(schedules, kept, i)
         cand_valid = torch.cat([valid[:, lp:], chunk_real, torch.zeros_like(p_real)], dim=1)  # [B, C]
         cand_pos = torch.cat([doc_pos, chunk_pos, p_pos], dim=1)  # [B, C]
-        view = PassView(queries=queries, keys=[layer.keys for layer in cache.layers],
+        view = PassView(queries=capture.queries, keys=[layer.keys for layer in cache.layers],
                         row_mask=mask[:, 0], p_real=p_real, lp=lp, cand_valid=cand_valid)
         col = torch.arange(t, device=device)[None]  # [1, T]
         first = t - torch.tensor([len(r) for r in rows], device=device)[:, None]  # [G, 1]

@@ -18,9 +18,6 @@ MODES = {
     "paper-kv": {"scoring": "paper", "mode": "kv"},
     "heads-kv": {"scoring": "heads", "mode": "kv"},
     "heads-early_exit": {"scoring": "heads", "mode": "early_exit"},
-    "paper-kv-question-once": {"scoring": "paper", "mode": "kv", "question_pass": "once"},
-    "heads-kv-question-once": {"scoring": "heads", "mode": "kv", "question_pass": "once"},
-    "heads-early_exit-question-once": {"scoring": "heads", "mode": "early_exit", "question_pass": "once"},
 }
 
 
@@ -51,7 +48,7 @@ def test_one_pass_equals_each_question_alone(mode: str) -> None:
         k = int(alone.kept[0])
         assert int(together.kept[row]) == k
         assert torch.equal(together.doc_index0[row][:, -k:], alone.doc_index0[0][:, -k:])
-        if mode.startswith("heads-early_exit"):
+        if mode == "heads-early_exit":
             torch.testing.assert_close(together.kept_score[row][-k:], alone.kept_score[0][-k:])
     # The whole prefill: same logits and the same greedy answer, row by row.
     out = finch_prefill(model, parts, cfg, 0)
@@ -123,65 +120,3 @@ def test_question_pass_stops_at_the_deepest_selecting_head_in_mode_kv(monkeypatc
     full = finch_prefill(model, parts, cfg, 0, heads=heads)
     assert out.kept_positions == full.kept_positions
     torch.testing.assert_close(out.state.last_logits, full.state.last_logits)
-
-
-@pytest.mark.parametrize("mode", ["paper-kv", "heads-early_exit"])
-def test_question_once_reads_the_question_once_not_after_every_chunk(mode: str) -> None:
-    """question_pass once: the model sees the prefix pass, P once (B rows), then only the
-    document passes (G rows); the selection differs from the per-chunk question pass (P's
-    queries no longer see the document) and stays within the bound."""
-    model = tiny("llama", seed=3)
-    parts = _questions(doc_len=100)
-    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", question_pass="once",
-                           **MODES[mode])
-    fed: list[int] = []
-    hook = model.model.embed_tokens.register_forward_hook(lambda m, a, o: fed.append(int(a[0].shape[0])))
-    trace: list[FinchStep] = []
-    try:
-        once = read_document(model, parts, cfg, 0, trace=trace)
-    finally:
-        hook.remove()
-    chunks = -(-100 // 16)
-    assert fed == [2, 4] + [2] * chunks and len(trace) == chunks
-    lp, pmax = 6, max(len(p.query_ids) for p in parts)
-    assert all(step.slots <= lp + cfg.target_tokens + cfg.chunk_tokens + pmax for step in trace)
-    each_trace: list[FinchStep] = []
-    each = read_document(model, parts, cfg.model_copy(update={"question_pass": "each_chunk"}), 0,
-                         trace=each_trace)
-    assert torch.equal(once.kept, each.kept)
-    # The last layer's choice (the first layer's queries are the same in both: see below).
-    assert not torch.equal(trace[-1].kept_index[-1], each_trace[-1].kept_index[-1])
-
-
-def test_question_once_places_the_question_after_the_chunk(monkeypatch) -> None:
-    """P read once after the prefix and moved after the chunk gets the positions of P read
-    after the chunk: the first layer's queries (before any attention, so independent of what
-    P saw) equal the per-chunk pass's in every chunk, and the deeper layers' differ."""
-    from stages.finch import shared
-
-    model = tiny("llama", seed=3)
-    parts = _questions(doc_len=40)
-    views: dict[str, list] = {}
-
-    def run(question_pass: str) -> None:
-        seen = views.setdefault(question_pass, [])
-
-        def record(**kw):
-            seen.append(kw["queries"])
-            return real(**kw)
-
-        monkeypatch.setattr(shared, "PassView", record)
-        cfg = FinchCompression(target_tokens=8, chunk_tokens=16, reading="chunk", scoring="paper", mode="kv",
-                               question_pass=question_pass)
-        read_document(model, parts, cfg, 0)
-
-    real = shared.PassView
-    run("each_chunk")
-    run("once")
-    assert len(views["once"]) == len(views["each_chunk"]) == 4  # the other document: 57 tokens
-    # The first 3 chunks, where every row has one (in the 4th only the other document's row
-    # does, so the per-chunk pass reads a narrower P).
-    for once, each in zip(views["once"][:3], views["each_chunk"][:3], strict=True):
-        # Up to the model's own float32 RoPE angles (the move rotates in float64).
-        torch.testing.assert_close(once[0], each[0], atol=1e-6, rtol=1e-4)
-        assert not torch.allclose(once[1], each[1])
