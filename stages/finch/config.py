@@ -46,7 +46,7 @@ class FinchCompression(CompressionSpec):
     """Finch's settings; the defaults are the paper's (mode kv, scoring paper, reading kept)."""
 
     method: Literal["finch"] = "finch"
-    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from")
+    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from", "chunk_context")
     target_tokens: int = Field(
         default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
     )
@@ -103,6 +103,14 @@ class FinchCompression(CompressionSpec):
         "prompt's prefix only, so a document is read once for all its questions "
         "(stages/finch/shared.py); in mode kv its kept entries were read without the text before "
         "them, and on our eval it answered as many questions at 512 tokens, fewer at 1024.",
+    )
+    chunk_context: int = Field(
+        default=0,
+        ge=0,
+        description="reading chunk: each chunk is read after the prompt's prefix and the "
+        "document's last N tokens before it (question-independent, so the document is still "
+        "read once; their keys and values come from the pass before), so in mode kv the kept "
+        "entries were read with text before them; 0: after the prefix only.",
     )
     share_reading: bool = Field(
         default=True,
@@ -199,6 +207,12 @@ class FinchCompression(CompressionSpec):
     def _chunk_fits(self) -> FinchCompression:
         if self.chunk_tokens < 16:
             raise ValueError("chunk_tokens must be >= 16")
+        if self.chunk_context and self.reading != "chunk":
+            raise ValueError(
+                f"chunk_context is the document text a chunk is read after in reading chunk (got reading "
+                f"{self.reading}, whose chunks are read after the question's kept entries); allowed: "
+                f"chunk_context 0, or reading chunk"
+            )
         if self.mode == "early_exit" and (
             self.scoring != "heads" or self.selection != "shared" or self.head_mode != "sum"
         ):
@@ -241,7 +255,7 @@ class SelectCompression(FinchCompression):
     they (and the embedder) pick."""
 
     method: Literal["select"] = "select"  # type: ignore[assignment]
-    fingerprint_omits_default = ()
+    fingerprint_omits_default = ("chunk_context",)
     scoring: Literal["heads", "paper"] = Field(
         default="heads", description="heads: the calibrated retrieval heads select (the only choice of select)."
     )

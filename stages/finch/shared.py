@@ -11,10 +11,12 @@ equals Q calls with one question each (tests/stages/finch/test_shared.py).
 
 Per chunk i, two passes through the layers the reading needs:
 1. The document pass, G rows (the distinct documents of the call): ``[pad ; chunk_i]``
-   on top of the documents' prefix cache, positions right after the prefix. Its keys
-   and values are taken out and the document cache is cut back to the prefix.
+   on top of the documents' prefix cache and their context (``chunk_context``: the
+   document's last N tokens before the chunk, whose entries the previous pass left; none
+   by default), positions right after them. Its keys and values are taken out and the
+   document cache is cut back to the prefix and the new context (the last N slots).
 2. The question pass, B rows (one per request): each row's cache is
-   ``[prefix | kept_q | chunk_i]``, the chunk's keys rotated by +kept_q so the layout
+   ``[prefix | kept_q | chunk_i]``, the chunk's keys rotated by kept_q - N so the layout
    is the paper's (kept entries, then the chunk, contiguous); the block is the
    row's question P alone, whose captured queries score the kept entries and the
    chunk (strategies.py). It runs only the layers the selection reads (every layer
@@ -24,7 +26,7 @@ Per chunk i, two passes through the layers the reading needs:
    (passes.select_and_compact).
 Cost: the chunk's tokens go through the model once per document (G x T tokens), the
 questions once per row (B x |P|, small). Memory: the document cache holds
-``Lp + T`` slots per layer and document; each row's ``Lp + target + T + |P|``, the
+``Lp + N + T`` slots per layer and document; each row's ``Lp + target + T + |P|``, the
 paper reading's bound.
 """
 
@@ -73,6 +75,15 @@ def document_groups(parts: list[PromptParts]) -> tuple[list[int], list[int]]:
     return row_doc, doc_row
 
 
+def _cut(x: torch.Tensor, lp: int, width: int, move: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """A document cache tensor [G, Hkv, S, D] cut back to its prefix and last ``width`` slots,
+    those rotated by ``move`` (keys; a [G, 1, 1, D] rotation) when given."""
+    if not width:
+        return x[:, :, :lp]
+    tail = x[:, :, x.shape[2] - width:]
+    return torch.cat([x[:, :, :lp], rotate_by(tail, *move) if move is not None else tail], dim=2)
+
+
 @torch.inference_mode()
 def read_shared(
     model,
@@ -100,6 +111,9 @@ def read_shared(
     with first_layers(base, run_layers):
         d_valid, d_prefix_len = prefill_prefix(base, doc_cache, [p.prefix_ids for p in docs], pad_id, device)
     lp = d_valid.shape[1]
+    # The documents' context before the chunk (chunk_context): [G, C] real slots, [G] how many.
+    ctx_valid = torch.zeros((len(docs), 0), dtype=torch.bool, device=device)
+    ctx_len = torch.zeros(len(docs), dtype=torch.long, device=device)
     # Each row starts from its document's prefix entries.
     cache = DynamicCache()
     for layer in range(run_layers):
@@ -130,19 +144,31 @@ def read_shared(
             starts.append(s)
         d_ids, d_real = left_pad(rows, pad_id, device)  # [G, T]
         t = d_ids.shape[1]
-        d_pos = positions_from_real(d_real, d_prefix_len)  # [G, T]
+        d_pos = positions_from_real(d_real, d_prefix_len + ctx_len)  # [G, T]
         with first_layers(base, run_layers):
-            base(input_ids=d_ids, attention_mask=step_mask(d_valid, d_real), position_ids=d_pos,
-                 use_cache=True, **cache_kwargs(base, doc_cache))
-        # 2. Each row's cache gets its document's chunk, moved past the row's kept entries.
-        moved = i > 0 and bool(kept.any())  # one host sync per pass, not one per layer
+            base(input_ids=d_ids, attention_mask=step_mask(torch.cat([d_valid, ctx_valid], dim=1), d_real),
+                 position_ids=d_pos, use_cache=True, **cache_kwargs(base, doc_cache))
+        c = ctx_valid.shape[1]
+        # 2. Each row's cache gets its document's chunk, moved from after the document's
+        # context to after the row's kept entries.
+        delta = kept - ctx_len.index_select(0, by_row)  # [B]
+        moved = bool(delta.any())  # one host sync per pass, not one per layer
         # Every layer moves a row's chunk by the same distance: one [B, 1, 1, D] rotation.
-        move = rotation(kept[:, None, None], inv_freq) if moved else None
+        move = rotation(delta[:, None, None], inv_freq) if moved else None
+        # The next chunk's context: the last N slots of [context | chunk] (a document's chunk
+        # is left-padded only when it is its last one, so a continuing document's are real),
+        # moved back to start right after the prefix, so the positions a document's passes use
+        # stay within Lp + N + T however long the document.
+        width = min(config.chunk_context, c + t)
+        next_valid = torch.cat([ctx_valid, d_real], dim=1)[:, c + t - width:]  # [G, width]
+        next_len = next_valid.long().sum(dim=1)  # [G]
+        back = ctx_len + d_real.long().sum(dim=1) - next_len  # [G] positions the kept context moves back
+        unshift = rotation(-back[:, None, None], inv_freq) if bool(back.any()) else None
         for layer_idx in range(run_layers):
             dl = doc_cache.layers[layer_idx]
-            ck = dl.keys[:, :, lp:].index_select(0, by_row)  # [B, Hkv, T, D]
-            cv = dl.values[:, :, lp:].index_select(0, by_row)
-            dl.keys, dl.values = dl.keys[:, :, :lp], dl.values[:, :, :lp]
+            ck = dl.keys[:, :, lp + c:].index_select(0, by_row)  # [B, Hkv, T, D]
+            cv = dl.values[:, :, lp + c:].index_select(0, by_row)
+            dl.keys, dl.values = _cut(dl.keys, lp, width, unshift), _cut(dl.values, lp, width)
             if move is not None:
                 ck = rotate_by(ck, *move)
             if layer_idx < len(cache.layers):
@@ -150,6 +176,7 @@ def read_shared(
                 ql.keys, ql.values = torch.cat([ql.keys, ck], dim=2), torch.cat([ql.values, cv], dim=2)
             else:  # no prefix: the chunk is the first thing in the cache
                 cache.update(ck, cv, layer_idx)
+        ctx_valid, ctx_len = next_valid, next_len
         chunk_real = d_real.index_select(0, by_row)  # [B, T]
         scored = chunk_real.any(dim=1)  # [B]: rows whose document has a chunk i
         chunk_pos = positions_from_real(chunk_real, prefix_len + kept)  # [B, T]

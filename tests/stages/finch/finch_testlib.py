@@ -39,11 +39,16 @@ VARIANTS: dict[str, dict] = {
     "paper-sum-chunk": {"scoring": "paper", "mode": "kv", "reading": "chunk"},
     "heads-kv_group-chunk": {"scoring": "heads", "head_mode": "kv_group", "mode": "kv", "reading": "chunk"},
     "heads-early_exit-chunk": {"scoring": "heads", "mode": "early_exit", "reading": "chunk"},
+    # Chunk reading with the document's text before each chunk as its context (chunk_context).
+    "paper-sum-chunk-context": {"scoring": "paper", "mode": "kv", "reading": "chunk", "chunk_context": 24},
+    "heads-kv-chunk-whole-context": {"scoring": "heads", "mode": "kv", "reading": "chunk", "chunk_context": 4096},
 }
 KV_VARIANTS = [v for v in VARIANTS if VARIANTS[v].get("mode") == "kv"]
 #: Variants whose kept entries were read with the document before them (the paper's
-#: reading): with a budget holding every document they equal one full prefill.
-CONTEXT_VARIANTS = [v for v in VARIANTS if VARIANTS[v].get("reading", "kept") == "kept"]
+#: reading, or a chunk context longer than every document): with a budget holding every
+#: document they equal one full prefill.
+CONTEXT_VARIANTS = [v for v in VARIANTS
+                    if VARIANTS[v].get("reading", "kept") == "kept" or VARIANTS[v].get("chunk_context", 0) >= 4096]
 
 
 def heads_config(**fields):

@@ -37,11 +37,13 @@ def test_document_groups() -> None:
     assert row_doc == [0, 1, 0, 0] and doc_row == [0, 1]
 
 
+@pytest.mark.parametrize("context", [0, 24])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_one_pass_equals_each_question_alone(mode: str) -> None:
+def test_one_pass_equals_each_question_alone(mode: str, context: int) -> None:
     model = tiny("llama", seed=3)  # float64: no near-tie flips between batch layouts
     parts = _questions()
-    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", **MODES[mode])
+    cfg = FinchCompression(target_tokens=20, chunk_tokens=16, reading="chunk", chunk_context=context,
+                           **MODES[mode])
     together = read_document(model, parts, cfg, 0)
     for row, p in enumerate(parts):
         alone = read_document(model, [p], cfg, 0)
@@ -120,3 +122,38 @@ def test_question_pass_stops_at_the_deepest_selecting_head_in_mode_kv(monkeypatc
     full = finch_prefill(model, parts, cfg, 0, heads=heads)
     assert out.kept_positions == full.kept_positions
     torch.testing.assert_close(out.state.last_logits, full.state.last_logits)
+
+
+@pytest.mark.parametrize("context", [8, 16, 40])
+def test_chunk_context_reads_each_chunk_after_the_text_before_it(context: int) -> None:
+    """chunk_context N: each chunk is read after the prefix and the entries of the document's
+    last N tokens before it, as the passes before left them. Checked against plain model calls
+    at the document's own positions on one cache cut back to [prefix | last N] after every
+    chunk, with no rotation (deep-layer values compared: they depend on the context; keys
+    differ from them only by the RoPE move). The prefix stays at the reading's distance by
+    an empty prefix. Budget >= document, so every entry is kept and the final cache holds
+    every chunk."""
+    from transformers import DynamicCache
+
+    model = tiny("llama", seed=3)
+    p = random_parts([(0, 70, 5)], seed=8)[0]
+    cfg = FinchCompression(target_tokens=128, chunk_tokens=16, reading="chunk", chunk_context=context,
+                           scoring="paper", mode="kv")
+    deep = read_document(model, [p], cfg, 0).cache.layers[-1].values[0]  # [Hkv, 70, D]
+    cache = DynamicCache()
+    for s in range(0, 70, 16):
+        e = min(s + 16, 70)
+        pos = torch.arange(s, e)[None]  # the document's own positions: RoPE sees distances only
+        model(input_ids=torch.tensor([p.context_ids[s:e]]), position_ids=pos, past_key_values=cache, use_cache=True)
+        torch.testing.assert_close(deep[:, s:e], cache.layers[-1].values[0][:, -(e - s):])
+        held = min(context, cache.layers[0].keys.shape[2])
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, -held:], layer.values[:, :, -held:]
+    # The reading without context is not that: the check can fail.
+    bare = read_document(model, [p], cfg.model_copy(update={"chunk_context": 0}), 0)
+    assert not torch.allclose(bare.cache.layers[-1].values[0][:, 16:32], deep[:, 16:32])
+
+
+def test_chunk_context_needs_the_chunk_reading() -> None:
+    with pytest.raises(ValueError, match="chunk_context"):
+        FinchCompression(reading="kept", chunk_context=64)
