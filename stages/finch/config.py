@@ -46,7 +46,7 @@ class FinchCompression(CompressionSpec):
     """Finch's settings; the defaults are the paper's (mode kv, scoring paper, reading kept)."""
 
     method: Literal["finch"] = "finch"
-    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from", "chunk_context")
+    fingerprint_omits_default = ("max_scoring_layers", "reading", "share_reading", "heads_from")
     target_tokens: int = Field(
         default=1024, ge=1, description="Exact KV-cache budget (document tokens kept per layer)."
     )
@@ -100,17 +100,19 @@ class FinchCompression(CompressionSpec):
         default="kept",
         description="kept (the paper): each chunk is read after the entries its question kept "
         "so far, so a document's questions each read it; chunk: each chunk is read after the "
-        "prompt's prefix only, so a document is read once for all its questions "
-        "(stages/finch/shared.py); in mode kv its kept entries were read without the text before "
-        "them, and on our eval it answered as many questions at 512 tokens, fewer at 1024.",
+        "prompt's prefix and the document's text just before it (chunk_context), not after a "
+        "question's entries, so a document is read once for all its questions "
+        "(stages/finch/shared.py); on our eval it kept the answer's sentence as often and "
+        "answered a question or two fewer of 80.",
     )
-    chunk_context: int = Field(
-        default=0,
-        ge=0,
+    chunk_context: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto",
         description="reading chunk: each chunk is read after the prompt's prefix and the "
         "document's last N tokens before it (question-independent, so the document is still "
         "read once; their keys and values come from the pass before), so in mode kv the kept "
-        "entries were read with text before them; 0: after the prefix only.",
+        "entries were read with text before them; 0: after the prefix only. auto: one chunk "
+        "(chunk_tokens) in mode kv, whose kept entries are the answer's cache; 0 in mode "
+        "early_exit, which prefills the kept text again.",
     )
     share_reading: bool = Field(
         default=True,
@@ -199,6 +201,25 @@ class FinchCompression(CompressionSpec):
                                        "evidence": evidence})
 
     @property
+    def reading_context(self) -> int:
+        """chunk_context as a number of tokens (auto resolved; 0 unless reading chunk)."""
+        if self.reading != "chunk":
+            return 0
+        if self.chunk_context == "auto":
+            return self.chunk_tokens if self.mode == "kv" else 0
+        return int(self.chunk_context)
+
+    def fingerprint_settings(self) -> dict:
+        """The base's, with the chunk context in tokens where the reading uses one: ``auto``
+        resolves differently by mode and chunk size, and the runs from before it existed read
+        without one."""
+        settings = super().fingerprint_settings()
+        settings.pop("chunk_context", None)
+        if self.reading_context:
+            settings["chunk_context"] = self.reading_context
+        return settings
+
+    @property
     def relevance_floor(self) -> float:
         """min_relevance as a number (auto, unresolved, reads as 0: fill the budget)."""
         return 0.0 if self.min_relevance == "auto" else float(self.min_relevance)
@@ -207,7 +228,7 @@ class FinchCompression(CompressionSpec):
     def _chunk_fits(self) -> FinchCompression:
         if self.chunk_tokens < 16:
             raise ValueError("chunk_tokens must be >= 16")
-        if self.chunk_context and self.reading != "chunk":
+        if self.chunk_context not in ("auto", 0) and self.reading != "chunk":
             raise ValueError(
                 f"chunk_context is the document text a chunk is read after in reading chunk (got reading "
                 f"{self.reading}, whose chunks are read after the question's kept entries); allowed: "
@@ -255,7 +276,7 @@ class SelectCompression(FinchCompression):
     they (and the embedder) pick."""
 
     method: Literal["select"] = "select"  # type: ignore[assignment]
-    fingerprint_omits_default = ("chunk_context",)
+    fingerprint_omits_default = ()
     scoring: Literal["heads", "paper"] = Field(
         default="heads", description="heads: the calibrated retrieval heads select (the only choice of select)."
     )

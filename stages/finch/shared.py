@@ -159,7 +159,7 @@ def read_shared(
         # is left-padded only when it is its last one, so a continuing document's are real),
         # moved back to start right after the prefix, so the positions a document's passes use
         # stay within Lp + N + T however long the document.
-        width = min(config.chunk_context, c + t)
+        width = min(config.reading_context, c + t)
         next_valid = torch.cat([ctx_valid, d_real], dim=1)[:, c + t - width:]  # [G, width]
         next_len = next_valid.long().sum(dim=1)  # [G]
         back = ctx_len + d_real.long().sum(dim=1) - next_len  # [G] positions the kept context moves back

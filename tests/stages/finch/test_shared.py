@@ -157,3 +157,18 @@ def test_chunk_context_reads_each_chunk_after_the_text_before_it(context: int) -
 def test_chunk_context_needs_the_chunk_reading() -> None:
     with pytest.raises(ValueError, match="chunk_context"):
         FinchCompression(reading="kept", chunk_context=64)
+
+
+def test_chunk_context_auto_is_one_chunk_where_the_kept_entries_are_the_cache() -> None:
+    """auto: one chunk in mode kv (the kept entries are the answer's cache), none in early exit
+    (select prefills the kept text again) or in the paper's reading; the fingerprint holds the
+    tokens read before each chunk, so runs from before the option (none) keep their ids."""
+    from stages.finch.config import SelectCompression
+
+    kv = FinchCompression(reading="chunk", mode="kv", scoring="heads", chunk_tokens=256)
+    assert kv.reading_context == 256 and kv.fingerprint_settings()["chunk_context"] == 256
+    assert FinchCompression(reading="chunk", mode="kv", chunk_context=0).reading_context == 0
+    for cfg in (FinchCompression(), FinchCompression(reading="chunk", mode="early_exit", scoring="heads"),
+                SelectCompression(), FinchCompression(reading="chunk", mode="kv", chunk_context=0)):
+        assert cfg.reading_context == 0 and "chunk_context" not in cfg.fingerprint_settings()
+    assert SelectCompression(chunk_context=128).fingerprint_settings()["chunk_context"] == 128
