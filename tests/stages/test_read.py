@@ -261,7 +261,7 @@ def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_it
             "compression": {"method": "finch", "target_tokens": 512}}
     fp = generation_fingerprint(spec_from_dict(base))
     before = spec_from_dict(base).compression.model_dump(mode="json")
-    for name in ("max_scoring_layers", "reading", "share_reading", "heads_from"):
+    for name in ("max_scoring_layers", "reading", "share_reading", "heads_from", "chunk_context"):
         del before[name]  # the settings as they were dumped before the fields existed
     assert json.loads(fp)["compression"] == before
     capped = spec_from_dict({**base, "compression": {**base["compression"], "scoring": "heads", "max_scoring_layers": 8}})
