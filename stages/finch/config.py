@@ -12,7 +12,7 @@ are prefilled, optionally read by a smaller ``scorer`` model than the generator.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -209,7 +209,7 @@ class FinchCompression(CompressionSpec):
             return self.chunk_tokens if self.mode == "kv" else 0
         return int(self.chunk_context)
 
-    def fingerprint_settings(self) -> dict:
+    def fingerprint_settings(self) -> dict[str, Any]:
         """The base's, with the chunk context in tokens where the reading uses one: ``auto``
         resolves differently by mode and chunk size, and the runs from before it existed read
         without one."""
