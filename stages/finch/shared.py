@@ -12,8 +12,9 @@ equals Q calls with one question each (tests/stages/finch/test_shared.py).
 Per chunk i, two passes through the layers the reading needs:
 1. The document pass, G rows (the distinct documents of the call): ``[pad ; chunk_i]``
    on top of the documents' prefix cache and their context (``chunk_context``: the
-   document's last N tokens before the chunk, whose entries the previous pass left; none
-   by default), positions right after them. Its keys and values are taken out and the
+   document's last N tokens before the chunk, whose entries the previous pass left; by
+   default one chunk in mode kv, none in early exit: config.reading_context), positions
+   right after them. Its keys and values are taken out and the
    document cache is cut back to the prefix and the new context (the last N slots).
 2. The question pass, B rows (one per request): each row's cache is
    ``[prefix | kept_q | chunk_i]``, the chunk's keys rotated by kept_q - N so the layout
