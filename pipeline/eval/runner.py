@@ -10,8 +10,11 @@ Contract:
   question style, kind and answer depth), scored.csv (one line per request) and
   eval.png. The printed table shows every method per question style
   (pipeline.eval.table.per_style, "contains").
-  On the embedded Ray the generate actor gets every core (``embedded_cpus``; with
-  ``--address`` the spec default stands). A run that raises is reported and skipped;
+  Each run goes through the runner ``longdoc run`` would pick (``runner``, default
+  ``auto``: in this process without Ray when there is no cluster and one generate actor,
+  else Ray; pipeline.runner.resolve_runner): on a laptop an embedded Ray only competes with
+  the one engine for the cores. Without a cluster the generate engine gets every core
+  (``embedded_cpus``; with ``--address`` the spec default stands). A run that raises is reported and skipped;
   the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
   a resumed run reports no wall time per request (``-``; its e2e_s still counts).
@@ -41,6 +44,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pipeline.choices import RUNNERS, Runner
 from pipeline.eval.nll import (
     DEFAULT_CONTINUATION,
     DEFAULT_NLL_BUDGETS,
@@ -127,9 +131,13 @@ def run_eval(
     query_tokens: int = DEFAULT_QUERY_TOKENS,
     equal_reading: list[str] | None = None,
     equal_methods: list[str] | None = None,
+    runner: str = "auto",
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
-    from pipeline.runner import cluster_address, new_run_id, run_job, today_utc
+    from pipeline.runner import cluster_address, new_run_id, resolve_runner, run_job, today_utc
+
+    if runner not in RUNNERS:
+        raise ValueError(f"--runner {runner!r}: allowed {', '.join(RUNNERS)}")
 
     local = Path(eval_set)
     if "://" not in eval_set and not local.is_file():
@@ -182,6 +190,7 @@ def run_eval(
                 run_id=eval_id,
                 address=address,
                 progress=progress,
+                runner=resolve_runner(runner, specs[r.tag], address),
             )
         except Exception as e:  # noqa: BLE001 - one broken method must not sink the others
             failed[r.tag] = f"{type(e).__name__}: {e}"
@@ -319,8 +328,14 @@ def eval_command(
         str | None, typer.Option(help="Reuse an eval id to resume it (default: new).")
     ] = None,
     address: Annotated[
-        str | None, typer.Option(help="Ray cluster address (default: embedded Ray).")
+        str | None, typer.Option(help="Ray cluster address (default: embedded Ray where Ray runs).")
     ] = None,
+    runner: Annotated[
+        Runner,
+        typer.Option(help="As for longdoc run: local = each run's stages in this process, without Ray; "
+                     "auto = local when there is no cluster (no --address, no $RAY_ADDRESS) and "
+                     "resources.actors is 1, else ray."),
+    ] = Runner.auto,
     quiet: Annotated[bool, typer.Option(help="No progress output.")] = False,
     metrics: Annotated[
         list[str] | None,
@@ -371,6 +386,7 @@ def eval_command(
             query_tokens=query_tokens,
             equal_reading=equal_reading,
             equal_methods=equal_methods,
+            runner=Runner(runner).value,
         )
     except (ValueError, SpecError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -55,10 +55,12 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
         "eval", "--eval-set", str(eval_set(tmp_path)), "--target-tokens", "64",
         "--methods", "truncate,rag", "--max-new-tokens", "3", "--out", str(out),
         "--set", f"generation.model={tiny_model_dir}", "--set", "rag:compression.chunk_tokens=16",
-        "--eval-id", "e1", "--quiet", "--equal-reading", "truncate", "--equal-methods", "bm25",
+        "--eval-id", "e1", "--equal-reading", "truncate", "--equal-methods", "bm25",
     ]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
+    # No cluster and one generate actor: each run in this process, as `longdoc run` would.
+    assert res.output.count("runner local: in this process, no Ray") == 3
     assert "| qa | truncate | 64 | - | 3 | 0 |" in res.output and "| qa | rag | 64 | - | 3 | 0 |" in res.output
     assert "| qa | bm25 | 64 | truncate@64 | 3 | 0 |" in res.output  # equal reading: truncate read 64
     assert "### contains by question style" in res.output
@@ -100,15 +102,17 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
     assert (d / "eval.png").read_bytes()[:4] == b"\x89PNG"
     assert (d / "runs" / "rag-64").is_dir() and (d / "summary.csv").is_file()
 
-    # Resumed under the same eval id, a finished budget's rows are kept and its time is both
-    # attempts' (the first attempt's record is not overwritten by the rerun that found it done).
+    # Resumed under the same eval id (here through Ray), a finished budget's rows are kept and
+    # its time is both attempts' (the first attempt's record is not overwritten by the rerun
+    # that found it done).
     rerun = [
         "eval", "--eval-set", str(eval_set(tmp_path)), "--target-tokens", "64", "--methods", "truncate",
         "--max-new-tokens", "3", "--out", str(out), "--set", f"generation.model={tiny_model_dir}",
-        "--eval-id", "e1", "--quiet",
+        "--eval-id", "e1", "--runner", "ray",
     ]  # fmt: skip
     res = CliRunner().invoke(app, rerun)
     assert res.exit_code == 0, res.output
+    assert "3 request(s) already done" in res.output and "runner local" not in res.output
     first_wall = summary["summary"][0]["wall_s_per_request"] * 3
     resumed = json.loads((d / "summary.json").read_text())["summary"][0]
     (record,) = (d / "runs").glob("truncate-64.runs/*/e1.json")
@@ -129,3 +133,5 @@ def test_eval_command_rejects_bad_values(tmp_path) -> None:
     assert res.exit_code == 2 and "not found" in res.output
     res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--set", "compression.keep=head"])
     assert res.exit_code == 2 and "scope compression" in res.output
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--runner", "spark"])
+    assert res.exit_code == 2 and "spark" in res.output

@@ -6,6 +6,8 @@ threads spin against each other, so these tests run on one thread.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tiny_models import one_torch_thread, tiny_causal_lm
 
@@ -60,15 +62,34 @@ def exact_marginals(small_vocab_model, prompt):
     return joint12.sum(0), joint12.flatten() @ p3
 
 
-@pytest.fixture
-def fresh_kernel(monkeypatch, tmp_path):
-    """The C kernels' per-process choices reset and their build cache in a temporary folder;
-    reset again after the test, so the next user decides in its own environment."""
+def _kernel_choices_reset(monkeypatch, cache: Path):
+    """The C kernels' per-process choices reset and their build cache in ``cache``; reset
+    again after the test, so the next user decides in its own environment."""
     from stages.decoding.backends.cpu_native import attention, linear
 
-    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path))
+    monkeypatch.setenv("LONGDOC_CACHE", str(cache))
     for module in (attention, linear):
         module._kernel_choice.cache_clear()
-    yield tmp_path
+    yield cache
     for module in (attention, linear):
         module._kernel_choice.cache_clear()
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch, tmp_path):
+    """The kernels' choices reset and an empty build cache: the kernels are compiled again
+    (~2 s each), for the tests of building itself (once per machine, a failed build, no
+    compiler)."""
+    yield from _kernel_choices_reset(monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def _kernel_build_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernel-build-cache")
+
+
+@pytest.fixture
+def kernel(monkeypatch, _kernel_build_cache):
+    """The kernels' choices reset, their build cache shared by the whole session (each kernel
+    compiled once, not once per test): for the tests of the kernels' results."""
+    yield from _kernel_choices_reset(monkeypatch, _kernel_build_cache)

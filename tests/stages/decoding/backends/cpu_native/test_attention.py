@@ -63,7 +63,7 @@ CHUNKS = [  # (query heads, KV heads, head size, chunk tokens, tokens cached bef
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
 @pytest.mark.parametrize("shape", CHUNKS, ids=lambda s: "x".join(map(str, s)))
-def test_the_causal_kernel_gives_sdpas_results(fresh_kernel, shape, portable):
+def test_the_causal_kernel_gives_sdpas_results(kernel, shape, portable):
     q, k, v = _chunk(*shape)
     out = _run(q, k, v, q.shape[-1] ** -0.5, portable)
     assert out is not None and out.shape == (1, shape[3], shape[0], shape[2]) and out.is_contiguous()
@@ -72,7 +72,7 @@ def test_the_causal_kernel_gives_sdpas_results(fresh_kernel, shape, portable):
 
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
-def test_a_query_never_sees_a_later_key(fresh_kernel, portable):
+def test_a_query_never_sees_a_later_key(kernel, portable):
     """NaN in every key and value past the chunk's last token, and in the second half of the
     chunk's own keys/values: the first half of the queries must stay finite."""
     q, clean_k, clean_v = _chunk(9, 3, 64, 40, 10, 64)
@@ -84,7 +84,7 @@ def test_a_query_never_sees_a_later_key(fresh_kernel, portable):
 
 
 @needs_compiler
-def test_the_kernel_is_used_only_where_the_cpu_runs_its_fast_path(fresh_kernel):
+def test_the_kernel_is_used_only_where_the_cpu_runs_its_fast_path(kernel):
     """In use = AVX-512 (the path the night was measured with); elsewhere SDPA, and the status says why."""
     if _fast_path():
         assert attention.library() is not None and attention.status() == "causal kernel (AVX-512)"
@@ -134,7 +134,7 @@ def test_the_build_does_not_depend_on_the_cpu_it_was_built_on():
 
 
 @needs_compiler
-def test_chunks_outside_the_causal_kernels_contract_go_to_sdpa(fresh_kernel):
+def test_chunks_outside_the_causal_kernels_contract_go_to_sdpa(kernel):
     q, k, v = _chunk(9, 3, 64, 8, 4, 16)
     for attend in (lambda *a: attention.attend_causal(*a, portable=True), attention.attend_causal):
         assert attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125) is None

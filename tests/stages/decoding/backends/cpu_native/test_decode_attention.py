@@ -64,7 +64,7 @@ SHAPES = [  # (rows, KV heads, query heads per KV head, step width, head size, s
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_the_decode_kernel_gives_sdpas_attention(fresh_kernel, shape, portable):
+def test_the_decode_kernel_gives_sdpas_attention(kernel, shape, portable):
     """float32: within a few float32 ulps of SDPA; bfloat16 slots: within one bfloat16 rounding."""
     for dtype, tol in ((torch.float32, 3e-6), (torch.bfloat16, 8e-3)):
         q, k, v, mask = _step(*shape, dtype)
@@ -79,7 +79,7 @@ def test_the_decode_kernel_gives_sdpas_attention(fresh_kernel, shape, portable):
 
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
-def test_keys_a_row_does_not_see_are_never_read(fresh_kernel, portable):
+def test_keys_a_row_does_not_see_are_never_read(kernel, portable):
     """NaN in every slot a row's mask hides (past its context, and a hole inside it) stays out."""
     q, k, v, mask = _step(4, 3, 3, 2, 64, 200, 256, torch.float32, seed=1)
     mask[:, :, 5] = False  # a hole in every row's context
@@ -98,7 +98,7 @@ def test_keys_a_row_does_not_see_are_never_read(fresh_kernel, portable):
 
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
-def test_a_query_that_sees_no_key_gets_zeros(fresh_kernel, portable):
+def test_a_query_that_sees_no_key_gets_zeros(kernel, portable):
     q, k, v, mask = _step(2, 1, 2, 1, 64, 64, 64, torch.float32)
     mask[1] = False
     out = _attend(q, k, v, mask, 0.125, portable)
@@ -107,7 +107,7 @@ def test_a_query_that_sees_no_key_gets_zeros(fresh_kernel, portable):
 
 
 @needs_compiler
-def test_steps_outside_the_contract_go_to_sdpa(fresh_kernel):
+def test_steps_outside_the_contract_go_to_sdpa(kernel):
     q, k, v, mask = _step(2, 3, 3, 1, 64, 50, 64, torch.float32)
     k16, v16 = k.half(), v.half()
     assert _attend(q, k16, v16, mask, 0.125, True) is None  # float16 slots
@@ -122,7 +122,7 @@ def test_steps_outside_the_contract_go_to_sdpa(fresh_kernel):
 
 
 @needs_compiler
-def test_the_backends_view_attends_through_the_decode_kernel(fresh_kernel):
+def test_the_backends_view_attends_through_the_decode_kernel(kernel):
     """The attention function the CPU-native backend installs, on a decode step with the
     engine's mask [B, 1, T, L] over the first L of the slots: the kernel's result, equal to SDPA's."""
     q, k, v, mask = _step(3, 3, 3, 2, 64, 100, 128, torch.float32)

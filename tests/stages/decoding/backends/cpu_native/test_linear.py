@@ -33,7 +33,7 @@ SHAPES = [(64, 48, 1), (50, 37, 5), (96, 64, 12), (33, 64, 13), (576, 192, 39), 
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
 @pytest.mark.parametrize("n,k,m", SHAPES, ids=lambda v: str(v))
-def test_packed_products_equal_blas_within_float32_rounding(fresh_kernel, n, k, m, portable):
+def test_packed_products_equal_blas_within_float32_rounding(kernel, n, k, m, portable):
     gen = torch.Generator().manual_seed(n * k + m)
     w = torch.randn(n, k, generator=gen)
     wide = torch.randn(m, k + 7, generator=gen)
@@ -46,7 +46,7 @@ def test_packed_products_equal_blas_within_float32_rounding(fresh_kernel, n, k, 
 
 
 @needs_compiler
-def test_packing_leaves_the_weight_alone_and_pads_with_zeros(fresh_kernel):
+def test_packing_leaves_the_weight_alone_and_pads_with_zeros(kernel):
     w = torch.randn(40, 8)
     before = w.clone()
     packed = linear.pack(w, portable=True)
@@ -56,7 +56,7 @@ def test_packing_leaves_the_weight_alone_and_pads_with_zeros(fresh_kernel):
 
 
 @needs_compiler
-def test_outside_the_contract_pack_says_none_and_linear_refuses(fresh_kernel):
+def test_outside_the_contract_pack_says_none_and_linear_refuses(kernel):
     assert linear.pack(torch.randn(64, 32).bfloat16(), portable=True) is None
     assert linear.pack(torch.randn(64), portable=True) is None
     packed = linear.pack(torch.randn(64, 32), portable=True)
@@ -66,7 +66,7 @@ def test_outside_the_contract_pack_says_none_and_linear_refuses(fresh_kernel):
         linear.linear(torch.randn(3, 32), packed, 65, portable=True)  # more columns than were packed
 
 
-def test_the_kernel_is_used_only_where_the_cpu_runs_its_fast_path(fresh_kernel):
+def test_the_kernel_is_used_only_where_the_cpu_runs_its_fast_path(kernel):
     """In use = AVX-512; elsewhere (or with no compiler) the BLAS, and the status says why."""
     if _fast_path():
         assert linear.available() and linear.status() == "packed kernel (AVX-512)"
@@ -85,7 +85,7 @@ def test_the_blas_runs_when_nothing_can_build_the_kernel(fresh_kernel, monkeypat
 
 @needs_compiler
 @pytest.mark.parametrize("portable", PATHS)
-def test_two_threads_split_the_panels_and_give_the_same_products(fresh_kernel, portable):
+def test_two_threads_split_the_panels_and_give_the_same_products(kernel, portable):
     w, x = torch.randn(200, 64), torch.randn(39, 64)
     packed = linear.pack(w, portable=portable)
     threads = torch.get_num_threads()
