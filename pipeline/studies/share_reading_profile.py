@@ -33,9 +33,11 @@ def profile_call(spec_path: str, share: bool, threads: int, doc: int, max_doc_to
 
     from schemas.loading import load_spec
     from stages.compression import method_for
+    from stages.decoding.backends.torch_eager import TorchEagerBackend
     from stages.prompting import PromptBuilder
 
-    torch.set_num_threads(threads)
+    # The generate actor's own process settings on CPU (threads, allocator, SDPA's grouped heads).
+    TorchEagerBackend.prepare_process(torch.device("cpu"), threads)
     spec = load_spec(spec_path, [f"compression.share_reading={str(share).lower()}", *overrides])
     loaded = method_for(spec.compression).load(spec, torch.device("cpu"))
     with open(spec.input.uri) as f:

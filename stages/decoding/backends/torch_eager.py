@@ -8,6 +8,7 @@ it compiles the step (bucketed shapes); ``auto`` stays eager (base.StepBackend.c
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,31 @@ from stages.decoding.adaptive import default_cost_prior
 from stages.decoding.backends.base import Attention, StepBackend
 from stages.decoding.forward import packed_gqa_sdpa
 from stages.host_memory import keep_freed_memory
+
+#: transformers' switch for its SDPA path (integrations/sdpa_attention.py): "1" hands
+#: SDPA the KV heads as they are (``enable_gqa``) even with a mask.
+GROUPED_SDPA_ENV = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def grouped_heads_in_sdpa() -> str | None:
+    """Let transformers' SDPA path pass grouped KV heads to torch's CPU kernel as they are,
+    for the whole process (the model forwards of the methods' own readings: Finch, select
+    and their scorer); a one-line description, or None where the user set the switch.
+
+    Why: with a mask (every pass of a Finch reading has one), transformers copies each
+    layer's keys and values out to one head per query head (``repeat_kv``) before SDPA,
+    unless told the device's kernel takes grouped heads; torch's CPU kernel does. The
+    copy grows with the rows of a pass: reading a document once for its three questions,
+    the question pass's copies took about a third of that pass (jobs/results/code-choices.md,
+    "stages/decoding/backends/torch_eager.py grouped_heads_in_sdpa"). The kernel reads the
+    same values either way: the reading's results are bitwise the same
+    (tests/stages/decoding/backends/test_torch_eager.py). Not for CUDA: there its fused
+    kernels take no mask with grouped heads, and transformers' default is right.
+    """
+    if GROUPED_SDPA_ENV in os.environ:
+        return None
+    os.environ[GROUPED_SDPA_ENV] = "1"
+    return "SDPA takes grouped KV heads (no repeat_kv copy)"
 
 
 def host_attention(
@@ -83,13 +109,15 @@ class TorchEagerBackend(StepBackend):
     @classmethod
     def prepare_process(cls, device: torch.device, num_cpus: float) -> str | None:
         """On CPU, one actor per node slice: torch uses the CPUs Ray granted it, not every core;
-        and activations freed by one forward pass are reused by the next instead of
-        page-faulted back in (host_memory.py, with what it measured)."""
+        activations freed by one forward pass are reused by the next instead of
+        page-faulted back in (host_memory.py, with what it measured); and transformers'
+        SDPA path hands grouped KV heads to the kernel without copying them out
+        (``grouped_heads_in_sdpa``)."""
         if device.type != "cpu":
             return None
         torch.set_num_threads(max(1, int(num_cpus)))
-        allocator = keep_freed_memory()
-        return f"host memory: {allocator}" if allocator else None
+        said = [f"host memory: {allocator}" if (allocator := keep_freed_memory()) else None, grouped_heads_in_sdpa()]
+        return "; ".join(x for x in said if x) or None
 
     def attention(self, model: torch.nn.Module) -> Attention:
         return host_attention if self.on_host and not self.compiled else packed_gqa_sdpa
