@@ -24,3 +24,7 @@ def test_both_modes_profile_one_call_over_every_question(tmp_path, qa_set, tiny_
         assert text.startswith("doc tokens 200 questions 2") and "read_shared" in text
         calls = next(ln for ln in text.splitlines() if ln.rstrip().endswith("(read_shared)")).split()[0]
         assert calls == ("1" if mode == "share" else "2")  # one reading, or one per question
+        # The decoder's passes by shape: the 32-token chunks read once per call (one document).
+        passes = text.split("forward passes (rows x tokens, layers): seconds, calls\n")[1].split("  all passes")[0]
+        chunk_calls = [int(ln.rsplit(", ", 1)[1]) for ln in passes.splitlines() if ln.startswith("  1 x 32,")]
+        assert sum(chunk_calls) == (6 if mode == "share" else 12)  # 200 tokens: 6 full chunks per reading
