@@ -75,7 +75,6 @@ class _PassTimes:
     its own layer count)."""
 
     def __init__(self, module) -> None:
-        self.module = module
         self.seconds: dict[tuple[int, int, int], float] = {}
         self.calls: dict[tuple[int, int, int], int] = {}
         self._started: list[float] = []
