@@ -116,6 +116,10 @@ def _validated(job, skip_storage: bool) -> str:
     if skip_storage:
         return "storage not checked (--skip-storage): `run` checks it before the model loads"
     output = f"the output {job.output.uri.replace('{job}', job.name)} can be written"
+    from pipeline.runner import cluster_address
+
+    if cluster_address(None) is None:
+        output += "; the models it loads are found on this machine"
     if "{run_date}" in job.input.uri:
         return f"{output}; the input's URI needs a run date, so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
@@ -142,11 +146,13 @@ def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None
         raise typer.Exit(2) from None
 
 
-def _preflight(job, run_date: str | None) -> None:
-    """Exit 2 with one line per problem (pipeline/preflight.py) before any model loads."""
+def _preflight(job, run_date: str | None, address: str | None = None) -> None:
+    """Exit 2 with one line per problem (pipeline/preflight.py) before any model loads; the
+    models are looked for here unless the run goes to a Ray cluster (``address``, $RAY_ADDRESS)."""
     from pipeline.preflight import preflight
+    from pipeline.runner import cluster_address
 
-    problems = preflight(job, run_date)
+    problems = preflight(job, run_date, models_here=cluster_address(address) is None)
     for p in problems:
         typer.echo(f"error: {p}", err=True)
     if problems:
@@ -227,7 +233,7 @@ def run(
     run_date = date or datetime.now(timezone.utc).date().isoformat()
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
-    _preflight(job, run_date)
+    _preflight(job, run_date, address)
     from pipeline.report.summary import format_summary
     from pipeline.runner import RunInterrupted, resolve_runner, run_job
 

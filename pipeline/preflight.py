@@ -17,6 +17,14 @@ What it checks:
   root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
   a permission scoped to the root alone would fail there), never inside the root.
 
+- each model the run loads (``generation.model``, and a method's ``compression.scorer`` or
+  ``compression.embedder``) is found where the run loads it (``models_here``: this machine,
+  when no Ray cluster is named): an embedded or ``random:`` name, a local model folder, a
+  Hugging Face id in the local cache, or one the hub answers for within the connect timeout.
+  A name found nowhere used to cost the model load's retries and end in transformers'
+  traceback-like network error; a cluster's nodes have their own disks and caches, so a
+  run on one leaves the check to them.
+
 An input whose URI holds ``{run_date}`` is checked only when a run date is given
 (`validate` has none); the output root is resolved with the run date, or today's.
 Imports neither Ray nor torch.
@@ -35,7 +43,7 @@ from typing import Any
 import fsspec
 
 from schemas.checks import shown
-from schemas.spec import JobSpec
+from schemas.spec import EMBEDDED_NAMES, JobSpec
 from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
@@ -48,10 +56,13 @@ _CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRE
                     "AWS_PROFILE` (Ray Jobs)")
 
 
-def preflight(spec: JobSpec, run_date: str | None) -> list[str]:
-    """Problems that would stop ``spec`` after its model loaded, one line each (see the module)."""
+def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> list[str]:
+    """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
+    ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
     problems = _check_input(spec, run_date)
     problems += _check_output(spec, run_date)
+    if models_here:
+        problems += _check_models(spec)
     return problems
 
 
@@ -194,3 +205,54 @@ def _check_local_output(root: str) -> list[str]:
         return [f"output.uri: {shown(root)}: cannot write in {shown(str(here))} ({e.strerror or e}); fix: "
                 "grant this user write permission there (chmod/chown), or choose another output.uri"]
     return []
+
+
+# ----------------------------------------------------------------------------- models
+#: Spec fields of a compression method that name a model the run loads (rag's embedder,
+#: select's scorer), by their key in the method's settings.
+MODEL_FIELDS = ("scorer", "embedder")
+
+
+def _check_models(spec: JobSpec) -> list[str]:
+    named = [("generation.model", spec.generation.model, "model")]
+    named += [(f"compression.{key}", value, key) for key, value in spec.compression
+              if key in MODEL_FIELDS and isinstance(value, str)]
+    return [p for field, name, kind in named if (p := model_problem(field, name, kind))]
+
+
+def model_problem(field: str, name: str, kind: str = "model") -> str | None:
+    """One line when model ``name`` (the spec's ``field``; ``kind`` ``model``, ``scorer`` or
+    ``embedder``) cannot be found from this machine, else None (see the module doc)."""
+    if name.startswith(("embedded:", "random:")):
+        return None  # shipped packages / built here; the spec already checked the names
+    shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
+    fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
+           f"job runs, or the shipped {shipped}")
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_dir() and any((path / f).is_file() for f in ("config.json", "modules.json")):
+            return None
+        what = "a folder without config.json" if path.is_dir() else "a file, not a model folder"
+        return f"{field}: {shown(name)} is {what}; {fix}"
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        return f"{field}: no folder {shown(name)} on this machine; {fix}"
+    ids = [name] + ([f"sentence-transformers/{name}"] if kind == "embedder" and "/" not in name else [])
+    import huggingface_hub
+
+    if any(isinstance(huggingface_hub.try_to_load_from_cache(i, "config.json"), str) for i in ids):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") or os.environ.get("TRANSFORMERS_OFFLINE") not in (None, "", "0"):
+        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
+                f"is switched off (HF_HUB_OFFLINE); {fix}")
+    from huggingface_hub.utils import RepositoryNotFoundError
+
+    try:
+        huggingface_hub.model_info(ids[-1], timeout=CONNECT_TIMEOUT_S)
+        return None
+    except RepositoryNotFoundError:
+        return (f"{field}: {shown(name)} is not a local folder and the Hugging Face hub has no such model "
+                f"(a private or gated one needs `hf auth login`); {fix}")
+    except Exception as e:  # noqa: BLE001 - no network, a proxy, a timeout: one line each
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
+                f"cannot be reached ({type(e).__name__}: {first}); {fix}")

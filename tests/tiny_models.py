@@ -18,8 +18,11 @@ def tiny_causal_lm(
     dtype: torch.dtype | None = None,
     **overrides,
 ):
-    """A 2-layer random model of ``family`` (llama | mistral | qwen2): hidden 64, GQA with
-    4 query / 2 KV heads (head_dim 16), RoPE, tied embeddings, sdpa attention, eval mode."""
+    """A 2-layer random model of ``family`` (llama | mistral | qwen2 | gemma3): hidden 64,
+    GQA with 4 query / 2 KV heads (head_dim 16), RoPE, tied embeddings, sdpa attention,
+    eval mode. gemma3 is Gemma 3's text model with its own defaults (sliding-window layers
+    of 512 tokens, one full-attention layer in six; pass ``layer_types``/``sliding_window``
+    to see windows in a short test)."""
     import transformers as tf
 
     cfg = dict(
@@ -36,11 +39,15 @@ def tiny_causal_lm(
         eos_token_id=2,
         pad_token_id=2,
     )
+    if family == "gemma3":  # its config takes RoPE settings per layer type, and a head scale
+        del cfg["rope_theta"]
+        cfg.update(head_dim=16, query_pre_attn_scalar=16)
     cfg.update(overrides)
     classes = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
     }
     config_cls, model_cls = classes[family]
     if family == "mistral":
@@ -51,6 +58,39 @@ def tiny_causal_lm(
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+#: family -> tiny_causal_lm overrides for a model that attends within 6 tokens in some layers
+#: (prompts of a few dozen tokens then see the window change the output).
+WINDOWED = {
+    "gemma3": dict(num_hidden_layers=3, sliding_window=6, initializer_range=0.05,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "mistral": dict(sliding_window=6, initializer_range=0.05),
+    "qwen2": dict(num_hidden_layers=3, sliding_window=6, use_sliding_window=True, max_window_layers=1,
+                  initializer_range=0.05),
+}
+
+
+def windowed_lm(vocab_size: int, family: str, widen: bool = False):
+    """tiny_causal_lm of ``family`` with ``WINDOWED``'s sliding windows (fp32); ``widen``:
+    the same weights with every window wider than any test prompt (full attention)."""
+    model = tiny_causal_lm(vocab_size, family, 0, torch.float32, **WINDOWED[family])
+    if widen:
+        model.config.sliding_window = 4096
+        for layer in model.model.layers:
+            if getattr(layer.self_attn, "sliding_window", None):
+                layer.self_attn.sliding_window = 4096
+    return model
+
+
+def own_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The model's own greedy continuation of ``prompt``: whole-sequence forwards, no cache
+    and no mask, so transformers builds every layer's mask itself (sliding windows too)."""
+    seq = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n):
+            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq[0, len(prompt):].tolist()
 
 
 def one_torch_thread() -> Iterator[None]:

@@ -82,6 +82,7 @@ from stages.decoding.adaptive import (
 from stages.decoding.backends import StepBackend, backend_for
 from stages.decoding.config import DecodeConfig, RowResult
 from stages.decoding.drafters import Drafter, drafter_for
+from stages.decoding.forward import check_engine_model
 from stages.decoding.memory import KvBudget, budget_bytes_for, step_reserve_bytes
 from stages.decoding.prefix_cache import PrefixCache
 from stages.decoding.request import Finished, Request
@@ -187,6 +188,7 @@ class Engine:
         that share it (prefix_cache.py), within ``PREFIX_CACHE_SHARE`` of the KV budget
         (taken from the slots' share); the engine's own prefill only.
         """
+        check_engine_model(model)  # before the backend warms up: a refusal costs nothing
         self.model = model
         self.backend = backend or backend_for(model, None, compile, compile_backend, min_span)
         self.device = self.backend.device

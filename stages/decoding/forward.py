@@ -11,6 +11,15 @@ repeats every key/value head ``n_rep`` times (a copy of the whole cache per laye
 per step); we instead fold the ``n_rep`` query heads that share a KV head into the
 query-length axis and tile the (head-independent) mask, which is the same
 arithmetic without the copy.
+
+Sliding windows (Gemma 2/3, Mistral, Qwen2's windowed layers): transformers passes a layer's
+window as the ``sliding_window`` keyword (None in full-attention layers), and the engine
+hands every layer one mask, so the window is applied here (``windowed``): a query sees the
+keys within ``sliding_window`` slots of its own, the model's own rule (distance <
+window). This relies on the engine's layout: a row's slots hold its tokens in order with
+no holes, and a query's own slot is the last one its mask shows (slot_step.py). The slots
+keep every token of a windowed layer (a ring per layer would hold less, but spans, prefix
+copies and the C kernels all read slots in token order).
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from stages.kv.model_parts import sliding_window
 
 
 def packed_gqa_sdpa(
@@ -45,6 +56,9 @@ def packed_gqa_sdpa(
         # a compiled step keeps one graph for every span.
         span = attention_mask.shape[-1]
         key, value = key[:, :, :span], value[:, :, :span]
+    window = kwargs.get("sliding_window")
+    if window is not None and key.shape[2] > window:  # a window as wide as the span changes nothing
+        attention_mask = windowed(attention_mask, int(window), query.shape[2], key.shape[2], query.device)
     b, hq, t, d = query.shape
     hkv = key.shape[1]
     rep = hq // hkv
@@ -68,6 +82,22 @@ def packed_gqa_sdpa(
     return out.reshape(b, hq, t, d).transpose(1, 2).contiguous(), None
 
 
+def windowed(mask: torch.Tensor | None, window: int, t: int, s: int, device: torch.device) -> torch.Tensor:
+    """The mask [B, 1, T, L] bool (or None: T new queries at the last T of S slots, causal)
+    narrowed to a sliding window: query at slot q keeps key j iff q - window < j <= q.
+
+    A given mask's query slot is its row's last visible slot (the engine's causal slot
+    layout, see the module doc); a row of padding that sees only itself keeps itself.
+    Returns [B, 1, T, L] (or [1, 1, T, S] for None)."""
+    if mask is None:
+        rows = torch.arange(s - t, s, device=device)[:, None]  # [T, 1] query slots
+        cols = torch.arange(s, device=device)[None]  # [1, S]
+        return ((cols <= rows) & (cols > rows - window))[None, None]
+    cols = torch.arange(mask.shape[-1], device=mask.device)  # [L]
+    last = torch.where(mask, cols, -1).amax(dim=-1, keepdim=True)  # [B, 1, T, 1] each query's slot
+    return mask & (cols > last - window)
+
+
 def attention_name(attention: Callable) -> str:
     """The name ``attention`` is installed under (unique per function)."""
     return f"longdoc:{attention.__module__}.{attention.__qualname__}"
@@ -85,6 +115,27 @@ def install_attention(view: torch.nn.Module, attention: Callable) -> str:
     AttentionInterface.register(name, attention)  # idempotent: the same name, the same function
     view.config._attn_implementation = name
     return name
+
+
+def check_engine_model(model: torch.nn.Module) -> None:
+    """ValueError, naming the setting and the fix, for a model whose arithmetic the engine's
+    steps would change: logit soft-capping (Gemma 2: neither the engine's attention nor its
+    head applies it), or sliding windows under an attention other than SDPA (only the
+    engine's own SDPA attention applies the window: ``windowed``)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    name = getattr(cfg, "model_type", type(model).__name__)
+    for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(cfg, field, None):
+            raise ValueError(
+                f"the decode engine does not apply logit soft-capping ({name}: {field}={getattr(cfg, field)}); "
+                "use a model without it (e.g. Gemma 3 instead of Gemma 2)"
+            )
+    attn = getattr(model.config, "_attn_implementation", None)
+    if sliding_window(cfg) is not None and attn != "sdpa":
+        raise ValueError(
+            f"{name} attends within sliding windows, which the decode engine applies in its SDPA "
+            f"attention only; the model was loaded with attn_implementation={attn!r}: load it with 'sdpa'"
+        )
 
 
 def decode_view(model: torch.nn.Module, attention: Callable = packed_gqa_sdpa) -> torch.nn.Module:

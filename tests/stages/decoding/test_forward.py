@@ -3,7 +3,8 @@
 packed_gqa_sdpa must compute exactly what plain SDPA computes with every KV head
 repeated for its query heads (transformers' own GQA path), for explicit masks, for the
 causal case without a mask (a first prefill chunk, and a later chunk over a cache), and
-over a span narrower than the keys; decode_view must share every weight with the
+over a span narrower than the keys, and within a layer's sliding window (each query sees
+the ``window`` slots up to its own); decode_view must share every weight with the
 caller's model and leave that model as it was.
 """
 
@@ -13,7 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stages.decoding.forward import attention_name, cache_kwargs, decode_view, packed_gqa_sdpa
+from stages.decoding.forward import (
+    attention_name,
+    cache_kwargs,
+    decode_view,
+    packed_gqa_sdpa,
+    windowed,
+)
 
 
 def _qkv(b: int, hq: int, hkv: int, t: int, s: int, d: int = 8, seed: int = 0):
@@ -61,6 +68,36 @@ def test_a_mask_narrower_than_the_keys_reads_only_its_span():
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 7:], v2[:, :, 7:] = 1e4, float("nan")
     torch.testing.assert_close(packed_gqa_sdpa(None, q, k2, v2, mask)[0], out)
+
+
+def _window(t: int, s: int, w: int) -> torch.Tensor:
+    """[1, 1, T, S]: query i at slot s - t + i sees slots j with slot - w < j <= slot."""
+    q = torch.arange(s - t, s)[:, None]
+    j = torch.arange(s)[None]
+    return ((j <= q) & (j > q - w))[None, None]
+
+
+@pytest.mark.parametrize(("t", "s"), [(7, 7), (4, 10), (1, 9)])
+def test_a_sliding_window_without_a_mask_keeps_the_last_slots_of_each_query(t, s):
+    q, k, v = _qkv(1, 6, 2, t=t, s=s)
+    out, _ = packed_gqa_sdpa(None, q, k, v, None, sliding_window=3)
+    torch.testing.assert_close(out, _plain(q, k, v, _window(t, s, 3)), rtol=1e-5, atol=1e-6)
+    # A window as wide as the keys is full causal attention.
+    wide, _ = packed_gqa_sdpa(None, q, k, v, None, sliding_window=s)
+    torch.testing.assert_close(wide, packed_gqa_sdpa(None, q, k, v, None)[0])
+
+
+def test_a_sliding_window_narrows_each_rows_own_mask():
+    """Rows of other lengths (the engine's decode mask: slot j visible iff j <= the query's
+    slot): each query keeps the ``window`` slots ending at its own, whatever its row's length."""
+    at = torch.tensor([[4, 5], [8, 9]])  # [B, T] the slot each query writes
+    mask = (torch.arange(10)[None, None] <= at[:, :, None])[:, None]  # [2, 1, 2, 10]
+    got = windowed(mask, 3, 2, 10, mask.device)
+    want = mask & (torch.arange(10)[None, None, None] > at[:, None, :, None] - 3)
+    assert torch.equal(got, want) and got.sum(-1).tolist() == [[[3, 3]], [[3, 3]]]
+    q, k, v = _qkv(2, 4, 1, t=2, s=10)
+    out, _ = packed_gqa_sdpa(None, q, k, v, mask, sliding_window=3)
+    torch.testing.assert_close(out, _plain(q, k, v, want), rtol=1e-5, atol=1e-6)
 
 
 def test_decode_view_shares_every_weight_and_leaves_the_model_alone(tiny_llama_factory):

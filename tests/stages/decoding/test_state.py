@@ -1,11 +1,15 @@
 """The prefill/decode hand-off (stages/decoding/state.py): masks, left padding, positions,
-and the batched full prefill every text method and the reference decoder start from."""
+and the batched full prefill every text method and the reference decoder start from, also
+for models that attend within sliding windows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import WINDOWED
 
+from stages.decoding.config import DecodeConfig
+from stages.decoding.reference import decode_plain
 from stages.decoding.state import (
     forward_step,
     left_pad,
@@ -101,3 +105,19 @@ def test_prefill_buckets_equals_each_prompt_alone_and_decodes_on(tiny_llama_fact
                                        rtol=1e-4, atol=1e-5)
             alone = model(torch.tensor([p + [20 + row]])).logits[0, -1]
             torch.testing.assert_close(logits[row, -1], alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_a_padded_batch_of_a_sliding_window_model_decodes_as_each_prompt_alone(family):
+    """Rows of 3 to 30 tokens left-padded together: each windowed layer keeps a query to the
+    keys less than the window away in the row's own tokens, so the reference decoder's greedy
+    text equals the model's own (and differs from the same weights without windows)."""
+    from tiny_models import own_greedy, windowed_lm
+
+    model = windowed_lm(300, family)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (30, 3, 17, 9)]
+    own = [own_greedy(model, p, 10) for p in prompts]
+    assert own != [own_greedy(windowed_lm(300, family, widen=True), p, 10) for p in prompts]
+    cfg = DecodeConfig(max_new_tokens=10, eos_ids=frozenset({-1}))
+    assert [r.tokens for r in decode_plain(model, prefill_full(model, prompts, 0), cfg)] == own

@@ -12,7 +12,6 @@ from stages.finch.support import (
     SUPPORTED_MODEL_TYPES,
     check_inputs,
     check_supported,
-    sliding_window,
 )
 
 
@@ -35,13 +34,6 @@ def test_rope_whose_frequencies_change_with_length_is_refused():
     model = tiny("llama", dtype=torch.float32, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError, match="rope_type 'dynamic'"):
         check_supported(model)
-
-
-def test_sliding_window_is_read_only_where_the_model_applies_it():
-    assert sliding_window(tiny("llama").config) is None
-    assert sliding_window(tiny("mistral", sliding_window=48).config) == 48
-    assert sliding_window(tiny("mistral").config) is None  # tiny_models sets None
-    assert sliding_window(tiny("qwen2", sliding_window=48, use_sliding_window=False).config) is None
 
 
 def test_inputs_that_fit_pass():

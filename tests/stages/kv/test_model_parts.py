@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
-from stages.kv.model_parts import attention_modules, decoder, rotary_module
+from stages.kv.model_parts import attention_modules, decoder, rotary_module, sliding_window
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
@@ -34,3 +34,15 @@ def test_no_rotary_is_an_error():
     del model.model.rotary_emb
     with pytest.raises(ValueError, match="no rotary embedding"):
         rotary_module(model)
+
+
+def test_sliding_window_is_read_only_where_the_model_applies_it():
+    assert sliding_window(tiny_causal_lm(64, "llama").config) is None
+    assert sliding_window(tiny_causal_lm(64, "mistral", sliding_window=48).config) == 48
+    assert sliding_window(tiny_causal_lm(64, "mistral").config) is None  # tiny_causal_lm sets None
+    qwen2 = tiny_causal_lm(64, "qwen2", sliding_window=48, use_sliding_window=False)
+    assert sliding_window(qwen2.config) is None
+    gemma = tiny_causal_lm(64, "gemma3", sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    assert sliding_window(gemma.config) == 8
+    every_layer_full = tiny_causal_lm(64, "gemma3", sliding_window=8, layer_types=["full_attention"] * 2)
+    assert sliding_window(every_layer_full.config) is None

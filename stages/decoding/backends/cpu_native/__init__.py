@@ -55,7 +55,8 @@ def _native(portable: bool) -> Attention:
         [B, 1, T, L] over the first L slots) through the decode kernel, each row's keys and
         values read once for all the query heads sharing them; everything else, and inputs
         outside the kernels' contracts, through torch_eager.host_attention."""
-        if not torch.compiler.is_compiling():
+        # A windowed layer goes to torch's path, which applies the window (forward.windowed).
+        if not torch.compiler.is_compiling() and kwargs.get("sliding_window") is None:
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             if attention_mask is None and query.shape[2] > 1:
                 out = kernel.attend_causal(query, key, value, scale, portable=portable)
