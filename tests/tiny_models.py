@@ -89,7 +89,7 @@ def own_greedy(model, prompt: list[int], n: int) -> list[int]:
     seq = torch.tensor([prompt])
     with torch.inference_mode():
         for _ in range(n):
-            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            seq = torch.cat([seq, model(seq, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return seq[0, len(prompt):].tolist()
 
 

@@ -45,7 +45,7 @@ def compare(model_name: str, input_path: str, lengths: list[int], new_tokens: in
         for p in prompts:
             seq = torch.tensor([p])
             for _ in range(new_tokens):
-                seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+                seq = torch.cat([seq, model(seq, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
             own.append(seq[0, len(p):].tolist())
     lines = [f"model {model_name}: prompts of {lengths} tokens, {new_tokens} greedy tokens each"]
     for speculative in ("none", "prompt_lookup"):
