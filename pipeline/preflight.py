@@ -18,7 +18,7 @@ What it checks:
   a permission scoped to the root alone would fail there), never inside the root.
 
 - each model the run loads (``generation.model``, and a method's ``compression.scorer`` or
-  ``compression.embedder``) is found where the run loads it (``models_here``: this machine,
+  ``compression.embedder``: schemas/loading.py ``named_models``) is found where the run loads it (``models_here``: this machine,
   when no Ray cluster is named): an embedded or ``random:`` name, a local model folder, a
   Hugging Face id in the local cache, or one the hub answers for within the connect timeout.
   A name found nowhere used to cost the model load's retries and end in transformers'
@@ -43,6 +43,7 @@ from typing import Any
 import fsspec
 
 from schemas.checks import shown
+from schemas.loading import looks_local, named_models
 from schemas.spec import EMBEDDED_NAMES, JobSpec
 from stages.layout import runs_root
 
@@ -208,16 +209,11 @@ def _check_local_output(root: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- models
-#: Spec fields of a compression method that name a model the run loads (rag's embedder,
-#: select's scorer), by their key in the method's settings.
-MODEL_FIELDS = ("scorer", "embedder")
-
-
 def _check_models(spec: JobSpec) -> list[str]:
-    named = [("generation.model", spec.generation.model, "model")]
-    named += [(f"compression.{key}", value, key) for key, value in spec.compression
-              if key in MODEL_FIELDS and isinstance(value, str)]
-    return [p for field, name, kind in named if (p := model_problem(field, name, kind))]
+    # The AutoCompressor's checkpoint has its own layout; loading it checks it (a missing
+    # local one is the spec check's, schemas/loading.py).
+    return [p for field, name, key in named_models(spec) if key != "checkpoint"
+            and (p := model_problem(field, name, key))]
 
 
 def model_problem(field: str, name: str, kind: str = "model") -> str | None:
@@ -228,13 +224,13 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
     shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
     fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
            f"job runs, or the shipped {shipped}")
-    path = Path(name).expanduser()
+    path = Path(name.removeprefix("file://")).expanduser()
     if path.exists():
         if path.is_dir() and any((path / f).is_file() for f in ("config.json", "modules.json")):
             return None
         what = "a folder without config.json" if path.is_dir() else "a file, not a model folder"
         return f"{field}: {shown(name)} is {what}; {fix}"
-    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+    if looks_local(name) or name.count("/") > 1:
         return f"{field}: no folder {shown(name)} on this machine; {fix}"
     ids = [name] + ([f"sentence-transformers/{name}"] if kind == "embedder" and "/" not in name else [])
     import huggingface_hub

@@ -259,17 +259,32 @@ def _scheme(uri: str) -> str | None:
     return uri.split("://", 1)[0] if "://" in uri else None
 
 
-def _looks_local(value: str) -> bool:
+def looks_local(value: str) -> bool:
+    """Whether a model or URI value names a local path (not a hub id or a remote URI)."""
     return value.startswith(_LOCAL_PREFIXES) or value.startswith("file://")
+
+
+#: Keys of a compression method's settings that name something the run loads: the
+#: AutoCompressor's checkpoint, rag's embedder, select's scorer.
+MODEL_KEYS = ("checkpoint", "embedder", "scorer")
+
+
+def named_models(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """(field, value, key) of every model ``spec`` loads: ``generation.model`` (key ``model``)
+    and the method's ``MODEL_KEYS`` that are set."""
+    named = [("generation.model", spec.generation.model, "model")]
+    named += [(f"compression.{k}", v, k) for k, v in spec.compression if k in MODEL_KEYS and isinstance(v, str)]
+    return named
 
 
 def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: bool = True) -> list[str]:
     """Problems that make ``spec`` fail on THIS machine, as ``field: message`` lines.
 
     - an ``s3://``/``gs://`` URI whose filesystem package (s3fs/gcsfs) is not installed;
-    - with ``local_paths``: a local model/checkpoint/embedder path that does not exist,
+    - with ``local_paths``: a local model/checkpoint/embedder/scorer path that does not exist,
       and a local input.uri that does not exist (checked only when it has no
-      ``{run_date}`` or ``run_date`` is given). Hub ids stay lazy: only loading checks them.
+      ``{run_date}`` or ``run_date`` is given). Hub ids are the preflight's
+      (pipeline/preflight.py), which may ask the network.
     """
     problems = []
     for field, uri in (("input.uri", spec.input.uri), ("output.uri", spec.output.uri)):
@@ -301,10 +316,8 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
             )
         else:
             problems += _output_aliases_input(spec, path, run_date)
-    models = [("generation.model", spec.generation.model)]
-    models += [(f"compression.{k}", v) for k, v in spec.compression if k in ("checkpoint", "embedder")]
-    for field, value in models:
-        if isinstance(value, str) and _looks_local(value):
+    for field, value, _ in named_models(spec):
+        if looks_local(value):
             path = Path(value.removeprefix("file://")).expanduser()
             if not path.exists():
                 problems.append(

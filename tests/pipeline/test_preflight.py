@@ -209,9 +209,13 @@ def test_a_path_that_is_not_a_model_folder_is_refused(tmp_path, empty_hf_cache):
     # (A path that does not exist is the spec's own error: tests/schemas.)
 
 
-def test_a_methods_scorer_is_checked_like_the_generator(tmp_path, empty_hf_cache):
+def test_a_methods_scorer_is_checked_like_the_generator(tmp_path, empty_hf_cache, monkeypatch):
     spec = _spec(tmp_path, compression={"method": "select", "scorer": str(tmp_path / "no-scorer")})
-    _both(spec, ["compression.scorer:", "no folder", "embedded:smollm2-135m-instruct"])
+    res = runner.invoke(app, ["validate", str(spec)])  # the spec's own check of local paths
+    assert res.exit_code == 2 and "compression.scorer: local path" in res.output and "does not exist" in res.output
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = _spec(tmp_path, compression={"method": "select", "scorer": "someone/small-scorer"})
+    _both(spec, ["compression.scorer: 'someone/small-scorer'", "HF_HUB_OFFLINE", "embedded:smollm2-135m-instruct"])
 
 
 def test_models_found_here_pass_and_a_cluster_run_leaves_them_to_its_nodes(tmp_path, tiny_model_dir,
