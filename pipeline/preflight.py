@@ -18,9 +18,10 @@ What it checks:
   a permission scoped to the root alone would fail there), never inside the root.
 
 - each model the run loads (``generation.model``, and a method's ``compression.scorer`` or
-  ``compression.embedder``: schemas/loading.py ``named_models``) is found where the run loads it (``models_here``: this machine,
-  when no Ray cluster is named): an embedded or ``random:`` name, a local model folder, a
-  Hugging Face id in the local cache, or one the hub answers for within the connect timeout.
+  ``compression.embedder``: schemas/loading.py ``named_models``) is found where the run
+  loads it (``models_here``: this machine, when no Ray cluster is named): an embedded or
+  ``random:`` name, a local model folder, a Hugging Face id in the local cache, or one the
+  hub answers for within the connect timeout.
   A name found nowhere used to cost the model load's retries and end in transformers'
   traceback-like network error; a cluster's nodes have their own disks and caches, so a
   run on one leaves the check to them.
@@ -237,7 +238,7 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
 
     if any(isinstance(huggingface_hub.try_to_load_from_cache(i, "config.json"), str) for i in ids):
         return None
-    if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") or os.environ.get("TRANSFORMERS_OFFLINE") not in (None, "", "0"):
+    if any(os.environ.get(v) not in (None, "", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
                 f"is switched off (HF_HUB_OFFLINE); {fix}")
     from huggingface_hub.utils import RepositoryNotFoundError

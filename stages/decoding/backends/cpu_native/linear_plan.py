@@ -229,6 +229,11 @@ def plan_for(model: torch.nn.Module, clock: Callable[[], float] = time.perf_coun
         except (ValueError, KeyError, OSError):
             plan = None  # unreadable: measure again
     if plan is None:
+        # Said before it starts: on a large-vocabulary model it takes minutes on a laptop, and
+        # the run's progress line shows only that the model is loading.
+        gb = sum(lin.weight.numel() * lin.weight.element_size() for lin in lins) / 2**30
+        log.warning("timing this CPU's linear kernels on the model's %.1f GB of linear weights, once per "
+                    "machine and model (%s; later runs read it)", gb, path.parent)
         t = time.perf_counter()
         plan = calibrate(model, clock)
         log.info("calibrated CPU linear kernels in %.1fs: %s", time.perf_counter() - t, plan.describe())
