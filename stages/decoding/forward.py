@@ -17,7 +17,8 @@ window as the ``sliding_window`` keyword (None in full-attention layers), and th
 hands every layer one mask, so the window is applied here (``windowed``): a query sees the
 keys within ``sliding_window`` slots of its own, the model's own rule (distance <
 window). This relies on the engine's layout: a row's slots hold its tokens in order with
-no holes, and a query's own slot is the last one its mask shows (slot_step.py). The slots
+no holes, and a query's own slot is the last one its mask shows (slot_step.py). A prefill
+chunk's windowed layers read only the keys within its first query's window. The slots
 keep every token of a windowed layer (a ring per layer would hold less, but spans, prefix
 copies and the C kernels all read slots in token order).
 """
@@ -58,7 +59,14 @@ def packed_gqa_sdpa(
         key, value = key[:, :, :span], value[:, :, :span]
     window = kwargs.get("sliding_window")
     if window is not None and key.shape[2] > window:  # a window as wide as the span changes nothing
-        attention_mask = windowed(attention_mask, int(window), query.shape[2], key.shape[2], query.device)
+        window = int(window)
+        if attention_mask is None:
+            # A prefill chunk's T queries sit at the last T slots: keys before the first one's
+            # window are never seen, so they are not read (a long prompt's windowed layers
+            # attend over T + window keys, not the whole prompt so far).
+            start = max(0, key.shape[2] - query.shape[2] - window + 1)
+            key, value = key[:, :, start:], value[:, :, start:]
+        attention_mask = windowed(attention_mask, window, query.shape[2], key.shape[2], query.device)
     b, hq, t, d = query.shape
     hkv = key.shape[1]
     rep = hq // hkv
