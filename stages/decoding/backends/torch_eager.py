@@ -57,11 +57,25 @@ def host_attention(
 ) -> tuple[torch.Tensor, None]:
     """forward.packed_gqa_sdpa, where reading the mask on the host is free (eager CPU steps).
 
-    A one-token step whose span every row sees whole (rows of equal length, e.g. batch 1)
-    attends without a mask: SDPA then runs a faster kernel (measured:
+    A layer with a sliding window reads only the slots from the earliest query's window on
+    (a long row's windowed layers attend over the window, not the whole row). A one-token
+    step whose span every row sees whole (rows of equal length, e.g. batch 1) attends
+    without a mask: SDPA then runs a faster kernel (measured:
     jobs/results/code-choices.md, "stages/decoding/backends/torch_eager.py host_attention").
     Not for devices that would synchronise to read the mask, nor compiled steps.
     """
+    window = kwargs.get("sliding_window")
+    if (
+        window is not None and attention_mask is not None and attention_mask.shape[-1] > window
+        and not torch.compiler.is_compiling()
+    ):
+        span = attention_mask.shape[-1]
+        cols = torch.arange(span, device=attention_mask.device)
+        earliest = int(torch.where(attention_mask, cols, -1).amax(dim=-1).min())  # the lowest query slot
+        # No query sees a slot before the earliest one's window (each keeps its own slot).
+        start = max(0, earliest - int(window) + 1)
+        if start > 0:
+            key, value, attention_mask = key[:, :, start:span], value[:, :, start:span], attention_mask[..., start:]
     if (
         attention_mask is not None and query.shape[2] == 1 and not torch.compiler.is_compiling()
         and bool(attention_mask.all())

@@ -1,5 +1,6 @@
 """stages/decoding/backends/torch_eager.py: the CPU process settings (``prepare_process``);
-transformers' SDPA path given grouped KV heads reads bitwise what it read with them copied out."""
+transformers' SDPA path given grouped KV heads reads bitwise what it read with them copied out;
+``host_attention`` reads a windowed layer's window only, with the same result."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from stages.decoding.backends.torch_eager import (
     GROUPED_SDPA_ENV,
     TorchEagerBackend,
     grouped_heads_in_sdpa,
+    host_attention,
 )
+from stages.decoding.forward import packed_gqa_sdpa
 from stages.finch.config import FinchCompression
 from stages.finch.prefill import finch_prefill
 from stages.finch.spans import Boundaries
@@ -58,3 +61,22 @@ def test_a_finch_reading_is_bitwise_the_same_with_grouped_heads(cfg, monkeypatch
     assert torch.equal(outs["0"].state.last_logits, outs["1"].state.last_logits)
     assert outs["0"].kept_positions == outs["1"].kept_positions
     assert outs["0"].context_tokens == outs["1"].context_tokens
+
+
+def test_a_windowed_step_reads_only_the_window_and_attends_the_same(monkeypatch):
+    """Rows at slots 30 and 37 (T = 2), window 8: slots before 23 are never seen, so they are
+    not read (NaN there would poison the product if they were); the result equals the
+    masked product over the whole span."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 2, 8, generator=g), torch.randn(2, 2, 40, 8, generator=g),
+               torch.randn(2, 2, 40, 8, generator=g))
+    at = torch.tensor([[30, 31], [37, 38]])
+    mask = (torch.arange(40)[None, None] <= at[:, :, None])[:, None]  # [2, 1, 2, 40]
+    whole, _ = packed_gqa_sdpa(None, q, k, v, mask, sliding_window=8)
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan[:, :, :23], v_nan[:, :, :23] = float("nan"), float("nan")
+    cut, _ = host_attention(None, q, k_nan, v_nan, mask, sliding_window=8)
+    torch.testing.assert_close(cut, whole)
+    with pytest.raises(AssertionError):  # the window's first slot is read: the check can fail
+        k_nan[:, :, 23] = float("nan")
+        torch.testing.assert_close(host_attention(None, q, k_nan, v_nan, mask, sliding_window=8)[0], whole)
