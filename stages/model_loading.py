@@ -46,6 +46,7 @@ import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
 from stages.decoding.backends import accelerator, device_backend
+from stages.kv.model_parts import text_config
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ SMALL_MODEL_PARAMS = 1_000_000_000
 
 def estimate_parameters(config) -> int:
     """Approximate parameter count of a decoder-only transformer from its config."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or h // heads

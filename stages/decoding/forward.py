@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from stages.kv.model_parts import sliding_window
+from stages.kv.model_parts import sliding_window, text_config
 
 
 def packed_gqa_sdpa(
@@ -130,7 +130,7 @@ def check_engine_model(model: torch.nn.Module) -> None:
     steps would change: logit soft-capping (Gemma 2: neither the engine's attention nor its
     head applies it), or sliding windows under an attention other than SDPA (only the
     engine's own SDPA attention applies the window: ``windowed``)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model.config)
     name = getattr(cfg, "model_type", type(model).__name__)
     for field in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, field, None):

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.kv.model_parts import text_config
+
 CAPACITY_STEP = 256  # slot capacities are multiples of this many tokens
 MAX_SLOTS = 256  # the largest batch bucket
 
@@ -97,7 +99,7 @@ def step_reserve_bytes(model_config, max_batch: int, max_width: int, chunk_token
     hidden states; prefill: a chunk's MLP activations (~6 x intermediate per token, in the
     model's dtype) and attention scores are streamed by SDPA. An estimate with 25% slack.
     """
-    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    cfg = text_config(model_config)
     vocab = int(getattr(cfg, "vocab_size", 32000))
     hidden = int(getattr(cfg, "hidden_size", 4096))
     inter = int(getattr(cfg, "intermediate_size", 4 * hidden))

@@ -41,6 +41,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from stages.decoding.state import PrefillState
+from stages.kv.model_parts import text_config
 
 
 class SlotLayer(CacheLayerMixin):
@@ -300,7 +301,7 @@ class RowWriter(Cache):
 def layer_shapes_of(model: torch.nn.Module) -> list[tuple[int, int, int]]:
     """Per layer (H_kv, D_key, D_value) of ``model``. Layers that attend within a sliding
     window get slots as long as full-attention ones (forward.py applies the window)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model.config)
     h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return [(h_kv, head_dim, head_dim)] * cfg.num_hidden_layers

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from stages.decoding.forward import cache_kwargs
-from stages.kv.model_parts import sliding_window
+from stages.kv.model_parts import sliding_window, text_config
 from stages.kv.slots import stack_caches
 
 
@@ -71,7 +71,7 @@ def model_masks(model, mask: torch.Tensor, valid_past: torch.Tensor, new_valid: 
     the keys less than the window away in real tokens, as the mask of every layer (no layer
     types: Mistral) or as ``{"full_attention": mask, "sliding_attention": narrowed}``
     (transformers' per-layer-type masks: Gemma 2/3, Qwen2)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model.config)
     window = sliding_window(cfg)
     if window is None:
         return mask

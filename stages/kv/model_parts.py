@@ -9,6 +9,7 @@ Contract:
 - ``attention_modules(model)``: each decoder layer's self-attention module, in order.
 - ``rotary_module(model)``: the decoder's rotary embedding (it holds ``inv_freq``);
   ValueError when the model has none.
+- ``text_config(config)``: the text model's config (a multimodal config's text part).
 - ``sliding_window(config)``: the attention window the model applies in some layer, or
   None when every layer attends to the whole context.
 """
@@ -36,6 +37,11 @@ def rotary_module(model) -> torch.nn.Module:
     if rotary is None or not hasattr(rotary, "inv_freq"):
         raise ValueError(f"{type(model).__name__} has no rotary embedding to re-rotate keys with")
     return rotary
+
+
+def text_config(config):
+    """``config``'s text model config: ``get_text_config()`` where it has one, else itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def sliding_window(config) -> int | None:
