@@ -160,6 +160,31 @@ def cluster_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS")
 
 
+def usable_cores() -> int:
+    """The cores a run on this machine may use: ``OMP_NUM_THREADS`` when set (the caller chose
+    a thread count, as `make test` does), else the CPUs this process may be scheduled on."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def with_actor_cpus(spec: JobSpec, runner: str, address: str | None) -> JobSpec:
+    """``spec`` with ``resources.num_cpus`` a number for this run (``auto`` resolved by
+    ResourcesSpec.cpus_per_actor: this machine's cores for the in-process runner's one engine
+    or shared by an embedded Ray's generate actors, 1 on a cluster), so the plan, the generate
+    actors' torch threads and the run record use one figure.
+
+    Why not a fixed default: a laptop run of a spec without the field read with one of its
+    cores (the in-process runner is the only work on the machine)."""
+    res = spec.resources
+    if res.num_cpus != "auto":
+        return spec
+    cores = None if cluster_address(address) else usable_cores()
+    cpus = res.cpus_per_actor(cores, 1 if runner == "local" else res.max_actors)
+    return spec.model_copy(update={"resources": res.model_copy(update={"num_cpus": cpus})})
+
+
 def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:
     """The runner a run uses: ``ray`` or ``local`` as asked; ``auto``: ``local`` when the run
     has no Ray cluster (no ``address``, no ``$RAY_ADDRESS``) and one generate actor
@@ -259,8 +284,9 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     # Embedded Ray: logical CPUs are a scheduling budget, not cores. Give every actor
     # pool its slot plus room for read/write tasks, so pools never wait on each other.
     res = spec.resources
-    max_actors = res.actors if isinstance(res.actors, int) else res.actors[1]
-    logical = max(os.cpu_count() or 1, int(max_actors * res.num_cpus + res.compress_actors + 2) + 1)
+    max_actors = res.max_actors
+    logical = max(os.cpu_count() or 1, int(max_actors * res.cpus_per_actor(usable_cores(), max_actors)
+                                           + res.compress_actors + 2) + 1)
     # The spec's custom resources exist on the embedded node, so a spec written for a
     # cluster (actors pinned to labelled nodes) runs unchanged on one machine.
     custom = {k: float(v) * max_actors for k, v in res.custom_resources.items()}
@@ -319,6 +345,7 @@ def run_job(
     problems = spec_problems(spec)  # a budget that can never fit: refused before anything runs
     if problems:
         raise ValueError("; ".join(problems))
+    spec = with_actor_cpus(spec, runner, address)
     started_at = _now_iso()
     run_date = run_date or today_utc()
     run_id = run_id or new_run_id()
@@ -375,7 +402,8 @@ def run_job(
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
          f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}"
-         + ("; runner local: in this process, no Ray" if runner == "local" else ""))
+         + ("; runner local: in this process, no Ray" if runner == "local" else "")
+         + f"; {spec.resources.num_cpus:g} CPU(s) per generate actor")
     tally = RunTally()  # the run's aggregates, folded block by block: not the rows
     seen_ids: set[str] = set()  # request ids written by this run: a repeat is dropped
     duplicates = 0

@@ -169,7 +169,13 @@ class ResourcesSpec(_Strict):
         "weights load, or of the RAM available on CPU. Default: 0.85 on a GPU, 0.25 on CPU.",
     )
     num_gpus: float = Field(default=0.0, ge=0.0, le=64, description="GPUs per generate actor (0 on CPU).")
-    num_cpus: float = Field(default=1.0, gt=0.0, le=1024, description="CPUs per generate actor.")
+    num_cpus: Literal["auto"] | Annotated[float, Field(gt=0.0, le=1024)] = Field(
+        default="auto",
+        description="CPUs per generate actor: Ray schedules by it, and on CPU it is the actor's torch "
+        "threads. auto: run on this machine (in-process, or an embedded Ray), the cores this process "
+        "may use (OMP_NUM_THREADS when set) shared among the generate actors; on a Ray cluster "
+        "(--address, $RAY_ADDRESS) or in `render`, 1: set it to your nodes' cores per actor.",
+    )
     compress_actors: int = Field(
         default=1, ge=1, le=MAX_ACTORS, description="Actor pool size of text compression stages."
     )
@@ -191,6 +197,21 @@ class ResourcesSpec(_Strict):
         "custom_resources) while no batch completes; then the run aborts naming the missing resource "
         "and what the cluster has. Long enough for an autoscaler to add a node.",
     )
+
+    @property
+    def max_actors(self) -> int:
+        """The generate pool's size, its largest for an autoscaling ``[min, max]``."""
+        return self.actors if isinstance(self.actors, int) else self.actors[1]
+
+    def cpus_per_actor(self, machine_cores: int | None, engines: int) -> float:
+        """``num_cpus`` as a number. ``auto``: ``machine_cores`` (the cores of the one machine a
+        run uses; None on a Ray cluster, whose nodes are not known where the run starts: 1)
+        shared by ``engines`` generate engines, at least one core each."""
+        if self.num_cpus != "auto":
+            return float(self.num_cpus)
+        if machine_cores is None:
+            return 1.0
+        return float(max(1, machine_cores // max(1, engines)))
 
     @field_validator("kv_memory_gb")
     @classmethod

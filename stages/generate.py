@@ -63,9 +63,11 @@ class GenerateStage:
         res = self.spec.resources
         self.device = pick_device(res.num_gpus)
         # Before the model loads: the step backend's process settings (CPU: torch's threads
-        # = the CPUs Ray granted this actor, and the allocator keeps freed memory).
+        # = the CPUs Ray granted this actor, and the allocator keeps freed memory). A run's
+        # spec has a number here (pipeline/runner.py with_actor_cpus); "auto" is left to torch.
         self.backend_class = backend_class(self.device, self.spec.generation.compile)
-        prepared = self.backend_class.prepare_process(self.device, res.num_cpus)
+        cpus = None if res.num_cpus == "auto" else res.num_cpus
+        prepared = self.backend_class.prepare_process(self.device, cpus)
         if prepared:
             log.info("%s", prepared)
         self.method = method_for(self.spec.compression)

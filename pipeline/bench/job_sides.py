@@ -60,6 +60,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     """Synthetic corpus (if asked), absolute input, the peer's requests and model arguments."""
 
     from pipeline.bench.job_docs import spec_requests, write_requests, write_synthetic_corpus
+    from pipeline.runner import usable_cores
     from schemas.loading import spec_from_dict
     from stages.decoding.backends import device_backend
     from stages.model_loading import load_tokenizer, pick_device
@@ -120,7 +121,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     return Prepared(
         tmp=tmp, specs=datas, methods=methods, same_context=same_context, speculative=speculative, peer_of=peer_of, peers=peers, device_type=device.type,
         device_name=_device_name(device), dtype=dtype, peer_model_args=model_args, requests=len(records),
-        bad_docs=bad, docs_label=docs_label, threads=max(1, int(first.resources.num_cpus)),
+        bad_docs=bad, docs_label=docs_label, threads=int(first.resources.cpus_per_actor(usable_cores(), 1)),
         spec_name=first.name, max_new_tokens=first.generation.max_new_tokens,
         on_host=device_backend(device).runs_on_host(device),
     )

@@ -13,8 +13,9 @@ Contract:
   Each run goes through the runner ``longdoc run`` would pick (``runner``, default
   ``auto``: in this process without Ray when there is no cluster and one generate actor,
   else Ray; pipeline.runner.resolve_runner): on a laptop an embedded Ray only competes with
-  the one engine for the cores. Without a cluster the generate engine gets every core
-  (``embedded_cpus``; with ``--address`` the spec default stands). A run that raises is reported and skipped;
+  the one engine for the cores. The generate engine's cores are the spec's
+  ``resources.num_cpus`` (``auto``: every core without a cluster; pipeline.runner
+  ``with_actor_cpus``). A run that raises is reported and skipped;
   the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
   a resumed run reports no wall time per request (``-``; its e2e_s still counts).
@@ -36,7 +37,6 @@ Contract:
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,16 +102,6 @@ def _read_rows(output_uri: str) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def embedded_cpus() -> int:
-    """CPUs for the eval's one generate actor on the embedded Ray, which has this machine to
-    itself: ``OMP_NUM_THREADS`` when set (the caller chose a thread count, as `make test`
-    does), otherwise every core."""
-    try:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        return os.cpu_count() or 1
-
-
 def run_eval(
     eval_set: str = DEFAULT_EVAL_SET,
     target_tokens: list[int] | None = None,
@@ -134,7 +124,7 @@ def run_eval(
     runner: str = "auto",
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
-    from pipeline.runner import cluster_address, new_run_id, resolve_runner, run_job, today_utc
+    from pipeline.runner import new_run_id, resolve_runner, run_job, today_utc
 
     if runner not in RUNNERS:
         raise ValueError(f"--runner {runner!r}: allowed {', '.join(RUNNERS)}")
@@ -162,7 +152,6 @@ def run_eval(
             limit=limit,
             overrides=common + scoped.get(r.method, []),
             autocompressor=autocompressor,
-            cpus=None if cluster_address(address) else embedded_cpus(),
         )
 
     specs = {r.tag: spec_of(r) for r in dict.fromkeys(runs + nll_runs)}

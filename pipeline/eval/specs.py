@@ -122,11 +122,9 @@ def build_eval_spec(
     limit: int | None,
     overrides: list[str],
     autocompressor: str | None = None,
-    cpus: int | None = None,
 ):
-    """One run's JobSpec. ``cpus``: the generate actor's ``resources.num_cpus`` (its torch
-    threads) unless an override sets it; None keeps the spec default (one CPU, what a
-    cluster node slice expects)."""
+    """One run's JobSpec (``resources`` as the spec defaults them, or as an override sets them:
+    ``num_cpus: auto`` gives the one engine every core of this machine)."""
     from schemas.loading import apply_overrides, spec_from_dict
 
     compression: dict[str, Any] = {"method": run.method}
@@ -150,8 +148,6 @@ def build_eval_spec(
         "generation": {"max_new_tokens": max_new_tokens},
         "output": {"uri": run_dir},
     }
-    if cpus is not None:
-        data["resources"] = {"num_cpus": cpus}
     return spec_from_dict(apply_overrides(data, overrides), source=f"eval run {run.tag}")
 
 

@@ -266,8 +266,9 @@ def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str,
     head["volumeMounts"] = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
                             *head.get("volumeMounts", [])]
     spec_volume = {"name": "job-spec", "configMap": {"name": configmap}}
+    # The pods' nodes are not this machine: num_cpus "auto" sizes them at 1 CPU per actor.
     groups = [_packed_group("gpu-workers" if res.num_gpus > 0 else "cpu-workers", opts, actors,
-                            res.num_gpus, res.num_cpus)]
+                            res.num_gpus, res.cpus_per_actor(None, res.max_actors))]
     method = method_for(job.compression)
     if method.runs_at == "text_stage" and method.uses_compress_gpus and res.compress_num_gpus > 0:
         # Only a text stage with its own (GPU) actor pool (rag) needs it; Finch and

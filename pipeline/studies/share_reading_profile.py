@@ -49,6 +49,7 @@ def profile_call(spec_path: str, share: bool, threads: int, doc: int, max_doc_to
     builder = PromptBuilder(loaded.tokenizer)
     ctx = builder.encode_text(record[spec.input.text_field])[:max_doc_tokens]
     questions = record[spec.input.question_field]
+    questions = [questions] if isinstance(questions, str) else questions  # one question or a list, as the reader takes
     parts = [builder.build(ctx, spec.task.resolved_instruction, q) for q in questions]
     loaded.prefill(parts[:1])  # warm-up, not profiled
     passes = _PassTimes(decoder(loaded.model))

@@ -10,6 +10,7 @@ readers) are tests/pipeline/test_run.py, parametrized by runner.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,38 @@ def test_an_unknown_runner_is_refused_before_anything_runs():
     assert res.exit_code == 2
     # an enum option (choices in --help): typer names the value and the choices
     assert "'--runner'" in res.output and "'yarn' is not one of 'auto', 'ray', 'local'" in res.output
+
+
+def test_num_cpus_auto_is_this_machines_cores_shared_by_its_engines_and_one_on_a_cluster(tmp_path, monkeypatch):
+    from pipeline.runner import usable_cores, with_actor_cpus
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # the caller's thread count is this machine's cores
+    assert usable_cores() == 6
+    one, pool = _spec(tmp_path, "random:tiny"), _spec(tmp_path, "random:tiny", actors=[1, 3])
+    assert one.resources.num_cpus == "auto"
+    assert with_actor_cpus(one, "local", None).resources.num_cpus == 6  # the one engine: every core
+    assert with_actor_cpus(one, "ray", None).resources.num_cpus == 6  # an embedded Ray, one actor
+    assert with_actor_cpus(pool, "ray", None).resources.num_cpus == 2  # shared by the pool's largest size
+    assert with_actor_cpus(one, "ray", "ray://head:10001").resources.num_cpus == 1  # a cluster's nodes: unknown
+    mine = _spec(tmp_path, "random:tiny", num_cpus=1.5)
+    assert with_actor_cpus(mine, "local", None) is mine  # a number is the user's
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_a_local_run_without_num_cpus_reads_with_this_machines_cores(tmp_path, tiny_model_dir, monkeypatch):
+    """The README's spec has no resources.num_cpus: a laptop run must not read with one core
+    (1.60x the documents per hour with both of a 2-core CPU's cores, jobs/results/code-choices.md)."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        res = run_job(_spec(tmp_path, str(tiny_model_dir)), run_date=DATE, progress=False, runner="local")
+        assert torch.get_num_threads() == 2  # the engine's torch threads
+    finally:
+        torch.set_num_threads(threads)
+    (record,) = (Path(res.output_uri + ".runs") / DATE).glob("*.json")
+    assert json.loads(record.read_text())["spec"]["resources"]["num_cpus"] == 2  # the figure the run used

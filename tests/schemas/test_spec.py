@@ -36,6 +36,8 @@ def test_spec_is_frozen():
         ({"compression": {"method": "truncate", "keep": "middle"}}, "compression.keep"),
         ({"generation": {"temprature": 0.5}}, "generation.temprature"),
         ({"resources": {"actors": [3, 1]}}, "resources.actors"),
+        ({"resources": {"num_cpus": "all"}}, "resources.num_cpus"),
+        ({"resources": {"num_cpus": 0}}, "resources.num_cpus"),
         ({"generation": {"speculative": {"min_ngram": 4, "max_ngram": 2}}}, "generation.speculative"),
         ({"name": "has space"}, "name"),
     ],
@@ -55,6 +57,17 @@ def test_an_output_root_without_a_parent_folder_is_refused(uri):
     with pytest.raises(SpecError, match=r"output\.uri.*names no folder with a parent"):
         spec_from_dict({**MINIMAL, "output": {"uri": uri}})
     assert spec_from_dict({**MINIMAL, "output": {"uri": f"{uri.rstrip('/')}/longdoc/{{job}}"}})
+
+
+def test_num_cpus_auto_resolves_from_the_machine_it_is_given():
+    """resources.num_cpus: ``auto`` by default; a number as written (pipeline/runner.py
+    ``with_actor_cpus`` hands it the machine)."""
+    res = spec_from_dict(MINIMAL).resources
+    assert res.num_cpus == "auto"
+    assert res.cpus_per_actor(8, 1) == 8 and res.cpus_per_actor(8, 3) == 2 and res.cpus_per_actor(2, 4) == 1
+    assert res.cpus_per_actor(None, 1) == 1  # a Ray cluster: its nodes are not this machine
+    two = spec_from_dict({**MINIMAL, "resources": {"num_cpus": 2.5, "actors": [1, 3]}}).resources
+    assert two.cpus_per_actor(8, 3) == 2.5 and two.cpus_per_actor(None, 3) == 2.5 and two.max_actors == 3
 
 
 def test_unknown_method_lists_allowed_methods():

@@ -173,9 +173,10 @@ class StepBackend:
         return (None, "inductor") if choice == "inductor" else (None, None)
 
     @classmethod
-    def prepare_process(cls, device: torch.device, num_cpus: float) -> str | None:
-        """Process settings before the model loads (the generate actor calls it once);
-        returns a line for the log, or None."""
+    def prepare_process(cls, device: torch.device, num_cpus: float | None) -> str | None:
+        """Process settings before the model loads (the generate actor calls it once), for
+        ``num_cpus`` CPUs (None: not fixed, the process's own default); returns a line for
+        the log, or None."""
         return None
 
     @classmethod

@@ -121,15 +121,17 @@ class TorchEagerBackend(StepBackend):
         return device.type != "cuda"
 
     @classmethod
-    def prepare_process(cls, device: torch.device, num_cpus: float) -> str | None:
-        """On CPU, one actor per node slice: torch uses the CPUs Ray granted it, not every core;
+    def prepare_process(cls, device: torch.device, num_cpus: float | None) -> str | None:
+        """On CPU, one actor per node slice: torch uses the CPUs Ray granted it, not every core
+        (None: torch's own default, the machine's cores or ``OMP_NUM_THREADS``);
         activations freed by one forward pass are reused by the next instead of
         page-faulted back in (host_memory.py, with what it measured); and transformers'
         SDPA path hands grouped KV heads to the kernel without copying them out
         (``grouped_heads_in_sdpa``)."""
         if device.type != "cpu":
             return None
-        torch.set_num_threads(max(1, int(num_cpus)))
+        if num_cpus is not None:
+            torch.set_num_threads(max(1, int(num_cpus)))
         said = [f"host memory: {allocator}" if (allocator := keep_freed_memory()) else None, grouped_heads_in_sdpa()]
         return "; ".join(x for x in said if x) or None
 

@@ -85,10 +85,8 @@ def test_build_eval_spec_per_method(tmp_path) -> None:
     assert ac.compression.checkpoint == "/ck"
     shipped = build_eval_spec(EvalRun("autocompressor", None), "/e.jsonl", "o", **kw)
     assert shipped.compression.checkpoint is None  # the method resolves its shipped default
-    assert none.resources.num_cpus == 1  # no cpus given: the spec default (a cluster slice)
-    embedded = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", cpus=2, **kw)
-    assert embedded.resources.num_cpus == 2
-    mine = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", cpus=2, max_new_tokens=8, limit=None,
+    assert none.resources.num_cpus == "auto"  # resolved by the run (pipeline.runner.with_actor_cpus)
+    mine = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", max_new_tokens=8, limit=None,
                            overrides=["resources.num_cpus=1.5"])
     assert mine.resources.num_cpus == 1.5  # the user's override wins
     with pytest.raises(SpecError, match="max_new_tokens"):
@@ -108,16 +106,3 @@ def test_load_question_meta(tmp_path) -> None:
     meta = load_question_meta(str(p))
     assert meta[("a", "q2")] == {"kind": "native", "style": "paraphrased", "depth": 0.9}
     assert meta[("7", "q3")] == {"kind": None, "style": None, "depth": None}
-
-
-def test_the_embedded_eval_uses_every_core_unless_omp_num_threads_says(monkeypatch) -> None:
-    import os
-
-    from pipeline.eval.runner import embedded_cpus
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert embedded_cpus() == (os.cpu_count() or 1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert embedded_cpus() == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
-    assert embedded_cpus() == (os.cpu_count() or 1)

@@ -62,7 +62,7 @@ def test_rayjob_cpu_from_sample_spec():
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1  # resources.actors
     (c,) = group["template"]["spec"]["containers"]
     assert c["image"] == "reg.example/longdoc:7"
-    assert c["resources"]["limits"] == {"cpu": "3", "memory": "8Gi"}  # num_cpus 2 + 1, no GPU
+    assert c["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}  # num_cpus auto (1 on a cluster) + 1, no GPU
     assert c["envFrom"] == [{"secretRef": {"name": "longdoc-s3"}}]
     assert "enableInTreeAutoscaling" not in spec["rayClusterSpec"]
     pod = group["template"]["spec"]
@@ -74,7 +74,7 @@ def test_rayjob_cpu_from_sample_spec():
 def test_raycronjob_gpu_autoscaling_and_timezone():
     code, docs, out = _render(
         str(SAMPLE), "--kind", "raycronjob", "--schedule", "30 1 * * *", "--timezone", "Europe/Zurich",
-        "--date-offset-days", "-1", "--set", "resources.actors=[2,6]", "--set", "resources.num_gpus=1",
+        "--date-offset-days", "-1", "--set", "resources.actors=[2,6]", "--set", "resources.num_gpus=1", "--set", "resources.num_cpus=2",
         "--set", "compression={method: rag, target_tokens: 512}",
         "--set", "resources.compress_num_gpus=0.5", "--set", "resources.compress_actors=4",
         "--max-failed-fraction", "0.1", "--service-account", "longdoc-runner",
@@ -91,7 +91,7 @@ def test_raycronjob_gpu_autoscaling_and_timezone():
     assert gen["groupName"] == "gpu-workers"
     assert (gen["replicas"], gen["minReplicas"], gen["maxReplicas"]) == (2, 2, 6)
     lim = gen["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert lim["nvidia.com/gpu"] == "1" and lim["cpu"] == "3"
+    assert lim["nvidia.com/gpu"] == "1" and lim["cpu"] == "3"  # num_cpus 2 + 1
     # 4 RAG actors x 0.5 GPU pack onto 2 one-GPU pods.
     assert comp["groupName"] == "compress-gpu-workers" and comp["replicas"] == 2
     assert comp["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -34,6 +34,18 @@ def test_a_cpu_process_lets_sdpa_take_grouped_heads_unless_the_user_chose(monkey
     assert grouped_heads_in_sdpa() is None and os.environ[GROUPED_SDPA_ENV] == "0"
 
 
+def test_a_cpu_process_takes_the_cpus_it_is_given_and_keeps_its_own_without():
+    threads = torch.get_num_threads()
+    try:
+        TorchEagerBackend.prepare_process(torch.device("cpu"), 1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        TorchEagerBackend.prepare_process(torch.device("cpu"), None)  # num_cpus auto, outside a run
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("cfg", [
     {"reading": "chunk", "scoring": "heads", "keep": "sentences", "min_relevance": 0.5},  # read once, three rows
     {"reading": "kept", "scoring": "paper"},  # the paper's reading
