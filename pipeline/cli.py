@@ -366,9 +366,8 @@ def _register_operations() -> None:
     )(bench_decode_command)
     bench_app.command("compress", help="Finch vs full prefill: peak memory and time.")(bench_compress)
     bench_app.command("job", help="The whole job end to end vs the transformers script a user would write instead.")(bench_job_command)  # noqa: E501
-    app.command("eval", help="QA accuracy, compression and time of every method at one budget.")(
-        eval_command
-    )
+    app.command("eval", help="QA accuracy, evidence recall, compression and time of every method at "
+                "each budget, per question style.")(eval_command)
     app.command(
         "train-autocompressor",
         help="Turn a causal LM into an AutoCompressor (summary embeddings + LoRA).",
