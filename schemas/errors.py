@@ -168,8 +168,8 @@ def _message(e: dict[str, Any], where: _Where) -> tuple[str, str | None]:
         return _extra_message(where), None
     if kind == "missing":
         return "missing; this field is required", None
-    if kind == "literal_error":
-        return f"got {_got(value)}; allowed: {ctx.get('expected')}", None
+    if kind == "literal_error":  # merged too: `auto` or a number is one line
+        return f"got {_got(value)}", str(ctx.get("expected"))
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         where.path.append(ctx.get("discriminator", "'method'").strip("'"))
         allowed = ctx.get("expected_tags") or ", ".join(
