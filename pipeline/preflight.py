@@ -24,11 +24,12 @@ What it checks:
   hub answers for within the connect timeout.
   A name found nowhere used to cost the model load's retries and end in transformers'
   traceback-like network error; a cluster's nodes have their own disks and caches, so a
-  run on one leaves the check to them.
+  run on one leaves the check to them. The GPUs it asks are counted the same way.
 
 An input whose URI holds ``{run_date}`` is checked only when a run date is given
 (`validate` has none); the output root is resolved with the run date, or today's.
-Imports neither Ray nor torch.
+Imports neither Ray nor torch, except that a spec asking for GPUs on this machine has them
+counted (``_check_gpus``: the device backends' count, as the run counts them).
 """
 
 from __future__ import annotations
@@ -65,7 +66,23 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
     problems += _check_output(spec, run_date)
     if models_here:
         problems += _check_models(spec)
+        problems += _check_gpus(spec)
     return problems
+
+
+def _check_gpus(spec: JobSpec) -> list[str]:
+    """GPUs the spec asks of this machine that it does not have (pipeline/runner.py
+    ``check_fits``, the run's own check). Only a spec that asks for GPUs pays for asking the
+    device backends (torch's import, a few seconds)."""
+    if spec.resources.num_gpus == 0 and spec.resources.compress_num_gpus == 0:
+        return []
+    from pipeline.runner import check_fits
+
+    try:
+        check_fits(spec, "local")
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def _remote(uri: str) -> bool:

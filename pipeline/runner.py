@@ -150,9 +150,9 @@ def check_fits(spec: JobSpec, runner: str) -> None:
     have = accelerator_count()
     for st in stages:
         if math.ceil(st.num_gpus) > have:
-            raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have} (runner local, "
-                             f"on this machine); allowed: {st.gpu_field} <= {have} here, or a Ray cluster "
-                             "(--address or $RAY_ADDRESS)")
+            here = f"{st.gpu_field}: 0 (on the CPU)" if have == 0 else f"{st.gpu_field} <= {have}"
+            raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have}; allowed: "
+                             f"{here} here, or a Ray cluster with GPUs (--address or $RAY_ADDRESS)")
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -116,14 +116,14 @@ def test_a_pool_no_node_can_take_fails_within_the_bound_naming_the_resource(head
 @pytest.mark.parametrize("runner", ["ray", "auto"])
 def test_one_machine_refuses_a_pool_it_cannot_place_at_once(runner, tmp_path):
     """On the embedded Ray (``--runner ray``) and in one process (``auto`` on one machine
-    with one actor: the local runner), a GPU this machine lacks is refused at once."""
+    with one actor: the local runner), a GPU this machine lacks is refused at once, by the
+    preflight `validate` shares (before Ray starts)."""
     spec = _spec(tmp_path, "local", "random:tiny", {"custom_resources": {}, "num_gpus": 1})
-    r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--date", DATE, "--quiet", "--runner", runner],
-                       env=_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
-    if runner == "ray":
-        assert "on this machine (embedded Ray)" in r.stderr and "missing on every node: GPU 1" in r.stderr
-    else:
-        assert "resources.num_gpus: 1 GPU(s) asked; this machine has 0 (runner local" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
+    said = "resources.num_gpus: 1 GPU(s) asked; this machine has 0; allowed: resources.num_gpus: 0 (on the CPU) here"
+    for command in (["run", str(spec), "--date", DATE, "--quiet", "--runner", runner], ["validate", str(spec)]):
+        r = subprocess.run([str(VENV_BIN / "longdoc"), *command], env=_env(), capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+        assert said in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
     assert not (tmp_path / "out-local").exists()  # nothing written

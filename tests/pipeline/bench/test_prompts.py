@@ -14,7 +14,7 @@ def test_prompts_have_exactly_the_asked_length(tokenizer):
     assert [len(p) for p in prompts] == [300, 300, 300]
     assert len({tuple(p) for p in prompts}) == 3  # one document each
     text = tokenizer.decode(prompts[0])
-    assert "Summarize the document above" in text
+    assert "Write a short summary of the document above" in text
 
 
 def test_short_documents_are_continued_and_rows_cycle(tokenizer, tmp_path):
