@@ -18,8 +18,9 @@ batch as it finishes (completion order), exactly what the Ray plan's
   (pipeline/plan.py ``model_stages``: tokenize, a text-stage method such as rag,
   generate), each called with its declared batch size, then WriteStage (staged files
   named by their request ids, as Ray's).
-- The generate stage is made first (model load and warm-up, before any document is
-  read); its declared ``in_flight`` batches of its ``batch_size`` are in its engine at once, from threads, as Ray calls one actor, so the engine's slots
+- The generate stage is made once the first input file is read (model load and warm-up,
+  before any request is tokenized), and not at all when no request is left to run (a
+  rerun of a finished date: every request skipped); its declared ``in_flight`` batches of its ``batch_size`` are in its engine at once, from threads, as Ray calls one actor, so the engine's slots
   stay full across batches. One generate stage whatever ``resources.actors`` says.
 - A stage that raises (a model that does not load, a broken device) ends the
   iteration with that exception: the runner's abort path turns every request
@@ -38,6 +39,7 @@ Imports no Ray; torch and the model stack are imported by ``batches()``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -99,6 +101,11 @@ class LocalPlan:
 
         stages = model_stages(spec)  # the Ray plan's stages, folded here into one process
         tl["t_imported"] = time.time()
+        tl.update(read_s=0.0, documents=0, requests=0)
+        chunks = self._request_batches(resolve_uri(spec.input.uri, self.run_date))
+        first = next(chunks, None)  # the first file read, so a rerun with nothing left loads no model
+        if first is None:
+            return
         if self.on_wait is not None:
             self.on_wait()  # "loading the model": the load may take a while (a big model, a slow disk)
         *text_stages, gen = stages
@@ -118,8 +125,7 @@ class LocalPlan:
             tl["tokenize_init_s" if stage.name == "tokenize" else "text_stage_init_s"] = time.time() - t0
         write = WriteStage(self.output_root, self.run_date, self.run_id)
         calls = _GenerateCalls(generate, gen.in_flight, self.on_wait, self.tick_s)
-        tl.update(batches_in_flight=calls.limit, batch_size=gen.batch_size,
-                  read_s=0.0, tokenize_s=0.0, text_stage_s=0.0, documents=0, requests=0)
+        tl.update(batches_in_flight=calls.limit, batch_size=gen.batch_size, tokenize_s=0.0, text_stage_s=0.0)
 
         def run_stage(stage: ModelStage, fn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             """``fn`` over ``rows`` in calls of the stage's own batch size, as Ray calls it."""
@@ -129,7 +135,7 @@ class LocalPlan:
             return out
 
         try:
-            for chunk in self._request_batches(resolve_uri(spec.input.uri, self.run_date)):
+            for chunk in itertools.chain([first], chunks):
                 tl.setdefault("t_first_start", time.time())
                 for stage, fn in made:
                     t0 = time.time()

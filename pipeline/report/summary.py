@@ -228,6 +228,10 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("wall_s", "wall time (s)"),
         ("cost_usd", "total cost (USD)"),
     ]
+    if "skipped" in summary:  # a run's own summary (`report` summarizes rows): the date beside it
+        at = keys.index(("status", "status"))
+        keys[at:at] = [("skipped", "requests already done (skipped)")]
+        keys[at + 2:at + 2] = [("date_rows", "rows of the date (all runs)"), ("date_failed", "  of them failed")]
     if summary.get("answers_scored"):  # only where the input had references
         keys += [("answers_scored", "answers with a reference"),
                  ("answers_contain", "  containing the reference"),

@@ -96,17 +96,18 @@ def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heal
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
     failed = run_job(_spec(tmp_path, str(broken)), run_date=DATE, progress=False, runner="local")
-    # The model loads before any document is read: the input file not read yet is one
-    # retryable placeholder row naming it and the reason (the runner's abort contract).
+    # The model loads once the first input file is read: each of its requests without a row
+    # is a retryable row naming the reason (the runner's abort contract).
     assert failed.summary["status"] == "failed" and "config.json" in failed.summary["abort_reason"]
-    (row,) = _rows(failed.output_uri).values()
-    assert row["error_kind"] == RETRYABLE and "run aborted" in row["error"] and "docs.jsonl" in row["source_uri"]
-    # The same spec with a model that loads: every request gets its row, the placeholder goes.
+    aborted = _rows(failed.output_uri)
+    assert len(aborted) == 11 and all(r["error_kind"] == RETRYABLE and "run aborted" in r["error"]
+                                      for r in aborted.values())
+    # The same spec with a model that loads: the retryable rows are redone in place.
     healed = run_job(_spec(tmp_path, str(tiny_model_dir)), run_date=DATE, progress=False, runner="local")
-    assert healed.summary["status"] != "failed" and healed.summary["retried"] == 1
+    assert healed.summary["status"] != "failed" and healed.summary["retried"] == 11
     rows = _rows(healed.output_uri)
     assert len(rows) == 11 and sum(r["error"] is None for r in rows.values()) == 10
-    assert row["request_id"] not in rows
+    assert not rows.keys() & aborted.keys()  # the aborted rows (another model: other ids) are gone
 
 
 def test_while_it_waits_for_the_engine_the_plan_says_what_the_engine_holds(tmp_path, tiny_model_dir):
@@ -199,3 +200,17 @@ def test_a_local_run_without_num_cpus_reads_with_this_machines_cores(tmp_path, t
         torch.set_num_threads(threads)
     (record,) = (Path(res.output_uri + ".runs") / DATE).glob("*.json")
     assert json.loads(record.read_text())["spec"]["resources"]["num_cpus"] == 2  # the figure the run used
+
+
+def test_a_rerun_with_nothing_left_loads_no_model_and_says_what_the_date_holds(tmp_path, tiny_model_dir):
+    from pipeline.report.summary import format_summary
+
+    spec = _spec(tmp_path, str(tiny_model_dir))
+    first = run_job(spec, run_date=DATE, progress=False, runner="local")
+    timeline: dict = {}
+    again = run_job(spec, run_date=DATE, progress=False, runner="local", timeline=timeline)
+    assert again.summary["rows"] == 0 and again.summary["skipped"] == first.summary["rows"] == 11
+    assert "generate_init_s" not in timeline and timeline["documents"] == 6  # read, nothing loaded
+    lines = dict(line.strip().rsplit(None, 1) for line in format_summary(again.summary).splitlines()[1:])
+    assert lines["requests already done (skipped)"] == "11" and lines["rows of the date (all runs)"] == "11"
+    assert lines["of them failed"] == "1"  # the bad line's row, from the first run
