@@ -317,27 +317,31 @@ def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Doc
 
 
 def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec) -> Document:
+    """A record's document; one whose text or id is unusable keeps its questions and answers,
+    so each question still gets its own error row (its ``prompt``, the row to match)."""
     raw_id = rec.get(inp.id_field)
     doc_id = str(raw_id) if raw_id is not None else where
+    questions = [str(q) for q in _as_list(rec.get(inp.question_field))] if inp.question_field else []
+    answers = [None if a is None else str(a) for a in _as_list(rec.get(inp.answer_field))] if inp.answer_field else []
+    doc = Document(doc_id, path, None, questions=questions, answers=answers, error_kind=INPUT)
     text = rec.get(inp.text_field)
     if text is None:
-        return _bad(doc_id, path, f"read: {where}: missing field {inp.text_field!r}")
-    if not isinstance(text, str):
-        return _bad(doc_id, path, f"read: {where}: field {inp.text_field!r} is not a string")
-    if not text.strip():
-        return _bad(doc_id, path, f"read: {where}: field {inp.text_field!r} is empty")
+        doc.error = f"read: {where}: missing field {inp.text_field!r}"
+    elif not isinstance(text, str):
+        doc.error = f"read: {where}: field {inp.text_field!r} is not a string"
+    elif not text.strip():
+        doc.error = f"read: {where}: field {inp.text_field!r} is empty"
     # chars <= UTF-8 bytes <= 4 * chars: encode only when the count is in doubt
-    if len(text) > inp.max_doc_bytes or (
+    elif len(text) > inp.max_doc_bytes or (
         4 * len(text) > inp.max_doc_bytes and len(text.encode("utf-8")) > inp.max_doc_bytes
     ):
         size = len(text.encode("utf-8", "surrogatepass"))
-        return _bad(doc_id, path, _over_bytes(size, inp, f"{where}: field {inp.text_field!r}"))
-    if raw_id is None:
-        return _bad(doc_id, path, f"read: {where}: missing field {inp.id_field!r}")
-    questions = _as_list(rec.get(inp.question_field)) if inp.question_field else []
-    answers = _as_list(rec.get(inp.answer_field)) if inp.answer_field else []
-    return Document(doc_id, path, text, questions=[str(q) for q in questions],
-                    answers=[None if a is None else str(a) for a in answers])
+        doc.error = _over_bytes(size, inp, f"{where}: field {inp.text_field!r}")
+    elif raw_id is None:
+        doc.error = f"read: {where}: missing field {inp.id_field!r}"
+    else:
+        doc.text, doc.error_kind = text, None
+    return doc
 
 
 def _as_list(v: Any) -> list:

@@ -121,6 +121,24 @@ def test_requests_expand_per_question_with_stable_ids(tmp_path):
     assert len(no_q) == 1 and "no question" in no_q[0]["error"]
 
 
+def test_a_record_whose_text_is_unusable_keeps_a_row_per_question(tmp_path):
+    """Its questions are readable: each gets its own error row, matched by its prompt."""
+    p = tmp_path / "d.jsonl"
+    recs = [{"id": "empty", "text": " ", "q": ["Who?", "When?"], "a": ["x", None]},
+            {"id": "num", "text": 7, "q": "Why?"}, {"text": "no id", "q": ["How?"]}]
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    spec = spec_from_dict({"name": "qa", "task": {"kind": "qa"},
+                           "input": {"uri": str(p), "format": "jsonl", "question_field": "q", "answer_field": "a"}})
+    docs = read_shard(str(p), spec.input, str(p))
+    rows = [r for d in docs for r in expand_requests(d, spec, "r", "2026-01-01", generation_fingerprint(spec))]
+    assert [(r["doc_id"], r["prompt"], r["reference"]) for r in rows] == [
+        ("empty", "Who?", "x"), ("empty", "When?", None), ("num", "Why?", None), (f"{p}:3", "How?", None)]
+    assert all(r["error_kind"] == "input" and r["text"] is None for r in rows)
+    assert "field 'text' is empty" in rows[0]["error"] and "is not a string" in rows[2]["error"]
+    assert "missing field 'id'" in rows[3]["error"]
+    assert len({r["request_id"] for r in rows}) == 4
+
+
 # ----------------------------------------------------------------------------- bounded, streamed
 def test_iter_lines_matches_split_for_any_block_size():
     import io
