@@ -87,6 +87,9 @@ def validate(
                            "first records, test-writing the output): for a spec whose credentials exist "
                            "only where it runs.")
     ] = False,
+    date: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Check the input of this run date YYYY-MM-DD (a spec whose input.uri holds {run_date}); "
+             "without it such an input is left to `run`.")] = None,
 ) -> None:
     """Validate a job spec and print it with every default resolved (exit 2 if invalid).
 
@@ -102,16 +105,17 @@ def validate(
     if spec is None:
         typer.echo("error: missing SPEC (or pass --schema)", err=True)
         raise typer.Exit(2)
-    job = _load(spec, set_)
-    _check_local_input(job, spec)
+    _check_args(date)
+    job = _load(spec, set_, run_date=date)
+    _check_local_input(job, spec, date)
     if not skip_storage:
-        _preflight(job, None)
+        _preflight(job, date)
     typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
     # What passed, as a YAML comment: the output stays a spec a user can save and run.
-    typer.echo(f"# {spec}: valid; {_validated(job, skip_storage)}")
+    typer.echo(f"# {spec}: valid; {_validated(job, skip_storage, date)}")
 
 
-def _validated(job, skip_storage: bool) -> str:
+def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
     """What ``validate`` checked beyond the spec itself, in words (the preflight's scope)."""
     if skip_storage:
         return "storage not checked (--skip-storage): `run` checks it before the model loads"
@@ -120,20 +124,20 @@ def _validated(job, skip_storage: bool) -> str:
 
     if cluster_address(None) is None:
         output += "; the models it loads are found on this machine"
-    if "{run_date}" in job.input.uri:
-        return f"{output}; the input's URI needs a run date, so `run` checks its records"
+    if "{run_date}" in job.input.uri and run_date is None:
+        return f"{output}; the input's URI needs a run date (--date), so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
                                    job.input.answer_field) if f)
     what = "its files" if job.input.format == "text" else f"its first records have {fields}"
-    return f"the input {job.input.uri} lists and {what}; {output}"
+    return f"the input {job.input.uri.replace('{run_date}', run_date or '')} lists and {what}; {output}"
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:
     """A local input is listed as the runner will list it: a folder without files of the
     format (a folder named ``x.jsonl``), or one holding a FIFO or a device, is refused
-    here (exit 2), before Ray's import. ``validate`` has no run date: an input with
-    {run_date} is then left to `run`, and so are remote inputs (their credentials may
-    exist only where the job runs)."""
+    here (exit 2), before Ray's import. Without a run date (``validate`` without
+    ``--date``) an input with {run_date} is left to `run`, and so are remote inputs (their
+    credentials may exist only where the job runs)."""
     uri = job.input.uri
     if ("{" in uri and run_date is None) or ("://" in uri and not uri.startswith("file://")):
         return

@@ -34,6 +34,7 @@ counted (``_check_gpus``: the device backends' count, as the run counts them).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -221,8 +222,10 @@ def _check_local_output(root: str) -> list[str]:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        return [f"output.uri: {shown(root)}: cannot write in {shown(str(here))} ({e.strerror or e}); fix: "
-                "grant this user write permission there (chmod/chown), or choose another output.uri"]
+        # Only a permission is the user's to grant; /proc, a read-only mount or a full disk are not.
+        fix = ("grant this user write permission there (chmod/chown), or choose another output.uri"
+               if e.errno in (errno.EACCES, errno.EPERM) else "choose an output.uri on a writable disk")
+        return [f"output.uri: {shown(root)}: cannot write in {shown(str(here))} ({e.strerror or e}); fix: {fix}"]
     return []
 
 

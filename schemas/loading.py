@@ -308,7 +308,10 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
         except OSError:
             st = None
         if st is None:
-            problems.append(f"input.uri: {shown(uri)} does not exist; allowed: an existing file or folder")
+            # A relative path is the commonest miss: say where it was looked for.
+            looked = "" if path.is_absolute() else f" (looked for {shown(str(path.absolute()))})"
+            problems.append(f"input.uri: {shown(uri)} does not exist{looked}; allowed: an existing file or "
+                            "folder, a relative path from the folder you run longdoc in")
         elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
             # A FIFO blocks the reader for ever and /dev/zero never ends: refused, not read.
             problems.append(

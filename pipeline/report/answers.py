@@ -34,7 +34,8 @@ def format_answers(table: pa.Table, limit: int) -> str:
     rows = table.filter(pc.equal(table.column("run_date"), newest))
     rows = rows.take(pc.sort_indices(rows, [("doc_id", "ascending"), ("prompt", "ascending")]))
     shown = rows.slice(0, limit).to_pylist()
-    lines = [f"answers of {newest}: {len(shown)} of {rows.num_rows} row(s) (--answers N for more)"]
+    more = " (--answers N for more)" if len(shown) < rows.num_rows else ""
+    lines = [f"answers of {newest}: {len(shown)} of {rows.num_rows} row(s){more}"]
     for r in shown:
         lines.append(f"[{r['doc_id']}] {' '.join((r.get('prompt') or '').split())}")
         if r.get("error") is not None:

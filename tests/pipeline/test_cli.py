@@ -94,6 +94,19 @@ def test_validate_checks_the_local_input_for_the_run_date(tmp_path):
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet"])
     # The folder as the message shows it (shown(): a long path is cut in the middle).
     assert res.exit_code == 2 and f"{shown(f'{tmp_path}/2026-02-01')} does not exist" in res.output
+    # validate --date checks the same folder `run` would list
+    res = runner.invoke(app, ["validate", str(spec), "--date", "2026-02-01"])
+    assert res.exit_code == 2 and f"{shown(f'{tmp_path}/2026-02-01')} does not exist" in res.output
+    res = runner.invoke(app, ["validate", str(spec), "--date", "2026-01-31"])
+    assert res.exit_code == 0 and f"the input {tmp_path}/2026-01-31 lists and its files" in res.output
+
+
+def test_a_relative_input_that_is_not_there_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: d\ninput: {uri: notes}\noutput: {uri: out}\n")
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and f"'notes' does not exist (looked for {shown(str(tmp_path / 'notes'))})" in res.output
 
 
 def test_oversized_documents_become_input_error_rows(tmp_path, tiny_model_dir, ray_session):

@@ -118,7 +118,23 @@ def test_an_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
 def test_a_read_only_output_folder_is_refused(tmp_path):
     """/proc refuses new files even to root: the test-write, not a permission bit, decides."""
     spec = _spec(tmp_path, output={"uri": "/proc/longdoc-out"})
-    _both(spec, ["output.uri", "'/proc/longdoc-out'", "cannot write in '/proc'", "fix: grant"])
+    _both(spec, ["output.uri", "'/proc/longdoc-out'", "cannot write in '/proc'",
+                 "fix: choose an output.uri on a writable disk"])
+
+
+def test_a_denied_output_folder_names_the_permission_fix(tmp_path, monkeypatch):
+    """A permission is the user's to grant (this suite runs as root: the denial is made)."""
+    import errno
+    import tempfile
+
+    from pipeline.preflight import _check_local_output
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    (said,) = _check_local_output(str(tmp_path / "out"))
+    assert "(Permission denied); fix: grant this user write permission there (chmod/chown)" in said
 
 
 def test_s3_without_credentials_is_refused(tmp_path, s3, no_aws, monkeypatch):
