@@ -284,3 +284,6 @@ def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_it
     assert json.loads(fp)["compression"] == before
     capped = spec_from_dict({**base, "compression": {**base["compression"], "scoring": "heads", "max_scoring_layers": 8}})
     assert json.loads(generation_fingerprint(capped))["compression"]["max_scoring_layers"] == 8
+    assert "repeat_guard" not in json.loads(fp)  # the repeat guard, off by default, the same way
+    guarded = spec_from_dict({**base, "generation": {"repeat_guard": 12}})
+    assert json.loads(generation_fingerprint(guarded))["repeat_guard"] == 12
