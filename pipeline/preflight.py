@@ -245,6 +245,7 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
     shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
     fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
            f"job runs, or the shipped {shipped}")
+
     path = Path(name.removeprefix("file://")).expanduser()
     if path.exists():
         if path.is_dir() and any((path / f).is_file() for f in ("config.json", "modules.json")):
@@ -258,6 +259,9 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
 
     if any(isinstance(huggingface_hub.try_to_load_from_cache(i, "config.json"), str) for i in ids):
         return None
+    meant = [e for e in EMBEDDED_NAMES.get(kind, ()) if e.removeprefix("embedded:") == name.lower()]
+    if meant:  # the shipped model's name without its prefix (and not downloaded under it)
+        return f"{field}: {shown(name)} is not downloaded here; the shipped model of that name is {meant[0]}"
     if any(os.environ.get(v) not in (None, "", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
         return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
                 f"is switched off (HF_HUB_OFFLINE); {fix}")

@@ -211,6 +211,16 @@ def test_a_model_found_nowhere_is_refused_naming_the_field_and_the_shipped_one(t
                  "embedded:smollm2-135m-instruct"])
 
 
+def test_the_shipped_name_without_its_prefix_is_named_with_it(tmp_path, empty_hf_cache):
+    """Not downloaded under that name (a download of it would be found in the cache first)."""
+    _both(_spec(tmp_path, generation={"model": "SmolLM2-135M-Instruct"}),
+          ["generation.model: 'SmolLM2-135M-Instruct' is not downloaded here; the shipped model of that name is "
+           "embedded:smollm2-135m-instruct"])
+    _both(_spec(tmp_path, compression={"method": "rag", "embedder": "all-MiniLM-L6-v2"}),
+          ["compression.embedder: 'all-MiniLM-L6-v2' is not downloaded here; the shipped model of that name is "
+           "embedded:all-minilm-l6-v2"])
+
+
 def test_an_unreachable_hub_is_one_line(tmp_path, empty_hf_cache, monkeypatch):
     import huggingface_hub.constants as c
 
