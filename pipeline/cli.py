@@ -110,7 +110,9 @@ def validate(
     _check_local_input(job, spec, date)
     if not skip_storage:
         _preflight(job, date)
-    typer.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
+    shown_spec = job.model_dump(mode="json")
+    shown_spec["task"]["instruction"] = job.task.resolved_instruction  # the default's text, not null
+    typer.echo(yaml.safe_dump(shown_spec, sort_keys=False))
     # What passed, as a YAML comment: the output stays a spec a user can save and run.
     typer.echo(f"# {spec}: valid; {_validated(job, skip_storage, date)}")
 

@@ -23,7 +23,9 @@ def test_validate_prints_resolved_spec():
     last = res.output.strip().splitlines()[-1]
     assert last.startswith("# jobs/sample-qa.yaml: valid; the input jobs/sample-qa.jsonl lists and its first "
                            "records have id, text, questions, answers; the output "), last
-    assert yaml.safe_load(res.output)["generation"]["max_new_tokens"] == 7
+    printed = yaml.safe_load(res.output)
+    assert printed["generation"]["max_new_tokens"] == 7
+    assert printed["task"]["instruction"].startswith("Answer the question")  # the default's text, not null
     skipped = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--skip-storage"])
     assert "storage not checked (--skip-storage)" in skipped.output.strip().splitlines()[-1]
 
