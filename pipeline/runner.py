@@ -291,6 +291,9 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     # cluster (actors pinned to labelled nodes) runs unchanged on one machine.
     custom = {k: float(v) * max_actors for k, v in res.custom_resources.items()}
     ray.init(
+        # "local": a new instance even where a `ray start` cluster runs on this machine (without
+        # it ray.init attaches to that one and refuses num_cpus); --address names a cluster.
+        address="local",
         num_cpus=logical,
         resources=custom or None,
         include_dashboard=False,

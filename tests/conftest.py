@@ -62,6 +62,7 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # ours, even where a `ray start` cluster runs on this machine
             num_cpus=8,  # logical slots: actor pools + read/write tasks, not cores
             include_dashboard=False,
             log_to_driver=False,

@@ -10,6 +10,9 @@
   nodes have; its requests are retryable rows.
 - Unschedulable on the embedded Ray (this machine, nothing will be added): refused at
   once, exit 2, nothing written.
+- The embedded Ray beside a cluster a user started on this machine (`ray start`): a run
+  without --address starts its own instead of attaching to that one (which refused the
+  embedded Ray's CPU count).
 """
 
 from __future__ import annotations
@@ -127,3 +130,23 @@ def test_one_machine_refuses_a_pool_it_cannot_place_at_once(runner, tmp_path):
         assert said in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "out-local").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_the_embedded_ray_is_its_own_beside_a_cluster_started_on_this_machine(head, tmp_path):
+    """Ray finds a `ray start` cluster through {RAY_TMPDIR or /tmp}/ray/ray_current_cluster:
+    the test's head is made discoverable there (a private folder, so no other session sees it)."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="ldtmp", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        (tmp / "ray").mkdir()
+        (tmp / "ray" / "ray_current_cluster").write_text(head.gcs_address)
+        spec = _spec(tmp_path, "beside", "random:tiny", {"custom_resources": {}})
+        r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--date", DATE, "--quiet", "--runner", "ray"],
+                           env=_env(RAY_TMPDIR=str(tmp)), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert len(_rows(tmp_path / "out-beside")) == N_DOCS
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
