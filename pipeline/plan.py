@@ -64,6 +64,13 @@ def stage_chain(spec: JobSpec) -> list[StageColumns]:
     return [READ, TOKENIZE, method, GENERATE, WRITE]
 
 
+#: CPUs a read, request-expansion or write task asks of Ray (its default is 1). The actor
+#: pools hold their CPUs for the whole run; a task of 1 CPU then never fit beside them on a
+#: node of the pools' own size (a 2-CPU node: generate 1 + tokenize 0.5), and the run waited
+#: for ever with no word (seen on a `ray start --num-cpus=2` cluster). These tasks parse,
+#: hash and write files: a quarter of a CPU each.
+IO_TASK_CPUS = 0.25
+
 #: Rows a tokenize or text-stage call takes: small batches keep the pipeline streaming
 #: (a batch is tokenized while the generate stage decodes the one before).
 TEXT_BATCH = 16
@@ -209,10 +216,10 @@ def _build_plan(
     items = [{"shard": s, "index": i} for i, s in enumerate(shards)]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(shards), 200)))
     ds = ds.map_batches(ReadDocuments(spec, root_uri, output_root, run_id, run_date),
-                        batch_size=None, batch_format="pyarrow")
+                        batch_size=None, batch_format="pyarrow", num_cpus=IO_TASK_CPUS)
     if spec.input.limit:
         ds = ds.limit(spec.input.limit)
-    ds = ds.flat_map(ExpandRequests(spec, run_id, run_date, skip))
+    ds = ds.flat_map(ExpandRequests(spec, run_id, run_date, skip), num_cpus=IO_TASK_CPUS)
     for stage in model_stages(spec):
         if stage.name == "generate":
             # One block per generate batch: a shard (a big JSONL file) otherwise reaches the
@@ -240,5 +247,6 @@ def _build_plan(
             max_restarts=res.max_retries,
             max_task_retries=res.max_retries,
         )
-    ds = ds.map_batches(WriteStage(output_root, run_date, run_id), batch_size=None, batch_format="numpy")
+    ds = ds.map_batches(WriteStage(output_root, run_date, run_id), batch_size=None, batch_format="numpy",
+                        num_cpus=IO_TASK_CPUS)
     return ds, len(shards)

@@ -10,6 +10,8 @@
   nodes have; its requests are retryable rows.
 - Unschedulable on the embedded Ray (this machine, nothing will be added): refused at
   once, exit 2, nothing written.
+- A cluster node of the pools' own size (2 CPUs: generate 1 + tokenize 0.5): the read,
+  expansion and write tasks fit beside them (they asked 1 CPU each and waited for ever).
 - The embedded Ray beside a cluster a user started on this machine (`ray start`): a run
   without --address starts its own instead of attaching to that one (which refused the
   embedded Ray's CPU count).
@@ -150,3 +152,16 @@ def test_the_embedded_ray_is_its_own_beside_a_cluster_started_on_this_machine(he
         assert len(_rows(tmp_path / "out-beside")) == N_DOCS
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_two_cpu_node_runs_the_default_plan_to_the_end(tmp_path):
+    spec = _spec(tmp_path, "small", "random:tiny", {"custom_resources": {}})
+    data = yaml.safe_load(spec.read_text())
+    del data["resources"]["num_cpus"]  # auto: 1 per actor on a cluster
+    spec.write_text(yaml.safe_dump(data))
+    with ray_head(num_cpus=2) as h:
+        r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--date", DATE, "--quiet",
+                            "--address", h.gcs_address], env=_env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert len(_rows(tmp_path / "out-small")) == N_DOCS
