@@ -325,8 +325,13 @@ def report(
         "answer or error, reference.")] = 0,
 ) -> None:
     """Summarise the Parquet output of one or more runs."""
+    from pipeline.preflight import readable_problem
     from pipeline.report.load import load_output, run_summaries
 
+    problem = readable_problem("OUTPUT_URI", output_uri)
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     table = load_output(output_uri)
     if table.num_rows == 0:
         typer.echo(f"error: no rows under {output_uri}", err=True)

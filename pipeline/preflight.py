@@ -120,6 +120,24 @@ def storage_problem(field: str, uri: str, err: BaseException) -> str:
     return f"{where}: {name}: {first}"
 
 
+def readable_problem(name: str, uri: str) -> str | None:
+    """One line when ``uri`` (what the user called ``name``) cannot be listed from here, else
+    None: an object store is asked once with a short timeout (`longdoc report`'s first step:
+    reading the table goes through the retrying client, which took 33 s to give up on a
+    stopped endpoint and then printed botocore's traceback). A missing path is not a
+    problem here (its reader says it has no rows)."""
+    if not _remote(uri):
+        return None
+    try:
+        fs, path = _fs(uri)
+        fs.ls(path)
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001 - every storage failure becomes one line
+        return storage_problem(name, uri, e)
+    return None
+
+
 # ----------------------------------------------------------------------------- input
 def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     from stages.read import list_shards, resolve_uri

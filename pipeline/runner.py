@@ -278,7 +278,16 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     env = dict(MODEL_STACK_ENV)
     quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        _reachable(address)
+        try:
+            ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        except ConnectionError as e:  # an OSError: not the storage failure the CLI would call it
+            auth = os.environ.get("RAY_AUTH_MODE", "unset")
+            raise ValueError(
+                f"--address {address}: cannot connect to the Ray cluster ({e}); fix: give the head's GCS "
+                "address (host:6379 by default; the Jobs API's http://host:8265 is `longdoc submit`'s), "
+                f"and for a cluster with token authentication (RAY_AUTH_MODE is {auth} here) set "
+                "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN") from None
         quiet_native_stderr()
         return False
     # Embedded Ray: logical CPUs are a scheduling budget, not cores. Give every actor
@@ -303,6 +312,24 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     )
     quiet_native_stderr()  # after ray.init: Ray's own processes must not inherit the filter
     return True
+
+
+def _reachable(address: str, timeout_s: float = 3.0) -> None:
+    """ValueError naming ``address`` when nothing answers at its host and port: ray.init waits
+    on an address where nothing listens for minutes (over ten, seen here) before it fails.
+    ``auto`` and addresses without a port are left to Ray."""
+    import socket
+
+    hostport = address.rpartition("://")[2].rstrip("/")  # ray://host:10001, or a bare host:port
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: nothing answers there ({e.strerror or e}); fix: give the Ray "
+                         "head's address (host:6379 by default), or run without --address and $RAY_ADDRESS "
+                         "on this machine") from None
 
 
 # What a resumed run keeps of each earlier attempt of its run id.

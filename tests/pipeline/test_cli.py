@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import yaml
 from typer.testing import CliRunner
@@ -167,3 +169,16 @@ def test_choice_options_list_their_choices_in_help():
     assert "auto|ray|local" in res.output and "all|retryable|none" in res.output
     bad = runner.invoke(app, ["run", "jobs/sample-qa.yaml", "--runner", "cluster"])
     assert bad.exit_code == 2 and "'cluster' is not one of" in bad.output
+
+
+def test_a_cluster_address_where_nothing_answers_is_refused_at_once(tmp_path):
+    """ray.init waited over ten minutes on such an address before it failed."""
+    from ray_head import free_ports
+
+    (port,) = free_ports(1)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: d\ninput: {{uri: '{Path(__file__).resolve().parents[2]}/jobs/corpus'}}\noutput: {{uri: {tmp_path}/out}}\n")
+    t0 = time.monotonic()
+    res = runner.invoke(app, ["run", str(spec), "--quiet", "--address", f"127.0.0.1:{port}"])
+    assert res.exit_code == 2 and f"--address 127.0.0.1:{port}: nothing answers there" in res.output, res.output
+    assert time.monotonic() - t0 < 60

@@ -155,6 +155,20 @@ def test_an_unreachable_endpoint_is_refused(tmp_path, no_aws, monkeypatch):
     _both(spec, ["output.uri", "cannot reach the object store", "fix: check AWS_ENDPOINT_URL"])
 
 
+def test_report_on_an_object_store_it_cannot_reach_is_one_line(s3, no_aws, monkeypatch):
+    """`longdoc report` asks the store once, as the preflight does (it printed botocore's
+    traceback, after 33 s for a stopped endpoint)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint_url)
+    res = runner.invoke(app, ["report", "s3://results/out"])  # no credentials
+    assert res.exit_code == 2 and "OUTPUT_URI: 's3://results/out': no credentials" in res.output
+    assert "Traceback" not in res.output
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    res = runner.invoke(app, ["report", "s3://results/out"])
+    assert res.exit_code == 2 and "cannot reach the object store at http://127.0.0.1:9" in res.output
+
+
 def test_a_missing_bucket_is_refused(tmp_path, s3, no_aws, monkeypatch):
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
