@@ -317,8 +317,12 @@ def _follow_and_exit_code(client: JobSubmissionClient, sid: str) -> int:
     typer.echo(f"job {sid} finished: {status.value}")
     if status == JobStatus.SUCCEEDED:
         return 0
-    if info.message:
-        typer.echo(f"  {info.message.splitlines()[0]}", err=True)
+    lines = [line.strip() for line in (info.message or "").splitlines() if line.strip()]
+    if lines:
+        # Ray's message is a heading ("... last available logs (truncated ...):") and then the
+        # logs: their last line is the job's own error.
+        said = lines[0] + (f" ... {lines[-1]}" if lines[0].endswith(":") and len(lines) > 1 else "")
+        typer.echo(f"  {said}", err=True)
     return info.driver_exit_code or 1
 
 

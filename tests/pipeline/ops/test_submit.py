@@ -117,6 +117,7 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     assert r.returncode != 0 and f"job {sid}-retry1 finished: FAILED" in r.stdout, r.stdout + r.stderr
     assert "entrypoint: longdoc run tinyjob.yaml" in r.stdout
     assert "note: input.uri='corpus' is a local path" in r.stderr
+    assert "input.uri: 'corpus' does not exist" in r.stderr  # the job's own error, not Ray's heading alone
     assert pq.read_table(out_dir).num_rows == 3
 
     r = longdoc("status", sid, "--address", head.dashboard_url)
