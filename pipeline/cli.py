@@ -122,7 +122,7 @@ def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
     if skip_storage:
         return "storage not checked (--skip-storage): `run` checks it before the model loads"
     output = f"the output {job.output.uri.replace('{job}', job.name)} can be written"
-    from pipeline.runner import cluster_address
+    from pipeline.placement import cluster_address
 
     if cluster_address(None) is None:
         output += "; the models it loads are found on this machine"
@@ -155,8 +155,8 @@ def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None
 def _preflight(job, run_date: str | None, address: str | None = None) -> None:
     """Exit 2 with one line per problem (pipeline/preflight.py) before any model loads; the
     models are looked for here unless the run goes to a Ray cluster (``address``, $RAY_ADDRESS)."""
+    from pipeline.placement import cluster_address
     from pipeline.preflight import preflight
-    from pipeline.runner import cluster_address
 
     problems = preflight(job, run_date, models_here=cluster_address(address) is None)
     for p in problems:
@@ -240,8 +240,9 @@ def run(
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
     _preflight(job, run_date, address)
+    from pipeline.placement import resolve_runner
     from pipeline.report.summary import format_summary
-    from pipeline.runner import RunInterrupted, resolve_runner, run_job
+    from pipeline.runner import RunInterrupted, run_job
 
     restore = _interrupts_raise()
     try:

@@ -116,7 +116,7 @@ def model_stages(spec: JobSpec) -> list[ModelStage]:
             f"compression {method.name!r}", method.stage_class(), TEXT_BATCH, res.compress_actors,
             num_gpus=res.compress_num_gpus if method.uses_compress_gpus else 0.0,
         ))
-    # A run's spec holds a number (runner.with_actor_cpus); "auto" here counts as a cluster's 1.
+    # A run's spec holds a number (placement.with_actor_cpus); "auto" here counts as a cluster's 1.
     stages.append(ModelStage(
         "generate", GenerateStage, res.batch_size, res.actors, generate_batches_in_flight(spec),
         num_cpus=res.cpus_per_actor(None, res.max_actors), num_gpus=res.num_gpus,

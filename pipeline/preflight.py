@@ -72,12 +72,12 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
 
 
 def _check_gpus(spec: JobSpec) -> list[str]:
-    """GPUs the spec asks of this machine that it does not have (pipeline/runner.py
+    """GPUs the spec asks of this machine that it does not have (pipeline/placement.py
     ``check_fits``, the run's own check). Only a spec that asks for GPUs pays for asking the
     device backends (torch's import, a few seconds)."""
     if spec.resources.num_gpus == 0 and spec.resources.compress_num_gpus == 0:
         return []
-    from pipeline.runner import check_fits
+    from pipeline.placement import check_fits
 
     try:
         check_fits(spec, "local")

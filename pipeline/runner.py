@@ -21,7 +21,7 @@ exactly one row in the output table (written now or by an earlier run of the dat
 - An input row repeated exactly (same id, text and question: the same request_id) is
   one request: it gets one row, published once, counted once (``duplicates`` in the
   summary counts the repeats dropped).
-- Two runners of the same stages (``resolve_runner``): ``ray`` (the Ray Data plan of
+- Two runners of the same stages (pipeline/placement.py ``resolve_runner``): ``ray`` (the Ray Data plan of
   pipeline/plan.py, on a cluster or an embedded Ray) and ``local`` (pipeline/local_plan.py,
   one process, no Ray: what ``auto`` picks on one machine with one generate actor). Both
   write the same staged blocks, rows, summary and run record; an exception of the local
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -60,7 +59,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.choices import RUNNERS
+from pipeline.placement import actor_resources, check_fits, init_ray, with_actor_cpus
 from pipeline.report.summary import RunTally, package_versions, run_record_json, run_summary
 from schemas.output import (
     FILE_SCHEMA,
@@ -112,130 +111,6 @@ def output_root(spec: JobSpec, run_date: str) -> str:
     return spec.output.uri.replace("{job}", spec.name).replace("{run_date}", run_date)
 
 
-def actor_resources(spec: JobSpec) -> dict[str, float]:
-    """What Ray must find on one node for one generate actor (CPU, GPU, custom resources)."""
-    from pipeline.plan import model_stages
-
-    return model_stages(spec)[-1].needs()
-
-
-def check_fits(spec: JobSpec, runner: str) -> None:
-    """The one fit check, before anything is read or written: every model stage of the plan
-    (pipeline/plan.py ``model_stages``, as both runners fold them) must fit this machine.
-
-    ``runner`` ``ray`` (the embedded Ray: nothing will be added): each stage's CPUs, GPUs and
-    custom resources against the alive nodes' (ValueError naming what is missing).
-    ``local`` (one process, no scheduler): each stage's GPUs against the GPUs this machine
-    has (ValueError naming the field); CPUs and custom resources are Ray's to schedule."""
-    from pipeline.plan import model_stages
-
-    stages = [st for st in model_stages(spec) if runner == "ray" or st.num_gpus > 0]
-    if not stages:
-        return
-    if runner == "ray":
-        import ray
-
-        from pipeline.watchdog import describe_unschedulable
-
-        nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
-        for st in stages:
-            need = st.needs()
-            if not any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
-                raise ValueError(describe_unschedulable(need, nodes, 0.0).replace(
-                    "after 0s (resources.schedule_timeout_s)", "on this machine (embedded Ray)").replace(
-                    "a generate actor", f"a {st.name} actor"))
-        return
-    from stages.decoding.backends import accelerator_count
-
-    have = accelerator_count()
-    for st in stages:
-        if math.ceil(st.num_gpus) > have:
-            here = f"{st.gpu_field}: 0 (on the CPU)" if have == 0 else f"{st.gpu_field} <= {have}"
-            raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have}; allowed: "
-                             f"{here} here, or a Ray cluster with GPUs (--address or $RAY_ADDRESS)")
-
-
-def cluster_address(address: str | None) -> str | None:
-    """The Ray cluster a run joins: ``address``, else ``$RAY_ADDRESS``; None: the embedded Ray."""
-    return address or os.environ.get("RAY_ADDRESS")
-
-
-def usable_cores() -> int:
-    """The cores a run on this machine may use: ``OMP_NUM_THREADS`` when set (the caller chose
-    a thread count, as `make test` does), else the CPUs this process may be scheduled on."""
-    try:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def with_actor_cpus(spec: JobSpec, runner: str, address: str | None) -> JobSpec:
-    """``spec`` with ``resources.num_cpus`` a number for this run (``auto`` resolved by
-    ResourcesSpec.cpus_per_actor: this machine's cores for the in-process runner's one engine
-    or shared by an embedded Ray's generate actors, 1 on a cluster), so the plan, the generate
-    actors' torch threads and the run record use one figure.
-
-    Why not a fixed default: a laptop run of a spec without the field read with one of its
-    cores (the in-process runner is the only work on the machine)."""
-    res = spec.resources
-    if res.num_cpus != "auto":
-        return spec
-    cores = None if cluster_address(address) else usable_cores()
-    cpus = res.cpus_per_actor(cores, 1 if runner == "local" else res.max_actors)
-    return spec.model_copy(update={"resources": res.model_copy(update={"num_cpus": cpus})})
-
-
-def resolve_runner(runner: str, spec: JobSpec, address: str | None) -> str:
-    """The runner a run uses: ``ray`` or ``local`` as asked; ``auto``: ``local`` when the run
-    has no Ray cluster (no ``address``, no ``$RAY_ADDRESS``) and one generate actor
-    (``resources.actors: 1``), else ``ray``.
-
-    Why local then: an embedded Ray on one machine runs the same single engine, and its
-    processes only compete with it for the cores (pipeline/local_plan.py has the
-    figures); a cluster, or a pool of several actors, is what Ray is for.
-    """
-    if runner not in RUNNERS:
-        raise ValueError(f"runner {runner!r} is not one of {', '.join(RUNNERS)}")
-    if runner != "auto":
-        return runner
-    return auto_runner(spec.resources.actors, address)
-
-
-def auto_runner(actors: int | list[int] | tuple[int, int], address: str | None) -> str:
-    """``auto``'s choice for a generate pool of ``actors`` (``resources.actors``): ``local``
-    without a Ray cluster (``address``, ``$RAY_ADDRESS``) for one actor, else ``ray``."""
-    return "local" if cluster_address(address) is None and actors == 1 else "ray"
-
-
-def init_ray(address: str | None, spec: JobSpec) -> bool:
-    """Connect to (or start) Ray; True when this call started an embedded Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    with _our_signal_handlers():
-        return _start_ray(ray, address, spec)
-
-
-@contextlib.contextmanager
-def _our_signal_handlers():
-    """Keep this process's SIGINT and SIGTERM handlers across ``ray.init``.
-
-    Why: ray.init installs a SIGTERM handler of its own (``sys.exit(15)``), and Ray's core
-    native ones (absl's failure handler: a stack dump and a killed driver) over Python's.
-    Putting ours back, at the Python and the C level alike, lets an interrupt reach
-    run_job (pipeline/cli.py's RunInterrupted), so the run is recorded and exits 143.
-    """
-    main = threading.current_thread() is threading.main_thread()
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            if handler is not None:
-                signal.signal(signum, handler)
-
-
 @contextlib.contextmanager
 def _interrupts_held():
     """Within the block SIGINT and SIGTERM are noted, not raised; yields the list of those
@@ -268,68 +143,6 @@ def _interrupts_held():
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
-
-def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
-    """init_ray's body: ray.init on a cluster or embedded."""
-    from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
-
-    address = cluster_address(address)
-    env = dict(MODEL_STACK_ENV)
-    quiet_python_loggers()  # Ray's console chatter off unless LONGDOC_RAY_LOGS=1 (--verbose)
-    if address:
-        _reachable(address)
-        try:
-            ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
-        except ConnectionError as e:  # an OSError: not the storage failure the CLI would call it
-            auth = os.environ.get("RAY_AUTH_MODE", "unset")
-            raise ValueError(
-                f"--address {address}: cannot connect to the Ray cluster ({e}); fix: give the head's GCS "
-                "address (host:6379 by default; the Jobs API's http://host:8265 is `longdoc submit`'s), "
-                f"and for a cluster with token authentication (RAY_AUTH_MODE is {auth} here) set "
-                "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN") from None
-        quiet_native_stderr()
-        return False
-    # Embedded Ray: logical CPUs are a scheduling budget, not cores. Give every actor
-    # pool its slot plus room for read/write tasks, so pools never wait on each other.
-    res = spec.resources
-    max_actors = res.max_actors
-    logical = max(os.cpu_count() or 1, int(max_actors * res.cpus_per_actor(usable_cores(), max_actors)
-                                           + res.compress_actors + 2) + 1)
-    # The spec's custom resources exist on the embedded node, so a spec written for a
-    # cluster (actors pinned to labelled nodes) runs unchanged on one machine.
-    custom = {k: float(v) * max_actors for k, v in res.custom_resources.items()}
-    ray.init(
-        # "local": a new instance even where a `ray start` cluster runs on this machine (without
-        # it ray.init attaches to that one and refuses num_cpus); --address names a cluster.
-        address="local",
-        num_cpus=logical,
-        resources=custom or None,
-        include_dashboard=False,
-        runtime_env={"env_vars": env},
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
-    quiet_native_stderr()  # after ray.init: Ray's own processes must not inherit the filter
-    return True
-
-
-def _reachable(address: str, timeout_s: float = 3.0) -> None:
-    """ValueError naming ``address`` when nothing answers at its host and port: ray.init waits
-    on an address where nothing listens for minutes (over ten, seen here) before it fails.
-    ``auto`` and addresses without a port are left to Ray."""
-    import socket
-
-    hostport = address.rpartition("://")[2].rstrip("/")  # ray://host:10001, or a bare host:port
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ValueError(f"--address {address}: nothing answers there ({e.strerror or e}); fix: give the Ray "
-                         "head's address (host:6379 by default), or run without --address and $RAY_ADDRESS "
-                         "on this machine") from None
 
 
 # What a resumed run keeps of each earlier attempt of its run id.

@@ -64,7 +64,7 @@ class GenerateStage:
         self.device = pick_device(res.num_gpus)
         # Before the model loads: the step backend's process settings (CPU: torch's threads
         # = the CPUs Ray granted this actor, and the allocator keeps freed memory). A run's
-        # spec has a number here (pipeline/runner.py with_actor_cpus); "auto" is left to torch.
+        # spec has a number here (pipeline/placement.py with_actor_cpus); "auto" is left to torch.
         self.backend_class = backend_class(self.device, self.spec.generation.compile)
         cpus = None if res.num_cpus == "auto" else res.num_cpus
         prepared = self.backend_class.prepare_process(self.device, cpus)

@@ -60,7 +60,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     """Synthetic corpus (if asked), absolute input, the peer's requests and model arguments."""
 
     from pipeline.bench.job_docs import spec_requests, write_requests, write_synthetic_corpus
-    from pipeline.runner import usable_cores
+    from pipeline.placement import usable_cores
     from schemas.loading import spec_from_dict
     from stages.decoding.backends import device_backend
     from stages.model_loading import load_tokenizer, pick_device
@@ -183,7 +183,7 @@ def _use_ray(s: JobBenchSettings, name: str, spec: dict) -> bool:
     process for one generate actor, Ray for a pool), and the in-process runner where Ray
     is not installed (GPU benchmark machines).
     """
-    from pipeline.runner import auto_runner
+    from pipeline.placement import auto_runner
 
     runner = next((v.runner for v in s.variants if v.name == name and v.runner), s.runner)
     if runner != "auto":

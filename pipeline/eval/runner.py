@@ -12,9 +12,9 @@ Contract:
   (pipeline.eval.table.per_style, "contains").
   Each run goes through the runner ``longdoc run`` would pick (``runner``, default
   ``auto``: in this process without Ray when there is no cluster and one generate actor,
-  else Ray; pipeline.runner.resolve_runner): on a laptop an embedded Ray only competes with
+  else Ray; pipeline.placement.resolve_runner): on a laptop an embedded Ray only competes with
   the one engine for the cores. The generate engine's cores are the spec's
-  ``resources.num_cpus`` (``auto``: every core without a cluster; pipeline.runner
+  ``resources.num_cpus`` (``auto``: every core without a cluster; pipeline.placement
   ``with_actor_cpus``). A run that raises is reported and skipped;
   the others go on. Reusing an
   ``eval_id`` resumes: requests already written are skipped by the pipeline, and
@@ -124,7 +124,8 @@ def run_eval(
     runner: str = "auto",
 ) -> EvalResult:
     """Run, score and write the eval; see the module contract. Bad values raise ValueError."""
-    from pipeline.runner import new_run_id, resolve_runner, run_job, today_utc
+    from pipeline.placement import resolve_runner
+    from pipeline.runner import new_run_id, run_job, today_utc
 
     if runner not in RUNNERS:
         raise ValueError(f"--runner {runner!r}: allowed {', '.join(RUNNERS)}")

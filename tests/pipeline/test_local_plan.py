@@ -2,7 +2,7 @@
 
 The local runner must be the Ray plan without Ray: the same rows for the same spec
 (tiny model, fp32 greedy), the same abort path (every request a row, retryable, healed
-by a rerun), no Ray imported, and `auto` choosing it only where Ray adds nothing. The
+by a rerun), no Ray imported (`auto` choosing it: tests/pipeline/test_placement.py). The
 contract checks both runners share (bad inputs, reruns, duplicates, staged blocks,
 readers) are tests/pipeline/test_run.py, parametrized by runner.
 """
@@ -15,13 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.local_plan import LocalPlan
 from pipeline.report.load import load_output
-from pipeline.runner import resolve_runner, run_job
+from pipeline.runner import run_job
 from schemas.output import RETRYABLE
 from schemas.spec import JobSpec
 
@@ -143,22 +142,7 @@ def test_the_local_runner_imports_no_ray(tmp_path, tiny_model_dir):
     assert proc.stdout.strip() == "False []"
 
 
-def test_auto_runs_in_this_process_only_without_a_cluster_and_with_one_actor(tmp_path, monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    one = _spec(tmp_path, "random:tiny")
-    assert resolve_runner("auto", one, None) == "local"
-    assert resolve_runner("auto", one, "ray://head:10001") == "ray"  # a cluster: Ray's
-    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=2), None) == "ray"  # a pool
-    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=[1, 3]), None) == "ray"
-    assert resolve_runner("ray", one, None) == "ray" and resolve_runner("local", one, "ray://head:10001") == "local"
-    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
-    assert resolve_runner("auto", one, None) == "ray"
-    with pytest.raises(ValueError, match="'yarn' is not one of auto, ray, local"):
-        resolve_runner("yarn", one, None)
-
-
 def test_an_unknown_runner_is_refused_before_anything_runs():
-    import os
 
     res = CliRunner().invoke(app, ["run", "jobs/sample-qa.yaml", "--runner", "yarn"],
                              env={**os.environ, "COLUMNS": "200"})
@@ -167,27 +151,9 @@ def test_an_unknown_runner_is_refused_before_anything_runs():
     assert "'--runner'" in res.output and "'yarn' is not one of 'auto', 'ray', 'local'" in res.output
 
 
-def test_num_cpus_auto_is_this_machines_cores_shared_by_its_engines_and_one_on_a_cluster(tmp_path, monkeypatch):
-    from pipeline.runner import usable_cores, with_actor_cpus
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # the caller's thread count is this machine's cores
-    assert usable_cores() == 6
-    one, pool = _spec(tmp_path, "random:tiny"), _spec(tmp_path, "random:tiny", actors=[1, 3])
-    assert one.resources.num_cpus == "auto"
-    assert with_actor_cpus(one, "local", None).resources.num_cpus == 6  # the one engine: every core
-    assert with_actor_cpus(one, "ray", None).resources.num_cpus == 6  # an embedded Ray, one actor
-    assert with_actor_cpus(pool, "ray", None).resources.num_cpus == 2  # shared by the pool's largest size
-    assert with_actor_cpus(one, "ray", "ray://head:10001").resources.num_cpus == 1  # a cluster's nodes: unknown
-    mine = _spec(tmp_path, "random:tiny", num_cpus=1.5)
-    assert with_actor_cpus(mine, "local", None) is mine  # a number is the user's
-    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
-    assert usable_cores() == len(os.sched_getaffinity(0))
-
-
 def test_a_local_run_without_num_cpus_reads_with_this_machines_cores(tmp_path, tiny_model_dir, monkeypatch):
     """The README's spec has no resources.num_cpus: a laptop run must not read with one core
-    (1.60x the documents per hour with both of a 2-core CPU's cores, jobs/results/code-choices.md)."""
+    (1.69x the documents per hour with both of a 2-core CPU's cores, jobs/results/code-choices.md)."""
     import torch
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

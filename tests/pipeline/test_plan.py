@@ -71,7 +71,7 @@ def test_the_model_stages_are_declared_once_with_their_batches_and_resources():
 def test_one_fit_check_refuses_a_stage_asking_for_gpus_this_machine_lacks(monkeypatch):
     import torch
 
-    from pipeline.runner import check_fits
+    from pipeline.placement import check_fits
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     check_fits(_spec(), "local")  # CPU only: fits

@@ -85,7 +85,7 @@ def test_build_eval_spec_per_method(tmp_path) -> None:
     assert ac.compression.checkpoint == "/ck"
     shipped = build_eval_spec(EvalRun("autocompressor", None), "/e.jsonl", "o", **kw)
     assert shipped.compression.checkpoint is None  # the method resolves its shipped default
-    assert none.resources.num_cpus == "auto"  # resolved by the run (pipeline.runner.with_actor_cpus)
+    assert none.resources.num_cpus == "auto"  # resolved by the run (pipeline.placement.with_actor_cpus)
     mine = build_eval_spec(EvalRun("none", None), "/e.jsonl", "o", max_new_tokens=8, limit=None,
                            overrides=["resources.num_cpus=1.5"])
     assert mine.resources.num_cpus == 1.5  # the user's override wins

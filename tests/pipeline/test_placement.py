@@ -1,0 +1,48 @@
+"""pipeline/placement.py: the runner a run takes and the CPUs its generate actors get."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.placement import resolve_runner, usable_cores, with_actor_cpus
+from schemas.spec import JobSpec
+
+
+def _spec(tmp_path: Path, model: str, **resources) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "placed", "input": {"uri": str(tmp_path / "docs")}, "generation": {"model": model},
+        "resources": resources, "output": {"uri": str(tmp_path / "out")},
+    })
+
+
+def test_auto_runs_in_this_process_only_without_a_cluster_and_with_one_actor(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    one = _spec(tmp_path, "random:tiny")
+    assert resolve_runner("auto", one, None) == "local"
+    assert resolve_runner("auto", one, "ray://head:10001") == "ray"  # a cluster: Ray's
+    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=2), None) == "ray"  # a pool
+    assert resolve_runner("auto", _spec(tmp_path, "random:tiny", actors=[1, 3]), None) == "ray"
+    assert resolve_runner("ray", one, None) == "ray" and resolve_runner("local", one, "ray://head:10001") == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert resolve_runner("auto", one, None) == "ray"
+    with pytest.raises(ValueError, match="'yarn' is not one of auto, ray, local"):
+        resolve_runner("yarn", one, None)
+
+
+def test_num_cpus_auto_is_this_machines_cores_shared_by_its_engines_and_one_on_a_cluster(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # the caller's thread count is this machine's cores
+    assert usable_cores() == 6
+    one, pool = _spec(tmp_path, "random:tiny"), _spec(tmp_path, "random:tiny", actors=[1, 3])
+    assert one.resources.num_cpus == "auto"
+    assert with_actor_cpus(one, "local", None).resources.num_cpus == 6  # the one engine: every core
+    assert with_actor_cpus(one, "ray", None).resources.num_cpus == 6  # an embedded Ray, one actor
+    assert with_actor_cpus(pool, "ray", None).resources.num_cpus == 2  # shared by the pool's largest size
+    assert with_actor_cpus(one, "ray", "ray://head:10001").resources.num_cpus == 1  # a cluster's nodes: unknown
+    mine = _spec(tmp_path, "random:tiny", num_cpus=1.5)
+    assert with_actor_cpus(mine, "local", None) is mine  # a number is the user's
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert usable_cores() == len(os.sched_getaffinity(0))
