@@ -17,7 +17,7 @@ def test_minimal_spec_gets_defaults():
     assert spec.generation.model == EMBEDDED_MODEL
     assert spec.compression.method == "none"
     assert spec.task.kind == "summarize"
-    assert "Summarize" in spec.task.resolved_instruction
+    assert "summary of the document" in spec.task.resolved_instruction
     assert spec.generation.temperature == 0.0
 
 
