@@ -334,10 +334,10 @@ def report(
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
     table = load_output(output_uri)
-    if table.num_rows == 0:
-        typer.echo(f"error: no rows under {output_uri}", err=True)
+    summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
+    if not summaries:
+        typer.echo(f"error: no rows and no run records under {output_uri}", err=True)
         raise typer.Exit(2)
-    summaries = run_summaries(output_uri, table)
     if as_json:
         typer.echo(json.dumps(summaries, indent=2, default=str))
     else:
@@ -345,14 +345,17 @@ def report(
 
         for s in summaries:
             typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
-    if answers and not as_json:
+        for run_date in sorted({s["run_date"] for s in summaries if s.get("rows_staged")}):
+            typer.echo(f"{run_date}: rows staged by an interrupted run are not published yet; run the "
+                       f"job for that date again (longdoc run SPEC --date {run_date}) to publish them")
+    if answers and not as_json and table.num_rows:
         from pipeline.report.answers import format_answers
 
         typer.echo(format_answers(table, answers))
-    if plot:
+    if plot and table.num_rows:
         from pipeline.report.plot import plot_report
 
-        plot_report(table, plot, summaries=summaries, last=last)
+        plot_report(table, plot, summaries=[s for s in summaries if "rows_published" not in s], last=last)
         typer.echo(f"plot: {plot}")
 
 

@@ -27,9 +27,13 @@ batch as it finishes (completion order), exactly what the Ray plan's
   without a row into a retryable error row, as when Ray gives up. Requests still in
   the engine then finish on daemon threads and are dropped, never written.
 - ``stop(timeout)`` (an interrupt, pipeline/runner.py): the engine ends after the step
-  in hand, its unfinished requests abandoned (they have no row; a rerun does them).
+  in hand, its unfinished requests abandoned (they have no row; a rerun does them). The
+  rows it had finished are not lost with the batches they sat in: ``stop`` stages them
+  (the generate calls in flight return their finished rows, stages/generate.py) and
+  returns those blocks' figure tables, as ``batches()`` would have yielded them.
 - ``activity()``: what the run is doing between written rows, for the progress line
-  (loading the model; then the engine's rows decoding, prefilling and queued); while
+  (reading the first input file, loading the model; then the engine's rows decoding,
+  prefilling and queued); while
   ``batches()`` waits for the engine it calls ``on_wait`` every ``tick_s`` seconds.
 - ``timeline`` (optional dict) receives wall-clock stamps (``time.time()``) and
   seconds for benchmarks (pipeline/bench/inprocess.py lists them) and, once the
@@ -46,7 +50,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -54,6 +58,9 @@ from pipeline.plan import ModelStage, check_chain, model_stages, stage_chain
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
 from pipeline.progress import MODEL_STACK_ENV
 from schemas.spec import JobSpec
+
+if TYPE_CHECKING:
+    from stages.write import WriteStage
 
 
 class LocalPlan:
@@ -78,14 +85,17 @@ class LocalPlan:
         self.on_wait, self.tick_s = on_wait, tick_s
         self._engine = None  # the generate stage's engine, once made
         self._service = None  # its EngineService, for stop()
+        self._calls: _GenerateCalls | None = None  # the calls in flight, for stop()
+        self._write: WriteStage | None = None
         self._started = False
+        self._reading = False  # the first input file is being read (before the model loads)
 
     def activity(self) -> str:
         """What the run is doing now (see the module contract); "" before ``batches()`` starts."""
         if not self._started:
             return ""
         if self._engine is None:
-            return "loading the model"
+            return "reading the first input file" if self._reading else "loading the model"
         return f"engine: {self._engine.activity()}"
 
     def batches(self) -> Iterator[pa.Table]:
@@ -103,7 +113,11 @@ class LocalPlan:
         tl["t_imported"] = time.time()
         tl.update(read_s=0.0, documents=0, requests=0)
         chunks = self._request_batches(resolve_uri(spec.input.uri, self.run_date))
+        self._reading = True
+        if self.on_wait is not None:
+            self.on_wait()  # "reading the first input file": a large file or a slow store takes a while
         first = next(chunks, None)  # the first file read, so a rerun with nothing left loads no model
+        self._reading = False
         if first is None:
             return
         if self.on_wait is not None:
@@ -123,8 +137,8 @@ class LocalPlan:
             t0 = time.time()
             made.append((stage, stage.make(spec=spec_json)))
             tl["tokenize_init_s" if stage.name == "tokenize" else "text_stage_init_s"] = time.time() - t0
-        write = WriteStage(self.output_root, self.run_date, self.run_id)
-        calls = _GenerateCalls(generate, gen.in_flight, self.on_wait, self.tick_s)
+        write = self._write = WriteStage(self.output_root, self.run_date, self.run_id)
+        calls = self._calls = _GenerateCalls(generate, gen.in_flight, self.on_wait, self.tick_s)
         tl.update(batches_in_flight=calls.limit, batch_size=gen.batch_size, tokenize_s=0.0, text_stage_s=0.0)
 
         def run_stage(stage: ModelStage, fn, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -155,10 +169,27 @@ class LocalPlan:
             if not calls.pending:  # after an abort the engine still holds rows: left to its daemon thread
                 generate.service.close()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the engine after its step in hand (see the module contract); no-op before it exists."""
-        if self._service is not None:
-            self._service.stop(timeout)
+    def stop(self, timeout: float = 10.0) -> list[pa.Table]:
+        """Stop the engine after its step in hand and stage the rows it had finished (see the
+        module contract): the figure tables of the blocks written, [] before the engine exists.
+        Waits up to ``timeout`` seconds for the engine's thread, then as long again for the
+        calls in flight to return; a call that has not returned by then keeps its rows
+        unwritten (the rerun does them)."""
+        if self._service is None:
+            return []
+        self._service.stop(timeout)
+        calls, written = self._calls, []
+        if calls is None or self._write is None:
+            return []
+        deadline = time.monotonic() + timeout
+        while calls.pending and time.monotonic() < deadline:
+            try:
+                batch = calls.next_done(deadline - time.monotonic())
+            except Exception:  # noqa: BLE001 - a call that failed now: its rows are the rerun's
+                continue
+            if batch is not None and len(batch.get("request_id", ())):
+                written.append(self._written(self._write, batch))
+        return written
 
     def _written(self, write, batch: dict) -> pa.Table:
         table = write(batch)
@@ -221,14 +252,18 @@ class _GenerateCalls:
         self.pending += 1
         threading.Thread(target=call, name="longdoc-generate-call", daemon=True).start()
 
-    def next_done(self) -> dict:
+    def next_done(self, timeout: float | None = None) -> dict | None:
         """The next finished call's output batch (blocks, calling ``on_wait`` every
-        ``tick_s``); its exception if it raised."""
+        ``tick_s``); its exception if it raised; None if ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            wait = self.tick_s if deadline is None else max(0.0, min(self.tick_s, deadline - time.monotonic()))
             try:
-                out, error = self._done.get(timeout=self.tick_s)
+                out, error = self._done.get(timeout=wait)
                 break
             except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
                 if self.on_wait is not None:
                     self.on_wait()
         self.pending -= 1

@@ -28,7 +28,9 @@ exactly one row in the output table (written now or by an earlier run of the dat
   plan takes the abort path below like Ray giving up.
 - An interrupt (SIGINT, or SIGTERM raised as ``RunInterrupted`` by pipeline/cli.py) while
   the stages run stops the engine after its step in hand and keeps every staged row
-  staged (nothing is published, no error rows are made): the summary says ``status:
+  staged (nothing is published, no error rows are made); on the local runner the rows the
+  engine had finished are staged then too, whatever batch they sat in, so an interrupt
+  loses only the work in hand. The summary says ``status:
   interrupted`` (``interrupted_by``: the signal) and the run record is written; the next
   run of the date publishes the staged rows first and does only the rest. One that lands
   while the rows are published is recorded the same way (the publish resumes next run).
@@ -253,23 +255,27 @@ def run_job(
     abort: BaseException | None = None
     interrupted: KeyboardInterrupt | None = None
 
-    def iterate() -> None:
+    def take(batch) -> None:
+        """Fold one written block's figures into the run's tally."""
         nonlocal duplicates
+        ids = batch.column("request_id").to_pylist()
+        fresh = []
+        for i, rid in enumerate(ids):  # a repeat may sit in the same batch as its first
+            if rid not in seen_ids:
+                seen_ids.add(rid)
+                fresh.append(i)
+        if len(fresh) < len(ids):  # an input row repeated exactly: one request, one row
+            duplicates += len(ids) - len(fresh)
+            batch = batch.take(fresh)
+        tally.add(batch)
+        look_ledger()
+        bar.update(tally.rows, tally.failed, int(tally.sums["output_tokens"]))
+
+    def iterate() -> None:
         for batch in batches():
             if guard is not None:
                 guard.progress()
-            ids = batch.column("request_id").to_pylist()
-            fresh = []
-            for i, rid in enumerate(ids):  # a repeat may sit in the same batch as its first
-                if rid not in seen_ids:
-                    seen_ids.add(rid)
-                    fresh.append(i)
-            if len(fresh) < len(ids):  # an input row repeated exactly: one request, one row
-                duplicates += len(ids) - len(fresh)
-                batch = batch.take(fresh)
-            tally.add(batch)
-            look_ledger()
-            bar.update(tally.rows, tally.failed, int(tally.sums["output_tokens"]))
+            take(batch)
 
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
@@ -283,7 +289,10 @@ def run_job(
     except KeyboardInterrupt as e:  # SIGINT, or SIGTERM as RunInterrupted (pipeline/cli.py)
         interrupted = e
         if stop_engine is not None:
-            stop_engine()
+            # The rows the engine finished are staged, whatever batch they sat in; a second
+            # signal meanwhile exits at once (pipeline/cli.py), with what is staged so far.
+            for batch in stop_engine():
+                take(batch)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     with _interrupts_held() as arrived:

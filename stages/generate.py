@@ -20,7 +20,9 @@ searches the ORIGINAL document tokens + prompt + output so far, whatever the pre
 
 Failure contract: a row that cannot be generated becomes a row with ``error`` set. The
 engine retries a failing request alone, up to ``resources.max_retries`` more times, so
-one bad request never takes others down with it.
+one bad request never takes others down with it. The one exception: a request the engine
+abandoned on an interrupt (``stop()``, the local runner) has no row at all, not an error
+row; the rows that finished before it are returned, and a rerun does the rest.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from stages.decoding.backends import backend_class
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import Engine, KvBudgetExceeded
 from stages.decoding.request import Request
-from stages.decoding.service import EngineService
+from stages.decoding.service import EngineInterrupted, EngineService
 from stages.decoding.stops import cut_text
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
@@ -120,14 +122,16 @@ class GenerateStage:
                     todo.append(i)
         for i, result in zip(todo, self._generate([rows[i] for i in todo]), strict=True):
             outputs[i] = result
-        for o in outputs:
-            assert o is not None
+        # A request an interrupt abandoned in the engine has no row (a rerun does it); the
+        # rows finished before it are returned, so the interrupted run keeps them.
+        kept = [o for o in outputs if o is not None]
+        for o in kept:
             o["device"] = self.device_name
             # The row's own share of the device (its prefill + each step's time / rows in the
             # step); rows that never reached the engine cost nothing.
             o["device_s"] = o.get("device_s") or 0.0
             o["cost_usd"] = out_schema.cost_usd(o["device_s"], self.spec.cost.usd_per_device_hour)
-        return rows_to_batch(outputs)  # type: ignore[arg-type]
+        return rows_to_batch(kept)  # type: ignore[arg-type]
 
     def _precheck(self, row: GenerateInput) -> str | None:
         """Reject requests that cannot fit the model, before they cost a forward pass."""
@@ -144,8 +148,9 @@ class GenerateStage:
             )
         return None
 
-    def _generate(self, rows: list[GenerateInput]) -> list[OutputRow]:
-        """The engine's rows for ``rows`` (one per row, in order; failures as error rows)."""
+    def _generate(self, rows: list[GenerateInput]) -> list[OutputRow | None]:
+        """The engine's rows for ``rows`` (one per row, in order; failures as error rows;
+        None for a request an interrupt abandoned, stages/decoding/service.py)."""
         if not rows:
             return []
         parts = self._prompt_parts(rows)
@@ -156,9 +161,11 @@ class GenerateStage:
                     doc_key=hash((tuple(p.prefix_ids), tuple(p.context_ids))) if once else None)
             for i, (p, lk, sd) in enumerate(zip(parts, lookups, seeds, strict=True))
         ]
-        outs: list[OutputRow] = []
+        outs: list[OutputRow | None] = []
         for row, part, done in zip(rows, parts, self.service.generate(requests), strict=True):
-            if done.result is None:
+            if isinstance(done.error, EngineInterrupted):
+                outs.append(None)
+            elif done.result is None:
                 err = done.error or RuntimeError("the engine returned no result")
                 msg = f"generate: {type(err).__name__}: {err}"
                 kind = out_schema.INPUT if isinstance(err, KvBudgetExceeded) else out_schema.classify_error(err)

@@ -5,7 +5,10 @@ dates) with OUTPUT_SCHEMA, ``run_date`` taken from the hive folder name; staged 
 run records and hidden temporary files are not rows (only ``run_date=D/*.parquet``
 is read, so an output of an earlier version, with ``_runs/`` inside, reads the same).
 ``run_summaries`` returns one summary per run id, using the wall time recorded in the
-run's record when present (else device time, as stated in ``throughput_basis``). Run
+run's record when present (else device time, as stated in ``throughput_basis``); a run
+with a record and no published row (interrupted before its rows were published, or one
+whose rows later runs replaced) is listed too, with its record's figures,
+``rows_published: 0`` and ``rows_staged`` (its rows waiting for the next run of the date). Run
 records are found where stages/layout.py ``run_record_candidates`` says: beside the
 output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlier versions).
 """
@@ -13,16 +16,19 @@ output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlie
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
-from stages.layout import run_record_candidates
+from stages.layout import LEGACY_RUNS, run_record_candidates, runs_root, staging_dirs
 from stages.partition import list_files, read_file
+from stages.write import STAGED_SUFFIX
 
 _PREFIX = "run_date="
 
@@ -68,12 +74,49 @@ def read_run_record(uri: str, run_date: str, run_id: str) -> dict[str, Any] | No
     return None
 
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
+
+
+def recorded_runs(uri: str) -> list[tuple[str, str]]:
+    """(run_date, run_id) of every run record under ``uri`` (this layout and earlier ones),
+    sorted: the runs that happened, whether or not their rows are published."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    found: set[tuple[str, str]] = set()
+    for base in (runs_root(root), f"{root.rstrip('/')}/{LEGACY_RUNS}"):
+        if not fs.exists(base):
+            continue
+        for folder in fs.ls(base, detail=False):
+            run_date = folder.rstrip("/").rsplit("/", 1)[-1]
+            if _DATE.match(run_date):  # not _staging, _ledger or _scratch
+                found |= {(run_date, f.rsplit("/", 1)[-1][: -len(".json")]) for f in list_files(fs, folder, ".json")}
+    return sorted(found)
+
+
+def staged_rows(uri: str, run_date: str, run_id: str) -> int:
+    """Rows ``run_id`` staged for ``run_date`` that no run has published yet (an interrupted
+    run's: the next run of the date publishes them first)."""
+    fs, root = fsspec.core.url_to_fs(uri)
+    n = 0
+    for folder in staging_dirs(root, run_date):
+        for f in list_files(fs, f"{folder}/{run_id}", STAGED_SUFFIX):
+            with fs.open(f, "rb") as fh:
+                n += pq.ParquetFile(fh).metadata.num_rows
+    return n
+
+
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     out = []
     runs = table.select(["run_date", "run_id"]).group_by(["run_date", "run_id"]).aggregate([])
-    for rec in sorted(runs.to_pylist(), key=lambda r: (r["run_date"], r["run_id"])):
-        mask = pc.and_(pc.equal(table["run_date"], rec["run_date"]), pc.equal(table["run_id"], rec["run_id"]))
-        recorded = _recorded(uri, rec["run_date"], rec["run_id"])
+    with_rows = {(r["run_date"], r["run_id"]) for r in runs.to_pylist()}
+    for run_date, run_id in sorted(with_rows | set(recorded_runs(uri))):
+        rec = {"run_date": run_date, "run_id": run_id}
+        recorded = _recorded(uri, run_date, run_id)
+        if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
+            keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
+            out.append({**rec, **{k: recorded.get(k) for k in keys}, "status": recorded.get("status"),
+                        "rows_published": 0, "rows_staged": staged_rows(uri, run_date, run_id)})
+            continue
+        mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
         # A run id resumed: its rows came from every attempt, and so did their time.
         s = summarize(table.filter(mask), wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.

@@ -232,6 +232,9 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         at = keys.index(("status", "status"))
         keys[at:at] = [("skipped", "requests already done (skipped)")]
         keys[at + 2:at + 2] = [("date_rows", "rows of the date (all runs)"), ("date_failed", "  of them failed")]
+    if "rows_published" in summary:  # `report` of a run whose rows are not in the table
+        at = keys.index(("rows", "rows (requests)")) + 1
+        keys[at:at] = [("rows_published", "  of them published"), ("rows_staged", "  staged, not yet published")]
     if summary.get("answers_scored"):  # only where the input had references
         keys += [("answers_scored", "answers with a reference"),
                  ("answers_contain", "  containing the reference"),

@@ -25,7 +25,10 @@ thread ends); either way ``service.engine`` is the engine. ``generate(requests)`
 any thread) submits the requests, blocks until each has finished, and returns one
 ``Finished`` per request, in order; keys only need to be unique within the call.
 ``close()`` stops the thread after the work in hand; ``stop()`` (an interrupt) stops it
-after the step in hand, abandoning the rest: waiting callers get ``EngineStopped``. If the engine itself raises (a
+after the step in hand, abandoning the rest: a waiting call still returns, the requests
+that finished before the stop with their results and the abandoned ones with an
+``EngineInterrupted`` error (the caller writes the first and drops the second: a rerun
+does them). If the engine itself raises (a
 bug or a broken device, not a failing request: those finish with their error), every
 waiting caller gets a ``Finished`` with that error, the service stops, and later
 calls raise ``EngineStopped``, so the actor's rows become error rows and Ray's retry
@@ -48,6 +51,11 @@ from stages.decoding.request import Finished, Request
 
 class EngineStopped(RuntimeError):
     """The service's engine stopped after an internal error (see the module contract)."""
+
+
+class EngineInterrupted(EngineStopped):
+    """The error of a request ``stop()`` abandoned (an interrupt): it has no result, and is
+    no failure of its own (see the module contract)."""
 
 
 class EngineService:
@@ -107,7 +115,7 @@ class EngineService:
 
     def stop(self, timeout: float | None = None) -> None:
         """End the thread after the step in hand (a build in progress finishes first);
-        unfinished requests are abandoned, their callers get ``EngineStopped``. Waits up
+        unfinished requests are abandoned (``EngineInterrupted``, module contract). Waits up
         to ``timeout`` seconds for the thread: a process may then exit without a torch
         call running on it (one that did aborted the process at exit)."""
         with self._cond:
@@ -136,7 +144,7 @@ class EngineService:
                     while not self._inbox and engine.idle() and not self._closed and not self._stopping:
                         self._cond.wait()
                     if self._stopping:
-                        raise EngineStopped("the run was interrupted")
+                        raise EngineInterrupted("the run was interrupted")
                     if self._closed and not self._inbox and engine.idle():
                         return
                     for request, fut in self._inbox:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -118,8 +120,8 @@ def test_while_it_waits_for_the_engine_the_plan_says_what_the_engine_holds(tmp_p
                      on_wait=lambda: seen.append(plan.activity()), tick_s=0.001)
     assert plan.activity() == ""  # not started
     tables = list(plan.batches())
-    assert sum(t.num_rows for t in tables) == 11 and seen[0] == "loading the model"
-    assert all(s.startswith("engine: ") and " decoding (" in s and "queued" in s for s in seen[1:])
+    assert sum(t.num_rows for t in tables) == 11 and seen[:2] == ["reading the first input file", "loading the model"]
+    assert all(s.startswith("engine: ") and " decoding (" in s and "queued" in s for s in seen[2:])
     assert any(" 0 decoding" not in s for s in seen)  # it saw rows decoding
     assert plan.timeline["engine"]["rows_done"] == 10  # the bad line's row never reaches the engine
 
@@ -180,3 +182,39 @@ def test_a_rerun_with_nothing_left_loads_no_model_and_says_what_the_date_holds(t
     lines = dict(line.strip().rsplit(None, 1) for line in format_summary(again.summary).splitlines()[1:])
     assert lines["requests already done (skipped)"] == "11" and lines["rows of the date (all runs)"] == "11"
     assert lines["of them failed"] == "1"  # the bad line's row, from the first run
+
+
+def test_an_interrupt_keeps_every_row_the_engine_had_finished(tmp_path, tiny_model_dir, monkeypatch):
+    """A real SIGINT while the rows of one batch decode (pipeline/runner.py's interrupt
+    contract): the rows the engine finished are staged though their batch never completed,
+    the run is recorded as interrupted with them, and the rerun publishes each request once."""
+    from stages.decoding.engine import Engine
+    from stages.write import STAGED_SUFFIX
+
+    spec = _spec(tmp_path, str(tiny_model_dir), batch_size=16, decode_slots=1)  # one batch, rows one by one
+    finished: list = []
+    real_step = Engine.step
+
+    def step(engine):  # the real step; the signal goes out once three rows have finished
+        done = real_step(engine)
+        finished.extend(done)
+        if len(finished) >= 3 and not getattr(engine, "_signalled", False):
+            engine._signalled = True
+            os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt in the main thread
+        return done
+
+    monkeypatch.setattr(Engine, "step", step)
+    run = run_job(spec, run_date=DATE, progress=False, runner="local")
+    assert run.summary["status"] == "interrupted"
+    staged = list((tmp_path / "out.runs").rglob(f"*{STAGED_SUFFIX}"))
+    kept = [r for f in staged for r in pq.read_table(f).to_pylist()]
+    engine_rows = [r for r in kept if r["doc_id"] != "bad"]
+    # Every row finished before the engine stopped (the step in hand may add some), none after.
+    assert 3 <= len(engine_rows) == len(finished) < 10, (len(engine_rows), len(finished))
+    assert all(r["error"] is None for r in engine_rows)  # abandoned requests have no row at all
+    assert run.summary["rows"] == len(kept)
+    monkeypatch.setattr(Engine, "step", real_step)
+    rerun = run_job(spec, run_date=DATE, progress=False, runner="local")
+    assert rerun.summary["status"] != "failed" and rerun.skipped == len(kept)
+    rows = _rows(rerun.output_uri)
+    assert len(rows) == 11 and sum(r["error"] is None for r in rows.values()) == 10

@@ -110,3 +110,31 @@ def test_a_run_record_in_the_current_place_wins_over_one_an_earlier_version_left
                        run_record_path(root, "2026-01-01", "r1"))
     (s,) = run_summaries(root, load_output(root))  # the old _runs/ folder is not read as rows either
     assert (s["rows"], s["wall_s"], s["status"]) == (2, 2.0, "succeeded")
+
+
+def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_rows(tmp_path):
+    """An interrupt before any publish leaves a record and staged rows, no row in the table:
+    `report` said "no rows" (or skipped the run beside others); it lists the run, its status
+    and the rows waiting for the next run of the date, and says how to publish them."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    root = str(tmp_path / "out")
+    _stage(root, _rows("r2", "2026-01-02", 3))  # the interrupted run's rows, staged
+    record = {"summary": {"status": "interrupted", "rows": 3, "ok": 3, "failed": 0, "wall_s": 7.5}}
+    write_bytes_atomic(json.dumps(record).encode(), run_record_path(root, "2026-01-02", "r2"))
+    res = CliRunner().invoke(app, ["report", root])
+    assert res.exit_code == 0, res.output
+    assert "(r2)" in res.output and "interrupted" in res.output and "staged, not yet published" in res.output
+    assert "longdoc run SPEC --date 2026-01-02" in res.output
+
+    _stage(root, _rows("r1", "2026-01-01", 2))
+    commit_date(root, "2026-01-01", "r1")
+    write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "wall_s": 2.0}}).encode(),
+                       run_record_path(root, "2026-01-01", "r1"))
+    first, second = run_summaries(root, load_output(root))
+    assert (first["run_id"], first["rows"], "rows_published" in first) == ("r1", 2, False)
+    assert (second["run_id"], second["status"], second["rows"], second["wall_s"]) == ("r2", "interrupted", 3, 7.5)
+    assert (second["rows_published"], second["rows_staged"]) == (0, 3)
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "none")]).exit_code == 2  # nothing at all
