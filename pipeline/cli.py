@@ -366,13 +366,14 @@ def _register_operations() -> None:
     from pipeline.bench.job import bench_job_command
     from pipeline.eval.runner import eval_command
     from pipeline.ops.render import render
-    from pipeline.ops.submit import logs, status, submit
+    from pipeline.ops.submit import logs, status, stop, submit
     from pipeline.train.autocompressor import train_autocompressor
     from pipeline.train.calibrate_heads import calibrate_heads_command
 
     app.command(help="Submit a spec to a Ray cluster through the Ray Jobs API.")(submit)
     app.command(help="Status of a submitted job.")(status)
     app.command(help="Logs of a submitted job.")(logs)
+    app.command(help="Stop a submitted job (its staged rows are kept).")(stop)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
     bench_app.command(
         "decode",

@@ -18,6 +18,11 @@ Contract:
   uploads this checkout's ``pipeline``/``stages``/``schemas`` packages as runtime_env
   ``py_modules`` for a cluster whose image lacks them or runs an older version (its
   Python dependencies must still be installed there).
+- ``stop`` asks Ray to stop a job: Ray sends its driver SIGTERM, and the run records
+  itself as ``interrupted`` with its staged rows kept (pipeline/runner.py). Ray kills a
+  driver still alive ``RAY_JOB_STOP_WAIT_TIME_S`` after the signal (3 s by default, too
+  short for a run to write its record): ``submit`` sets it to ``STOP_GRACE_S`` in the
+  job's runtime_env (its supervisor reads it there) unless ``--env`` passes the user's own.
 - Exit codes: 0 submitted (or, with ``--wait``, job SUCCEEDED); 1 cluster/job failure
   (with ``--wait``, the job's driver exit code when it has one); 2 bad user input.
 """
@@ -42,6 +47,10 @@ WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-in
 _PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _JOBS_ADDRESS = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?\Z")
+#: Seconds Ray waits after a stop's SIGTERM before it kills the driver (module contract).
+STOP_GRACE_S = 60
+_STOP_GRACE_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 AddressOpt = Annotated[
     str | None,
@@ -258,8 +267,8 @@ def submit(
                 str(Path(importlib.import_module(p).__file__).parent) for p in _PROJECT_PACKAGES
             ]
             program = "python -m pipeline.cli"  # no console script on an image without the project
-        if env_vars:
-            runtime_env["env_vars"] = env_vars
+        # A stopped job gets time to record itself (module contract); the user's own value wins.
+        runtime_env["env_vars"] = {_STOP_GRACE_ENV: str(STOP_GRACE_S), **env_vars}
         entrypoint = build_entrypoint(rel, run_date, overrides, run_id, max_failed_fraction, program)
         for note in _local_path_notes({"input.uri": job.input.uri, "output.uri": job.output.uri}):
             typer.echo(note, err=True)
@@ -376,3 +385,35 @@ def logs(
     if follow:
         raise typer.Exit(_follow_and_exit_code(client, submission_id))
     typer.echo(client.get_job_logs(submission_id), nl=False)
+
+
+def stop(
+    submission_id: Annotated[str, typer.Argument(help="Submission id (see `longdoc status`).")],
+    address: AddressOpt = None,
+    wait_s: Annotated[float, typer.Option("--wait-s", min=0, help="Wait this long for the job to end.")] = 90.0,
+) -> None:
+    """Stop a submitted job: its run records itself as interrupted and keeps its staged rows
+    (submit the date again with --suffix to finish it). Exit 1 if the id is unknown or the
+    job has not ended after --wait-s seconds."""
+    import time
+
+    client = _client(address)
+    before = _existing_status(client, submission_id)
+    if before is None:
+        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        raise typer.Exit(1)
+    if before in _ENDED:
+        typer.echo(f"job {submission_id} already ended: {before}")
+        return
+    client.stop_job(submission_id)
+    deadline = time.monotonic() + wait_s
+    now = before
+    while now not in _ENDED and time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _existing_status(client, submission_id) or now
+    if now not in _ENDED:
+        typer.echo(f"error: stop requested for {submission_id}; still {now} after {wait_s:g} s "
+                   f"(`longdoc status {submission_id}` shows when it ends)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"job {submission_id}: {now} (was {before}); rows it staged are kept: submit the "
+               "same spec and --date again with --suffix (e.g. --suffix resume) to publish them and do the rest")

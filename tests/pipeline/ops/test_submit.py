@@ -1,4 +1,4 @@
-"""`longdoc submit/status/logs` against a real local Ray head with the Jobs API.
+"""`longdoc submit/status/logs/stop` against a real local Ray head with the Jobs API.
 
 The head runs with Ray token authentication (a per-test token), so the tests also
 show that submission works with auth on, that a missing token gives a clear error,
@@ -103,7 +103,8 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
 
     client = JobSubmissionClient(head.dashboard_url, headers={"Authorization": f"Bearer {TOKEN}"})
     info = client.get_job_info(sid)
-    assert info.runtime_env["env_vars"] == {"LONGDOC_TEST_SECRET": SECRET}
+    # (and the time Ray leaves a stopped driver to record its run: pipeline/ops/submit.py)
+    assert info.runtime_env["env_vars"] == {"LONGDOC_TEST_SECRET": SECRET, "RAY_JOB_STOP_WAIT_TIME_S": "60"}
     assert len(info.runtime_env["py_modules"]) == 3  # pipeline, stages, schemas
     assert info.metadata == {"longdoc.job": "tinyjob", "longdoc.run_date": DATE}
 
@@ -127,6 +128,38 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     r = longdoc("logs", sid, "--address", head.dashboard_url)
     assert r.returncode == 0 and "longdoc: run" in r.stdout
     r = longdoc("status", "no-such-job", "--address", head.dashboard_url)
+    assert r.returncode == 1 and "no job 'no-such-job'" in r.stderr
+
+
+@pytest.mark.slow  # a job submitted and stopped mid-run on the real head: ~1 min
+def test_stop_ends_a_running_job_which_records_itself_as_interrupted(head, tmp_path, tiny_model_dir):
+    import json
+    import time
+
+    spec = _job_spec(tmp_path, tiny_model_dir)
+    corpus = tmp_path / "corpus"
+    for i in range(40):  # long enough to be stopped mid-run: one slot, many tokens per row
+        (corpus / f"more{i}.txt").write_text(f"Extra document {i} about canals. " * 30)
+    data = yaml.safe_load(spec.read_text())
+    data["generation"]["max_new_tokens"] = 256
+    data["resources"]["decode_slots"] = 1
+    spec.write_text(yaml.safe_dump(data))
+    common = ["--address", head.dashboard_url, "--date", DATE, "--set", f"generation.model={tiny_model_dir}"]
+    r = longdoc("submit", str(spec), *common, "--suffix", "tostop", "--working-dir", str(tmp_path), "--ship-code")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sid = f"longdoc-tinyjob-{DATE}-tostop"
+    t0 = time.time()
+    while "longdoc: run " not in (logs := longdoc("logs", sid, "--address", head.dashboard_url).stdout):
+        assert time.time() - t0 < 180, logs
+        time.sleep(1)
+    r = longdoc("stop", sid, "--address", head.dashboard_url)
+    assert r.returncode == 0 and f"job {sid}: STOPPED" in r.stdout and "--suffix" in r.stdout, r.stdout + r.stderr
+    run_id = logs.split("longdoc: run ", 1)[1].split()[0]
+    record = json.loads((tmp_path / "out" / "tinyjob.runs" / DATE / f"{run_id}.json").read_text())
+    assert record["summary"]["status"] == "interrupted" and record["summary"]["interrupted_by"] == "SIGTERM"
+    r = longdoc("stop", sid, "--address", head.dashboard_url)
+    assert r.returncode == 0 and "already ended: STOPPED" in r.stdout
+    r = longdoc("stop", "no-such-job", "--address", head.dashboard_url)
     assert r.returncode == 1 and "no job 'no-such-job'" in r.stderr
 
 
