@@ -130,8 +130,8 @@ def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
         return f"{output}; the input's URI needs a run date (--date), so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
                                    job.input.answer_field) if f)
-    what = "its files" if job.input.format == "text" else f"its first records have {fields}"
-    return f"the input {job.input.uri.replace('{run_date}', run_date or '')} lists and {what}; {output}"
+    what = "its files are found" if job.input.format == "text" else f"its first records have {fields}"
+    return f"the input {job.input.uri.replace('{run_date}', run_date or '')} is listed and {what}; {output}"
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:
@@ -273,11 +273,15 @@ def run(
         typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
         raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
+        from pipeline.report.load import date_errors
+
         typer.echo(
             f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "
-            f"({s['date_failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%})",
-            err=True,
-        )
+            f"({s['date_failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%}); "
+            f"the most frequent errors:", err=True)
+        for message, n in date_errors(result.output_uri, result.run_date):
+            typer.echo(f"  {n} x {message[:300]}", err=True)
+        typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {s['date_rows']})", err=True)
         raise typer.Exit(1)
 
 
@@ -323,7 +327,7 @@ def report(
     last: Annotated[int, typer.Option(min=1, help="Plot at most the newest N runs.")] = 30,
     answers: Annotated[int, typer.Option(
         min=0, help="Also print the first N answers of the newest run date: document, question, "
-        "answer or error, reference.")] = 0,
+        "answer or error, reference (with --json: {\"runs\": [...], \"answers\": [...]}).")] = 0,
 ) -> None:
     """Summarise the Parquet output of one or more runs."""
     from pipeline.preflight import readable_problem
@@ -336,9 +340,15 @@ def report(
     table = load_output(output_uri)
     summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
     if not summaries:
-        typer.echo(f"error: no rows and no run records under {output_uri}", err=True)
+        from pipeline.report.load import output_root_hint
+
+        typer.echo(f"error: no rows and no run records under {output_uri}{output_root_hint(output_uri)}", err=True)
         raise typer.Exit(2)
-    if as_json:
+    if as_json and answers and table.num_rows:  # the runs and the answers, one JSON object
+        from pipeline.report.answers import answer_rows
+
+        typer.echo(json.dumps({"runs": summaries, "answers": answer_rows(table, answers)}, indent=2, default=str))
+    elif as_json:
         typer.echo(json.dumps(summaries, indent=2, default=str))
     else:
         from pipeline.report.summary import format_summary

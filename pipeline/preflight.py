@@ -163,11 +163,15 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     if not shards or inp.format == "text":
         return []
     try:
-        fields, n = _first_record_fields(shards[0], inp.format)
+        fields, n, bad = _first_record_fields(shards[0], inp.format)
     except Exception as e:  # noqa: BLE001
         return [storage_problem("input.uri", shards[0], e)]
+    if not n and bad:  # not one record: the wrong format or a broken file, not a stray bad line
+        return [f"input.uri: {shown(shards[0])}: none of its first {len(bad)} line(s) is a JSON record "
+                f"(line {bad[0]}); fix: one JSON object per line (input.format jsonl), or set input.format "
+                "to the file's format"]
     if not n:
-        return []  # no readable record: the read stage reports each bad line as a row
+        return []  # an empty file, or not Parquet: the read stage reports it as a row
     wanted = [("input.id_field", inp.id_field), ("input.text_field", inp.text_field),
               ("input.question_field", inp.question_field), ("input.answer_field", inp.answer_field)]
     have = ", ".join(sorted(fields)[:12]) or "none"
@@ -178,8 +182,9 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     ]
 
 
-def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int]:
-    """(the union of field names, how many records were read) over the first records of ``path``."""
+def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int, list[str]]:
+    """(the union of field names, how many records were read, the lines that are not a
+    record: "N: why", at most ``PREFLIGHT_RECORDS``) over the first lines of ``path``."""
     from stages.read import iter_lines
 
     fields: set[str] = set()
@@ -192,22 +197,29 @@ def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int]:
             try:
                 pf = pq.ParquetFile(f)
             except Exception:  # noqa: BLE001 - not Parquet: the read stage reports it as a row
-                return set(), 0
-            return set(pf.schema_arrow.names), min(pf.metadata.num_rows, PREFLIGHT_RECORDS)
+                return set(), 0, []
+            return set(pf.schema_arrow.names), min(pf.metadata.num_rows, PREFLIGHT_RECORDS), []
+    bad: list[str] = []
     with fs.open(bare, "rb") as f:
-        for _, raw, _ in iter_lines(f, 1 << 26):
+        for lineno, raw, _ in iter_lines(f, 1 << 26):
             if raw is None or not raw.strip():
                 continue
             try:
                 rec: Any = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue
+            except UnicodeDecodeError:
+                bad.append(f"{lineno}: not valid UTF-8")
+                rec = None
+            except json.JSONDecodeError as e:
+                bad.append(f"{lineno}: not valid JSON, {e.msg}")
+                rec = None
             if isinstance(rec, dict):
                 fields.update(k for k, v in rec.items() if v is not None)
                 n += 1
-            if n >= PREFLIGHT_RECORDS:
+            elif rec is not None:
+                bad.append(f"{lineno}: not a JSON object")
+            if n >= PREFLIGHT_RECORDS or len(bad) >= PREFLIGHT_RECORDS:
                 break
-    return fields, n
+    return fields, n, bad
 
 
 # ----------------------------------------------------------------------------- output

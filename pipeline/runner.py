@@ -18,6 +18,11 @@ exactly one row in the output table (written now or by an earlier run of the dat
 - The input is listed once (``stages.read.list_shards``, before Ray starts) and read
   once (the read stage); the abort path and the progress total take the run's requests
   from the read stage's ledger (stages/ledger.py), never from the input again.
+- A complete run replaces the date's rows it supersedes (stages/partition.py
+  ``superseded``): an earlier spec's rows of the same documents and prompts (another
+  model, budget or instruction gives other request ids) and the input-error rows of lines
+  since fixed, so a date holds one row per document and prompt of its input, not one
+  per spec it was ever run with. The summary counts them (``superseded``).
 - An input row repeated exactly (same id, text and question: the same request_id) is
   one request: it gets one row, published once, counted once (``duplicates`` in the
   summary counts the repeats dropped).
@@ -75,7 +80,7 @@ from schemas.spec import JobSpec
 from stages.layout import run_record_path, staging_dir
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
-from stages.partition import commit_date, scan_date
+from stages.partition import RunRequests, commit_date, scan_date, superseded
 from stages.read import list_shards
 from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, write_table_atomic
 
@@ -245,7 +250,7 @@ def run_job(
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
     n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
-         f"{len(skip)} request(s) already done, {retried} error row(s) to retry "
+         f"{len(skip)} row(s) of the date already done, {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}"
          + ("; runner local: in this process, no Ray" if runner == "local" else "")
          + f"; {spec.resources.num_cpus:g} CPU(s) per generate actor")
@@ -304,11 +309,20 @@ def run_job(
         # Never a missing row: every request without one becomes a retryable error row.
         tally.add(write_missing_as_errors(spec, root, run_date, run_id, abort, shards))
     stale: frozenset[str] = frozenset()
+    replaced: frozenset[str] = frozenset()
+    skipped = len(skip)  # the date's rows that were done; of this run's requests once its ledger is read
     if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
         # retry and did not produce again is no longer a request (e.g. a file that failed
         # to read as a whole now reads, and its documents have rows of their own).
         stale = frozenset(set(before.rows) - skip - seen_ids)
+        # ... and the rows it replaces: an earlier spec's rows of the same documents and
+        # prompts, error rows of input lines since fixed (stages/partition.py ``superseded``).
+        run_requests = _run_requests(spec, root, run_date, run_id, shards)
+        if run_requests is not None:
+            replaced = superseded(root, run_date, run_requests)
+            stale |= replaced
+            skipped = len(run_requests.ids & skip)
     commit = {"staged_files": 0, "files_written": 0}
     if interrupted is None:
         try:
@@ -330,7 +344,8 @@ def run_job(
         summary = run_summary(tally, wall_s=wall, date_counts=after, aborted=abort)
         if interrupted is not None:
             summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
-        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(skip), retried=retried,
+        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=skipped, retried=retried,
+                       superseded=len(replaced),
                        retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                        started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
                        files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
@@ -339,7 +354,20 @@ def run_job(
                            wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
         write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                            run_record_path(root, run_date, run_id))
-    return RunResult(run_id, run_date, root, summary, skipped=len(skip))
+    return RunResult(run_id, run_date, root, summary, skipped=skipped)
+
+
+def _run_requests(spec: JobSpec, root: str, run_date: str, run_id: str, shards: list[str]) -> RunRequests | None:
+    """The requests a complete run's input yielded, from its ledger (stages/partition.py
+    ``RunRequests``); None when the ledger does not cover every input file."""
+    ledger = read_ledger(root, run_date, run_id)
+    if not ledger.complete(len(shards)):
+        return None
+    run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
+    for req in ledger.iter_requests(spec, shards, run_id, run_date):
+        run.ids.add(req["request_id"])
+        run.keys.add((req["doc_id"], req["prompt"]))
+    return run
 
 
 def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,

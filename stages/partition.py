@@ -26,6 +26,11 @@ One run of a date at a time (two concurrent runs of one date are not supported).
 
 ``scan_date`` reads just ``request_id``/``error``/``error_kind`` of every file: the one
 place that lists a run date (resume, retry selection, summary counts, report).
+
+``superseded`` names the committed rows a complete run replaces, so a rerun after the spec
+changed (another model, budget or instruction: other request ids) or after a malformed
+input line was fixed does not leave the old rows beside the new ones. The runner hands them to ``commit_date`` as
+``stale``.
 """
 
 from __future__ import annotations
@@ -142,6 +147,34 @@ def scan_date(root: str, run_date: str) -> DateScan:
     for rid, state in _staged_winners(fs, scan.staged).items():
         scan.rows[rid] = state
     return scan
+
+
+@dataclass
+class RunRequests:
+    """What a complete run's input yields (from its ledger): ``ids``, the request ids;
+    ``keys``, their (doc_id, prompt) pairs; ``files``, the input files it read whole
+    (empty under ``input.limit``, which stops reading partway)."""
+
+    ids: set[str] = field(default_factory=set)
+    keys: set[tuple[str, str | None]] = field(default_factory=set)
+    files: frozenset[str] = frozenset()
+
+
+def superseded(root: str, run_date: str, run: RunRequests) -> frozenset[str]:
+    """Committed rows of ``run_date`` that are not requests of the complete run ``run`` and
+    that it replaces: rows of the same document and prompt (the spec or the document's
+    text changed since they were written: other request ids), and input-error rows of a
+    file it read whole (a malformed line since fixed: its document now has a row of its
+    own). Every other row stays: a document gone from the input, a file this run did not
+    read (another night's folder, a file since deleted, one that failed to read now)."""
+    fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    out: set[str] = set()
+    for path in list_files(fs, part, ".parquet"):
+        t = read_file(fs, path, ["request_id", "doc_id", "prompt", "source_uri", "error_kind"])
+        for rid, doc_id, prompt, source, kind in zip(*(t.column(i).to_pylist() for i in range(5)), strict=True):
+            if rid not in run.ids and ((doc_id, prompt) in run.keys or (kind == INPUT and source in run.files)):
+                out.add(rid)
+    return frozenset(out)
 
 
 def _staged_files(fs: fsspec.AbstractFileSystem, root: str, run_date: str) -> list[str]:

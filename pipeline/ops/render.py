@@ -160,6 +160,9 @@ def _check(opts: RenderOptions) -> None:
                         ("--backoff-limit", opts.backoff_limit)):
         if not 0 <= value <= _INT32_MAX:  # Kubernetes stores these as 32-bit integers
             raise ValueError(f"{name} {value}: allowed: a whole number from 0 to {_INT32_MAX}")
+    if opts.kind == "raycronjob" and opts.run_date:  # every night would redo that one date
+        raise ValueError(f"--date {opts.run_date} with --kind raycronjob: every night would run that same date; "
+                         "leave --date out (each night runs the day it starts; --date-offset-days -1 = the day before)")
     if not -366 <= opts.date_offset_days <= 366:
         raise ValueError(f"--date-offset-days {opts.date_offset_days}: allowed: -366 to 366 (days)")
     f = opts.max_failed_fraction
@@ -376,8 +379,8 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
     first = opts.image.split("/", 1)[0]
     if "/" not in opts.image or not ("." in first or ":" in first or first == "localhost"):
         out.append(f"image {opts.image!r} names no registry: the nodes pull it from Docker Hub unless it "
-                   "is preloaded; push the image built from infra/Dockerfile and pass --image "
-                   "REGISTRY/longdoc:TAG")
+                   "is preloaded; push the image built from infra/Dockerfile to your registry and pass "
+                   "--image with the registry's host, e.g. ghcr.io/ORG/longdoc:1.0")
     return out
 
 

@@ -25,14 +25,29 @@ def _field(label: str, text: str) -> str:
                          subsequent_indent=" " * (len(label) + 4))
 
 
+#: What ``answer_rows`` keeps of a row (``--answers N --json``).
+ANSWER_FIELDS = ("run_date", "doc_id", "prompt", "output_text", "error", "error_kind", "reference")
+
+
+def newest_rows(table: pa.Table) -> tuple[str, pa.Table]:
+    """The newest ``run_date`` of ``table`` and its rows, in document order (a stable order)."""
+    newest = pc.max(table.column("run_date")).as_py()
+    rows = table.filter(pc.equal(table.column("run_date"), newest))
+    return newest, rows.take(pc.sort_indices(rows, [("doc_id", "ascending"), ("prompt", "ascending")]))
+
+
+def answer_rows(table: pa.Table, limit: int) -> list[dict]:
+    """``format_answers``' rows as dicts (``ANSWER_FIELDS``), for ``--json``."""
+    _, rows = newest_rows(table)
+    return rows.slice(0, limit).select(list(ANSWER_FIELDS)).to_pylist()
+
+
 def format_answers(table: pa.Table, limit: int) -> str:
     """At most ``limit`` rows of the newest ``run_date`` in ``table`` (the output schema), as
     text blocks: ``[doc_id] prompt`` then ``answer`` or ``error (kind)``, and ``reference``
     with whether the answer contains it (the report's own comparison) when one exists.
     The heading says how many rows the date has and how many are shown."""
-    newest = pc.max(table.column("run_date")).as_py()
-    rows = table.filter(pc.equal(table.column("run_date"), newest))
-    rows = rows.take(pc.sort_indices(rows, [("doc_id", "ascending"), ("prompt", "ascending")]))
+    newest, rows = newest_rows(table)
     shown = rows.slice(0, limit).to_pylist()
     more = " (--answers N for more)" if len(shown) < rows.num_rows else ""
     lines = [f"answers of {newest}: {len(shown)} of {rows.num_rows} row(s){more}"]

@@ -6,9 +6,10 @@ run records and hidden temporary files are not rows (only ``run_date=D/*.parquet
 is read, so an output of an earlier version, with ``_runs/`` inside, reads the same).
 ``run_summaries`` returns one summary per run id, using the wall time recorded in the
 run's record when present (else device time, as stated in ``throughput_basis``); a run
-with a record and no published row (interrupted before its rows were published, or one
-whose rows later runs replaced) is listed too, with its record's figures,
-``rows_published: 0`` and ``rows_staged`` (its rows waiting for the next run of the date). Run
+with a record and no published row is listed too when it has something to show
+(interrupted or failed, rows staged, or rows that later runs replaced; not a rerun that
+found nothing to do), with its record's figures, ``rows_published: 0`` and
+``rows_staged`` (its rows waiting for the next run of the date). Run
 records are found where stages/layout.py ``run_record_candidates`` says: beside the
 output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlier versions).
 """
@@ -74,6 +75,38 @@ def read_run_record(uri: str, run_date: str, run_id: str) -> dict[str, Any] | No
     return None
 
 
+def output_root_hint(uri: str) -> str:
+    """Why ``uri`` holds no output, when it is a near miss: it does not exist, it is one
+    date's folder, or output roots sit below it. "" otherwise."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    path = path.rstrip("/")
+    if not fs.exists(path):
+        return ": it does not exist (pass the spec's output.uri, e.g. out/my-job)"
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith(_PREFIX):
+        return f": that is one date's folder; pass the output root above it ({uri.rstrip('/').rsplit('/', 1)[0]})"
+    below = [d for d in fs.ls(path, detail=False)
+             if fs.isdir(d) and any(c.rstrip("/").rsplit("/", 1)[-1].startswith(_PREFIX) for c in fs.ls(d, detail=False))]
+    if below:
+        names = ", ".join(f"{uri.rstrip('/')}/{d.rstrip('/').rsplit('/', 1)[-1]}" for d in sorted(below)[:3])
+        return f": output roots are one level below it: {names}"
+    return ""
+
+
+def date_errors(uri: str, run_date: str, limit: int = 3) -> list[tuple[str, int]]:
+    """The most frequent error messages among the published rows of ``run_date``, with their
+    counts (at most ``limit``): what a failed night says first."""
+    from collections import Counter
+
+    from stages.write import partition_dir
+
+    fs, part = fsspec.core.url_to_fs(partition_dir(uri, run_date))
+    counts: Counter[str] = Counter()
+    for f in list_files(fs, part, ".parquet"):
+        counts.update(e for e in read_file(fs, f, ["error"]).column("error").to_pylist() if e)
+    return counts.most_common(limit)
+
+
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
 
 
@@ -112,9 +145,12 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
         rec = {"run_date": run_date, "run_id": run_id}
         recorded = _recorded(uri, run_date, run_id)
         if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
+            staged = staged_rows(uri, run_date, run_id)
+            if not (staged or recorded.get("rows") or recorded.get("status") in ("interrupted", "failed")):
+                continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
             out.append({**rec, **{k: recorded.get(k) for k in keys}, "status": recorded.get("status"),
-                        "rows_published": 0, "rows_staged": staged_rows(uri, run_date, run_id)})
+                        "rows_published": 0, "rows_staged": staged})
             continue
         mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
         # A run id resumed: its rows came from every attempt, and so did their time.

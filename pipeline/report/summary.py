@@ -7,6 +7,15 @@ figure columns (text columns optional) and returns a flat dict; throughput figur
 use ``wall_s`` when the run's wall time is known, else the summed device seconds
 (stated in ``throughput_basis``). ``format_summary`` renders it as an aligned table.
 
+Where the time went (every row, failed ones too; seconds summed over rows): the device
+time (``device_s``) splits into ``time_method_read_s`` (the reading of a method that
+compresses inside the engine's prefill: finch, select, autocompressor: their rows'
+``compress_s``), ``time_prompt_prefill_s`` (the rest of ``prefill_s``: the prompts the
+generator prefilled) and ``time_decode_s`` (``device_s - prefill_s``: each row's share of
+the decode steps); ``time_text_compress_s`` is the compression done before the engine
+(rag, bm25, truncate: not device time of the generator); ``time_stall_s`` sums what
+decoding rows waited for other rows' prefill (wall time of rows, which overlap).
+
 ``run_summary`` adds what `longdoc run` records for one run: ``status``
 (``succeeded``: the date has no error row; ``partial``: the run completed but some rows
 of the date failed; ``failed``: Ray aborted the run, its unfinished requests are
@@ -19,6 +28,7 @@ of the run record (``{output}.runs/{date}/{run_id}.json``, stages/layout.py
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import re
@@ -37,6 +47,14 @@ VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fss
 def _sum(table: pa.Table, col: str) -> float:
     v = pc.sum(table.column(col)).as_py()
     return float(v or 0)
+
+
+@functools.cache
+def _engine_methods() -> pa.Array:
+    """Names of the compression methods that read inside the engine's prefill (module docstring)."""
+    from stages.compression import registry
+
+    return pa.array([name for name, m in registry().items() if m.runs_at == "prefill"], pa.string())
 
 
 def _normalized(text: str) -> str:
@@ -84,6 +102,7 @@ class RunTally:
         self.ratio_sum = 0.0
         self.sums = dict.fromkeys(self._SUMS_OK + self._SUMS_ALL, 0.0)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self.times = dict.fromkeys(("method_read_s", "text_compress_s", "prefill_s", "stall_s"), 0.0)
         self._e2e: list[np.ndarray] = []  # ok rows' e2e_s, one array per block
         self._docs: list[np.ndarray] = []  # hash(doc_id) per row, folded to unique values
 
@@ -102,6 +121,7 @@ class RunTally:
                 self.sums[name] += _sum(ok_table, name)
         for name in self._SUMS_ALL:
             self.sums[name] += _sum(table, name)
+        self._add_times(table)
         ratios = pc.drop_null(ok_table.column("compression_ratio"))
         self.ratio_n += len(ratios)
         self.ratio_sum += float(pc.sum(ratios).as_py() or 0.0)
@@ -117,6 +137,18 @@ class RunTally:
         elif n_failed:  # a row failed before error_kind existed counts as retryable
             self.errors["retryable"] += n_failed
         return self
+
+    def _add_times(self, table: pa.Table) -> None:
+        """Fold the block's time columns (module docstring); old outputs may lack them."""
+        names = table.column_names
+        if "compress_s" in names and "compression" in names:
+            in_engine = pc.fill_null(pc.is_in(table.column("compression"), value_set=_engine_methods()), False)
+            spent = pc.fill_null(table.column("compress_s"), 0.0)
+            self.times["method_read_s"] += float(pc.sum(pc.if_else(in_engine, spent, 0.0)).as_py() or 0.0)
+            self.times["text_compress_s"] += float(pc.sum(pc.if_else(in_engine, 0.0, spent)).as_py() or 0.0)
+        for name in ("prefill_s", "stall_s"):
+            if name in names:
+                self.times[name] += _sum(table, name)
 
     @property
     def documents(self) -> int:
@@ -148,6 +180,11 @@ class RunTally:
             "p50_e2e_s": quantile(0.5),
             "p95_e2e_s": quantile(0.95),
             "cost_usd": s["cost_usd"],
+            "time_text_compress_s": self.times["text_compress_s"],
+            "time_method_read_s": self.times["method_read_s"],
+            "time_prompt_prefill_s": max(0.0, self.times["prefill_s"] - self.times["method_read_s"]),
+            "time_decode_s": max(0.0, s["device_s"] - self.times["prefill_s"]),
+            "time_stall_s": self.times["stall_s"],
         }
 
 
@@ -228,10 +265,22 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("wall_s", "wall time (s)"),
         ("cost_usd", "total cost (USD)"),
     ]
+    if summary.get("device_s"):  # where the time went (module docstring): row seconds, summed
+        keys += [("device_s", "device time (s), of it:"),
+                 ("time_method_read_s", "  the method reading documents"),
+                 ("time_prompt_prefill_s", "  prompt prefill"),
+                 ("time_decode_s", "  decode")]
+        if summary.get("time_text_compress_s"):
+            keys += [("time_text_compress_s", "text compression before it (s)")]
+        if summary.get("rows") and summary.get("time_stall_s") is not None:
+            summary = {**summary, "mean_stall_s": summary["time_stall_s"] / summary["rows"]}
+            keys += [("mean_stall_s", "a row's wait on others' prefill (mean s)")]
     if "skipped" in summary:  # a run's own summary (`report` summarizes rows): the date beside it
         at = keys.index(("status", "status"))
         keys[at:at] = [("skipped", "requests already done (skipped)")]
         keys[at + 2:at + 2] = [("date_rows", "rows of the date (all runs)"), ("date_failed", "  of them failed")]
+        if summary.get("superseded"):  # stages/partition.py ``superseded``
+            keys[at + 1:at + 1] = [("superseded", "earlier rows it replaced")]
     if "rows_published" in summary:  # `report` of a run whose rows are not in the table
         at = keys.index(("rows", "rows (requests)")) + 1
         keys[at:at] = [("rows_published", "  of them published"), ("rows_staged", "  staged, not yet published")]

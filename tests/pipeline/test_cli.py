@@ -23,7 +23,7 @@ def test_validate_prints_resolved_spec():
     assert "question_field: questions" in res.output
     # The last line says what passed, as a YAML comment: the output is still the spec.
     last = res.output.strip().splitlines()[-1]
-    assert last.startswith("# jobs/sample-qa.yaml: valid; the input jobs/sample-qa.jsonl lists and its first "
+    assert last.startswith("# jobs/sample-qa.yaml: valid; the input jobs/sample-qa.jsonl is listed and its first "
                            "records have id, text, questions, answers; the output "), last
     printed = yaml.safe_load(res.output)
     assert printed["generation"]["max_new_tokens"] == 7
@@ -65,6 +65,9 @@ def test_run_fails_when_too_many_rows_fail_then_report(tmp_path, tiny_model_dir,
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet", "--max-failed-fraction", "0.5"])
     assert res.exit_code == 1
     assert "documents" in res.output and "2 of 3 rows of 2026-02-01 failed" in res.output
+    # ... and why: the errors themselves, most frequent first, and where to see every row.
+    assert "1 x read: " in res.output and "is not valid UTF-8" in res.output and "empty.txt is empty" in res.output
+    assert f"longdoc report {tmp_path}/out --answers 3" in res.output
     # A rerun skips everything already written but must not hide the failures.
     again = runner.invoke(app, ["run", str(spec), "--date", "2026-02-01", "--quiet"])
     assert again.exit_code == 1 and "2 of 3 rows of 2026-02-01 failed" in again.output
@@ -102,7 +105,7 @@ def test_validate_checks_the_local_input_for_the_run_date(tmp_path):
     res = runner.invoke(app, ["validate", str(spec), "--date", "2026-02-01"])
     assert res.exit_code == 2 and f"{shown(f'{tmp_path}/2026-02-01')} does not exist" in res.output
     res = runner.invoke(app, ["validate", str(spec), "--date", "2026-01-31"])
-    assert res.exit_code == 0 and f"the input {tmp_path}/2026-01-31 lists and its files" in res.output
+    assert res.exit_code == 0 and f"the input {tmp_path}/2026-01-31 is listed and its files are found" in res.output
 
 
 def test_a_relative_input_that_is_not_there_says_where_it_was_looked_for(tmp_path, monkeypatch):

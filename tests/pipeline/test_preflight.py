@@ -109,6 +109,17 @@ def test_an_answer_field_the_data_lacks_is_refused(tmp_path):
     _both(spec, ["input.answer_field", "'answers'", "fix: set input.answer_field"])
 
 
+def test_a_jsonl_file_without_one_record_is_refused_naming_its_first_bad_line(tmp_path):
+    """validate passed a file whose lines are all broken; run then failed every row."""
+    spec = _spec(tmp_path)
+    (tmp_path / "docs.jsonl").write_text('{"id": "c1", "text": "broken\nalso not json\n[1, 2]\n')
+    _both(spec, ["input.uri", "docs.jsonl': none of its first 3 line(s) is a JSON record",
+                 "(line 1: not valid JSON", "fix: one JSON object per line"])
+    # One bad line among records is the run's to report, as that line's error row.
+    (tmp_path / "docs.jsonl").write_text('broken\n{"id": "d1", "text": "A document.", "question": "What?"}\n')
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+
+
 def test_an_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
     (tmp_path / "blocker").write_text("a file where a folder belongs")
     spec = _spec(tmp_path, output={"uri": str(tmp_path / "blocker" / "out")})

@@ -147,6 +147,7 @@ def _run_readme_snippets(cwd: Path) -> None:
         per_date = duckdb.sql(sql[0]).fetchall()
     assert len(ns["df"]) == 10 and ns["failed_per_date"].tolist() == [3, 3]
     assert len(ns["answers"]) == 10 and ns["answers"]["error"].count() == 6
+    assert str(ns["df"]["run_date"].dtype).startswith("datetime64") and len(ns["recent"]) == 10
     assert [(str(d), n, f) for d, n, f, *_ in per_date] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
     assert [(str(d), n, f) for d, n, f in ns["per_date"].iter_rows()] == [(DATE, 5, 3), ("2026-02-01", 5, 3)]
 
@@ -185,6 +186,48 @@ def test_truncate_and_qa_from_jsonl(runner, tmp_path, tiny_model_dir, ray_sessio
     # A row without the question field: an input error row naming the field, not a silent skip.
     assert rows[3]["doc_id"] == "c" and rows[3]["error_kind"] == INPUT
     assert "'questions' (input.question_field) is missing" in rows[3]["error"]
+
+
+def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersedes(tmp_path, tiny_model_dir):
+    """A date holds one row per document and prompt of its input (pipeline/runner.py,
+    stages/partition.py ``superseded``): a rerun with other settings (other request ids)
+    replaced nothing before and left two rows per question; a malformed line fixed left its
+    error row beside the new document's row."""
+    data = tmp_path / "qa.jsonl"
+    good = [{"id": f"d{i}", "text": f"Document {i} names the river number {i}. " * 8, "q": ["Which river?", "Why?"]}
+            for i in range(3)]
+    lines = [json.dumps(good[0]), '{"id": "d9", "text": "broken', json.dumps(good[1]), json.dumps(good[2])]
+    data.write_text("\n".join(lines))
+
+    def spec(**generation):
+        return spec_from_dict({
+            "name": "qa", "input": {"uri": str(data), "format": "jsonl", "question_field": "q"},
+            "task": {"kind": "qa"}, "generation": {"model": str(tiny_model_dir), "max_new_tokens": 4, **generation},
+            "output": {"uri": str(tmp_path / "out")}})
+
+    def by_key() -> Counter:
+        return Counter((r["doc_id"], r["prompt"]) for r in load_output(str(tmp_path / "out")).to_pylist())
+
+    first = run_job(spec(), run_date=DATE, progress=False, runner="local")
+    assert first.summary["rows"] == 7 and first.summary["failed"] == 1  # 3 x 2 questions + the bad line
+    other = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner="local")
+    counts = by_key()
+    assert sum(counts.values()) == 7 and max(counts.values()) == 1, counts  # before: 14 rows, 2 per question
+    assert other.summary["superseded"] == 7 and other.summary["date_rows"] == 7
+    assert {r["output_tokens"] <= 6 for r in load_output(str(tmp_path / "out")).to_pylist() if r["error"] is None}
+
+    lines[1] = json.dumps({"id": "d9", "text": "The fixed line names river nine. " * 8, "q": ["Which river?"]})
+    data.write_text("\n".join(lines))
+    fixed = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner="local")
+    rows = load_output(str(tmp_path / "out")).to_pylist()
+    assert fixed.summary["status"] == "succeeded" and fixed.summary["superseded"] == 1  # the error row
+    assert len(rows) == 7 and all(r["error"] is None for r in rows), [r["error"] for r in rows]
+    assert fixed.skipped == 6 and fixed.summary["rows"] == 1
+
+    # Under input.limit only the documents the run read are replaced; the others' rows stay.
+    limited = run_job(spec(max_new_tokens=5).model_copy(update={"input": spec().input.model_copy(update={"limit": 1})}),
+                      run_date=DATE, progress=False, runner="local")
+    assert limited.summary["superseded"] == 2 and sum(by_key().values()) == 7
 
 
 @pytest.mark.parametrize("runner", ["ray", "local"])

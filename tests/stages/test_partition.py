@@ -216,3 +216,21 @@ def test_a_request_staged_twice_in_one_block_is_published_once(root):
     commit_date(str(root), DATE, "r2")
     visible = _visible(root)
     assert len(visible) == 3 and visible["q001"]["output_text"] == "answer 1 by r2"
+
+
+def test_a_complete_run_supersedes_only_its_own_documents_and_the_input_errors_of_files_it_read(root):
+    from stages.partition import RunRequests, superseded
+
+    rows = _rows(range(4))
+    for r, source in zip(rows, ["a.jsonl", "a.jsonl", "b.jsonl", "a.jsonl"], strict=True):
+        r.update(prompt="Q", source_uri=source)
+    bad_a, bad_b = (_rows(range(8, 10), error="read: a line is not valid JSON", kind=INPUT))
+    bad_a.update(prompt="Q", source_uri="a.jsonl", doc_id="a.jsonl:5")
+    bad_b.update(prompt="Q", source_uri="b.jsonl", doc_id="b.jsonl:2")
+    _stage(root, "r1", [*rows, bad_a, bad_b])
+    commit_date(str(root), DATE, "r1")
+    # The new run read a.jsonl whole (not b.jsonl): d0 got a new id (another spec), d1 the
+    # same one, d3 is gone from the input; a.jsonl's malformed line no longer yields its row.
+    run = RunRequests(ids={"new-d0", "q001"}, keys={("d0", "Q"), ("d1", "Q")}, files=frozenset({"a.jsonl"}))
+    assert superseded(str(root), DATE, run) == {"q000", "q008"}
+    assert superseded(str(root), DATE, RunRequests(ids={"q001"}, keys={("d1", "Q")})) == frozenset()

@@ -152,6 +152,7 @@ def test_computed_run_date_evaluates_in_a_shell(tz, offset):
         (["--timezone", "Mars Base"], "--timezone 'Mars Base'"),
         (["--timezone", "Mars/Olympus_Mons"], "not a known IANA time zone"),
         (["--date", "31.01.2026"], "YYYY-MM-DD"),
+        (["--kind", "raycronjob", "--date", "2026-01-31"], "every night would run that same date"),
         (["--set", "resources.num_gpus=-1"], "resources.num_gpus"),
         (["--toleration", "nvidia.com/gpu:Never"], "--toleration"),
         (["--service-account", "Bad_Name"], "--service-account"),
@@ -283,7 +284,7 @@ def test_render_warns_about_local_paths_missing_secrets_and_registryless_images(
     r = CliRunner().invoke(_app, ["render", str(SAMPLE)])
     assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout))
     assert "warning: input.uri" in r.stderr and "is a local path" in r.stderr and "pod's own disk" in r.stderr
-    assert "image 'longdoc:0.1.0' names no registry" in r.stderr and "--image REGISTRY/longdoc:TAG" in r.stderr
+    assert "image 'longdoc:0.1.0' names no registry" in r.stderr and "e.g. ghcr.io/ORG/longdoc:1.0" in r.stderr
     r = CliRunner().invoke(_app, ["render", str(SAMPLE), "--set", "input.uri=s3://b/in/",
                                   "--set", "output.uri=s3://b/out/{job}"])
     assert "object storage and no --secret" in r.stderr and "local path" not in r.stderr

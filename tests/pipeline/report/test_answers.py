@@ -48,3 +48,13 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     assert "[c.txt] When?" in res.output and "error (input): read: c.txt is not valid UTF-8" in res.output
     assert "answers of" not in CliRunner().invoke(app, ["report", root]).output  # off by default
     assert FIELD_CHARS < len("very " * 300)
+
+    # With --json the answers come in the same JSON object as the runs (they were dropped).
+    import json
+
+    res = CliRunner().invoke(app, ["report", root, "--answers", "2", "--json"])
+    data = json.loads(res.output)
+    assert [r["run_id"] for r in data["runs"]] == ["r-2026-01-01", "r-2026-01-02"]
+    assert [(a["doc_id"], a["prompt"]) for a in data["answers"]] == [("a.txt", "Where?"), ("b.txt", "Who wrote it?")]
+    assert data["answers"][1]["output_text"] == "It was written by Ada." and data["answers"][1]["reference"] == "Ada"
+    assert isinstance(json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output), list)  # as before

@@ -137,4 +137,12 @@ def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_
     assert (first["run_id"], first["rows"], "rows_published" in first) == ("r1", 2, False)
     assert (second["run_id"], second["status"], second["rows"], second["wall_s"]) == ("r2", "interrupted", 3, 7.5)
     assert (second["rows_published"], second["rows_staged"]) == (0, 3)
-    assert CliRunner().invoke(app, ["report", str(tmp_path / "none")]).exit_code == 2  # nothing at all
+    # A rerun that found nothing to do has a record and nothing to show: not listed.
+    write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 0}}).encode(),
+                       run_record_path(root, "2026-01-01", "r3"))
+    assert [s["run_id"] for s in run_summaries(root, load_output(root))] == ["r1", "r2"]
+    # Near misses name the folder to pass.
+    for path, hint in ((tmp_path / "none", "it does not exist"), (tmp_path, f"one level below it: {root}"),
+                       (tmp_path / "out" / "run_date=2026-01-01", f"pass the output root above it ({root})")):
+        res = CliRunner().invoke(app, ["report", str(path)])
+        assert res.exit_code == 2 and hint in res.output, res.output

@@ -78,7 +78,9 @@ def _rows(n: int, seed: int) -> list[dict]:
                     "draft_tokens": rnd.randrange(0, 9), "accepted_tokens": rnd.randrange(0, 5),
                     "compression_ratio": None if rnd.random() < 0.3 else rnd.random(),
                     "e2e_s": None if rnd.random() < 0.1 else rnd.uniform(0.1, 9.0),
-                    "device_s": rnd.uniform(0, 2), "cost_usd": rnd.uniform(0, 0.01)})
+                    "device_s": rnd.uniform(0, 2), "cost_usd": rnd.uniform(0, 0.01),
+                    "compression": rnd.choice(["finch", "rag", None]), "compress_s": rnd.uniform(0, 0.5),
+                    "prefill_s": rnd.uniform(0.5, 1.0), "stall_s": rnd.uniform(0, 3)})
     return out
 
 
@@ -117,3 +119,29 @@ def test_the_tally_keeps_a_float_and_an_int_a_row_not_the_rows():
 def test_an_empty_run_has_the_summary_of_no_rows():
     empty = rows_to_table([])
     assert RunTally().add(empty).summary(1.0) == summarize(empty, wall_s=1.0)
+
+
+def test_device_time_splits_into_the_methods_reading_the_prompts_prefill_and_decode():
+    """Where a run's time went (pipeline/report/summary.py): a method reading inside the
+    engine's prefill (finch) is counted apart from the prompts' prefill; a text method's
+    compression (rag) happens before the engine and is not device time."""
+    base = {"run_id": "r", "run_date": "2026-01-01", "job": "j", "e2e_s": 1.0}
+    rows = [
+        {**base, "doc_id": "a", "request_id": "q0", "compression": "finch", "compress_s": 3.0, "prefill_s": 3.5,
+         "device_s": 4.0, "stall_s": 1.0},
+        {**base, "doc_id": "a", "request_id": "q1", "compression": "finch", "compress_s": 3.0, "prefill_s": 3.5,
+         "device_s": 4.5, "stall_s": 0.0, "error": "generate: OSError", "error_kind": "retryable"},
+        {**base, "doc_id": "b", "request_id": "q2", "compression": "rag", "compress_s": 2.0, "prefill_s": 1.0,
+         "device_s": 1.5, "stall_s": 2.0},
+    ]
+    s = summarize(rows_to_table(rows))
+    assert s["time_method_read_s"] == 6.0 and s["time_text_compress_s"] == 2.0
+    assert s["time_prompt_prefill_s"] == pytest.approx(8.0 - 6.0)  # prefill_s 8.0 in all
+    assert s["time_decode_s"] == pytest.approx(10.0 - 8.0) and s["time_stall_s"] == 3.0
+    assert s["time_method_read_s"] + s["time_prompt_prefill_s"] + s["time_decode_s"] == pytest.approx(s["device_s"])
+    text = format_summary(s)
+    lines = {line.rsplit("  ", 1)[0].strip(): line.rsplit("  ", 1)[1] for line in text.splitlines()[1:]}
+    assert lines["the method reading documents"] == "6" and lines["text compression before it (s)"] == "2"
+    assert lines["a row's wait on others' prefill (mean s)"] == "1"  # 3.0 s over 3 rows
+    old = rows_to_table(rows).drop_columns(["compress_s", "prefill_s", "stall_s"])  # an output of an early version
+    assert summarize(old)["time_method_read_s"] == 0.0
