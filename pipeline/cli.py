@@ -319,56 +319,6 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-@app.command()
-def report(
-    output_uri: Annotated[str, typer.Argument(help="Output table root (the spec's output.uri).")],
-    plot: Annotated[Optional[str], typer.Option(help="Also draw a PNG report here.")] = None,  # noqa: UP045
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    last: Annotated[int, typer.Option(min=1, help="Plot at most the newest N runs.")] = 30,
-    answers: Annotated[int, typer.Option(
-        min=0, help="Also print the first N answers of the newest run date: document, question, "
-        "answer or error, reference (with --json: {\"runs\": [...], \"answers\": [...]}).")] = 0,
-) -> None:
-    """Summarise the Parquet output of one or more runs."""
-    from pipeline.preflight import readable_problem
-    from pipeline.report.load import load_output, run_summaries
-
-    problem = readable_problem("OUTPUT_URI", output_uri)
-    if problem:
-        typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
-    table = load_output(output_uri)
-    summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
-    if not summaries:
-        from pipeline.report.load import output_root_hint
-
-        typer.echo(f"error: no rows and no run records under {output_uri}{output_root_hint(output_uri)}", err=True)
-        raise typer.Exit(2)
-    if as_json and answers and table.num_rows:  # the runs and the answers, one JSON object
-        from pipeline.report.answers import answer_rows
-
-        typer.echo(json.dumps({"runs": summaries, "answers": answer_rows(table, answers)}, indent=2, default=str))
-    elif as_json:
-        typer.echo(json.dumps(summaries, indent=2, default=str))
-    else:
-        from pipeline.report.summary import format_summary
-
-        for s in summaries:
-            typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
-        for run_date in sorted({s["run_date"] for s in summaries if s.get("rows_staged")}):
-            typer.echo(f"{run_date}: rows staged by an interrupted run are not published yet; run the "
-                       f"job for that date again (longdoc run SPEC --date {run_date}) to publish them")
-    if answers and not as_json and table.num_rows:
-        from pipeline.report.answers import format_answers
-
-        typer.echo(format_answers(table, answers))
-    if plot and table.num_rows:
-        from pipeline.report.plot import plot_report
-
-        plot_report(table, plot, summaries=[s for s in summaries if "rows_published" not in s], last=last)
-        typer.echo(f"plot: {plot}")
-
-
 def _register_operations() -> None:
     """Commands implemented in their own modules (one job per module)."""
     from pipeline.bench.command import bench_decode_command
@@ -377,6 +327,7 @@ def _register_operations() -> None:
     from pipeline.eval.runner import eval_command
     from pipeline.ops.render import render
     from pipeline.ops.submit import logs, status, stop, submit
+    from pipeline.report.command import report
     from pipeline.train.autocompressor import train_autocompressor
     from pipeline.train.calibrate_heads import calibrate_heads_command
 
@@ -384,6 +335,7 @@ def _register_operations() -> None:
     app.command(help="Status of a submitted job.")(status)
     app.command(help="Logs of a submitted job.")(logs)
     app.command(help="Stop a submitted job (its staged rows are kept).")(stop)
+    app.command(help="Summarise the Parquet output of one or more runs.")(report)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
     bench_app.command(
         "decode",

@@ -80,7 +80,7 @@ from schemas.spec import JobSpec
 from stages.layout import run_record_path, staging_dir
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
-from stages.partition import RunRequests, commit_date, scan_date, superseded
+from stages.partition import commit_date, scan_date, superseded
 from stages.read import list_shards
 from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, write_table_atomic
 
@@ -318,7 +318,7 @@ def run_job(
         stale = frozenset(set(before.rows) - skip - seen_ids)
         # ... and the rows it replaces: an earlier spec's rows of the same documents and
         # prompts, error rows of input lines since fixed (stages/partition.py ``superseded``).
-        run_requests = _run_requests(spec, root, run_date, run_id, shards)
+        run_requests = read_ledger(root, run_date, run_id).run_requests(spec, shards, run_id, run_date)
         if run_requests is not None:
             replaced = superseded(root, run_date, run_requests)
             stale |= replaced
@@ -355,19 +355,6 @@ def run_job(
         write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                            run_record_path(root, run_date, run_id))
     return RunResult(run_id, run_date, root, summary, skipped=skipped)
-
-
-def _run_requests(spec: JobSpec, root: str, run_date: str, run_id: str, shards: list[str]) -> RunRequests | None:
-    """The requests a complete run's input yielded, from its ledger (stages/partition.py
-    ``RunRequests``); None when the ledger does not cover every input file."""
-    ledger = read_ledger(root, run_date, run_id)
-    if not ledger.complete(len(shards)):
-        return None
-    run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
-    for req in ledger.iter_requests(spec, shards, run_id, run_date):
-        run.ids.add(req["request_id"])
-        run.keys.add((req["doc_id"], req["prompt"]))
-    return run
 
 
 def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,

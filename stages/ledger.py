@@ -26,6 +26,8 @@ Contract:
   prompt (its doc id is the file, like a file that failed to read: a complete rerun
   reads the file and drops the placeholder as stale, see pipeline/runner.py).
 - ``Ledger.complete(n_shards)``: every shard is covered (the total is known).
+- ``Ledger.run_requests(...)``: what a complete run's input yielded, for the rows it
+  supersedes (stages/partition.py ``superseded``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import pyarrow.parquet as pq
 from schemas.output import RETRYABLE
 from schemas.spec import JobSpec
 from stages.layout import runs_root
+from stages.partition import RunRequests
 from stages.read import Document, expand_requests, generation_fingerprint
 from stages.write import write_table_atomic
 
@@ -152,6 +155,18 @@ class Ledger:
                     last_doc = row["doc"]
                 yield {**base, **{k: row[k] for k in ("request_id", "doc_id", "source_uri",
                                                       "prompt", "question", "reference")}}
+
+    def run_requests(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str) -> RunRequests | None:
+        """What the run's input yielded (stages/partition.py ``RunRequests``: ids, (doc_id,
+        prompt) keys, the files read whole: none under ``input.limit``); None unless every
+        input file is covered."""
+        if not self.complete(len(shards)):
+            return None
+        run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
+        for req in self.iter_requests(spec, shards, run_id, run_date):
+            run.ids.add(req["request_id"])
+            run.keys.add((req["doc_id"], req["prompt"]))
+        return run
 
     def _read_block(self, name: str) -> dict[int, list[dict[str, Any]]]:
         """One ledger file's rows by shard, each shard's in document order."""
