@@ -188,7 +188,9 @@ def test_truncate_and_qa_from_jsonl(runner, tmp_path, tiny_model_dir, ray_sessio
     assert "'questions' (input.question_field) is missing" in rows[3]["error"]
 
 
-def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersedes(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersedes(runner, tmp_path, tiny_model_dir,
+                                                                                   ray_session):
     """A date holds one row per document and prompt of its input (pipeline/runner.py,
     stages/partition.py ``superseded``): a rerun with other settings (other request ids)
     replaced nothing before and left two rows per question; a malformed line fixed left its
@@ -208,9 +210,9 @@ def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersed
     def by_key() -> Counter:
         return Counter((r["doc_id"], r["prompt"]) for r in load_output(str(tmp_path / "out")).to_pylist())
 
-    first = run_job(spec(), run_date=DATE, progress=False, runner="local")
+    first = run_job(spec(), run_date=DATE, progress=False, runner=runner)
     assert first.summary["rows"] == 7 and first.summary["failed"] == 1  # 3 x 2 questions + the bad line
-    other = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner="local")
+    other = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner=runner)
     counts = by_key()
     assert sum(counts.values()) == 7 and max(counts.values()) == 1, counts  # before: 14 rows, 2 per question
     assert other.summary["superseded"] == 7 and other.summary["date_rows"] == 7
@@ -218,7 +220,7 @@ def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersed
 
     lines[1] = json.dumps({"id": "d9", "text": "The fixed line names river nine. " * 8, "q": ["Which river?"]})
     data.write_text("\n".join(lines))
-    fixed = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner="local")
+    fixed = run_job(spec(max_new_tokens=6), run_date=DATE, progress=False, runner=runner)
     rows = load_output(str(tmp_path / "out")).to_pylist()
     assert fixed.summary["status"] == "succeeded" and fixed.summary["superseded"] == 1  # the error row
     assert len(rows) == 7 and all(r["error"] is None for r in rows), [r["error"] for r in rows]
@@ -226,7 +228,7 @@ def test_a_rerun_with_another_spec_or_a_fixed_line_replaces_the_rows_it_supersed
 
     # Under input.limit only the documents the run read are replaced; the others' rows stay.
     limited = run_job(spec(max_new_tokens=5).model_copy(update={"input": spec().input.model_copy(update={"limit": 1})}),
-                      run_date=DATE, progress=False, runner="local")
+                      run_date=DATE, progress=False, runner=runner)
     assert limited.summary["superseded"] == 2 and sum(by_key().values()) == 7
 
 
