@@ -49,7 +49,8 @@ def report(
         from pipeline.report.summary import format_summary
 
         for s in summaries:
-            typer.echo(format_summary(s, title=f"{s['run_date']} ({s['run_id']})"))
+            job = f"{s['job']} " if s.get("job") else ""
+            typer.echo(format_summary(s, title=f"{job}{s['run_date']} ({s['run_id']})"))
         for run_date in sorted({s["run_date"] for s in summaries if s.get("rows_staged")}):
             typer.echo(f"{run_date}: rows staged by an interrupted run are not published yet; run the "
                        f"job for that date again (longdoc run SPEC --date {run_date}) to publish them")

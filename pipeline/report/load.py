@@ -149,12 +149,14 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
             if not (staged or recorded.get("rows") or recorded.get("status") in ("interrupted", "failed")):
                 continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
-            out.append({**rec, **{k: recorded.get(k) for k in keys}, "status": recorded.get("status"),
+            out.append({**rec, "job": recorded.get("job"), **{k: recorded.get(k) for k in keys},
+                        "status": recorded.get("status"),
                         "rows_published": 0, "rows_staged": staged})
             continue
         mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
+        rows = table.filter(mask)
         # A run id resumed: its rows came from every attempt, and so did their time.
-        s = summarize(table.filter(mask), wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
+        s = summarize(rows, wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
-        out.append({**rec, **s, "status": recorded.get("status")})
+        out.append({**rec, "job": rows.column("job")[0].as_py(), **s, "status": recorded.get("status")})
     return out

@@ -18,6 +18,7 @@ def test_a_root_without_output_names_the_folder_to_pass(tmp_path):
     _stage(root, _rows("r1", "2026-01-01", 2))
     commit_date(root, "2026-01-01", "r1")
     assert json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output)[0]["rows"] == 2
+    assert "== j 2026-01-01 (r1) ==" in CliRunner().invoke(app, ["report", root]).output  # the job's name first
     for path, hint in ((tmp_path / "none", "it does not exist"), (tmp_path, f"one level below it: {root}"),
                        (tmp_path / "out" / "run_date=2026-01-01", f"pass the output root above it ({root})")):
         res = CliRunner().invoke(app, ["report", str(path)])
