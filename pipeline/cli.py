@@ -273,16 +273,21 @@ def run(
         typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
         raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
-        from pipeline.report.load import date_errors
-
-        typer.echo(
-            f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "
-            f"({s['date_failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%}); "
-            f"the most frequent errors:", err=True)
-        for message, n in date_errors(result.output_uri, result.run_date):
-            typer.echo(f"  {n} x {message[:300]}", err=True)
-        typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {s['date_rows']})", err=True)
+        _say_errors(result, f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "
+                            f"({s['date_failed_fraction']:.0%} > --max-failed-fraction {max_failed_fraction:.0%})")
         raise typer.Exit(1)
+    if s.get("failed"):  # under the threshold, but a row that failed is said, not left to find
+        _say_errors(result, f"note: {s['failed']} row(s) of this run failed")
+
+
+def _say_errors(result, heading: str) -> None:
+    """``heading``, the date's most frequent error messages, and where to see every row (stderr)."""
+    from pipeline.report.load import date_errors
+
+    typer.echo(f"{heading}; the date's most frequent errors:", err=True)
+    for message, n in date_errors(result.output_uri, result.run_date):
+        typer.echo(f"  {n} x {message[:300]}", err=True)
+    typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {result.summary['date_rows']})", err=True)
 
 
 def _interrupts_raise():

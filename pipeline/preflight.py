@@ -47,7 +47,7 @@ import fsspec
 
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
-from schemas.spec import EMBEDDED_NAMES, JobSpec
+from schemas.spec import EMBEDDED_NAMES, InputSpec, JobSpec
 from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
@@ -163,7 +163,7 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     if not shards or inp.format == "text":
         return []
     try:
-        fields, n, bad = _first_record_fields(shards[0], inp.format)
+        fields, n, bad, records = _first_records(shards[0], inp.format)
     except Exception as e:  # noqa: BLE001
         return [storage_problem("input.uri", shards[0], e)]
     if not n and bad:  # not one record: the wrong format or a broken file, not a stray bad line
@@ -175,20 +175,38 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     wanted = [("input.id_field", inp.id_field), ("input.text_field", inp.text_field),
               ("input.question_field", inp.question_field), ("input.answer_field", inp.answer_field)]
     have = ", ".join(sorted(fields)[:12]) or "none"
-    return [
+    missing = [
         f"input.uri: {shown(shards[0])}: none of its first {n} record(s) has the field {value!r} "
         f"({name}); fields there: {have}; fix: set {name} to the field that holds it"
         for name, value in wanted if value and value not in fields
     ]
+    return missing or _answers_problems(shards[0], records, inp)
 
 
-def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int, list[str]]:
-    """(the union of field names, how many records were read, the lines that are not a
-    record: "N: why", at most ``PREFLIGHT_RECORDS``) over the first lines of ``path``."""
+def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec) -> list[str]:
+    """A record whose answers do not pair with its questions (the first one found): answers
+    pair with questions by position, so a count that differs scores the wrong questions."""
+    if not (inp.question_field and inp.answer_field):
+        return []
+    for where, rec in records:
+        questions, answers = rec.get(inp.question_field), rec.get(inp.answer_field)
+        if questions is None or answers is None:
+            continue
+        nq = len(questions) if isinstance(questions, list) else 1
+        na = len(answers) if isinstance(answers, list) else 1
+        if nq != na:
+            return [f"input.answer_field: {shown(path)} {where} has {nq} question(s) and {na} answer(s) "
+                    f"({inp.answer_field!r}); fix: one answer per question, in order (null for a question "
+                    "without one; a list of acceptable answers for one question goes inside the list)"]
+    return []
+
+
+def _first_records(path: str, fmt: str) -> tuple[set[str], int, list[str], list[tuple[str, dict]]]:
+    """Over the first records of ``path`` (at most ``PREFLIGHT_RECORDS``): the union of
+    their field names, how many were read, the lines that are not a record ("N: why"), and
+    the records themselves with where they are ("line N" / "row N")."""
     from stages.read import iter_lines
 
-    fields: set[str] = set()
-    n = 0
     fs, bare = _fs(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -197,9 +215,14 @@ def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int, list[str]]
             try:
                 pf = pq.ParquetFile(f)
             except Exception:  # noqa: BLE001 - not Parquet: the read stage reports it as a row
-                return set(), 0, []
-            return set(pf.schema_arrow.names), min(pf.metadata.num_rows, PREFLIGHT_RECORDS), []
+                return set(), 0, [], []
+            first = next(pf.iter_batches(batch_size=PREFLIGHT_RECORDS), None)
+            rows = first.to_pylist() if first is not None else []
+            return (set(pf.schema_arrow.names), min(pf.metadata.num_rows, PREFLIGHT_RECORDS), [],
+                    [(f"row {i}", r) for i, r in enumerate(rows)])
+    fields: set[str] = set()
     bad: list[str] = []
+    records: list[tuple[str, dict]] = []
     with fs.open(bare, "rb") as f:
         for lineno, raw, _ in iter_lines(f, 1 << 26):
             if raw is None or not raw.strip():
@@ -214,12 +237,12 @@ def _first_record_fields(path: str, fmt: str) -> tuple[set[str], int, list[str]]
                 rec = None
             if isinstance(rec, dict):
                 fields.update(k for k, v in rec.items() if v is not None)
-                n += 1
+                records.append((f"line {lineno}", rec))
             elif rec is not None:
                 bad.append(f"{lineno}: not a JSON object")
-            if n >= PREFLIGHT_RECORDS or len(bad) >= PREFLIGHT_RECORDS:
+            if len(records) >= PREFLIGHT_RECORDS or len(bad) >= PREFLIGHT_RECORDS:
                 break
-    return fields, n, bad
+    return fields, len(records), bad, records
 
 
 # ----------------------------------------------------------------------------- output

@@ -93,7 +93,7 @@ class OutputRow(TypedDict):
     source_uri: Annotated[str | None, Column("URI of the file the document was read from.", **_REQUEST)]
     task: Annotated[str | None, Column("summarize | qa.", **_REQUEST)]
     prompt: Annotated[str | None, Column("The question (qa) or the summary instruction (summarize).", **_REQUEST)]
-    reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only).", **_REQUEST)]
+    reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only); a question with several acceptable answers (a list in the input) holds them joined by ' | ', and an answer matching any counts.", **_REQUEST)]
     output_text: Annotated[str | None, Column("Generated text (stop strings and EOS removed). Null on error.")]
     model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
     compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
@@ -205,6 +205,26 @@ def acceptance_rate(accepted: int, drafted: int) -> float | None:
 
 def mean_accepted_per_step(output_tokens: int, decode_steps: int) -> float | None:
     return output_tokens / (decode_steps + 1) if output_tokens > 0 else None
+
+
+#: Between the acceptable answers of one question in the ``reference`` column.
+REFERENCE_SEPARATOR = " | "
+
+
+def reference_text(answer: Any) -> str | None:
+    """The ``reference`` of one input answer: a string as it is, a list of acceptable answers
+    joined by ``REFERENCE_SEPARATOR`` (nulls dropped), None for none."""
+    if answer is None:
+        return None
+    if isinstance(answer, (list, tuple)):
+        alternatives = [str(a) for a in answer if a is not None]
+        return REFERENCE_SEPARATOR.join(alternatives) if alternatives else None
+    return str(answer)
+
+
+def reference_alternatives(reference: str) -> list[str]:
+    """The acceptable answers a ``reference`` holds (``reference_text``'s inverse)."""
+    return [a for a in reference.split(REFERENCE_SEPARATOR) if a.strip()] or [reference]
 
 
 def cost_usd(device_s: float, usd_per_device_hour: float) -> float:

@@ -44,7 +44,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.output import INPUT, RETRYABLE
+from schemas.output import INPUT, RETRYABLE, reference_text
 from schemas.spec import FORMAT_SUFFIXES, InputSpec, JobSpec
 from stages.storage import configure_object_stores
 
@@ -322,7 +322,9 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     raw_id = rec.get(inp.id_field)
     doc_id = str(raw_id) if raw_id is not None else where
     questions = [str(q) for q in _as_list(rec.get(inp.question_field))] if inp.question_field else []
-    answers = [None if a is None else str(a) for a in _as_list(rec.get(inp.answer_field))] if inp.answer_field else []
+    # One answer per question, in order; a list inside the list holds one question's
+    # acceptable answers (schemas/output.py ``reference_text``).
+    answers = [reference_text(a) for a in _as_list(rec.get(inp.answer_field))] if inp.answer_field else []
     doc = Document(doc_id, path, None, questions=questions, answers=answers, error_kind=INPUT)
     text = rec.get(inp.text_field)
     if text is None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from pipeline.eval.metrics import METRICS, score
 from pipeline.eval.recall import RECALL_COLUMNS, EvidenceIndex, recall_figures
+from schemas.output import reference_alternatives
 from stages.compression import registry
 
 METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
@@ -80,7 +81,7 @@ def score_rows(
         ref = r.get("reference")
         ok = r.get("error") is None
         pred = r.get("output_text") if ok else None
-        metrics = score(pred, ref) if ref is not None else dict.fromkeys(METRICS)
+        metrics = score(pred, reference_alternatives(ref)) if ref is not None else dict.fromkeys(METRICS)
         out.append(
             {
                 "method": method,

@@ -57,11 +57,26 @@ def load_output(uri: str) -> pa.Table:
     return pa.concat_tables(tables) if tables else OUTPUT_SCHEMA.empty_table()
 
 
-def _recorded(uri: str, run_date: str, run_id: str) -> dict[str, Any]:
-    """The run record's summary (stages/layout.py ``run_record_candidates``, the first that
-    exists); {} when there is none."""
-    record = read_run_record(uri, run_date, run_id)
-    return record.get("summary", {}) if record else {}
+def _recorded(uri: str, run_date: str, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run record's summary and spec (stages/layout.py ``run_record_candidates``, the
+    first that exists); ({}, {}) when there is none."""
+    record = read_run_record(uri, run_date, run_id) or {}
+    return record.get("summary", {}), record.get("spec", {})
+
+
+def _settings(spec: dict[str, Any], rows: pa.Table | None) -> dict[str, Any]:
+    """What a run read with: ``model``, ``method`` (its rows' values, else its spec's) and
+    ``target_tokens`` (the spec's budget; None for a method without one)."""
+    def one(column: str, fallback: Any) -> Any:
+        if rows is not None and column in rows.column_names and rows.num_rows:
+            values = sorted({v for v in rows.column(column).to_pylist() if v is not None})
+            return ", ".join(values) if values else fallback
+        return fallback
+
+    compression = spec.get("compression") or {}
+    return {"model": one("model", (spec.get("generation") or {}).get("model")),
+            "method": one("compression", compression.get("method")),
+            "target_tokens": compression.get("target_tokens")}
 
 
 def read_run_record(uri: str, run_date: str, run_id: str) -> dict[str, Any] | None:
@@ -143,20 +158,23 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     with_rows = {(r["run_date"], r["run_id"]) for r in runs.to_pylist()}
     for run_date, run_id in sorted(with_rows | set(recorded_runs(uri))):
         rec = {"run_date": run_date, "run_id": run_id}
-        recorded = _recorded(uri, run_date, run_id)
+        recorded, spec = _recorded(uri, run_date, run_id)
         if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
             staged = staged_rows(uri, run_date, run_id)
             if not (staged or recorded.get("rows") or recorded.get("status") in ("interrupted", "failed")):
                 continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
-            out.append({**rec, "job": recorded.get("job"), **{k: recorded.get(k) for k in keys},
-                        "status": recorded.get("status"),
-                        "rows_published": 0, "rows_staged": staged})
+            note = (f"{staged} row(s) staged, not yet published: run the date again to publish them" if staged
+                    else "its rows were replaced by a later run of the date" if recorded.get("rows") else None)
+            out.append({**rec, "job": recorded.get("job"), **_settings(spec, None),
+                        **{k: recorded.get(k) for k in keys}, "status": recorded.get("status"),
+                        "rows_published": 0, "rows_staged": staged, "note": note})
             continue
         mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
         rows = table.filter(mask)
         # A run id resumed: its rows came from every attempt, and so did their time.
         s = summarize(rows, wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
-        out.append({**rec, "job": rows.column("job")[0].as_py(), **s, "status": recorded.get("status")})
+        out.append({**rec, "job": rows.column("job")[0].as_py(), **_settings(spec, rows), **s,
+                    "status": recorded.get("status")})
     return out

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.output import ERROR_KINDS
+from schemas.output import ERROR_KINDS, reference_alternatives
 
 VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
 
@@ -63,10 +63,17 @@ def _normalized(text: str) -> str:
 
 
 def contains_reference(reference: str, answer: str | None) -> bool:
-    """Whether ``answer`` contains ``reference`` after normalizing both (a failed row's
+    """Whether ``answer`` contains ``reference`` (one of its acceptable answers,
+    schemas/output.py ``reference_alternatives``) after normalizing both (a failed row's
     answer is None: it contains nothing)."""
-    ref = _normalized(reference)
-    return bool(ref) and ref in _normalized(answer or "")
+    said = _normalized(answer or "")
+    return any(ref and ref in said for ref in map(_normalized, reference_alternatives(reference)))
+
+
+def equals_reference(reference: str, answer: str | None) -> bool:
+    """Whether ``answer`` equals one of ``reference``'s acceptable answers after normalizing."""
+    said = _normalized(answer or "")
+    return any(_normalized(ref) == said for ref in reference_alternatives(reference))
 
 
 def score_answers(table: pa.Table) -> dict[str, Any]:
@@ -80,11 +87,10 @@ def score_answers(table: pa.Table) -> dict[str, Any]:
                                     strict=True) if r is not None]
     if not pairs:
         return {}
-    refs = [(_normalized(r), _normalized(o or "")) for r, o in pairs]
     return {
-        "answers_scored": len(refs),
-        "answers_contain": sum(contains_reference(r, o) for r, o in pairs) / len(refs),
-        "answers_exact": sum(r == o for r, o in refs) / len(refs),
+        "answers_scored": len(pairs),
+        "answers_contain": sum(contains_reference(r, o) for r, o in pairs) / len(pairs),
+        "answers_exact": sum(equals_reference(r, o) for r, o in pairs) / len(pairs),
     }
 
 
@@ -283,7 +289,9 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
             keys[at + 1:at + 1] = [("superseded", "earlier rows it replaced")]
     if "rows_published" in summary:  # `report` of a run whose rows are not in the table
         at = keys.index(("rows", "rows (requests)")) + 1
-        keys[at:at] = [("rows_published", "  of them published"), ("rows_staged", "  staged, not yet published")]
+        keys[at:at] = [("rows_published", "  of them published"), ("note", "  why")]
+    if "method" in summary:  # `report`: what the run read with, first
+        keys[0:0] = [("model", "model"), ("method", "compression"), ("target_tokens", "  budget (tokens)")]
     if summary.get("answers_scored"):  # only where the input had references
         keys += [("answers_scored", "answers with a reference"),
                  ("answers_contain", "  containing the reference"),

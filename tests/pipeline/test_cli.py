@@ -131,6 +131,9 @@ def test_oversized_documents_become_input_error_rows(tmp_path, tiny_model_dir, r
     )
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-02-02", "--quiet", "--max-failed-fraction", "1"])
     assert res.exit_code == 0, res.output
+    # Under the threshold the failures are still said, with their reasons (not only a count).
+    assert "note: 2 row(s) of this run failed; the date's most frequent errors:" in res.output
+    assert "input.max_doc_tokens=50" in res.output
     rows = {r["doc_id"]: r for r in load_output(f"{tmp_path}/out").to_pylist()}
     assert rows["short.txt"]["error"] is None
     assert "input.max_doc_tokens=50" in rows["long.txt"]["error"] and "'long.txt'" in rows["long.txt"]["error"]

@@ -120,6 +120,18 @@ def test_a_jsonl_file_without_one_record_is_refused_naming_its_first_bad_line(tm
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
 
 
+def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
+    """An answers string for three questions paired with the first one alone, and the
+    others went unscored, without a word."""
+    spec = _spec(tmp_path, input={"question_field": "q", "answer_field": "a"})
+    rec = {"id": "d1", "text": "A short document.", "q": ["Who?", "When?", "Where?"], "a": "Ada; 1843; London"}
+    (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
+    _both(spec, ["input.answer_field", "line 1 has 3 question(s) and 1 answer(s)", "one answer per question"])
+    rec["a"] = [["Ada", "Ada Lovelace"], "1843", None]  # alternatives for one, none for another: they pair
+    (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+
+
 def test_an_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
     (tmp_path / "blocker").write_text("a file where a folder belongs")
     spec = _spec(tmp_path, output={"uri": str(tmp_path / "blocker" / "out")})

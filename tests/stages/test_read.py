@@ -287,3 +287,19 @@ def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_it
     assert "repeat_guard" not in json.loads(fp)  # the repeat guard, off by default, the same way
     guarded = spec_from_dict({**base, "generation": {"repeat_guard": 12}})
     assert json.loads(generation_fingerprint(guarded))["repeat_guard"] == 12
+
+
+def test_a_list_of_acceptable_answers_is_one_reference_with_its_alternatives(tmp_path):
+    """`["27 days", "27"]` for one question was stored as the text "['27 days', '27']"."""
+    from pipeline.report.summary import contains_reference
+    from schemas.output import reference_alternatives
+
+    p = tmp_path / "qa.jsonl"
+    p.write_text(json.dumps({"id": "d", "text": "Leave is 27 days.", "q": ["How long?", "Who?"],
+                             "a": [["27 days", "27"], "Ada"]}) + "\n")
+    inp = InputSpec(uri=str(p), format="jsonl", question_field="q", answer_field="a")
+    (doc,) = read_shard(str(p), inp, str(p))
+    assert doc.answers == ["27 days | 27", "Ada"]
+    assert reference_alternatives(doc.answers[0]) == ["27 days", "27"] and reference_alternatives("Ada") == ["Ada"]
+    assert contains_reference(doc.answers[0], "Every employee gets 27 paid days.")  # the second alternative
+    assert not contains_reference(doc.answers[0], "Twenty days.")

@@ -141,3 +141,8 @@ def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_
     write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 0}}).encode(),
                        run_record_path(root, "2026-01-01", "r3"))
     assert [s["run_id"] for s in run_summaries(root, load_output(root))] == ["r1", "r2"]
+    # A run whose rows a later run replaced (another spec for the same questions) says so.
+    write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 2}}).encode(),
+                       run_record_path(root, "2026-01-01", "r0"))
+    (replaced,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r0"]
+    assert replaced["note"] == "its rows were replaced by a later run of the date" and replaced["rows"] == 2

@@ -18,7 +18,11 @@ def test_a_root_without_output_names_the_folder_to_pass(tmp_path):
     _stage(root, _rows("r1", "2026-01-01", 2))
     commit_date(root, "2026-01-01", "r1")
     assert json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output)[0]["rows"] == 2
-    assert "== j 2026-01-01 (r1) ==" in CliRunner().invoke(app, ["report", root]).output  # the job's name first
+    text = CliRunner().invoke(app, ["report", root]).output
+    assert "== j 2026-01-01 (r1) ==" in text  # the job's name first
+    # ... then what the run read with (the rows' model and method; the budget from its record)
+    lines = {ln.rsplit("  ", 1)[0].strip(): ln.rsplit("  ", 1)[1].strip() for ln in text.splitlines()[1:4]}
+    assert lines["model"] == "embedded:smollm2-135m-instruct" and lines["compression"] == "none", lines
     for path, hint in ((tmp_path / "none", "it does not exist"), (tmp_path, f"one level below it: {root}"),
                        (tmp_path / "out" / "run_date=2026-01-01", f"pass the output root above it ({root})")):
         res = CliRunner().invoke(app, ["report", str(path)])
