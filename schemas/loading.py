@@ -229,7 +229,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start})") from None
     if not isinstance(data, dict):
         raise SpecError(f"job spec {name} must be a YAML mapping at the top level")
-    return spec_from_dict(apply_overrides(data, overrides or []), source=str(path))
+    # An error an override made is the override's, not the file's: the heading names both.
+    source = f"{path} with --set {', '.join(overrides)}" if overrides else str(path)
+    return spec_from_dict(apply_overrides(data, overrides or []), source=source)
 
 
 def _file_kind(mode: int) -> str:

@@ -122,8 +122,10 @@ def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
     assert spec.generation.max_new_tokens == 64
     assert spec.resources.actors == (1, 4)
     assert spec.compression.method == "truncate"
-    with pytest.raises(SpecError, match="generation.max_new_tokens"):
+    with pytest.raises(SpecError, match="generation.max_new_tokens") as refused:
         load_spec(p, ["generation.max_new_tokens=-3"])
+    # the heading says the overrides were part of it (a typo there is not the file's)
+    assert str(refused.value).startswith(f"invalid job spec {p} with --set generation.max_new_tokens=-3:")
     with pytest.raises(SpecError, match="dotted.key=value"):
         load_spec(p, ["generation.max_new_tokens"])
 
