@@ -332,6 +332,7 @@ def _register_operations() -> None:
     from pipeline.eval.runner import eval_command
     from pipeline.ops.render import render
     from pipeline.ops.submit import logs, status, stop, submit
+    from pipeline.ops.upgrade import upgrade
     from pipeline.report.command import report
     from pipeline.train.autocompressor import train_autocompressor
     from pipeline.train.calibrate_heads import calibrate_heads_command
@@ -342,6 +343,7 @@ def _register_operations() -> None:
     app.command(help="Stop a submitted job (its staged rows are kept).")(stop)
     app.command(help="Summarise the Parquet output of one or more runs.")(report)
     app.command(help="Print a KubeRay RayJob / RayCronJob manifest for a spec.")(render)
+    app.command(help="Give an output's files written by an earlier longdoc the current columns.")(upgrade)
     bench_app.command(
         "decode",
         help="Decoding throughput: our engine (greedy, prompt lookup, suffix drafting) vs "

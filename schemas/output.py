@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from schemas.spec import JobSpec
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -135,6 +135,8 @@ class OutputRow(TypedDict):
     kept_spans: Annotated[list[int] | None, Column("Document token positions the model conditioned on, as flattened half-open [start, end) pairs in document order ([s0, e0, s1, e1, ...], positions into the document's doc_tokens): the kept text of a text method, the positions of the kept keys/values (or re-prefilled tokens) of a prefill method that reports them, [0, doc_tokens] for none. Null when the method keeps no document positions (AutoCompressor summaries) or does not report them. The eval's evidence recall reads it (pipeline/eval/recall.py).", arrow=pa.list_(pa.int64()))]
     # --- version 7: the text the model read (output.keep_context) ---
     context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (truncate, rag, bm25, in the order prefilled), the sentences a method prefilled after picking them (select), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (finch, autocompressor: kept_spans says what they kept).")]
+    # --- version 8: why generation stopped ---
+    finish_reason: Annotated[str | None, Column("Why generation stopped: eos (the model ended its answer), stop (a generation.stop string; cut from output_text), repeat (generation.repeat_guard cut a loop), length (generation.max_new_tokens reached: the text may be cut off mid-sentence). Null on error.")]
 
 
 _DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}

@@ -287,6 +287,7 @@ class GenerateStage:
             queue_s=res.queue_s,
             stall_s=res.stall_s,
             cached_prompt_tokens=res.cached_prompt_tokens,
+            finish_reason=res.finish_reason,
             **{c: row.get(c) for c in self._carried},
         )
 

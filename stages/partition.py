@@ -27,6 +27,13 @@ One run of a date at a time (two concurrent runs of one date are not supported).
 ``scan_date`` reads just ``request_id``/``error``/``error_kind`` of every file: the one
 place that lists a run date (resume, retry selection, summary counts, report).
 
+``upgrade_date`` rewrites a date's files written by an earlier longdoc (an older schema
+version: fewer columns, or ``run_date`` inside) with the current columns, the new ones
+null and every value kept. Why: readers take a folder's columns from one file (pandas
+and DuckDB the first, silently dropping the newer columns of every date; Polars refuses
+the folder), so a folder of mixed versions is not read "without options". A commit
+upgrades its own date; ``longdoc upgrade OUT`` the others.
+
 ``superseded`` names the committed rows a complete run replaces, so a rerun after the spec
 changed (another model, budget or instruction: other request ids) or after a malformed
 input line was fixed does not leave the old rows beside the new ones. The runner hands them to ``commit_date`` as
@@ -133,6 +140,28 @@ def read_file(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | Non
     return pa.Table.from_arrays(cols, schema=pa.schema([FILE_SCHEMA.field(c) for c in want]))
 
 
+def is_outdated(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether a committed file's columns are not FILE_SCHEMA's (written by an earlier
+    version of the schema); reads the file's footer only."""
+    with fs.open(path, "rb") as fh:
+        return pq.read_schema(fh).names != FILE_SCHEMA.names
+
+
+def upgrade_date(root: str, run_date: str, paths: list[str] | None = None) -> int:
+    """Rewrite ``run_date``'s outdated committed files (``paths``: those already known to
+    be, else every committed file is checked) to FILE_SCHEMA, each atomically under its own
+    name (module docstring). Rows and values are unchanged (``schema_version`` still says
+    which version wrote each row). Returns the number of files rewritten. One writer of a
+    date at a time, as for ``commit_date``."""
+    fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
+    if paths is None:
+        paths = [p for p in list_files(fs, part, ".parquet") if is_outdated(fs, p)]
+    scratch = _scratch(fs, root)
+    for path in paths:
+        write_table_atomic(read_file(fs, path).cast(FILE_SCHEMA), _uri(fs, path), scratch)
+    return len(paths)
+
+
 def _states(fs, path: str) -> Iterator[tuple[str, RowState]]:
     t = read_file(fs, path, ["request_id", "error", "error_kind"])
     for rid, err, kind in zip(*(t.column(i).to_pylist() for i in range(3))):
@@ -230,17 +259,19 @@ def commit_date(
     whole reads now, so its documents got rows of their own). Dropped in step 1's
     single-file rewrite, so a reader never sees a request twice or a healed error.
     Returns counts: ``staged_files``, ``replaced`` (rows swapped into committed files),
-    ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``.
+    ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``,
+    ``upgraded`` (files of an older schema given the current columns).
     """
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
     scratch = _scratch(fs, root)
     staged = _staged_files(fs, root, run_date)
-    out = {"staged_files": len(staged), "replaced": 0, "added": 0, "dropped": 0, "files_written": 0}
+    out = {"staged_files": len(staged), "replaced": 0, "added": 0, "dropped": 0, "files_written": 0, "upgraded": 0}
     if not staged and not stale:
         return out
     winners = _staged_winners(fs, staged)
     committed: dict[str, str] = {}
-    for path in list_files(fs, part, ".parquet"):
+    files = list_files(fs, part, ".parquet")
+    for path in files:
         committed.update((rid, path) for rid, _ in _states(fs, path))
     # 1. Retried requests: swap the new row into the committed file that holds the old
     #    one (or drop it when stale).
@@ -260,7 +291,7 @@ def commit_date(
             fs.rm_file(path)  # every row of the file was stale
             out["files_written"] += 1
             continue
-        write_table_atomic(table, _uri(fs, path), scratch)
+        write_table_atomic(table.cast(FILE_SCHEMA), _uri(fs, path), scratch)
         out["replaced"] += len(swapped)
         out["files_written"] += 1
     # 2. New requests: compacted into few large files.
@@ -268,6 +299,9 @@ def commit_date(
     for written in _compact(fs, part, run_id, winners, new_ids, target_bytes, scratch):
         out["added"] += written
         out["files_written"] += 1
+    # The date's files an earlier version wrote get the current columns (module docstring).
+    # (Files step 1 rewrote have them already; a file it emptied is gone.)
+    out["upgraded"] = upgrade_date(root, run_date, [p for p in files if fs.exists(p) and is_outdated(fs, p)])
     # 3. Everything is published: the staged copies can go.
     for path in staged:
         fs.rm_file(path)

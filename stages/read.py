@@ -13,8 +13,9 @@ Contract:
   columns. ``read_shard`` is ``list(iter_shard(...))``. Memory per reader is bounded
   by ``input.max_doc_bytes`` plus one block / row group, never by the file size.
 - A document that cannot be read (bad bytes, bad JSON, missing field, empty text,
-  over ``input.max_doc_bytes``) still yields a Document with ``error`` set, naming
-  file, line/row and field or limit, and ``error_kind`` ``input`` (final). A file
+  over ``input.max_doc_bytes``, an id an earlier record of the file gave another text)
+  still yields a Document with ``error`` set, naming file, line/row and field or limit,
+  and ``error_kind`` ``input`` (final). A file
   that cannot be opened or breaks off mid-read yields an error Document of kind
   ``retryable`` (storage: a rerun may succeed); one that vanished since the listing says
   so and names the file. Object-store calls retry throttling, 5xx and connection resets
@@ -274,6 +275,7 @@ def iter_lines(f: BinaryIO, limit: int, block: int = _BLOCK) -> Iterator[tuple[i
 
 def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
     del root_uri  # ids come from the records
+    seen: dict[str, tuple[str, int]] = {}
     with fsspec.open(path, "rb") as f:
         for lineno, raw, size in iter_lines(f, inp.max_doc_bytes):
             where = f"{path}:{lineno}"
@@ -293,7 +295,7 @@ def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docum
             if not isinstance(rec, dict):
                 yield _bad(where, path, f"read: {where} is not a JSON object")
                 continue
-            yield _record_document(rec, where, path, inp)
+            yield _first_of_id(_record_document(rec, where, path, inp), where, seen)
 
 
 def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
@@ -310,10 +312,32 @@ def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Doc
         wanted = (inp.id_field, inp.text_field, inp.question_field, inp.answer_field)
         columns = [c for c in dict.fromkeys(wanted) if c and c in names]
         i = 0
+        seen: dict[str, tuple[str, int]] = {}
         for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
             for rec in batch.to_pylist():
-                yield _record_document(rec, f"{path}#row{i}", path, inp)
+                where = f"{path}#row{i}"
+                yield _first_of_id(_record_document(rec, where, path, inp), where, seen)
                 i += 1
+
+
+def _first_of_id(doc: Document, where: str, seen: dict[str, tuple[str, int]]) -> Document:
+    """``doc``, or an error document (its id: ``where``, as a record without one) when an
+    earlier record of the same file had its id with another text: two documents under one
+    id would give an analyst two answers for one document and question, and a fix of either
+    line would replace the other's rows. A record repeated exactly stays (its requests are
+    the same requests, published once: stages/partition.py). ``seen``: id -> (where, hash
+    of the text) of the file's records so far (one entry per distinct id; ids are not
+    compared across files)."""
+    if doc.error is not None or doc.text is None:
+        return doc
+    digest = hash(doc.text)
+    first = seen.setdefault(doc.doc_id, (where, digest))
+    if first[1] == digest:
+        return doc
+    bad = Document(where, doc.source_uri, None, questions=doc.questions, answers=doc.answers, error_kind=INPUT)
+    bad.error = (f"read: {where}: id {doc.doc_id!r} is already the id of {first[0]}, another text; ids must "
+                 "be unique: give this record its own id, or remove the line")
+    return bad
 
 
 def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec) -> Document:

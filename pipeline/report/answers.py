@@ -26,7 +26,7 @@ def _field(label: str, text: str) -> str:
 
 
 #: What ``answer_rows`` keeps of a row (``--answers N --json``).
-ANSWER_FIELDS = ("run_date", "doc_id", "prompt", "output_text", "error", "error_kind", "reference")
+ANSWER_FIELDS = ("run_date", "doc_id", "prompt", "output_text", "finish_reason", "error", "error_kind", "reference")
 
 
 def newest_rows(table: pa.Table) -> tuple[str, pa.Table]:
@@ -44,7 +44,8 @@ def answer_rows(table: pa.Table, limit: int) -> list[dict]:
 
 def format_answers(table: pa.Table, limit: int) -> str:
     """At most ``limit`` rows of the newest ``run_date`` in ``table`` (the output schema), as
-    text blocks: ``[doc_id] prompt`` then ``answer`` or ``error (kind)``, and ``reference``
+    text blocks: ``[doc_id] prompt`` then ``answer`` (marked when the token limit stopped
+    it) or ``error (kind)``, and ``reference``
     with whether the answer contains it (the report's own comparison) when one exists.
     The heading says how many rows the date has and how many are shown."""
     newest, rows = newest_rows(table)
@@ -55,8 +56,9 @@ def format_answers(table: pa.Table, limit: int) -> str:
         lines.append(f"[{r['doc_id']}] {' '.join((r.get('prompt') or '').split())}")
         if r.get("error") is not None:
             lines.append(_field(f"error ({r.get('error_kind') or '-'})", r["error"]))
-        else:
-            lines.append(_field("answer", r.get("output_text") or ""))
+        else:  # an answer the token limit stopped may end mid-sentence: say so where it is read
+            cut = " (cut at max_new_tokens)" if r.get("finish_reason") == "length" else ""
+            lines.append(_field(f"answer{cut}", r.get("output_text") or ""))
         if r.get("reference") is not None:
             verdict = "contains it" if contains_reference(r["reference"], r.get("output_text")) else "does not"
             lines.append(_field(f"reference ({verdict})", r["reference"]))

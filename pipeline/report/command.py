@@ -54,6 +54,7 @@ def report(
         for run_date in sorted({s["run_date"] for s in summaries if s.get("rows_staged")}):
             typer.echo(f"{run_date}: rows staged by an interrupted run are not published yet; run the "
                        f"job for that date again (longdoc run SPEC --date {run_date}) to publish them")
+    _say_outdated(output_uri)
     if answers and not as_json and table.num_rows:
         from pipeline.report.answers import format_answers
 
@@ -63,3 +64,18 @@ def report(
 
         plot_report(table, plot, summaries=[s for s in summaries if "rows_published" not in s], last=last)
         typer.echo(f"plot: {plot}")
+
+
+def _say_outdated(output_uri: str) -> None:
+    """A note (stderr) when files of the output have an older schema's columns, which the
+    readers the README names do not read as one table (pipeline/ops/upgrade.py)."""
+    from pipeline.report.load import outdated_files
+
+    by_date = outdated_files(output_uri)
+    if by_date:
+        dates = sorted(by_date)
+        span = dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}"
+        typer.echo(f"note: {sum(map(len, by_date.values()))} file(s) of {len(dates)} date(s) ({span}) were written "
+                   "by an earlier longdoc, with fewer columns: pandas and DuckDB read the folder with one file's "
+                   f"columns and Polars refuses it; run `longdoc upgrade {output_uri}` once, when no job writes "
+                   "to it", err=True)

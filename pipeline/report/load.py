@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
 from stages.layout import LEGACY_RUNS, run_record_candidates, runs_root, staging_dirs
-from stages.partition import list_files, read_file
+from stages.partition import is_outdated, list_files, read_file
 from stages.write import STAGED_SUFFIX
 
 _PREFIX = "run_date="
@@ -45,6 +45,17 @@ def list_output_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[s
         if name.startswith(_PREFIX):
             out += [(name[len(_PREFIX):], f) for f in list_files(fs, d, ".parquet")]
     return fs, out
+
+
+def outdated_files(uri: str) -> dict[str, list[str]]:
+    """{run_date: [committed files written with an older schema]} under ``uri`` (their
+    footers only; stages/partition.py ``is_outdated``; `longdoc upgrade` rewrites them)."""
+    fs, files = list_output_files(uri)
+    out: dict[str, list[str]] = {}
+    for run_date, f in files:
+        if is_outdated(fs, f):
+            out.setdefault(run_date, []).append(f)
+    return out
 
 
 def load_output(uri: str) -> pa.Table:

@@ -3,7 +3,9 @@
 Contract: ``RunTally`` folds the rows block by block into the run's aggregates (what
 `longdoc run`'s driver keeps: a float and an int per row, not the rows);
 ``summarize(table, wall_s)`` takes any table with the output schema's
-figure columns (text columns optional) and returns a flat dict; throughput figures
+figure columns (text columns optional) and returns a flat dict (``cut_off``: the ok rows
+whose generation stopped at ``max_new_tokens``, their text possibly cut; None for rows
+written before the ``finish_reason`` column); throughput figures
 use ``wall_s`` when the run's wall time is known, else the summed device seconds
 (stated in ``throughput_basis``). ``format_summary`` renders it as an aligned table.
 
@@ -105,6 +107,7 @@ class RunTally:
 
     def __init__(self) -> None:
         self.rows = self.failed = self.ratio_n = 0
+        self.cut_off: int | None = None  # ok rows that stopped at max_new_tokens; None: no finish_reason column
         self.ratio_sum = 0.0
         self.sums = dict.fromkeys(self._SUMS_OK + self._SUMS_ALL, 0.0)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
@@ -128,6 +131,9 @@ class RunTally:
         for name in self._SUMS_ALL:
             self.sums[name] += _sum(table, name)
         self._add_times(table)
+        if "finish_reason" in table.column_names:
+            cut = pc.equal(ok_table.column("finish_reason"), "length")
+            self.cut_off = (self.cut_off or 0) + int(pc.sum(pc.fill_null(cut, False)).as_py() or 0)
         ratios = pc.drop_null(ok_table.column("compression_ratio"))
         self.ratio_n += len(ratios)
         self.ratio_sum += float(pc.sum(ratios).as_py() or 0.0)
@@ -172,6 +178,7 @@ class RunTally:
             "rows": rows,
             "ok": rows - failed,
             "failed": failed,
+            "cut_off": self.cut_off,
             "failed_fraction": failed / rows if rows else 0.0,
             "tokens_in": int(s["prompt_tokens"]),
             "tokens_in_cached": int(s["cached_prompt_tokens"]),
@@ -256,6 +263,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("documents", "documents"),
         ("rows", "rows (requests)"),
         ("ok", "ok"),
+        ("cut_off", "  of them cut at max_new_tokens"),
         ("failed", "failed"),
         ("retried", "error rows retried"),
         ("status", "status"),
@@ -296,6 +304,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         keys += [("answers_scored", "answers with a reference"),
                  ("answers_contain", "  containing the reference"),
                  ("answers_exact", "  equal to the reference")]
+    if summary.get("cut_off") is None:  # rows written before the finish_reason column
+        keys.remove(("cut_off", "  of them cut at max_new_tokens"))
     width = max(len(label) for _, label in keys)
     lines = [f"== {title} =="]
     lines += [f"  {label.ljust(width)}  {_fmt(summary.get(k))}" for k, label in keys]

@@ -59,6 +59,9 @@ def test_batch_rows_match_plain_greedy_per_row(stage, tokenizer, tiny_model):
         parts = builder.build(req["doc_ids"], "Summarize.", None)
         ref = decode_plain(tiny_model, prefill_full(tiny_model, [parts.full_ids], tokenizer.pad_token_id), cfg)[0]
         assert row["output_tokens"] == len(ref.tokens) <= 6
+        # Why it stopped: the EOS token (kept as the last output token) or the token limit.
+        ended = bool(ref.tokens) and ref.tokens[-1] == tokenizer.eos_token_id
+        assert row["finish_reason"] == ("eos" if ended else "length"), (row["finish_reason"], ref.tokens)
         assert row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
         assert row["prompt_tokens"] == len(parts)
         assert row["compression_ratio"] == 1.0
@@ -340,6 +343,8 @@ def test_error_rows_stay_rows(method_env):
     assert [r["request_id"] for r in rows] == ["r0", "r1", "r2", "r3"]
     assert rows[0]["error"] is None and rows[2]["error"] is None
     assert rows[1]["error"].startswith("generate: ") and rows[1]["output_text"] is None
+    assert rows[1]["finish_reason"] is None and rows[3]["finish_reason"] is None
+    assert rows[0]["finish_reason"] in {"eos", "length"} and rows[2]["finish_reason"] in {"eos", "length"}
     assert rows[3]["error"] == "read: f3 is empty"
 
 

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.output import INPUT, RETRYABLE
+from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, SCHEMA_VERSION
 from stages.layout import runs_root
-from stages.partition import commit_date, read_file, scan_date
+from stages.partition import commit_date, is_outdated, read_file, scan_date, upgrade_date
 from stages.rows import rows_to_batch
 from stages.write import WriteStage
 
@@ -55,7 +55,8 @@ def test_blocks_are_compacted_into_one_file_and_staging_is_emptied(root):
     assert _visible(root) == {}  # nothing visible before the commit
     assert len(scan_date(str(root), DATE).rows) == 10  # but a resume already sees them
     out = commit_date(str(root), DATE, "r1")
-    assert out == {"staged_files": 3, "replaced": 0, "added": 10, "dropped": 0, "files_written": 1}
+    assert out == {"staged_files": 3, "replaced": 0, "added": 10, "dropped": 0, "files_written": 1,
+                   "upgraded": 0}
     files = list((root / f"run_date={DATE}").glob("*.parquet"))
     assert [f.name.startswith("part-r1-") for f in files] == [True]
     assert len(_visible(root)) == 10
@@ -234,3 +235,44 @@ def test_a_complete_run_supersedes_only_its_own_documents_and_the_input_errors_o
     run = RunRequests(ids={"new-d0", "q001"}, keys={("d0", "Q"), ("d1", "Q")}, files=frozenset({"a.jsonl"}))
     assert superseded(str(root), DATE, run) == {"q000", "q008"}
     assert superseded(str(root), DATE, RunRequests(ids={"q001"}, keys={("d1", "Q")})) == frozenset()
+
+
+def _older_version(path: Path) -> None:
+    """Rewrite a committed file as the schema version before the current one wrote it: its
+    last column missing, the version in its metadata one lower."""
+    t = pq.read_table(path)
+    old = t.drop_columns([FILE_SCHEMA.names[-1]])
+    pq.write_table(old.replace_schema_metadata({b"longdoc.schema_version": str(SCHEMA_VERSION - 1).encode()}), path)
+
+
+def test_a_commit_gives_its_dates_files_of_an_older_schema_the_current_columns(root):
+    _stage(root, "r1", _rows(range(0, 3)), _rows(range(3, 4), "generate: ActorDiedError", RETRYABLE))
+    commit_date(str(root), DATE, "r1")
+    (first,) = (root / f"run_date={DATE}").glob("*.parquet")
+    _older_version(first)
+    fs = scan_date(str(root), DATE).fs
+    assert is_outdated(fs, str(first))
+    _stage(root, "r2", _rows(range(4, 6), run_id="r2"))  # new requests: the old file is not otherwise touched
+    out = commit_date(str(root), DATE, "r2")
+    assert out["upgraded"] == 1 and out["added"] == 2
+    files = sorted((root / f"run_date={DATE}").glob("*.parquet"))
+    assert len(files) == 2 and not any(is_outdated(fs, str(f)) for f in files)
+    assert all(pq.read_schema(f).names == FILE_SCHEMA.names for f in files)
+    rows = _visible(root)  # every row once, its values kept
+    assert sorted(rows) == [f"q{i:03d}" for i in range(6)]
+    assert rows["q000"]["output_text"] == "answer 0 by r1" and rows["q003"]["error"] == "generate: ActorDiedError"
+    assert rows["q000"][FILE_SCHEMA.names[-1]] is None
+
+
+def test_upgrade_date_rewrites_only_the_outdated_files_and_then_nothing(root):
+    _stage(root, "r1", _rows(range(0, 2)))
+    commit_date(str(root), DATE, "r1")
+    _stage(root, "r2", _rows(range(2, 4), run_id="r2"))
+    commit_date(str(root), DATE, "r2")
+    a, b = sorted((root / f"run_date={DATE}").glob("*.parquet"))
+    _older_version(a)
+    untouched = b.stat().st_mtime_ns
+    assert upgrade_date(str(root), DATE) == 1
+    assert b.stat().st_mtime_ns == untouched and pq.read_schema(a).names == FILE_SCHEMA.names
+    assert upgrade_date(str(root), DATE) == 0
+    assert sorted(_visible(root)) == [f"q{i:03d}" for i in range(4)]

@@ -303,3 +303,23 @@ def test_a_list_of_acceptable_answers_is_one_reference_with_its_alternatives(tmp
     assert reference_alternatives(doc.answers[0]) == ["27 days", "27"] and reference_alternatives("Ada") == ["Ada"]
     assert contains_reference(doc.answers[0], "Every employee gets 27 paid days.")  # the second alternative
     assert not contains_reference(doc.answers[0], "Twenty days.")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_id_given_to_two_texts_in_one_file_is_an_input_error_on_the_later_record(tmp_path, fmt):
+    recs = [{"id": "a", "text": "the cat is red", "questions": ["Which colour?"]},
+            {"id": "a", "text": "the cat is red", "questions": ["Which colour?"]},  # the same record again
+            {"id": "a", "text": "the dog is blue", "questions": ["Which colour?"]},
+            {"id": "b", "text": "the dog is blue", "questions": ["Which colour?"]}]
+    path = tmp_path / f"docs.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    else:
+        pq.write_table(pa.Table.from_pylist(recs), path)
+    docs = _read_all(InputSpec(uri=str(path), format=fmt, question_field="questions"))
+    assert [d.error is None for d in docs] == [True, True, False, True]
+    assert docs[0].doc_id == docs[1].doc_id == "a" and docs[3].doc_id == "b"
+    third, first = (f"{path}:3", f"{path}:1") if fmt == "jsonl" else (f"{path}#row2", f"{path}#row0")
+    bad = docs[2]
+    assert bad.doc_id == third and bad.error_kind == "input" and bad.questions == ["Which colour?"]
+    assert f"id 'a' is already the id of {first}" in bad.error and "its own id" in bad.error

@@ -28,7 +28,8 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     commit_date(root, "2026-01-01", "r-2026-01-01")
     _stage(root, [
         _row("2026-01-02", "b.txt", "Who wrote it?", "Ada", output_text="It was written by Ada."),
-        _row("2026-01-02", "a.txt", "Where?", "Paris", output_text="In " + "very " * 300 + "far Rome."),
+        _row("2026-01-02", "a.txt", "Where?", "Paris", output_text="In " + "very " * 300 + "far Rome.",
+             finish_reason="length"),
         _row("2026-01-02", "c.txt", "When?", None, error="read: c.txt is not valid UTF-8", error_kind="input"),
     ])
     commit_date(root, "2026-01-02", "r-2026-01-02")
@@ -42,6 +43,7 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     assert "reference (does not): Paris" in out and "[...]" in out  # a long answer is cut
     assert max(len(line) for line in out.splitlines()) <= 100
     assert "reference (contains it): Ada" in out and "answer: It was written by Ada." in out
+    assert "answer (cut at max_new_tokens): In very" in out  # the row whose token limit stopped it
 
     res = CliRunner().invoke(app, ["report", root, "--answers", "10"])
     assert "3 of 3 row(s)" in res.output
@@ -57,4 +59,5 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     assert [r["run_id"] for r in data["runs"]] == ["r-2026-01-01", "r-2026-01-02"]
     assert [(a["doc_id"], a["prompt"]) for a in data["answers"]] == [("a.txt", "Where?"), ("b.txt", "Who wrote it?")]
     assert data["answers"][1]["output_text"] == "It was written by Ada." and data["answers"][1]["reference"] == "Ada"
+    assert [a["finish_reason"] for a in data["answers"]] == ["length", None]
     assert isinstance(json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output), list)  # as before

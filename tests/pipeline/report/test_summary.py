@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pyarrow as pa
@@ -145,3 +146,19 @@ def test_device_time_splits_into_the_methods_reading_the_prompts_prefill_and_dec
     assert lines["a row's wait on others' prefill (mean s)"] == "1"  # 3.0 s over 3 rows
     old = rows_to_table(rows).drop_columns(["compress_s", "prefill_s", "stall_s"])  # an output of an early version
     assert summarize(old)["time_method_read_s"] == 0.0
+
+
+def test_answers_cut_at_max_new_tokens_are_counted_where_the_rows_say_why_they_stopped():
+    reasons = ["length", "eos", "length", "stop", None]
+    t = rows_to_table([
+        {"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": f"d{i}", "request_id": f"q{i}",
+         "error": None if why else "generate: OSError", "error_kind": None if why else RETRYABLE,
+         "output_tokens": 5, "e2e_s": 1.0, "finish_reason": why}
+        for i, why in enumerate(reasons)
+    ])
+    s = summarize(t)
+    assert s["ok"] == 4 and s["cut_off"] == 2
+    assert re.search(r"of them cut at max_new_tokens +2\n", format_summary(s))
+    # Rows written before the column existed: nothing is known, nothing is said.
+    old = summarize(t.drop_columns(["finish_reason"]))
+    assert old["cut_off"] is None and "max_new_tokens" not in format_summary(old)

@@ -1,0 +1,48 @@
+"""`longdoc upgrade OUT`: give an output's files written by an earlier longdoc the current columns.
+
+Why: each version of the output schema appends columns (schemas/output.py). Readers take a
+folder's columns from one of its files: pandas and DuckDB read every date with the first
+file's columns (a newer column vanishes from every date), Polars refuses the folder ("extra
+column in file outside of expected schema"). A run upgrades the date it commits
+(stages/partition.py ``commit_date``); this command does the other dates once, after an
+upgrade of longdoc. Each file is rewritten whole under its own name (atomically: a
+reader sees the old file or the new one), its rows and values unchanged and the new
+columns null. Run it when no job writes to the output (as for a date's commit, one
+writer at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def upgrade(
+    output_uri: Annotated[str, typer.Argument(help="Output table root (the spec's output.uri).")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the files an upgrade would rewrite.")] = False,
+) -> None:
+    """Rewrite the output's files an earlier longdoc wrote with the current columns (new ones null)."""
+    from pipeline.preflight import readable_problem
+    from pipeline.report.load import list_output_files, outdated_files, output_root_hint
+    from stages.partition import upgrade_date
+
+    problem = readable_problem("OUTPUT_URI", output_uri)
+    if not problem and not list_output_files(output_uri)[1]:
+        problem = f"no output files under {output_uri}{output_root_hint(output_uri)}"
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+    by_date = outdated_files(output_uri)
+    total = sum(map(len, by_date.values()))
+    if not total:
+        typer.echo(f"{output_uri}: every file has the current columns; nothing to do")
+        return
+    for run_date, paths in sorted(by_date.items()):
+        if dry_run:
+            typer.echo(f"{run_date}: {len(paths)} file(s) to upgrade")
+            continue
+        upgrade_date(output_uri, run_date, paths)
+        typer.echo(f"{run_date}: {len(paths)} file(s) upgraded")
+    verb = "would rewrite" if dry_run else "rewrote"
+    typer.echo(f"{output_uri}: {verb} {total} file(s) of {len(by_date)} date(s)")
