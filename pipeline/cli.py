@@ -44,6 +44,14 @@ def _main(
     ] = False,
 ) -> None:
     """Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out."""
+    import os
+
+    from pipeline.progress import MODEL_STACK_ENV
+
+    # Before any command imports the model stack: its bars and notices (e.g. transformers'
+    # "Loading weights" bar under `eval`) are read from the environment at import time.
+    for name, value in MODEL_STACK_ENV.items():
+        os.environ.setdefault(name, value)  # a user's own setting wins
 
 
 def _load(spec_path: str, overrides: list[str] | None, run_date: str | None = None, local_paths: bool = True):

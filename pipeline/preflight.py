@@ -286,8 +286,54 @@ def _check_local_output(root: str) -> list[str]:
 def _check_models(spec: JobSpec) -> list[str]:
     # The AutoCompressor's checkpoint has its own layout; loading it checks it (a missing
     # local one is the spec check's, schemas/loading.py).
-    return [p for field, name, key in named_models(spec) if key != "checkpoint"
-            and (p := model_problem(field, name, key))]
+    problems = [p for field, name, key in named_models(spec) if key != "checkpoint"
+                and (p := model_problem(field, name, key))]
+    return problems or _check_readers(spec)
+
+
+def _check_readers(spec: JobSpec) -> list[str]:
+    """The models a method reads with Finch's attention (``attention_readers``) are of a model
+    type it runs on, where their config.json is on this machine (else the generate actor
+    checks at its start). Before: a Gemma generator under select passed `validate` and every
+    row of the run failed, as retryable, after the model loaded."""
+    from stages.compression import method_for
+    from stages.finch.config import FINCH_MODEL_TYPES
+
+    problems = []
+    for field, name in method_for(spec.compression).attention_readers(spec):
+        kind = _model_type(name)
+        if kind is None or kind in FINCH_MODEL_TYPES:
+            continue
+        method = spec.compression.method
+        fix = ("set compression.scorer to a model of those types (embedded:smollm2-135m-instruct: it reads, "
+               f"{shown(name)} only prefills the kept sentences)" if field == "generation.model" and method == "select"
+               else "use select with compression.scorer: embedded:smollm2-135m-instruct" if method != "select"
+               else "choose a scorer of those types (embedded:smollm2-135m-instruct)")
+        problems.append(f"{field}: {shown(name)} is a {kind!r} model; compression.method {method} reads with "
+                        f"Finch's attention, which runs on {', '.join(FINCH_MODEL_TYPES)} models; fix: {fix}, "
+                        "or another method (truncate, bm25, rag)")
+    return problems
+
+
+def _model_type(name: str) -> str | None:
+    """``model_type`` of model ``name`` from its config.json on this machine (a local folder or
+    the Hugging Face cache; the embedded and ``random:`` models are Llamas); None when its
+    config is not here."""
+    if name.startswith(("embedded:", "random:")):
+        return "llama"
+    path = Path(name.removeprefix("file://")).expanduser() / "config.json"
+    if not path.is_file():
+        import huggingface_hub
+
+        cached = huggingface_hub.try_to_load_from_cache(name, "config.json") if "/" in name else None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        kind = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # the model load will say what is wrong with it
+    return kind if isinstance(kind, str) else None
 
 
 def model_problem(field: str, name: str, kind: str = "model") -> str | None:

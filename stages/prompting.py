@@ -67,11 +67,25 @@ def render_template(tokenizer, instruction: str, question: str | None) -> tuple[
     return before, after
 
 
+def adds_bos(tokenizer) -> bool:
+    """Whether ``tokenizer`` starts an encoded text with its BOS token, as
+    ``tokenizer(text)`` (what the model was trained and is usually run with) does. Asked of
+    the tokenizer itself, not of its ``add_bos_token`` flag: a fast tokenizer may add BOS in
+    its post-processor while the flag says False (Gemma 3's in transformers 5), and Gemma
+    without BOS echoes its prompt."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    ids = list(tokenizer("a")["input_ids"])
+    return bool(ids) and ids[0] == bos
+
+
 class PromptBuilder:
     """Builds PromptParts for one tokenizer, caching the rendered template pieces."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._bos = tokenizer.bos_token_id if adds_bos(tokenizer) else None
         self._cache: dict[tuple[str, str | None], tuple[list[int], list[int]]] = {}
 
     def encode_text(self, text: str) -> list[int]:
@@ -81,14 +95,11 @@ class PromptBuilder:
         key = (instruction, question)
         if key not in self._cache:
             before, after = render_template(self.tokenizer, instruction, question)
-            bos = self.tokenizer.bos_token_id
             prefix = self.encode_text(before)
-            # Templates that do not write BOS themselves get it from the tokenizer's
-            # special-token rule; only add it when the tokenizer would.
-            if bos is not None and getattr(self.tokenizer, "add_bos_token", False) and (
-                not prefix or prefix[0] != bos
-            ):
-                prefix = [bos] + prefix
+            # Templates that do not write BOS themselves get it where the tokenizer would
+            # add it to a text of its own (``adds_bos``).
+            if self._bos is not None and (not prefix or prefix[0] != self._bos):
+                prefix = [self._bos] + prefix
             self._cache[key] = (prefix, self.encode_text(after))
         return self._cache[key]
 

@@ -147,6 +147,12 @@ class CompressionMethod(ABC):
             )
         return job.compression
 
+    def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
+        """(spec field, model name) of each model whose attention this method reads with
+        Finch's machinery (stages/finch/support.py: a few architectures only), so the
+        preflight can refuse another architecture before any model loads. None by default."""
+        return ()
+
     def tokenizer_source(self, job: JobSpec) -> str:
         """Name or path of the generating model's tokenizer (documents are counted in it)."""
         return job.generation.model

@@ -68,6 +68,10 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
 
         return Loaded(model, tok, prefill)
 
+    def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
+        """The generator reads (its kept keys and values are the answer's cache)."""
+        return (("generation.model", job.generation.model),)
+
     def reads_once_per_document(self, job: JobSpec) -> bool:
         """The engine hands a document's queued questions to one prefill call: reading
         chunk (question-independent) with share_reading on."""

@@ -47,6 +47,11 @@ class SelectMethod(FinchMethod):
     paper = "https://arxiv.org/abs/2409.17422"  # GemFilter: early-layer selection, then prefill
     order = 4
 
+    def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
+        """The scorer reads when one is set (the generator only prefills the kept text)."""
+        scorer = self.config(job).scorer
+        return (("compression.scorer", scorer),) if scorer is not None else super().attention_readers(job)
+
     def prefill_group_rows(self, job: JobSpec) -> int | None:
         """With a small scorer, 16 documents per pass on every device: its passes are
         launch-bound on a GPU, and on a CPU its narrow matmuls (and the generator's prefill

@@ -41,6 +41,9 @@ AUTO_SENTENCE_SPLIT = "prose"
 # question of 28, the answer in the read text in both), 9 more tokens read
 # (jobs/eval/results/2026-11-26-finch-next-sentence-tuning-512-cpu.md).
 AUTO_NEXT_SENTENCE = True
+#: The model types whose attention Finch's reading captures and moves (stages/finch/support.py
+#: says why); here, without torch, so the preflight can name another one before a model loads.
+FINCH_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 class FinchCompression(CompressionSpec):
     """Finch's settings; the defaults are the paper's (mode kv, scoring paper, reading kept)."""

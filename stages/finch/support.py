@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stages.finch.config import FINCH_MODEL_TYPES
 from stages.kv.model_parts import attention_modules, sliding_window
 from stages.kv.rope import check_rope
 from stages.prompting import PromptParts
@@ -19,7 +20,7 @@ from stages.prompting import PromptParts
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
     from stages.finch.config import FinchCompression
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = FINCH_MODEL_TYPES
 
 
 def check_supported(model) -> None:

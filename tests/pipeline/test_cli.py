@@ -189,3 +189,15 @@ def test_a_cluster_address_where_nothing_answers_is_refused_at_once(tmp_path):
                           "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and f"--address 127.0.0.1:{port}: nothing answers there" in res.stderr, res.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_every_command_quiets_the_model_stack_before_it_loads_anything(monkeypatch):
+    """transformers' "Loading weights" bar and the hub's bars read the environment when they are
+    imported: the CLI sets it first (a user's own value stays)."""
+    import os
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    assert CliRunner().invoke(app, ["methods"]).exit_code == 0
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "info"

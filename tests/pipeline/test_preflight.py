@@ -281,6 +281,25 @@ def test_a_methods_scorer_is_checked_like_the_generator(tmp_path, empty_hf_cache
     _both(spec, ["compression.scorer: 'someone/small-scorer'", "HF_HUB_OFFLINE", "embedded:smollm2-135m-instruct"])
 
 
+def test_a_model_finchs_attention_cannot_read_is_refused_for_the_methods_that_read_with_it(tmp_path, empty_hf_cache):
+    gemma = tmp_path / "gemma"
+    gemma.mkdir()
+    (gemma / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    for method in ("select", "finch"):
+        spec = _spec(tmp_path, generation={"model": str(gemma)}, compression={"method": method})
+        line = _refused(["validate", str(spec)], [f"generation.model: '{gemma}' is a 'gemma3_text' model",
+                                                 f"compression.method {method} reads with Finch's attention",
+                                                 "llama, mistral, qwen2", "compression.scorer"])
+        assert "embedded:smollm2-135m-instruct" in line
+    _both(_spec(tmp_path, compression={"method": "select", "scorer": str(gemma)}),
+          [f"compression.scorer: '{gemma}' is a 'gemma3_text' model", "choose a scorer"])
+    # Where the scorer reads, or nothing reads with Finch, the generator's type is not asked.
+    for compression in ({"method": "select", "scorer": "embedded:smollm2-135m-instruct"}, {"method": "truncate"}):
+        res = runner.invoke(app, ["validate", str(_spec(tmp_path, generation={"model": str(gemma)},
+                                                        compression=compression))])
+        assert res.exit_code == 0, res.output
+
+
 def test_models_found_here_pass_and_a_cluster_run_leaves_them_to_its_nodes(tmp_path, tiny_model_dir,
                                                                            empty_hf_cache, monkeypatch):
     res = runner.invoke(app, ["validate", str(_spec(tmp_path, generation={"model": str(tiny_model_dir)}))])
