@@ -9,7 +9,7 @@ Contract: a prompt is ``prefix_ids + context_ids + query_ids`` where
   the end of the user turn and the assistant header. Finch scores the cache with
   the attention of exactly these tokens.
 Rendering uses the tokenizer's own chat template (with a plain fallback for base
-models without one), split around a placeholder.
+models without one, whose answers end at ``PLAIN_PROMPT_STOPS``), split around a placeholder.
 """
 
 from __future__ import annotations
@@ -53,10 +53,27 @@ def query_text(tokenizer, query_ids: list[int]) -> str:
     return text.strip()
 
 
+#: Where an answer to the plain prompt ends (models without a chat template): a base model
+#: that has answered goes on with the prompt's own pattern, a new "Question:" or "Answer:"
+#: line, or another "Document:" (seen with Gemma 3 270M, answers followed by invented pairs).
+PLAIN_PROMPT_STOPS = ("\nQuestion:", "\nAnswer:", "\nDocument:")
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether prompts for ``tokenizer`` use its chat template (else the plain prompt)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_stops(tokenizer) -> tuple[str, ...]:
+    """Stop strings the prompt format itself implies: ``PLAIN_PROMPT_STOPS`` for the plain
+    prompt; none for a chat template (its end-of-turn token is an EOS id)."""
+    return () if has_chat_template(tokenizer) else PLAIN_PROMPT_STOPS
+
+
 def render_template(tokenizer, instruction: str, question: str | None) -> tuple[str, str]:
     """Return the (before, after) text around the document for this tokenizer."""
     content = user_message(instruction, question)
-    if getattr(tokenizer, "chat_template", None):
+    if has_chat_template(tokenizer):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
         )

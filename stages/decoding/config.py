@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stages.prompting import prompt_stops
+
 if TYPE_CHECKING:
     from schemas.spec import GenerationSpec
 
@@ -49,15 +51,18 @@ def eos_ids_of(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
 def decode_config_for(generation: GenerationSpec, tokenizer: Any, generation_config: Any = None) -> DecodeConfig:
     """The DecodeConfig of a spec's ``generation`` settings for this tokenizer/model.
 
-    EOS ids come from ``eos_ids_of``; ``speculative.method`` none turns drafting off.
+    EOS ids come from ``eos_ids_of``; stop strings are the spec's and the prompt format's
+    (stages/prompting.py ``prompt_stops``: a model without a chat template answers a plain
+    prompt); ``speculative.method`` none turns drafting off.
     """
     spec = generation.speculative
+    stops = tuple(generation.stop) + tuple(s for s in prompt_stops(tokenizer) if s not in generation.stop)
     return DecodeConfig(
         max_new_tokens=generation.max_new_tokens,
         eos_ids=eos_ids_of(tokenizer, generation_config),
         temperature=generation.temperature,
         top_p=generation.top_p,
-        stop_strings=tuple(generation.stop),
+        stop_strings=stops,
         repeat_ngram=generation.repeat_guard,
         speculative=spec.method,
         num_draft_tokens=spec.num_draft_tokens,

@@ -9,8 +9,9 @@ import pytest
 
 from schemas.spec import GenerationSpec
 from stages.decoding.config import decode_config_for, eos_ids_of
+from stages.prompting import PLAIN_PROMPT_STOPS
 
-TOK = SimpleNamespace(eos_token_id=2)
+TOK = SimpleNamespace(eos_token_id=2, chat_template="{{ messages }}")  # a chat model's tokenizer
 
 
 @pytest.mark.parametrize(
@@ -35,3 +36,13 @@ def test_every_generation_setting_is_mapped() -> None:
     assert cfg.eos_ids == frozenset({2, 8}) and not cfg.greedy
     plain = decode_config_for(GenerationSpec(speculative={"method": "none"}), TOK)
     assert plain.speculative == "none" and plain.greedy and plain.eos_ids == frozenset({2})
+
+
+def test_a_model_without_a_chat_template_stops_where_it_starts_the_plain_prompts_next_label() -> None:
+    """The plain prompt ends "Question: ...\n\nAnswer:"; a base model that has answered
+    writes the next "Question:" (Gemma 3 270M did, every row)."""
+    base = SimpleNamespace(eos_token_id=2, chat_template=None)
+    cfg = decode_config_for(GenerationSpec(stop=("END", "\nQuestion:")), base)
+    assert cfg.stop_strings == ("END", "\nQuestion:", "\nAnswer:", "\nDocument:")
+    assert set(PLAIN_PROMPT_STOPS) <= set(cfg.stop_strings)
+    assert decode_config_for(GenerationSpec(), TOK).stop_strings == ()  # a chat template: its own end-of-turn
