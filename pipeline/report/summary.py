@@ -3,9 +3,10 @@
 Contract: ``RunTally`` folds the rows block by block into the run's aggregates (what
 `longdoc run`'s driver keeps: a float and an int per row, not the rows);
 ``summarize(table, wall_s)`` takes any table with the output schema's
-figure columns (text columns optional) and returns a flat dict (``cut_off``: the ok rows
-whose generation stopped at ``max_new_tokens``, their text possibly cut; None for rows
-written before the ``finish_reason`` column); throughput figures
+figure columns (text columns optional) and returns a flat dict (``cut_off`` and
+``cut_repeat``: the ok rows whose generation stopped at ``max_new_tokens`` or at the repeat
+guard, their text possibly cut; None where no row says why it stopped: rows written before
+the ``finish_reason`` column); throughput figures
 use ``wall_s`` when the run's wall time is known, else the summed device seconds
 (stated in ``throughput_basis``). ``format_summary`` renders it as an aligned table.
 
@@ -107,7 +108,9 @@ class RunTally:
 
     def __init__(self) -> None:
         self.rows = self.failed = self.ratio_n = 0
-        self.cut_off: int | None = None  # ok rows that stopped at max_new_tokens; None: no finish_reason column
+        # ok rows that stopped at max_new_tokens / at the repeat guard; None while no row says
+        # why it stopped (rows written before the finish_reason column)
+        self.cut: dict[str, int] | None = None
         self.ratio_sum = 0.0
         self.sums = dict.fromkeys(self._SUMS_OK + self._SUMS_ALL, 0.0)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
@@ -131,9 +134,12 @@ class RunTally:
         for name in self._SUMS_ALL:
             self.sums[name] += _sum(table, name)
         self._add_times(table)
-        if "finish_reason" in table.column_names:
-            cut = pc.equal(ok_table.column("finish_reason"), "length")
-            self.cut_off = (self.cut_off or 0) + int(pc.sum(pc.fill_null(cut, False)).as_py() or 0)
+        reasons = ok_table.column("finish_reason") if "finish_reason" in table.column_names else None
+        if reasons is not None and reasons.null_count < len(reasons):
+            counts = {v["values"]: v["counts"] for v in pc.value_counts(reasons).to_pylist()}
+            self.cut = self.cut or {"length": 0, "repeat": 0}
+            for reason in self.cut:
+                self.cut[reason] += int(counts.get(reason, 0))
         ratios = pc.drop_null(ok_table.column("compression_ratio"))
         self.ratio_n += len(ratios)
         self.ratio_sum += float(pc.sum(ratios).as_py() or 0.0)
@@ -178,7 +184,8 @@ class RunTally:
             "rows": rows,
             "ok": rows - failed,
             "failed": failed,
-            "cut_off": self.cut_off,
+            "cut_off": None if self.cut is None else self.cut["length"],
+            "cut_repeat": None if self.cut is None else self.cut["repeat"],
             "failed_fraction": failed / rows if rows else 0.0,
             "tokens_in": int(s["prompt_tokens"]),
             "tokens_in_cached": int(s["cached_prompt_tokens"]),
@@ -264,6 +271,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("rows", "rows (requests)"),
         ("ok", "ok"),
         ("cut_off", "  of them cut at max_new_tokens"),
+        ("cut_repeat", "  of them cut by the repeat guard"),
         ("failed", "failed"),
         ("retried", "error rows retried"),
         ("status", "status"),
@@ -306,6 +314,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
                  ("answers_exact", "  equal to the reference")]
     if summary.get("cut_off") is None:  # rows written before the finish_reason column
         keys.remove(("cut_off", "  of them cut at max_new_tokens"))
+    if not summary.get("cut_repeat"):  # generation.repeat_guard is off by default
+        keys.remove(("cut_repeat", "  of them cut by the repeat guard"))
     width = max(len(label) for _, label in keys)
     lines = [f"== {title} =="]
     lines += [f"  {label.ljust(width)}  {_fmt(summary.get(k))}" for k, label in keys]

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.local_plan import LocalPlan
+from pipeline.local_plan import LocalPlan, batch_end
 from pipeline.report.load import load_output
 from pipeline.runner import run_job
 from schemas.output import RETRYABLE
@@ -218,3 +218,19 @@ def test_an_interrupt_keeps_every_row_the_engine_had_finished(tmp_path, tiny_mod
     assert rerun.summary["status"] != "failed" and rerun.skipped == len(kept)
     rows = _rows(rerun.output_uri)
     assert len(rows) == 11 and sum(r["error"] is None for r in rows.values()) == 10
+
+
+def test_a_batch_never_splits_a_documents_requests():
+    """Three questions a document in batches of four: each batch ends with a whole document
+    (a document split across two engine calls was read twice by Finch's shared reading)."""
+    rows = [{"doc_id": d, "source_uri": "f.jsonl", "prompt": q} for d in "abcde" for q in "123"]
+    cuts, rest = [], rows
+    while rest:
+        end = batch_end(rest, 4)
+        cuts.append("".join(r["doc_id"] for r in rest[:end]))
+        rest = rest[end:]
+    assert cuts == ["aaabbb", "cccddd", "eee"]
+    assert batch_end(rows, 3) == 3 and batch_end(rows[:2], 4) == 2  # already whole; fewer rows than the size
+    # One id in two files is two documents; a document with more questions than the size is one batch.
+    twins = [{"doc_id": "a", "source_uri": f} for f in ("x", "x", "y", "y")]
+    assert batch_end(twins, 1) == 2 and batch_end([{"doc_id": "a", "source_uri": "x"}] * 9, 4) == 9

@@ -149,7 +149,7 @@ def test_device_time_splits_into_the_methods_reading_the_prompts_prefill_and_dec
 
 
 def test_answers_cut_at_max_new_tokens_are_counted_where_the_rows_say_why_they_stopped():
-    reasons = ["length", "eos", "length", "stop", None]
+    reasons = ["length", "eos", "length", "stop", "repeat", None]
     t = rows_to_table([
         {"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": f"d{i}", "request_id": f"q{i}",
          "error": None if why else "generate: OSError", "error_kind": None if why else RETRYABLE,
@@ -157,8 +157,12 @@ def test_answers_cut_at_max_new_tokens_are_counted_where_the_rows_say_why_they_s
         for i, why in enumerate(reasons)
     ])
     s = summarize(t)
-    assert s["ok"] == 4 and s["cut_off"] == 2
+    assert s["ok"] == 5 and s["cut_off"] == 2 and s["cut_repeat"] == 1
     assert re.search(r"of them cut at max_new_tokens +2\n", format_summary(s))
-    # Rows written before the column existed: nothing is known, nothing is said.
-    old = summarize(t.drop_columns(["finish_reason"]))
-    assert old["cut_off"] is None and "max_new_tokens" not in format_summary(old)
+    assert re.search(r"of them cut by the repeat guard +1\n", format_summary(s))
+    # Rows written before the column existed (a file without it, or one `longdoc report` reads
+    # conformed, the column null): nothing is known, nothing is said.
+    for old in (summarize(t.drop_columns(["finish_reason"])), summarize(t.set_column(
+            t.schema.get_field_index("finish_reason"), "finish_reason", pa.nulls(t.num_rows, pa.string())))):
+        assert old["cut_off"] is None and "max_new_tokens" not in format_summary(old)
+        assert "repeat guard" not in format_summary(old)
