@@ -66,6 +66,7 @@ from pipeline.eval.table import (
     SUMMARY_COLUMNS,
     aggregate,
     breakdown,
+    legend,
     per_style,
     score_rows,
     to_markdown,
@@ -266,7 +267,8 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
 
 def render_markdown(result: EvalResult) -> str:
     title = "QA and continuation-NLL eval" if result.scored_nll else "QA eval"
-    parts = [f"## {title} {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS)]
+    parts = [f"## {title} {result.eval_id}", "", to_markdown(result.summary, SUMMARY_COLUMNS), "",
+             legend(SUMMARY_COLUMNS)]
     if result.by_style:
         parts += ["", "### contains by question style", "", to_markdown(result.by_style)]
     if any(v is not None for r in result.recall_by_style for k, v in r.items() if k not in ("method", "target_tokens")):

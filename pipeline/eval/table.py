@@ -56,6 +56,31 @@ SUMMARY_COLUMNS = (
     *COST_COLUMNS,
     "wall_s_per_request",
 )
+#: One line per summary column, printed under the table (``legend``): a reader of the
+#: table should not need the source to know which figure to read.
+COLUMN_LEGEND = {
+    "equal_to": "the run whose mean tokens read set this run's budget (--equal-reading)",
+    "n": "questions", "failed": "rows with an error (scored as wrong)",
+    "exact_match": "answer equal to a reference after normalizing (rare for a chatty model)",
+    "contains": "answer containing a reference after normalizing: the accuracy to read",
+    "f1": "token F1 of the answer against the best reference",
+    "evidence_recall": "questions whose answer-bearing sentence the method kept whole (needs no reader)",
+    "answer_recall": "questions whose answer tokens the method kept",
+    "recall_n": "questions with a known evidence position (the recall's denominator)",
+    "nll": "continuation NLL per token, nats (--metrics nll)",
+    "gap_recovered": "share of the no-context -> full-context NLL gap the method recovers",
+    "compression_ratio": "document tokens / tokens the model read",
+    "context_tokens": "tokens the model read (mean)", "compress_s": "compression seconds per question (mean)",
+    "e2e_s": "seconds per question, end to end (mean)",
+    "wall_s_per_request": "the run's wall time divided by its questions",
+}
+
+
+def legend(columns: Sequence[str]) -> str:
+    """The ``COLUMN_LEGEND`` lines of ``columns`` (Markdown list)."""
+    return "\n".join(f"- `{c}`: {COLUMN_LEGEND[c]}" for c in columns if c in COLUMN_LEGEND)
+
+
 DEPTH_BINS = 5
 
 QuestionMeta = dict[tuple[str, str], dict[str, Any]]  # (doc_id, question) -> {kind, style, depth}

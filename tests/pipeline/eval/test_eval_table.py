@@ -154,3 +154,14 @@ def test_recall_is_scored_from_kept_spans_and_averaged_over_rows_that_have_it(tm
     assert no_spans[0]["evidence_recall"] is None  # summary vectors: no positions to check
     path = plot_cost_quality([s, *aggregate(scored_rows())], tmp_path / "cq.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_summary_column_a_reader_scores_by_is_defined_under_the_table():
+    """A helper reading the eval table could not tell exact_match 0.000 from the accuracy to read."""
+    from pipeline.eval.table import COLUMN_LEGEND, SUMMARY_COLUMNS, legend
+
+    named = set(SUMMARY_COLUMNS) - {"task", "method", "target_tokens"}
+    assert named <= set(COLUMN_LEGEND), named - set(COLUMN_LEGEND)
+    text = legend(SUMMARY_COLUMNS)
+    assert "- `contains`: " in text and "the accuracy to read" in text and "- `task`" not in text
+    assert text.index("`exact_match`") < text.index("`evidence_recall`")  # the table's order
