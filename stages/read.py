@@ -135,6 +135,24 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     return [_unstrip(fs, p) for p in paths]
 
 
+def skipped_suffixes(inp: InputSpec, run_date: str) -> dict[str, int]:
+    """Files under a folder input that its format does not read, counted by suffix (``.pdf``:
+    2; no suffix: ``""``), hidden files left out: what `validate` names so that a folder of
+    mixed files does not lose some without a word. {} for a single file or a missing folder."""
+    fs, root = fsspec.core.url_to_fs(resolve_uri(inp.uri, run_date))
+    if not fs.isdir(root):
+        return {}
+    suffixes = FORMAT_SUFFIXES[inp.format]
+    out: dict[str, int] = {}
+    for _folder, _dirs, files in fs.walk(root):
+        for name in files:
+            if name.startswith(".") or name.lower().endswith(suffixes):
+                continue
+            suffix = os.path.splitext(name)[1].lower()
+            out[suffix] = out.get(suffix, 0) + 1
+    return out
+
+
 def _check_regular(path: str, info: dict) -> None:
     # fsspec's local filesystem types FIFOs, devices and sockets "other" (links followed).
     if info.get("type", "file") not in ("file", "directory"):

@@ -201,3 +201,18 @@ def test_every_command_quiets_the_model_stack_before_it_loads_anything(monkeypat
     assert CliRunner().invoke(app, ["methods"]).exit_code == 0
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert os.environ["TRANSFORMERS_VERBOSITY"] == "info"
+
+
+def test_validate_names_the_files_a_folder_input_holds_that_its_format_does_not_read(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("a.md", "b.pdf", "c.pdf"):
+        (docs / name).write_text("A document.")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "m", "input": {"uri": str(docs), "format": "text"},
+                                    "task": {"kind": "summarize"}, "output": {"uri": str(tmp_path / "out")}}))
+    last = runner.invoke(app, ["validate", str(spec)]).output.strip().splitlines()[-1]
+    assert "(files it does not read, skipped: 2 .pdf; input.format text reads .txt, .md)" in last
+    (docs / "b.pdf").unlink()
+    (docs / "c.pdf").unlink()
+    assert "skipped" not in runner.invoke(app, ["validate", str(spec)]).output.strip().splitlines()[-1]

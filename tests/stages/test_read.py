@@ -13,7 +13,14 @@ from alone import run_alone
 
 from schemas.loading import spec_from_dict
 from schemas.spec import InputSpec
-from stages.read import expand_requests, generation_fingerprint, list_shards, read_shard, request_id
+from stages.read import (
+    expand_requests,
+    generation_fingerprint,
+    list_shards,
+    read_shard,
+    request_id,
+    skipped_suffixes,
+)
 
 
 def _read_all(inp: InputSpec, date: str = "2026-01-01"):
@@ -323,3 +330,13 @@ def test_an_id_given_to_two_texts_in_one_file_is_an_input_error_on_the_later_rec
     bad = docs[2]
     assert bad.doc_id == third and bad.error_kind == "input" and bad.questions == ["Which colour?"]
     assert f"id 'a' is already the id of {first}" in bad.error and "its own id" in bad.error
+
+
+def test_files_a_folders_format_does_not_read_are_counted_by_suffix(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.txt", "b.MD", "c.pdf", "sub/d.pdf", "e.rst", "README", ".hidden"):
+        (tmp_path / name).write_text("x")
+    inp = InputSpec(uri=str(tmp_path), format="text")
+    assert skipped_suffixes(inp, "2026-01-01") == {".pdf": 2, ".rst": 1, "": 1}
+    assert skipped_suffixes(InputSpec(uri=str(tmp_path / "a.txt"), format="text"), "2026-01-01") == {}
+    assert len(_read_all(inp)) == 2  # what the run reads: the .txt and .md files
