@@ -83,4 +83,7 @@ class ExpandRequests:
         if d.requests is not None:  # planned by ReadDocuments: copied, never hashed again
             d.requests = [dict(part) for part in d.requests]
         reqs = expand_requests(d, self.spec, self.run_id, self.run_date, self.fingerprint)
-        return [r for r in reqs if r["request_id"] not in self.skip]
+        todo = [r for r in reqs if r["request_id"] not in self.skip]
+        for r in todo:  # how many requests of the document this run sends (schemas/rows.py)
+            r["doc_requests"] = len(todo)
+        return todo

@@ -46,6 +46,9 @@ class RequestRow(TypedDict):
     text: str | None  # the document; None when reading it failed
     error: str | None
     error_kind: str | None  # schemas.output.INPUT | RETRYABLE when error is set
+    # requests of this document the run sends (those not already done): the engine holds a
+    # document's first requests until the rest are queued, to read it once (scheduler.py)
+    doc_requests: int
 
 
 class TokenizedRow(RequestRow):

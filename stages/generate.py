@@ -158,8 +158,9 @@ class GenerateStage:
         once = self.method.reads_once_per_document(self.spec)
         requests = [
             Request(key=i, parts=p, lookup_ids=lk, seed=sd, kv_tokens=self.method.kv_tokens(self.spec, p),
-                    doc_key=hash((tuple(p.prefix_ids), tuple(p.context_ids))) if once else None)
-            for i, (p, lk, sd) in enumerate(zip(parts, lookups, seeds, strict=True))
+                    doc_key=hash((tuple(p.prefix_ids), tuple(p.context_ids))) if once else None,
+                    doc_size=r.get("doc_requests") if once else None)
+            for i, (p, lk, sd, r) in enumerate(zip(parts, lookups, seeds, rows, strict=True))
         ]
         outs: list[OutputRow | None] = []
         for row, part, done in zip(rows, parts, self.service.generate(requests), strict=True):

@@ -488,4 +488,6 @@ def expand_requests(doc: Document, spec: JobSpec, run_id: str, run_date: str, fi
         "error": doc.error,
         "error_kind": (doc.error_kind or INPUT) if doc.error else None,
     }
-    return [{**base, **{k: part[k] for k in REQUEST_PART_FIELDS}} for part in doc.requests or ()]
+    parts = doc.requests or ()
+    # doc_requests: the document's requests (a run that skips some sets it again: plan_inputs.py)
+    return [{**base, **{k: part[k] for k in REQUEST_PART_FIELDS}, "doc_requests": len(parts)} for part in parts]

@@ -26,6 +26,10 @@ class Request:
     # Requests with the same doc_key (not None) are handed to one method prefill together,
     # which reads their document once (compression.base.reads_once_per_document).
     doc_key: Hashable | None = None
+    # How many requests of that document this run sends (None: unknown). While fewer are
+    # queued and the engine has other work, the scheduler starts other requests first, so a
+    # document whose questions came in two calls is still read once (scheduler.py).
+    doc_size: int | None = None
 
 
 @dataclass

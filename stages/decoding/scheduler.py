@@ -21,6 +21,15 @@ engine starts small and grows in few steps); a head
 longer than the slots waits until the active rows fit the budget's layout for it
 (fewer, longer slots), then that layout is made. The queue's order is kept: requests
 behind a waiting head wait too, so a long request is never starved.
+
+One exception, for a method that reads a document once for all its questions
+(``Request.doc_key``): a head whose document has fewer requests queued (and started) than
+the run sends (``Request.doc_size``) is held while the engine has other work, and the
+first request whose document is whole (or that has no document key) goes before it. Why:
+a document's questions split across two calls (Ray Data's batches do not follow
+documents) reached the method's reading in two groups and the document was read twice;
+the second call is already on its way (pipeline/plan.py keeps more than one in flight).
+With nothing else to do the engine starts the held head at once: holding never idles it.
 """
 
 from __future__ import annotations
@@ -89,6 +98,8 @@ class Scheduler:
     group_rows: int = 1
     grow_slots: bool = False  # add slots (for the waiting rows, within the budget) as rows wait for one
     queue: deque[Waiting] = field(default_factory=deque)
+    # doc_key -> requests of that document already started (``_group``); dropped once whole
+    started: dict = field(default_factory=dict)
 
     def push(self, waiting: Waiting) -> None:
         self.queue.append(waiting)
@@ -102,6 +113,15 @@ class Scheduler:
         time); ``own_prefill``: the engine prefills rows itself (groups of one)."""
         if not self.queue or filling:
             return Wait()
+        queued = self._queued_per_document()
+        if not own_prefill and not self._whole(self.queue[0], queued):
+            ready = next((w for w in self.queue if self._whole(w, queued)), None)
+            if ready is None:
+                if busy:
+                    return Wait()  # the rest of the document comes with the next call
+            else:
+                self.queue.remove(ready)
+                self.queue.appendleft(ready)
         head = self.queue[0]
         need = self.need(head.kv_tokens)
         if need <= capacity:
@@ -146,6 +166,23 @@ class Scheduler:
             return False
         return busy < slots or self._can_grow(slots, capacity)
 
+    def _queued_per_document(self) -> dict:
+        """doc_key -> queued requests, over the queue's sized documents (``_whole``)."""
+        out: dict = {}
+        for w in self.queue:
+            if w.request.doc_size is not None and w.request.doc_key is not None:
+                out[w.request.doc_key] = out.get(w.request.doc_key, 0) + 1
+        return out
+
+    def _whole(self, w: Waiting, queued: dict) -> bool:
+        """``w`` may start now as far as its document goes: it has no document key or size, it
+        is to be prefilled alone, or every request of its document is queued (``queued``:
+        ``_queued_per_document``) or started."""
+        r = w.request
+        if r.doc_key is None or r.doc_size is None or w.alone:
+            return True
+        return queued.get(r.doc_key, 0) + self.started.get(r.doc_key, 0) >= r.doc_size
+
     def _same_document(self, head: Waiting) -> list[Waiting]:
         """The queued requests (head included) that share the head's document key."""
         key = head.request.doc_key
@@ -172,8 +209,22 @@ class Scheduler:
                 if self.need(w.kv_tokens) <= capacity:
                     self.queue.remove(w)
                     group.append(w)
-        while len(group) < min(free, self.group_rows) and self.queue and not self.queue[0].alone:
+        queued = self._queued_per_document()
+        while (len(group) < min(free, self.group_rows) and self.queue and not self.queue[0].alone
+               and self._whole(self.queue[0], queued)):
             if self.need(self.queue[0].kv_tokens) > capacity:
                 break
             group.append(self.queue.popleft())
+        self._count_started(group)
         return group
+
+    def _count_started(self, group: list[Waiting]) -> None:
+        """Remember how many of each sized document's requests have started (``_whole``)."""
+        for w in group:
+            r = w.request
+            if r.doc_key is not None and r.doc_size is not None:
+                n = self.started.get(r.doc_key, 0) + 1
+                if n >= r.doc_size:
+                    self.started.pop(r.doc_key, None)
+                else:
+                    self.started[r.doc_key] = n

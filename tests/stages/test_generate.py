@@ -5,6 +5,7 @@ streamed through fewer slots than the batch, and several batches at once in one 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from method_cases import method_batches, request, text_stages
@@ -426,6 +427,54 @@ def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, toke
         assert all(0 < row["context_tokens"] <= 24 and row["compress_s"] > 0 for row in out)
         texts[share] = [row["output_text"] for row in out]
     assert texts[True] == texts[False]
+
+
+def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_dir, tokenizer, monkeypatch):
+    """Ray Data's batches do not follow documents: the first call holds d0's three questions
+    and d1's first, the second d1's other two. Each row says how many requests its document
+    has (doc_requests), so the engine holds d1's first question until the rest are queued."""
+    import stages.finch.shared as shared
+
+    calls: list[tuple[int, int]] = []  # (rows, documents) per reading pass
+    groups = shared.document_groups
+
+    def counted(parts):
+        row_doc, doc_row = groups(parts)
+        calls.append((len(row_doc), len(doc_row)))
+        return row_doc, doc_row
+
+    monkeypatch.setattr(shared, "document_groups", counted)
+    docs = ["rivers and mountains of the north. " * 12, "a long note on tea and its history. " * 10]
+    reqs = []
+    for d, text in enumerate(docs):
+        for q in ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]:
+            r = _request(len(reqs), tokenizer, text)
+            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q,
+                         "doc_requests": 3})
+    spec = spec_from_dict({
+        "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
+        "compression": {"method": "select", "target_tokens": 24, "chunk_tokens": 32, "evidence": "heads"},
+        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 6},
+    })  # fmt: skip
+    stage = GenerateStage(spec.model_dump(mode="json"))
+    batches = [rows_to_batch(reqs[:4]), rows_to_batch(reqs[4:])]
+    got: dict[int, list] = {}
+    start = threading.Barrier(2)
+
+    def call(i: int) -> None:
+        start.wait()
+        if i:
+            time.sleep(0.05)  # the second call comes after the first, as Ray sends them
+        got[i] = batch_to_rows(stage(batches[i]))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [r["request_id"] for r in got[0] + got[1]] == [r["request_id"] for r in reqs]
+    assert all(r["error"] is None for r in got[0] + got[1])
+    assert calls == [(3, 1), (3, 1)]  # each document read once, all its questions together
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -81,3 +81,40 @@ def test_method_prefill_groups_fit_the_free_slots_and_respect_alone():
     assert [w.request.key for w in d.group] == [3]  # a failed group's row comes alone
     d = s.decide(busy=0, slots=8, capacity=256, filling=False, own_prefill=False)
     assert [w.request.key for w in d.group] == [4]
+
+
+def _question(key: int, doc: str, size: int | None) -> Waiting:
+    """A question of document ``doc`` (its method reads a document once), ``size`` of them sent."""
+    return Waiting(Request(key, PromptParts([], [1] * 50, [2]), [], doc_key=doc, doc_size=size), 0.0)
+
+
+def test_a_document_whose_questions_came_in_two_calls_is_read_in_one_group():
+    """The first call holds d1's three questions and d2's first; the second, d2's other two."""
+    s = _scheduler(64 * 256)
+    for key, doc in enumerate(["d2", "d1", "d1", "d1"]):  # d2's first question heads the queue
+        s.push(_question(key, doc, 3))
+    d = s.decide(busy=0, slots=8, capacity=256, filling=False, own_prefill=False)
+    assert [w.request.key for w in d.group] == [1, 2, 3]  # the whole document goes first
+    # d2 is not whole and the engine is busy (d1's rows decode): it waits for its siblings.
+    assert isinstance(s.decide(busy=3, slots=8, capacity=256, filling=False, own_prefill=False), Wait)
+    s.push(_question(4, "d2", 3))
+    s.push(_question(5, "d2", 3))
+    d = s.decide(busy=3, slots=8, capacity=256, filling=False, own_prefill=False)
+    assert [w.request.key for w in d.group] == [0, 4, 5] and not s.queue and not s.started
+
+
+def test_holding_a_document_never_idles_the_engine_and_unsized_requests_keep_their_order():
+    s = _scheduler(64 * 256)
+    s.push(_question(0, "d", 3))
+    d = s.decide(busy=0, slots=8, capacity=256, filling=False, own_prefill=False)
+    assert [w.request.key for w in d.group] == [0]  # nothing else to do: it starts alone
+    assert s.started == {"d": 1}
+    s.push(_question(1, "d", 3))
+    s.push(_question(2, "d", 3))  # the rest: whole with the one started
+    assert [w.request.key for w in s.decide(busy=1, slots=8, capacity=256, filling=False,
+                                             own_prefill=False).group] == [1, 2]
+    u = _scheduler(64 * 256)  # doc_size unknown (None): first come, first served as before
+    for key, doc in enumerate(["x", "y", "y"]):
+        u.push(_question(key, doc, None))
+    assert [w.request.key for w in u.decide(busy=0, slots=8, capacity=256, filling=False,
+                                             own_prefill=False).group] == [0]
