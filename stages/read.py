@@ -370,7 +370,8 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     doc = Document(doc_id, path, None, questions=questions, answers=answers, error_kind=INPUT)
     text = rec.get(inp.text_field)
     if text is None:
-        doc.error = f"read: {where}: missing field {inp.text_field!r}"
+        what = "is null" if inp.text_field in rec else "is missing"
+        doc.error = f"read: {where}: field {inp.text_field!r} {what}"
     elif not isinstance(text, str):
         doc.error = f"read: {where}: field {inp.text_field!r} is not a string"
     elif not text.strip():
@@ -382,7 +383,8 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
         size = len(text.encode("utf-8", "surrogatepass"))
         doc.error = _over_bytes(size, inp, f"{where}: field {inp.text_field!r}")
     elif raw_id is None:
-        doc.error = f"read: {where}: missing field {inp.id_field!r}"
+        what = "is null" if inp.id_field in rec else "is missing"
+        doc.error = f"read: {where}: field {inp.id_field!r} {what}"
     else:
         doc.text, doc.error_kind = text, None
     return doc

@@ -182,7 +182,7 @@ def test_truncate_and_qa_from_jsonl(runner, tmp_path, tiny_model_dir, ray_sessio
     for r in rows[:2]:
         assert r["error"] is None and r["context_tokens"] == 50
         assert r["compression_ratio"] == pytest.approx(r["doc_tokens"] / 50)
-    assert "missing field 'text'" in rows[2]["error"] and "qa.jsonl:2" in rows[2]["error"]
+    assert "field 'text' is missing" in rows[2]["error"] and "qa.jsonl:2" in rows[2]["error"]
     # A row without the question field: an input error row naming the field, not a silent skip.
     assert rows[3]["doc_id"] == "c" and rows[3]["error_kind"] == INPUT
     assert "'questions' (input.question_field) is missing" in rows[3]["error"]

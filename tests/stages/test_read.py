@@ -58,7 +58,7 @@ def test_jsonl_memory_fs_with_bad_lines():
     assert len(docs) == 4
     assert docs[0].questions == ["q1", "q2"] and docs[0].answers == ["a1", "a2"]
     assert "part.jsonl:2" in docs[1].error and "not valid JSON" in docs[1].error
-    assert "part.jsonl:3" in docs[2].error and "missing field 'text'" in docs[2].error
+    assert "part.jsonl:3" in docs[2].error and "field 'text' is missing" in docs[2].error
     assert docs[3].questions == ["single q"]
 
 
@@ -69,7 +69,7 @@ def test_parquet_file_and_missing_field(tmp_path):
     docs = _read_all(inp)
     assert [d.doc_id for d in docs] == ["x", "y"]
     assert docs[0].text == "text x"
-    assert "row1" in docs[1].error and "'body'" in docs[1].error
+    assert "row1" in docs[1].error and "field 'body' is null" in docs[1].error  # there, and null
 
 
 def test_missing_uri_and_empty_folder(tmp_path):
@@ -142,7 +142,7 @@ def test_a_record_whose_text_is_unusable_keeps_a_row_per_question(tmp_path):
         ("empty", "Who?", "x"), ("empty", "When?", None), ("num", "Why?", None), (f"{p}:3", "How?", None)]
     assert all(r["error_kind"] == "input" and r["text"] is None for r in rows)
     assert "field 'text' is empty" in rows[0]["error"] and "is not a string" in rows[2]["error"]
-    assert "missing field 'id'" in rows[3]["error"]
+    assert "field 'id' is missing" in rows[3]["error"]
     assert len({r["request_id"] for r in rows}) == 4
 
 
