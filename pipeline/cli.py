@@ -303,6 +303,11 @@ def run(
         raise typer.Exit(1)
     if s.get("failed"):  # under the threshold, but a row that failed is said, not left to find
         _say_errors(result, f"note: {s['failed']} row(s) of this run failed")
+    if s.get("shared_ids"):  # pipeline/runner.py: ids that name documents in several files
+        examples = "; ".join(f"{k!r} in {', '.join(v)}" for k, v in (s.get("shared_id_examples") or {}).items())
+        typer.echo(f"note: {s['shared_ids']} document id(s) name documents in more than one input file ({examples}): "
+                   "each document has rows of its own under that id; give them distinct ids (input.id_field)",
+                   err=True)
 
 
 def _say_errors(result, heading: str) -> None:

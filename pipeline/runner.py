@@ -311,6 +311,7 @@ def run_job(
     stale: frozenset[str] = frozenset()
     replaced: frozenset[str] = frozenset()
     skipped = len(skip)  # the date's rows that were done; of this run's requests once its ledger is read
+    shared: dict[str, Any] = {}  # ids naming documents of several input files (RunRequests.shared)
     if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
         # retry and did not produce again is no longer a request (e.g. a file that failed
@@ -323,6 +324,8 @@ def run_job(
             replaced = superseded(root, run_date, run_requests)
             stale |= replaced
             skipped = len(run_requests.ids & skip)
+            if run_requests.shared:
+                shared = {"shared_ids": run_requests.shared, "shared_id_examples": run_requests.shared_examples}
     commit = {"staged_files": 0, "files_written": 0}
     if interrupted is None:
         try:
@@ -348,7 +351,8 @@ def run_job(
                        superseded=len(replaced),
                        retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
                        started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
-                       files_written=commit["files_written"], duplicates=duplicates, versions=package_versions())
+                       files_written=commit["files_written"], duplicates=duplicates, versions=package_versions(),
+                       **shared)
         if earlier:  # a resumed run id: its first attempts' times are not overwritten
             summary.update(earlier_attempts=earlier,
                            wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))

@@ -48,6 +48,9 @@ from stages.partition import RunRequests
 from stages.read import Document, expand_requests, generation_fingerprint
 from stages.write import write_table_atomic
 
+#: Document ids named in several files that a run's summary lists (RunRequests.shared_examples).
+SHARED_EXAMPLES = 3
+
 #: Identity of a request (what an error row needs besides the spec), and where it sits in
 #: the input: ``shard`` (index in the run's listing) and ``doc`` (document index in the shard).
 LEDGER_SCHEMA = pa.schema([
@@ -163,9 +166,17 @@ class Ledger:
         if not self.complete(len(shards)):
             return None
         run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
+        file_of: dict[str, str] = {}  # doc_id -> the first file that named it
+        shared: set[str] = set()
         for req in self.iter_requests(spec, shards, run_id, run_date):
             run.ids.add(req["request_id"])
             run.keys.add((req["doc_id"], req["prompt"]))
+            first = file_of.setdefault(req["doc_id"], req["source_uri"])
+            if first != req["source_uri"] and req["doc_id"] not in shared:
+                shared.add(req["doc_id"])
+                if len(run.shared_examples) < SHARED_EXAMPLES:
+                    run.shared_examples[req["doc_id"]] = [first, req["source_uri"]]
+        run.shared = len(shared)
         return run
 
     def _read_block(self, name: str) -> dict[int, list[dict[str, Any]]]:

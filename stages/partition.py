@@ -182,11 +182,16 @@ def scan_date(root: str, run_date: str) -> DateScan:
 class RunRequests:
     """What a complete run's input yields (from its ledger): ``ids``, the request ids;
     ``keys``, their (doc_id, prompt) pairs; ``files``, the input files it read whole
-    (empty under ``input.limit``, which stops reading partway)."""
+    (empty under ``input.limit``, which stops reading partway); ``shared``, document ids
+    that name documents in more than one input file (``shared_examples``: the first few,
+    each with two of its files). The read stage refuses an id that one file gives two
+    texts (stages/read.py); across files, read apart, the run can only say so."""
 
     ids: set[str] = field(default_factory=set)
     keys: set[tuple[str, str | None]] = field(default_factory=set)
     files: frozenset[str] = frozenset()
+    shared: int = 0
+    shared_examples: dict[str, list[str]] = field(default_factory=dict)
 
 
 def superseded(root: str, run_date: str, run: RunRequests) -> frozenset[str]:

@@ -362,6 +362,8 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     """A record's document; one whose text or id is unusable keeps its questions and answers,
     so each question still gets its own error row (its ``prompt``, the row to match)."""
     raw_id = rec.get(inp.id_field)
+    if isinstance(raw_id, bytes):
+        raw_id = raw_id.decode("utf-8", "replace")
     doc_id = str(raw_id) if raw_id is not None else where
     questions = [str(q) for q in _as_list(rec.get(inp.question_field))] if inp.question_field else []
     # One answer per question, in order; a list inside the list holds one question's
@@ -369,6 +371,12 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     answers = [reference_text(a) for a in _as_list(rec.get(inp.answer_field))] if inp.answer_field else []
     doc = Document(doc_id, path, None, questions=questions, answers=answers, error_kind=INPUT)
     text = rec.get(inp.text_field)
+    if isinstance(text, bytes):  # a binary column (Spark and Hive write strings so): UTF-8 text
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            doc.error = f"read: {where}: field {inp.text_field!r} is binary and not valid UTF-8 (byte {e.start})"
+            return doc
     if text is None:
         what = "is null" if inp.text_field in rec else "is missing"
         doc.error = f"read: {where}: field {inp.text_field!r} {what}"

@@ -309,7 +309,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
     if "method" in summary:  # `report`: what the run read with, first
         keys[0:0] = [("model", "model"), ("method", "compression"), ("target_tokens", "  budget (tokens)")]
     if summary.get("answers_scored"):  # only where the input had references
-        keys += [("answers_scored", "answers with a reference"),
+        keys += [("answers_scored", "answers with a reference (failed rows count as wrong)"),
                  ("answers_contain", "  containing the reference"),
                  ("answers_exact", "  equal to the reference")]
     if summary.get("cut_off") is None:  # rows written before the finish_reason column

@@ -341,3 +341,33 @@ def test_an_interrupt_while_publishing_is_recorded_and_the_next_run_publishes(tm
     rows = load_output(second.output_uri).to_pylist()
     assert len(rows) == 5 and len({r["request_id"] for r in rows}) == 5  # every document once
     assert not list(staging.rglob("*.staged"))
+
+
+def test_an_id_named_in_two_input_files_is_said_and_each_document_keeps_its_rows(tmp_path, tiny_model_dir):
+    """A warehouse export in part files: one id in two parts with two texts. Read apart, the
+    files cannot refuse it (one file does: stages/read.py); the run says it."""
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name, text in (("part-0.jsonl", "The red ticket was closed on Monday. " * 8),
+                       ("part-1.jsonl", "The blue ticket is still open. " * 8)):
+        (parts / name).write_text(json.dumps({"id": 1002, "text": text, "questions": ["Is it closed?"]}) + "\n"
+                                  + json.dumps({"id": f"only-{name}", "text": text, "questions": ["Who?"]}) + "\n")
+    spec = _spec(tmp_path, tiny_model_dir, input={"uri": str(parts), "format": "jsonl", "question_field": "questions"},
+                 task={"kind": "qa"})
+    result = run_job(spec, runner="local", run_date=DATE, progress=False)
+    assert result.summary["shared_ids"] == 1
+    assert result.summary["shared_id_examples"] == {"1002": [str(parts / "part-0.jsonl"), str(parts / "part-1.jsonl")]}
+    rows = load_output(result.output_uri).to_pylist()
+    assert sorted(r["doc_id"] for r in rows) == ["1002", "1002", "only-part-0.jsonl", "only-part-1.jsonl"]
+    assert all(r["error"] is None for r in rows)
+    # `longdoc run` says it (a rerun of another date: the ledger of a complete run knows it).
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(json.dumps(spec.model_dump(mode="json")))  # JSON is YAML
+    res = CliRunner().invoke(app, ["run", str(spec_file), "--date", "2026-02-02", "--quiet", "--runner", "local"])
+    assert res.exit_code == 0, res.output
+    assert "note: 1 document id(s) name documents in more than one input file ('1002' in " in res.output
+    assert "give them distinct ids" in res.output

@@ -340,3 +340,13 @@ def test_files_a_folders_format_does_not_read_are_counted_by_suffix(tmp_path):
     assert skipped_suffixes(inp, "2026-01-01") == {".pdf": 2, ".rst": 1, "": 1}
     assert skipped_suffixes(InputSpec(uri=str(tmp_path / "a.txt"), format="text"), "2026-01-01") == {}
     assert len(_read_all(inp)) == 2  # what the run reads: the .txt and .md files
+
+
+def test_a_binary_text_column_is_read_as_utf8(tmp_path):
+    """Spark and Hive exports often store strings as Parquet binary."""
+    path = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"id": pa.array([b"t1", b"t2"], pa.binary()),
+                             "text": pa.array(["caf\u00e9 ticket".encode(), b"\xff\xfe"], pa.binary())}), path)
+    docs = _read_all(InputSpec(uri=str(path), format="parquet"))
+    assert [(d.doc_id, d.text) for d in docs][0] == ("t1", "caf\u00e9 ticket") and docs[0].error is None
+    assert "field 'text' is binary and not valid UTF-8 (byte 0)" in docs[1].error and docs[1].doc_id == "t2"
