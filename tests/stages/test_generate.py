@@ -5,7 +5,6 @@ streamed through fewer slots than the batch, and several batches at once in one 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from method_cases import method_batches, request, text_stages
@@ -444,6 +443,16 @@ def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_di
         return row_doc, doc_row
 
     monkeypatch.setattr(shared, "document_groups", counted)
+    import stages.finch.prefill as prefill
+
+    read, first_read = prefill.read_shared, threading.Event()
+
+    def read_then_say(*args, **kwargs):
+        out = read(*args, **kwargs)
+        first_read.set()  # the second call comes once d0 is read: d1's first question is queued alone
+        return out
+
+    monkeypatch.setattr(prefill, "read_shared", read_then_say)
     docs = ["rivers and mountains of the north. " * 12, "a long note on tea and its history. " * 10]
     reqs = []
     for d, text in enumerate(docs):
@@ -454,17 +463,15 @@ def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_di
     spec = spec_from_dict({
         "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
         "compression": {"method": "select", "target_tokens": 24, "chunk_tokens": 32, "evidence": "heads"},
-        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 6},
+        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 32},  # d0's rows decode meanwhile
     })  # fmt: skip
     stage = GenerateStage(spec.model_dump(mode="json"))
     batches = [rows_to_batch(reqs[:4]), rows_to_batch(reqs[4:])]
     got: dict[int, list] = {}
-    start = threading.Barrier(2)
 
     def call(i: int) -> None:
-        start.wait()
         if i:
-            time.sleep(0.05)  # the second call comes after the first, as Ray sends them
+            assert first_read.wait(timeout=120)
         got[i] = batch_to_rows(stage(batches[i]))
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
