@@ -390,12 +390,12 @@ def test_the_model_loads_and_every_forward_runs_on_the_engine_thread(tiny_model_
     assert len({ident for _, ident in where}) == 1 and where[0][1] != threading.get_ident()
 
 
-def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, tokenizer, monkeypatch):
-    """Method select (reading chunk): the engine hands a document's questions to one reading
-    pass (share_reading on), with the same answers as one pass per question (off)."""
+@pytest.fixture
+def reading_passes(monkeypatch) -> list[tuple[int, int]]:
+    """(rows, documents) of every Finch chunk-reading pass the test makes, in order."""
     import stages.finch.shared as shared
 
-    calls: list[tuple[int, int]] = []  # (rows, documents) per reading pass
+    calls: list[tuple[int, int]] = []
     groups = shared.document_groups
 
     def counted(parts):
@@ -404,13 +404,25 @@ def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, toke
         return row_doc, doc_row
 
     monkeypatch.setattr(shared, "document_groups", counted)
+    return calls
+
+
+def _three_questions_of_two_documents(tokenizer, **extra) -> list[dict]:
+    """Request rows: two documents, three questions each, in document order."""
     docs = ["rivers and mountains of the north. " * 12, "a long note on tea and its history. " * 10]
-    questions = ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]
-    reqs = []
+    reqs: list[dict] = []
     for d, text in enumerate(docs):
-        for q in questions:
+        for q in ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]:
             r = _request(len(reqs), tokenizer, text)
-            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q})
+            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q, **extra})
+    return reqs
+
+
+def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, tokenizer, reading_passes):
+    """Method select (reading chunk): the engine hands a document's questions to one reading
+    pass (share_reading on), with the same answers as one pass per question (off)."""
+    calls = reading_passes
+    reqs = _three_questions_of_two_documents(tokenizer)
     texts = {}
     for share in (True, False):
         calls.clear()
@@ -428,22 +440,14 @@ def test_select_reads_a_document_once_for_all_its_questions(tiny_model_dir, toke
     assert texts[True] == texts[False]
 
 
-def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_dir, tokenizer, monkeypatch):
+def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_dir, tokenizer, monkeypatch,
+                                                                      reading_passes):
     """Ray Data's batches do not follow documents: the first call holds d0's three questions
     and d1's first, the second d1's other two. Each row says how many requests its document
     has (doc_requests), so the engine holds d1's first question until the rest are queued."""
-    import stages.finch.shared as shared
-
-    calls: list[tuple[int, int]] = []  # (rows, documents) per reading pass
-    groups = shared.document_groups
-
-    def counted(parts):
-        row_doc, doc_row = groups(parts)
-        calls.append((len(row_doc), len(doc_row)))
-        return row_doc, doc_row
-
-    monkeypatch.setattr(shared, "document_groups", counted)
     import stages.finch.prefill as prefill
+
+    calls = reading_passes
 
     read, first_read = prefill.read_shared, threading.Event()
 
@@ -453,13 +457,7 @@ def test_a_document_whose_questions_come_in_two_calls_is_read_once(tiny_model_di
         return out
 
     monkeypatch.setattr(prefill, "read_shared", read_then_say)
-    docs = ["rivers and mountains of the north. " * 12, "a long note on tea and its history. " * 10]
-    reqs = []
-    for d, text in enumerate(docs):
-        for q in ["Which rivers?", "How high are the mountains?", "Is tea mentioned?"]:
-            r = _request(len(reqs), tokenizer, text)
-            reqs.append({**r, "doc_id": f"d{d}", "task": "qa", "instruction": "Answer.", "question": q,
-                         "doc_requests": 3})
+    reqs = _three_questions_of_two_documents(tokenizer, doc_requests=3)
     spec = spec_from_dict({
         "name": "g", "input": {"uri": "/unused"}, "task": {"kind": "qa", "questions": ["Who?"]},
         "compression": {"method": "select", "target_tokens": 24, "chunk_tokens": 32, "evidence": "heads"},
