@@ -138,25 +138,11 @@ def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
         return f"{output}; the input's URI needs a run date (--date), so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
                                    job.input.answer_field) if f)
+    from pipeline.preflight import skipped_note
+
     what = "its files are found" if job.input.format == "text" else f"its first records have {fields}"
     return (f"the input {job.input.uri.replace('{run_date}', run_date or '')} is listed and {what}"
-            f"{_skipped(job, run_date)}; {output}")
-
-
-def _skipped(job, run_date: str | None) -> str:
-    """The files of a folder input its format does not read, in words ('' when none)."""
-    from schemas.spec import FORMAT_SUFFIXES
-    from stages.read import skipped_suffixes
-
-    try:
-        other = skipped_suffixes(job.input, run_date or "")
-    except Exception:  # noqa: BLE001 - a listing problem is the preflight's to say, not this note's
-        return ""
-    if not other:
-        return ""
-    kinds = ", ".join(f"{n} {s or 'without a suffix'}" for s, n in sorted(other.items(), key=lambda kv: -kv[1]))
-    return (f" (files it does not read, skipped: {kinds}; input.format {job.input.format} reads "
-            f"{', '.join(FORMAT_SUFFIXES[job.input.format])})")
+            f"{skipped_note(job, run_date)}; {output}")
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:

@@ -47,7 +47,7 @@ import fsspec
 
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
-from schemas.spec import EMBEDDED_NAMES, InputSpec, JobSpec
+from schemas.spec import EMBEDDED_NAMES, FORMAT_SUFFIXES, InputSpec, JobSpec
 from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
@@ -376,3 +376,19 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
                 f"cannot be reached ({type(e).__name__}: {first}); {fix}")
+
+
+def skipped_note(spec: JobSpec, run_date: str | None) -> str:
+    """The files of a folder input its format does not read, in words, for `validate`'s
+    last line ('' when none): a folder of mixed files does not lose some without a word."""
+    from stages.read import skipped_suffixes
+
+    try:
+        other = skipped_suffixes(spec.input, run_date or "")
+    except Exception:  # noqa: BLE001 - a listing problem is the preflight's to say, not this note's
+        return ""
+    if not other:
+        return ""
+    kinds = ", ".join(f"{n} {s or 'without a suffix'}" for s, n in sorted(other.items(), key=lambda kv: -kv[1]))
+    return (f" (files it does not read, skipped: {kinds}; input.format {spec.input.format} reads "
+            f"{', '.join(FORMAT_SUFFIXES[spec.input.format])})")

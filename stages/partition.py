@@ -27,12 +27,10 @@ One run of a date at a time (two concurrent runs of one date are not supported).
 ``scan_date`` reads just ``request_id``/``error``/``error_kind`` of every file: the one
 place that lists a run date (resume, retry selection, summary counts, report).
 
-``upgrade_date`` rewrites a date's files written by an earlier longdoc (an older schema
-version: fewer columns, or ``run_date`` inside) with the current columns, the new ones
-null and every value kept. Why: readers take a folder's columns from one file (pandas
-and DuckDB the first, silently dropping the newer columns of every date; Polars refuses
-the folder), so a folder of mixed versions is not read "without options". A commit
-upgrades its own date; ``longdoc upgrade OUT`` the others.
+``upgrade_date`` gives a date's files of an older schema the current columns (new ones
+null, values kept): readers take a folder's columns from one file (pandas and DuckDB drop
+newer columns, Polars refuses the folder). A commit upgrades its date; `longdoc upgrade`
+the others.
 
 ``superseded`` names the committed rows a complete run replaces, so a rerun after the spec
 changed (another model, budget or instruction: other request ids) or after a malformed
@@ -148,10 +146,9 @@ def is_outdated(fs: fsspec.AbstractFileSystem, path: str) -> bool:
 
 
 def upgrade_date(root: str, run_date: str, paths: list[str] | None = None) -> int:
-    """Rewrite ``run_date``'s outdated committed files (``paths``: those already known to
-    be, else every committed file is checked) to FILE_SCHEMA, each atomically under its own
-    name (module docstring). Rows and values are unchanged (``schema_version`` still says
-    which version wrote each row). Returns the number of files rewritten. One writer of a
+    """Rewrite ``run_date``'s outdated committed files (``paths``, else every file checked)
+    to FILE_SCHEMA, each atomically under its name; values unchanged (``schema_version``
+    still says which version wrote each row). Returns the files rewritten. One writer of a
     date at a time, as for ``commit_date``."""
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
     if paths is None:
