@@ -86,7 +86,7 @@ def request(i: int, text: str | None, question: str | None = "Which river is it?
         "request_id": f"r{i}", "run_id": "run", "run_date": "2026-01-01", "job": "m",
         "doc_id": f"d{i}", "source_uri": f"f{i}", "task": "qa", "prompt": question or "Summarize.",
         "instruction": "Answer briefly.", "question": question, "reference": None, "text": text,
-        "error": error, "error_kind": "input" if error else None,
+        "error": error, "error_kind": "input" if error else None, "doc_requests": 1,
     }  # fmt: skip
 
 

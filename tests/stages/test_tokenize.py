@@ -24,7 +24,7 @@ def _request(i: int, text: str | None, error: str | None = None) -> dict:
     return {"request_id": f"r{i}", "run_id": "run", "run_date": "2026-01-01", "job": "t", "doc_id": f"d{i}",
             "source_uri": f"f{i}", "task": "summarize", "prompt": "Summarize.", "instruction": "Summarize.",
             "question": None, "reference": None, "text": text, "error": error,
-            "error_kind": INPUT if error else None}
+            "error_kind": INPUT if error else None, "doc_requests": 1}
 
 
 @pytest.fixture(scope="module")
