@@ -94,7 +94,7 @@ class OutputRow(TypedDict):
     task: Annotated[str | None, Column("summarize | qa.", **_REQUEST)]
     prompt: Annotated[str | None, Column("The question (qa) or the summary instruction (summarize).", **_REQUEST)]
     reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only); a question with several acceptable answers (a list in the input) holds them joined by ' | ', and an answer matching any counts.", **_REQUEST)]
-    output_text: Annotated[str | None, Column("Generated text (stop strings and EOS removed). Null on error.")]
+    output_text: Annotated[str | None, Column("Generated text (stop strings, EOS and the whitespace around it removed). Null on error.")]
     model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
     compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
     speculative: Annotated[str | None, Column("Decoding method: none | prompt_lookup.", from_spec="generation.speculative.method")]

@@ -273,7 +273,9 @@ class GenerateStage:
             context_tokens=context_tokens,
             compression_ratio=out_schema.compression_ratio(row.get("doc_tokens") or 0, context_tokens or 0),
             prompt_tokens=prompt_tokens,
-            output_text=cut_text(self._decode_text(res.tokens), self.decode_config.stop_strings),
+            # Without the whitespace around it (a tokenizer's leading space, the newline before
+            # EOS): an analyst's `output_text = '1 June 2026'` matches, and so do two runs' texts.
+            output_text=cut_text(self._decode_text(res.tokens), self.decode_config.stop_strings).strip(),
             output_tokens=len(res.tokens),
             draft_tokens=res.draft_tokens,
             accepted_tokens=res.accepted_tokens,

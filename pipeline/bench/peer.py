@@ -216,7 +216,7 @@ def run(args: argparse.Namespace, model, tok, rows: list[dict], static: bool) ->
         timings.append({"size": len(chunk), "seconds": spent})
         for r, new in zip(chunk, news):
             out_rows.append({"request_id": r["request_id"], "doc_id": r["doc_id"],
-                             "output_text": tok.decode(new, skip_special_tokens=True), "output_tokens": len(new),
+                             "output_text": tok.decode(new, skip_special_tokens=True).strip(), "output_tokens": len(new),
                              "prompt_tokens": len(r["ids"]), "latency_s": spent, "batch": k})
     pq.write_table(pa.Table.from_pylist(out_rows), args.out)
     return {"mode": "run", "batch_size": b, "t_first_batch": t_first, "t_written": time.time(),

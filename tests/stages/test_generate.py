@@ -53,6 +53,7 @@ def test_batch_rows_match_plain_greedy_per_row(stage, tokenizer, tiny_model):
     assert [o["request_id"] for o in out] == ["r0", "r1", "r2"]
     builder = PromptBuilder(tokenizer)
     cfg = DecodeConfig(max_new_tokens=6, eos_ids=frozenset({tokenizer.eos_token_id}))
+    padded = 0  # rows whose decoded text had whitespace around it (the column has none)
     for req, row in zip(reqs, out):
         assert set(OUTPUT_COLUMNS) <= set(row)
         assert row["error"] is None
@@ -62,12 +63,15 @@ def test_batch_rows_match_plain_greedy_per_row(stage, tokenizer, tiny_model):
         # Why it stopped: the EOS token (kept as the last output token) or the token limit.
         ended = bool(ref.tokens) and ref.tokens[-1] == tokenizer.eos_token_id
         assert row["finish_reason"] == ("eos" if ended else "length"), (row["finish_reason"], ref.tokens)
-        assert row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
+        raw = tokenizer.decode(ref.tokens, skip_special_tokens=True)
+        assert row["output_text"] == raw.strip()
+        padded += raw != raw.strip()
         assert row["prompt_tokens"] == len(parts)
         assert row["compression_ratio"] == 1.0
         assert row["device"] == "cpu" and row["device_s"] > 0
         assert row["cost_usd"] == pytest.approx(row["device_s"] * 3.6 / 3600)
         assert row["e2e_s"] >= row["ttft_s"] > 0
+    assert padded, "no decoded text had whitespace around it: the strip above went unchecked"
 
 
 @pytest.mark.parametrize("prefix_cache", ["auto", "off"])
@@ -92,7 +96,7 @@ def test_questions_on_one_document_prefill_it_once_with_the_same_rows(tiny_model
     for req, row in zip(reqs, out, strict=True):
         parts = builder.build(req["doc_ids"], "Answer.", req["question"])
         ref = decode_plain(tiny_model, prefill_full(tiny_model, [parts.full_ids], tokenizer.pad_token_id), cfg)[0]
-        assert row["error"] is None and row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True)
+        assert row["error"] is None and row["output_text"] == tokenizer.decode(ref.tokens, skip_special_tokens=True).strip()
     # auto: each document's second and third questions reuse its prefill, and their rows say so.
     assert stage.engine.stats.prefix_hits == (4 if prefix_cache == "auto" else 0)
     cached = [row["cached_prompt_tokens"] for row in out]
@@ -257,7 +261,7 @@ def _reference_texts(stage: GenerateStage, batch) -> list[str]:
     for p in parts:  # one row at a time: no padding in the reference
         state = loaded.prefill([p]).state
         toks = decode_plain(loaded.model, state, plain)[0].tokens
-        texts.append(loaded.tokenizer.decode(toks, skip_special_tokens=True))
+        texts.append(loaded.tokenizer.decode(toks, skip_special_tokens=True).strip())
     return texts
 
 

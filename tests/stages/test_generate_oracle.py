@@ -118,7 +118,7 @@ def test_every_method_equals_transformers_generate(case, method_env, batches, hf
             ids = builder.build(list(ctx), row["instruction"], row.get("question")).full_ids
             want = hf_greedy(hf_model, ids, MAX_NEW, eos)
             assert o["prompt_tokens"] == len(ids)
-            assert (o["output_tokens"], o["output_text"]) == (len(want), tokenizer.decode(want, skip_special_tokens=True))
+            assert (o["output_tokens"], o["output_text"]) == (len(want), tokenizer.decode(want, skip_special_tokens=True).strip())
             compressed += len(ctx) < len(row["doc_ids"])
     else:
         loaded = method_for(JobSpec.model_validate(spec).compression).load(JobSpec.model_validate(spec), torch.device("cpu"))
@@ -138,7 +138,7 @@ def test_every_method_equals_transformers_generate(case, method_env, batches, hf
             else:
                 want = hf_continue(loaded.model, state.cache, int(state.next_pos[0]), state.last_logits[0], MAX_NEW, eos)
                 compressed += 1
-            assert (o["output_tokens"], o["output_text"]) == (len(want), loaded.tokenizer.decode(want, skip_special_tokens=True))
+            assert (o["output_tokens"], o["output_text"]) == (len(want), loaded.tokenizer.decode(want, skip_special_tokens=True).strip())
     if method != "none":
         assert compressed > 0  # the method really kept less than some document
     if drafter != "none":
