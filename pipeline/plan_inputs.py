@@ -13,7 +13,7 @@ Contract:
   has documents (a document that fails to read is a row with its error) and, once the
   batch is read, records the batch's requests in the run's ledger (stages/ledger.py).
 - ``ExpandRequests(spec, run_id, run_date, skip)``: flat_map fn, one document row -> its
-  request rows (stages.read.expand_requests), minus the request ids in ``skip``. The
+  request rows (stages.requests.expand_requests), minus the request ids in ``skip``. The
   rows come from the requests ReadDocuments planned: each request id is hashed once.
 """
 
@@ -26,14 +26,8 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.spec import JobSpec
-from stages.read import (
-    Document,
-    document_table,
-    expand_requests,
-    generation_fingerprint,
-    plan_requests,
-    read_shard,
-)
+from stages.read import Document, document_table, read_shard
+from stages.requests import expand_requests, generation_fingerprint, plan_requests
 
 
 class ReadDocuments:
@@ -56,7 +50,7 @@ class ReadDocuments:
         recorded: list[dict[str, Any]] = []
         for index, shard in zip(indices, batch.column("shard").to_pylist()):
             # Each document's requests are planned (hashed) here, once: the ledger records
-            # them and ExpandRequests copies them after input.limit (stages.read.plan_requests).
+            # them and ExpandRequests copies them after input.limit (stages.requests.plan_requests).
             docs = [plan_requests(doc, self.spec, self.fingerprint)
                     for doc in read_shard(shard, self.spec.input, self.root_uri)]
             for doc_index, doc in enumerate(docs):

@@ -3,7 +3,7 @@
 A request is one document x one task prompt (summarize) or question (qa). Its row
 grows column by column on the way to the output table::
 
-    read ------> RequestRow      (stages/read.py: expand_requests)
+    read ------> RequestRow      (stages/requests.py: expand_requests)
     tokenize --> TokenizedRow    (stages/tokenize.py: TokenizeStage)
     text compression -> CompressedRow  (a method with runs_at tokenize or text_stage,
                                         stages/compression/; RetrievedRow for rag, bm25)
@@ -30,7 +30,7 @@ from schemas.output import OutputRow as OutputRow
 
 
 class RequestRow(TypedDict):
-    """One request as read (stages/read.py); identity columns as in schemas/output.py."""
+    """One request as expanded (stages/requests.py); identity columns as in schemas/output.py."""
 
     request_id: str  # stable hash of document, prompt and settings (reruns skip it)
     run_id: str

@@ -45,7 +45,8 @@ from schemas.output import RETRYABLE
 from schemas.spec import JobSpec
 from stages.layout import runs_root
 from stages.partition import RunRequests
-from stages.read import Document, expand_requests, generation_fingerprint
+from stages.read import Document
+from stages.requests import expand_requests, generation_fingerprint
 from stages.write import write_table_atomic
 
 #: Document ids named in several files that a run's summary lists (RunRequests.shared_examples).

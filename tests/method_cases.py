@@ -81,7 +81,7 @@ class MethodEnv:
 
 
 def request(i: int, text: str | None, question: str | None = "Which river is it?", error: str | None = None) -> dict:
-    """A RequestRow (schemas/rows.py) as stages/read.py makes it."""
+    """A RequestRow (schemas/rows.py) as stages/requests.py makes it."""
     return {
         "request_id": f"r{i}", "run_id": "run", "run_date": "2026-01-01", "job": "m",
         "doc_id": f"d{i}", "source_uri": f"f{i}", "task": "qa", "prompt": question or "Summarize.",

@@ -2,7 +2,7 @@
 
 Contract:
 - ``spec_requests(spec, run_date)``: the requests `longdoc run` makes of the spec's
-  input (stages.read: the same listing, reader, ``input.limit`` and request ids), as
+  input (stages.read and stages.requests: the same listing, reader, ``input.limit`` and request ids), as
   plain records ``request_id, doc_id, text, instruction, question`` for the peer
   (pipeline/bench/peer.py reads them as JSONL), plus the number of documents that
   failed to read (the peer cannot run those; longdoc writes them as error rows).
@@ -25,13 +25,8 @@ DEFAULT_SOURCE = "jobs/corpus"
 
 def spec_requests(spec, run_date: str) -> tuple[list[dict], int]:
     """(requests as records, documents that failed to read) for ``spec`` on ``run_date``."""
-    from stages.read import (
-        expand_requests,
-        generation_fingerprint,
-        iter_shard,
-        list_shards,
-        resolve_uri,
-    )
+    from stages.read import iter_shard, list_shards, resolve_uri
+    from stages.requests import expand_requests, generation_fingerprint
 
     root_uri = resolve_uri(spec.input.uri, run_date)
     fingerprint = generation_fingerprint(spec)

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
 from schemas.loading import spec_from_dict
-from stages.read import generation_fingerprint
+from stages.requests import generation_fingerprint
 
 
 def test_a_task_worker_importing_the_read_side_loads_no_model_stack() -> None:
@@ -56,7 +56,7 @@ def test_documents_are_read_expanded_and_finished_requests_skipped(tmp_path) -> 
 def test_each_request_id_is_hashed_once_between_the_read_and_the_expansion(tmp_path, monkeypatch) -> None:
     """The read stage plans a document's requests (the ledger records them); the
     expansion after input.limit copies them, whatever form Ray hands the row in."""
-    import stages.read
+    import stages.requests
 
     corpus = tmp_path / "in"
     corpus.mkdir()
@@ -67,8 +67,8 @@ def test_each_request_id_is_hashed_once_between_the_read_and_the_expansion(tmp_p
                                                   "question_field": "questions", "answer_field": "answers"},
                            "task": {"kind": "qa"}, "output": {"uri": str(tmp_path / "out")}})
     hashed: list[str] = []
-    real = stages.read.request_id
-    monkeypatch.setattr(stages.read, "request_id", lambda *a: hashed.append(a[0]) or real(*a))
+    real = stages.requests.request_id
+    monkeypatch.setattr(stages.requests, "request_id", lambda *a: hashed.append(a[0]) or real(*a))
     read = ReadDocuments(spec, str(corpus), str(tmp_path / "out"), "run1", "2026-01-01")
     (table,) = read(pa.table({"shard": [str(corpus / "a.jsonl")], "index": [0]}))
     assert len(hashed) == 12
@@ -87,7 +87,8 @@ def test_each_request_id_is_hashed_once_between_the_read_and_the_expansion(tmp_p
 
 def read_again(spec, corpus) -> list[list[dict]]:
     """The requests as expand_requests computes them from scratch (no plan carried)."""
-    from stages.read import expand_requests, read_shard
+    from stages.read import read_shard
+    from stages.requests import expand_requests
 
     fp = generation_fingerprint(spec)
     return [expand_requests(doc, spec, "run1", "2026-01-01", fp)

@@ -19,7 +19,8 @@ from s3_faults import Fault, fault_proxy
 from s3_server import moto_s3
 
 from schemas.spec import JobSpec
-from stages.read import Document, expand_requests, generation_fingerprint
+from stages.read import Document
+from stages.requests import expand_requests, generation_fingerprint
 
 DATE = "2026-05-01"
 PUBLISHED = r"run_date(?:=|%3D)"  # the published files' folder, as it appears in a request path

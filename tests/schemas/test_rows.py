@@ -17,7 +17,8 @@ from schemas.rows import CompressedRow, OutputRow, RequestRow, RetrievedRow, Tok
 from stages.compression import registry
 from stages.compression.base import CONTEXT_COLUMNS
 from stages.generate import GenerateStage
-from stages.read import Document, expand_requests, generation_fingerprint
+from stages.read import Document
+from stages.requests import expand_requests, generation_fingerprint
 from stages.tokenize import TokenizeStage
 
 PY_TYPES = {pa.string(): str, pa.int64(): int, pa.int32(): int, pa.float64(): float, pa.list_(pa.int64()): list[int]}

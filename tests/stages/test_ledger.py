@@ -10,7 +10,8 @@ from schemas.loading import spec_from_dict
 from schemas.output import RETRYABLE
 from stages.layout import runs_root, staging_dir
 from stages.ledger import clear, ledger_root, read_ledger, write_block
-from stages.read import Document, expand_requests, generation_fingerprint
+from stages.read import Document
+from stages.requests import expand_requests, generation_fingerprint
 
 DATE = "2026-06-01"
 SHARDS = ["/in/a.jsonl", "/in/b.jsonl", "/in/c.jsonl"]

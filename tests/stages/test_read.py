@@ -13,14 +13,8 @@ from alone import run_alone
 
 from schemas.loading import spec_from_dict
 from schemas.spec import InputSpec
-from stages.read import (
-    expand_requests,
-    generation_fingerprint,
-    list_shards,
-    read_shard,
-    request_id,
-    skipped_suffixes,
-)
+from stages.read import list_shards, read_shard, skipped_suffixes
+from stages.requests import expand_requests, generation_fingerprint
 
 
 def _read_all(inp: InputSpec, date: str = "2026-01-01"):
@@ -102,30 +96,6 @@ def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
         """)
     # All 6,000 files' metadata at once was ~10x the 600 of two folders.
     assert extra[20] < 2 * extra[2], extra
-
-
-def test_requests_expand_per_question_with_stable_ids(tmp_path):
-    spec = spec_from_dict(
-        {
-            "name": "qa",
-            "input": {"uri": str(tmp_path), "format": "jsonl", "question_field": "q"},
-            "task": {"kind": "qa", "questions": ["Shared?"]},
-        }
-    )
-    from stages.read import Document
-
-    doc = Document("d1", "f.jsonl", "text", questions=["Q1"], answers=["A1"])
-    fp = generation_fingerprint(spec)
-    rows = expand_requests(doc, spec, "run1", "2026-01-01", fp)
-    assert [r["prompt"] for r in rows] == ["Q1", "Shared?"]
-    assert rows[0]["reference"] == "A1" and rows[1]["reference"] is None
-    again = expand_requests(doc, spec, "run2", "2026-01-02", fp)
-    assert [r["request_id"] for r in rows] == [r["request_id"] for r in again]
-    other = spec.model_copy(update={"generation": spec.generation.model_copy(update={"max_new_tokens": 7})})
-    assert request_id("d1", "text", "Q1", generation_fingerprint(other)) != rows[0]["request_id"]
-    no_q = expand_requests(Document("d2", "f", "text"), spec.model_copy(
-        update={"task": spec.task.model_copy(update={"questions": ()})}), "r", "d", fp)
-    assert len(no_q) == 1 and "no question" in no_q[0]["error"]
 
 
 def test_a_record_whose_text_is_unusable_keeps_a_row_per_question(tmp_path):
@@ -230,22 +200,6 @@ def test_broken_files_error_kinds(tmp_path):
     assert f"{tmp_path / 'gone.txt'} vanished after the input was listed" in gone.error
 
 
-def test_error_kind_reaches_the_request_rows_and_token_limit(tmp_path):
-    from stages.read import Document, doc_tokens_error
-
-    spec = spec_from_dict({"name": "k", "input": {"uri": str(tmp_path), "max_doc_tokens": 10}})
-    fp = generation_fingerprint(spec)
-    bad = Document("d", "f", None, error="read: f is empty", error_kind="input")
-    lost = Document("e", "f", None, error="read: cannot read f", error_kind="retryable")
-    ok = Document("g", "f", "text")
-    assert expand_requests(bad, spec, "r", "2026-01-01", fp)[0]["error_kind"] == "input"
-    assert expand_requests(lost, spec, "r", "2026-01-01", fp)[0]["error_kind"] == "retryable"
-    assert expand_requests(ok, spec, "r", "2026-01-01", fp)[0]["error_kind"] is None
-    assert doc_tokens_error(10, spec.input, "g") is None
-    msg = doc_tokens_error(11, spec.input, "g")
-    assert "'g'" in msg and "11 tokens" in msg and "input.max_doc_tokens=10" in msg
-
-
 def test_streamed_reads_from_s3(monkeypatch):
     """The same limits and streaming over a real S3-compatible server (s3fs buffered files)."""
     import s3fs
@@ -277,23 +231,6 @@ def test_streamed_reads_from_s3(monkeypatch):
     assert got["text"]["small.txt"].text == "small"
     assert "5000 bytes" in got["text"]["big.txt"].error
     assert got["parquet"]["p2"].text == "three" and "row1" in got["parquet"]["p1"].error
-
-
-def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_its_default(tmp_path):
-    """finch's max_scoring_layers came after Finch jobs had written rows: unset, it is not in
-    the fingerprint, so a rerun of an old date after the upgrade finds its rows; set, it is."""
-    base = {"name": "f", "input": {"uri": str(tmp_path)}, "task": {"kind": "summarize"},
-            "compression": {"method": "finch", "target_tokens": 512}}
-    fp = generation_fingerprint(spec_from_dict(base))
-    before = spec_from_dict(base).compression.model_dump(mode="json")
-    for name in ("max_scoring_layers", "reading", "share_reading", "heads_from", "chunk_context"):
-        del before[name]  # the settings as they were dumped before the fields existed
-    assert json.loads(fp)["compression"] == before
-    capped = spec_from_dict({**base, "compression": {**base["compression"], "scoring": "heads", "max_scoring_layers": 8}})
-    assert json.loads(generation_fingerprint(capped))["compression"]["max_scoring_layers"] == 8
-    assert "repeat_guard" not in json.loads(fp)  # the repeat guard, off by default, the same way
-    guarded = spec_from_dict({**base, "generation": {"repeat_guard": 12}})
-    assert json.loads(generation_fingerprint(guarded))["repeat_guard"] == 12
 
 
 def test_a_list_of_acceptable_answers_is_one_reference_with_its_alternatives(tmp_path):
@@ -350,3 +287,12 @@ def test_a_binary_text_column_is_read_as_utf8(tmp_path):
     docs = _read_all(InputSpec(uri=str(path), format="parquet"))
     assert [(d.doc_id, d.text) for d in docs][0] == ("t1", "caf\u00e9 ticket") and docs[0].error is None
     assert "field 'text' is binary and not valid UTF-8 (byte 0)" in docs[1].error and docs[1].doc_id == "t2"
+
+
+def test_the_token_limit_names_the_document_and_the_setting(tmp_path):
+    from stages.read import doc_tokens_error
+
+    spec = spec_from_dict({"name": "k", "input": {"uri": str(tmp_path), "max_doc_tokens": 10}})
+    assert doc_tokens_error(10, spec.input, "g") is None
+    msg = doc_tokens_error(11, spec.input, "g")
+    assert "'g'" in msg and "11 tokens" in msg and "input.max_doc_tokens=10" in msg
