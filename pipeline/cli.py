@@ -138,11 +138,11 @@ def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
         return f"{output}; the input's URI needs a run date (--date), so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
                                    job.input.answer_field) if f)
-    from pipeline.preflight import skipped_note
+    from pipeline.preflight import first_records_note, skipped_note
 
     what = "its files are found" if job.input.format == "text" else f"its first records have {fields}"
     return (f"the input {job.input.uri.replace('{run_date}', run_date or '')} is listed and {what}"
-            f"{skipped_note(job, run_date)}; {output}")
+            f"{first_records_note(job, run_date)}{skipped_note(job, run_date)}; {output}")
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:
@@ -292,7 +292,8 @@ def run(
     if s.get("shared_ids"):  # pipeline/runner.py: ids that name documents in several files
         examples = "; ".join(f"{k!r} in {', '.join(v)}" for k, v in (s.get("shared_id_examples") or {}).items())
         typer.echo(f"note: {s['shared_ids']} document id(s) name documents in more than one input file ({examples}): "
-                   "each document has rows of its own under that id; give them distinct ids (input.id_field)",
+                   "the same text there is one document, another text a second one with rows under the same "
+                   "id (source_uri tells them apart); give them distinct ids (input.id_field)",
                    err=True)
 
 

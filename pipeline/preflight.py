@@ -41,7 +41,6 @@ import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import fsspec
 
@@ -193,7 +192,8 @@ def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec
         if questions is None or answers is None:
             continue
         nq = len(questions) if isinstance(questions, list) else 1
-        na = len(answers) if isinstance(answers, list) else 1
+        # One question not in a list: a list of answers is its acceptable answers (stages/read.py).
+        na = len(answers) if isinstance(answers, list) and isinstance(questions, list) else 1
         if nq != na:
             return [f"input.answer_field: {shown(path)} {where} has {nq} question(s) and {na} answer(s) "
                     f"({inp.answer_field!r}); fix: one answer per question, in order (null for a question "
@@ -205,7 +205,7 @@ def _first_records(path: str, fmt: str) -> tuple[set[str], int, list[str], list[
     """Over the first records of ``path`` (at most ``PREFLIGHT_RECORDS``): the union of
     their field names, how many were read, the lines that are not a record ("N: why"), and
     the records themselves with where they are ("line N" / "row N")."""
-    from stages.read import iter_lines
+    from stages.read import iter_lines, open_input, parse_line
 
     fs, bare = _fs(path)
     if fmt == "parquet":
@@ -223,18 +223,13 @@ def _first_records(path: str, fmt: str) -> tuple[set[str], int, list[str], list[
     fields: set[str] = set()
     bad: list[str] = []
     records: list[tuple[str, dict]] = []
-    with fs.open(bare, "rb") as f:
+    with open_input(bare, fs) as f:
         for lineno, raw, _ in iter_lines(f, 1 << 26):
             if raw is None or not raw.strip():
                 continue
-            try:
-                rec: Any = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad.append(f"{lineno}: not valid UTF-8")
-                rec = None
-            except json.JSONDecodeError as e:
-                bad.append(f"{lineno}: not valid JSON, {e.msg}")
-                rec = None
+            rec, why = parse_line(lineno, raw)
+            if why is not None:
+                bad.append(f"{lineno}: {why}")
             if isinstance(rec, dict):
                 fields.update(k for k, v in rec.items() if v is not None)
                 records.append((f"line {lineno}", rec))
@@ -376,6 +371,30 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
                 f"cannot be reached ({type(e).__name__}: {first}); {fix}")
+
+
+def first_records_note(spec: JobSpec, run_date: str | None) -> str:
+    """What the reader makes of the first records of the first JSONL/Parquet file, in words,
+    for `validate`'s last line ('' when every one is a document): a bad line among good
+    ones is an error row of `run`, not a refusal, and `validate` says so beforehand with the
+    reader's own message (the same code reads them: stages/read.py ``iter_shard``)."""
+    from itertools import islice
+
+    from stages.read import iter_shard, list_shards, resolve_uri
+
+    if spec.input.format == "text" or ("{run_date}" in spec.input.uri and run_date is None):
+        return ""
+    try:
+        first = list_shards(spec.input, run_date or "")[0]
+        docs = list(islice(iter_shard(first, spec.input, resolve_uri(spec.input.uri, run_date or "")),
+                           PREFLIGHT_RECORDS))
+    except Exception:  # noqa: BLE001 - a listing or storage problem is the preflight's to say
+        return ""
+    bad = [d for d in docs if d.error is not None]
+    if not bad:
+        return ""
+    return (f" ({len(bad)} of its first {len(docs)} record(s) will be error rows, each naming its line; the "
+            f"first: {bad[0].error})")
 
 
 def skipped_note(spec: JobSpec, run_date: str | None) -> str:

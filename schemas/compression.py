@@ -17,7 +17,7 @@ import functools
 import importlib
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import Field, GetJsonSchemaHandler, TypeAdapter
+from pydantic import Field, GetJsonSchemaHandler, TypeAdapter, model_validator
 
 from schemas.spec_base import _Strict
 
@@ -50,8 +50,18 @@ class CompressionSpec(_Strict):
     #: once (``generation.prefix_cache``, stages/decoding/prefix_cache.py).
     shares_document_prefix: ClassVar[bool] = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unset_is_absent(cls, data: Any) -> Any:
+        # A setting this method does not take, set to null, is no setting: a spec written for
+        # one method can switch to another from the command line (`--set compression.method=none
+        # --set compression.target_tokens=null`) without editing the file.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+        return data
+
     def fingerprint_settings(self) -> dict[str, Any]:
-        """These settings as JSON for the generation fingerprint (stages.read), less the
+        """These settings as JSON for the generation fingerprint (stages/requests.py), less the
         ``fingerprint_omits_default`` fields that are at their default."""
         settings = self.model_dump(mode="json")
         for name in self.fingerprint_omits_default:

@@ -150,7 +150,8 @@ def _extra_message(where: _Where) -> str:
         if takers:
             return (
                 f"{where.discriminator} {where.tag!r} takes no {key}; "
-                f"{where.discriminator}s that take it: {', '.join(takers)}"
+                f"{where.discriminator}s that take it: {', '.join(takers)}; fix: remove it (from the command "
+                f"line: --set {'.'.join(where.path)}=null)"
             )
     allowed = [f for f in (parent.model_fields if parent else {}) if f != where.discriminator or not where.tag]
     hint = difflib.get_close_matches(key, allowed, n=1)

@@ -221,10 +221,14 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
             f"job spec {name} is {st.st_size} bytes; allowed: at most {MAX_SPEC_BYTES} "
             "(long texts such as questions belong in the input data)"
         )
+    text = ""
     try:
-        data = parse_yaml(p.read_text(encoding="utf-8"), name=str(path))
+        text = p.read_text(encoding="utf-8")
+        data = parse_yaml(text, name=str(path))
     except yaml.YAMLError as e:
-        raise SpecError(f"job spec {name} is not valid YAML: {e}") from None
+        # PyYAML's word for a tab in the indentation names no fix; the commonest cause gets one.
+        tab = "; fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else ""
+        raise SpecError(f"job spec {name} is not valid YAML: {e}{tab}") from None
     except UnicodeDecodeError as e:
         raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start})") from None
     if not isinstance(data, dict):
@@ -312,8 +316,10 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
         if st is None:
             # A relative path is the commonest miss: say where it was looked for.
             looked = "" if path.is_absolute() else f" (looked for {shown(str(path.absolute()))})"
-            problems.append(f"input.uri: {shown(uri)} does not exist{looked}; allowed: an existing file or "
-                            "folder, a relative path from the folder you run longdoc in")
+            glob = " (patterns like * are not expanded)" if any(c in uri for c in "*?[") else ""
+            problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}; allowed: an existing file or "
+                            "folder (every file of the format below a folder is read), a relative path from "
+                            "the folder you run longdoc in")
         elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
             # A FIFO blocks the reader for ever and /dev/zero never ends: refused, not read.
             problems.append(

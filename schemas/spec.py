@@ -50,7 +50,7 @@ from schemas.spec_base import (  # noqa: F401 - re-exported: the spec's names li
 #: File suffixes of each input format (stages/read.py lists folders with them).
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
     "text": (".txt", ".md"),
-    "jsonl": (".jsonl", ".json"),
+    "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.bz2"),  # compressed: stages/read.py open_input
     "parquet": (".parquet",),
 }
 #: Upper bounds: far above any real use, below what overflows Ray, the OS or a read buffer.

@@ -4,12 +4,13 @@ Contract:
 - ``list_shards(input_spec, run_date)`` (driver side, cheap) returns the files to
   read, sorted, or raises ValueError naming the URI when nothing is there or when a
   local entry is not a regular file (a FIFO would block the reader for ever, a link to
-  /dev/zero never end). The runner calls it ONCE per run and hands the list on: the
+  /dev/zero never end). Under a folder, names starting with ``.`` or ``_`` are left out
+  (``_hidden``). The runner calls it ONCE per run and hands the list on: the
   plan, the progress line and the abort path use that list, and nothing reads the
   input but the read stage (stages/ledger.py records what it read).
 - ``iter_shard(path, input_spec, root_uri)`` yields one ``Document`` per document in
-  the file, streaming: a text file is one document; JSONL is read in 1 MiB blocks
-  and split into lines; Parquet is read batch by batch (row groups), only the spec's
+  the file, streaming: a text file is one document; JSONL (``.gz`` and ``.bz2``
+  decompressed as they stream: ``open_input``) is read in 1 MiB blocks and split into lines; Parquet is read batch by batch (row groups), only the spec's
   columns. ``read_shard`` is ``list(iter_shard(...))``. Memory per reader is bounded
   by ``input.max_doc_bytes`` plus one block / row group, never by the file size.
 - A document that cannot be read (bad bytes, bad JSON, missing field, empty text,
@@ -48,6 +49,7 @@ configure_object_stores()  # throttling, 5xx and resets retried with bounded bac
 
 TEXT_SUFFIXES = FORMAT_SUFFIXES["text"]
 _BLOCK = 1 << 20  # JSONL read size: one block in memory besides the current line
+UTF8_BOM = b"\xef\xbb\xbf"
 _PARQUET_BATCH_ROWS = 64
 
 
@@ -109,16 +111,18 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     uri = resolve_uri(inp.uri, run_date)
     fs, root = fsspec.core.url_to_fs(uri)
     if not fs.exists(root):
-        raise ValueError(f"input.uri {uri!r} does not exist")
+        glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
+        raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else ""))
     if fs.isfile(root):
         _check_regular(root, fs.info(root))
         return [_unstrip(fs, root)]
     suffixes = FORMAT_SUFFIXES[inp.format]
     paths = []
-    for folder, _dirs, files in fs.walk(root, detail=True):
+    for folder, dirs, files in fs.walk(root, detail=True):
+        _drop_hidden(dirs)
         for name, info in files.items():
             path = f"{folder.rstrip('/')}/{name}" if name else folder
-            if path.lower().endswith(suffixes):
+            if not _hidden(name) and path.lower().endswith(suffixes):
                 _check_regular(path, info)
                 paths.append(path)
     if not paths:
@@ -132,20 +136,36 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
 
 def skipped_suffixes(inp: InputSpec, run_date: str) -> dict[str, int]:
     """Files under a folder input that its format does not read, counted by suffix (``.pdf``:
-    2; no suffix: ``""``), hidden files left out: what `validate` names so that a folder of
+    2; no suffix: ``""``), hidden ones (``_hidden``) left out: what `validate` names so that a folder of
     mixed files does not lose some without a word. {} for a single file or a missing folder."""
     fs, root = fsspec.core.url_to_fs(resolve_uri(inp.uri, run_date))
     if not fs.isdir(root):
         return {}
     suffixes = FORMAT_SUFFIXES[inp.format]
     out: dict[str, int] = {}
-    for _folder, _dirs, files in fs.walk(root):
+    for _folder, dirs, files in fs.walk(root):
+        _drop_hidden(dirs)
         for name in files:
-            if name.startswith(".") or name.lower().endswith(suffixes):
+            if _hidden(name) or name.lower().endswith(suffixes):
                 continue
             suffix = os.path.splitext(name)[1].lower()
             out[suffix] = out.get(suffix, 0) + 1
     return out
+
+
+def _hidden(name: str) -> bool:
+    """A name a folder listing leaves out, as Spark, Hive and Hadoop do: ``.`` files (editors'
+    and tools' own) and ``_`` ones (``_SUCCESS``, ``_temporary/`` of a write in progress)."""
+    return name.startswith((".", "_"))
+
+
+def _drop_hidden(dirs: dict | list) -> None:
+    """Prune hidden folders from an ``fs.walk`` step (top-down: it descends into what is left)."""
+    for name in [d for d in dirs if _hidden(d)]:
+        if isinstance(dirs, dict):
+            del dirs[name]
+        else:
+            dirs.remove(name)
 
 
 def _check_regular(path: str, info: dict) -> None:
@@ -236,9 +256,10 @@ def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docume
         yield _bad(doc_id, path, _over_bytes(len(data), inp, f"{path} (at least)"))
         return
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark is not text
     except UnicodeDecodeError as e:
-        yield _bad(doc_id, path, f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason})")
+        yield _bad(doc_id, path, f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason}); fix: save "
+                   "it as UTF-8 (from Latin-1: iconv -f latin1 -t utf-8)")
         return
     if not text.strip():
         yield _bad(doc_id, path, f"read: {path} is empty")
@@ -286,10 +307,33 @@ def iter_lines(f: BinaryIO, limit: int, block: int = _BLOCK) -> Iterator[tuple[i
         yield lineno, bytes(buf), len(buf)
 
 
+def parse_line(lineno: int, raw: bytes) -> tuple[Any, str | None]:
+    """(the JSON value of line ``lineno``, None), or (None, why it is none, in words that
+    follow "is": "not valid JSON (...)"). A byte order mark starting line 1 is dropped
+    (Windows editors write one; json refuses it)."""
+    if lineno == 1 and raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except UnicodeDecodeError as e:
+        return None, (f"not valid UTF-8 (byte {e.start}); fix: save the file as UTF-8 (from Latin-1: "
+                      "iconv -f latin1 -t utf-8)")
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg})"
+
+
+def open_input(path: str, fs: fsspec.AbstractFileSystem | None = None) -> BinaryIO:
+    """``path`` opened for reading, decompressed when its suffix says so (``.gz``, ``.bz2``:
+    FORMAT_SUFFIXES)."""
+    if fs is None:
+        fs, path = fsspec.core.url_to_fs(path)
+    return fs.open(path, "rb", compression=fsspec.utils.infer_compression(path))
+
+
 def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
     del root_uri  # ids come from the records
     seen: dict[str, tuple[str, int]] = {}
-    with fsspec.open(path, "rb") as f:
+    with open_input(path) as f:
         for lineno, raw, size in iter_lines(f, inp.max_doc_bytes):
             where = f"{path}:{lineno}"
             if raw is None:
@@ -297,13 +341,9 @@ def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docum
                 continue
             if not raw.strip():
                 continue
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                yield _bad(where, path, f"read: {where} is not valid UTF-8 (byte {e.start})")
-                continue
-            except json.JSONDecodeError as e:
-                yield _bad(where, path, f"read: {where} is not valid JSON ({e.msg})")
+            rec, why = parse_line(lineno, raw)
+            if why is not None:
+                yield _bad(where, path, f"read: {where} is {why}")
                 continue
             if not isinstance(rec, dict):
                 yield _bad(where, path, f"read: {where} is not a JSON object")
@@ -354,16 +394,15 @@ def _first_of_id(doc: Document, where: str, seen: dict[str, tuple[str, int]]) ->
 
 
 def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec) -> Document:
-    """A record's document; one whose text or id is unusable keeps its questions and answers,
-    so each question still gets its own error row (its ``prompt``, the row to match)."""
+    """A record's document; one whose text, id or questions are unusable keeps its usable
+    questions and their answers, so each still gets its own error row (its ``prompt``, the
+    row to match)."""
     raw_id = rec.get(inp.id_field)
     if isinstance(raw_id, bytes):
         raw_id = raw_id.decode("utf-8", "replace")
-    doc_id = str(raw_id) if raw_id is not None else where
-    questions = [str(q) for q in _as_list(rec.get(inp.question_field))] if inp.question_field else []
-    # One answer per question, in order; a list inside the list holds one question's
-    # acceptable answers (schemas/output.py ``reference_text``).
-    answers = [reference_text(a) for a in _as_list(rec.get(inp.answer_field))] if inp.answer_field else []
+    id_problem = _id_problem(raw_id, inp.id_field in rec)
+    doc_id = where if id_problem else str(raw_id)
+    questions, answers, asked_problem = _questions_and_answers(rec, inp)
     doc = Document(doc_id, path, None, questions=questions, answers=answers, error_kind=INPUT)
     text = rec.get(inp.text_field)
     if isinstance(text, bytes):  # a binary column (Spark and Hive write strings so): UTF-8 text
@@ -385,12 +424,72 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
     ):
         size = len(text.encode("utf-8", "surrogatepass"))
         doc.error = _over_bytes(size, inp, f"{where}: field {inp.text_field!r}")
-    elif raw_id is None:
-        what = "is null" if inp.id_field in rec else "is missing"
-        doc.error = f"read: {where}: field {inp.id_field!r} {what}"
+    elif id_problem:
+        doc.error = f"read: {where}: field {inp.id_field!r} {id_problem}"
+    elif asked_problem:
+        doc.error = f"read: {where}: {asked_problem}"
     else:
         doc.text, doc.error_kind = text, None
     return doc
+
+
+def _id_problem(raw_id: Any, present: bool) -> str | None:
+    """What makes a record's id unusable, in words (None: it is usable). A boolean would
+    become the text "True", an empty id a document nobody can join on."""
+    if raw_id is None:
+        return "is null" if present else "is missing"
+    if isinstance(raw_id, bool):
+        return f"is {str(raw_id).lower()}, a boolean; fix: ids are strings or numbers"
+    if isinstance(raw_id, (dict, list, tuple)):
+        return "is not a string or a number"
+    if not str(raw_id).strip():
+        return "is empty"
+    return None
+
+
+def _questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str], list[str | None], str | None]:
+    """(the record's usable questions, their answers, what is wrong with them or None).
+
+    Answers pair with questions by position, one each (a list inside the list holds one
+    question's acceptable answers: schemas/output.py ``reference_text``; so does the list
+    given for a single question that is not in a list): a count that
+    differs would score the wrong questions, so it is a problem (the rule `validate`
+    applies to the first records: pipeline/preflight.py ``_answers_problems``). A question
+    must be a non-empty string (a number or a nested value would be asked as its Python
+    text); one asked twice is one request (its id hashes the question), so a repeat with
+    another answer is a problem and an exact repeat is dropped."""
+    qf, af = inp.question_field, inp.answer_field
+    raw_q = rec.get(qf) if qf else None
+    raw_a = rec.get(af) if af else None
+    items = _as_list(raw_q)
+    # One question (not a list) with a list of answers: its acceptable answers.
+    given = [raw_a] if isinstance(raw_q, (str, bytes)) and isinstance(raw_a, (list, tuple)) else _as_list(raw_a)
+    answers = [reference_text(a) for a in given]
+    problems = []
+    if raw_q is not None and raw_a is not None and len(items) != len(given):
+        problems.append(f"field {af!r} has {len(given)} answer(s) for {len(items)} question(s) in {qf!r}; fix: "
+                        "one answer per question, in order (null for a question without one; a list of "
+                        "acceptable answers for one question goes inside the list)")
+        answers = []
+    questions: list[str] = []
+    kept: list[str | None] = []
+    first: dict[str, int] = {}  # question -> its position in `questions`
+    for i, q in enumerate(items):
+        ref = answers[i] if i < len(answers) else None
+        if isinstance(q, bytes):
+            q = q.decode("utf-8", "replace")
+        if not isinstance(q, str) or not q.strip():
+            what = "null" if q is None else "empty" if isinstance(q, str) else f"not a string ({json.dumps(q, default=str)})"
+            problems.append(f"question {i + 1} of field {qf!r} is {what}; fix: questions are non-empty strings")
+        elif q in first:
+            if kept[first[q]] != ref:
+                problems.append(f"question {i + 1} of field {qf!r} repeats question {first[q] + 1} ({q!r}) with "
+                                "another answer; fix: ask it once, its acceptable answers in one list")
+        else:
+            first[q] = len(questions)
+            questions.append(q)
+            kept.append(ref)
+    return questions, kept if answers else [], "; ".join(problems) or None
 
 
 def _as_list(v: Any) -> list:

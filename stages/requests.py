@@ -62,8 +62,15 @@ def plan_requests(doc: Document, spec: JobSpec, fingerprint: str) -> Document:
     if spec.task.kind == "summarize":
         pairs: list[tuple[str | None, str | None]] = [(None, None)]
     else:
-        pairs = list(zip(doc.questions, list(doc.answers) + [None] * len(doc.questions)))
-        pairs += [(q, None) for q in spec.task.questions]
+        asked = list(zip(doc.questions, list(doc.answers) + [None] * len(doc.questions)))
+        asked += [(q, None) for q in spec.task.questions]
+        # A question the record and task.questions both ask is one request (its id hashes the
+        # question), with the record's answer: the first of each.
+        pairs, seen = [], set()
+        for q, a in asked:
+            if q not in seen:
+                seen.add(q)
+                pairs.append((q, a))
         if not pairs:
             pairs = [(None, None)]
             if doc.error is None:

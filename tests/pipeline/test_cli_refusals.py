@@ -78,7 +78,8 @@ SPEC_CASES = [
     ("embedded-embedder", {"compression": {"method": "rag", "embedder": "embedded:e5"}},
      ["compression.embedder", "embedded:e5", "embedded:all-minilm-l6-v2"], True),
     ("none-target", {"compression": {"method": "none", "target_tokens": 512}},
-     ["compression.target_tokens", "'none' takes no target_tokens", "truncate", "finch"], True),
+     ["compression.target_tokens", "'none' takes no target_tokens", "truncate", "finch",
+      "fix: remove it (from the command line: --set compression.target_tokens=null)"], True),
     ("method-unknown", {"compression": {"method": "zip"}}, ["compression.method", "'zip'", "'finch'"], True),
     ("method-missing", {"compression": {"target_tokens": 9}}, ["compression.method", "missing", "truncate"], True),
     ("truncate-keep", {"compression": {"method": "truncate", "keep": "middle"}},
@@ -214,6 +215,7 @@ YAML_CASES = [
      ["generation.stop[0]", "got [[[", "allowed: a string"]),
     ("nesting-50k", "name: a\ninput: {uri: X}\ngeneration: {stop: " + "[" * 50_000 + "]" * 50_000 + "}\n",
      ["not valid YAML", "maximum nesting depth", "line 3"]),
+    ("tab-indent", "name: a\ninput:\n\turi: X\n", ["not valid YAML", "line 3", "fix: indent with spaces, not tabs"]),
 ]
 
 # Command-line mistakes on a valid spec: (id, args after `run SPEC`, substrings).

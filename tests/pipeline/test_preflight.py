@@ -130,6 +130,21 @@ def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     rec["a"] = [["Ada", "Ada Lovelace"], "1843", None]  # alternatives for one, none for another: they pair
     (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+    # One question not in a list: a list of answers is its alternatives (as the reader takes it).
+    (tmp_path / "docs.jsonl").write_text(json.dumps({**rec, "q": "Who?", "a": ["Ada", "Ada Lovelace"]}) + "\n")
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+
+
+def test_validate_names_the_first_records_that_will_be_error_rows(tmp_path):
+    """validate said "valid" of a file whose bad lines `run` then wrote as error rows."""
+    spec = _spec(tmp_path)
+    lines = ['{"id": "d1", "text": "A document.", "question": "What?"}', '{"id": "d2", "question": "What?"}',
+             '{"id": "d3", "text": "Another.", "question": 42}']
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "2 of its first 3 record(s) will be error rows, each naming its line; the first: read: " in result.output
+    assert "docs.jsonl:2: field 'text' is missing" in result.output
 
 
 def test_an_unwritable_output_is_refused_and_nothing_is_left(tmp_path):

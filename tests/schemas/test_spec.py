@@ -77,6 +77,19 @@ def test_unknown_method_lists_allowed_methods():
         assert allowed in str(e.value)
 
 
+def test_a_setting_set_to_null_that_the_method_does_not_take_is_no_setting(tmp_path):
+    """A spec written for one method switches to another from the command line: `--set
+    compression.method=none` refused the file's target_tokens, and `=null` did not help."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 512}}))
+    with pytest.raises(SpecError, match="--set compression.target_tokens=null"):
+        load_spec(str(path), ["compression.method=none"])
+    spec = load_spec(str(path), ["compression.method=none", "compression.target_tokens=null"])
+    assert spec.compression.method == "none"
+    with pytest.raises(SpecError, match="unknown field 'chunk'"):  # a misspelt setting still is one
+        spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "chunk": 3}})
+
+
 def test_qa_needs_questions():
     with pytest.raises(SpecError, match="question"):
         spec_from_dict({**MINIMAL, "task": {"kind": "qa"}})

@@ -296,3 +296,94 @@ def test_the_token_limit_names_the_document_and_the_setting(tmp_path):
     assert doc_tokens_error(10, spec.input, "g") is None
     msg = doc_tokens_error(11, spec.input, "g")
     assert "'g'" in msg and "11 tokens" in msg and "input.max_doc_tokens=10" in msg
+
+
+# ----------------------------------------------------------------------------- records a new user sent
+def _jsonl_docs(tmp_path, recs: list, **inp) -> list:
+    p = tmp_path / "d.jsonl"
+    p.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in recs) + "\n")
+    return read_shard(str(p), InputSpec(uri=str(p), format="jsonl", **inp), str(p))
+
+
+def test_answers_that_do_not_pair_with_the_questions_fail_the_record_wherever_it_is(tmp_path):
+    """Past the records `validate` reads, one answer for two questions scored the first
+    question against it and the second against nothing, every row "ok"."""
+    recs = [{"id": "late", "text": "Red and blue.", "q": ["What is the code?", "What is the hue?"], "a": ["BLUE"]},
+            {"id": "one", "text": "Leave is 27 days.", "q": "How long?", "a": ["27 days", "27"]},
+            {"id": "ok", "text": "Ada wrote it.", "q": ["Who?", "When?"], "a": [["Ada", "Ada L."], None]}]
+    late, one, ok = _jsonl_docs(tmp_path, recs, question_field="q", answer_field="a")
+    assert late.error_kind == "input" and late.text is None and late.questions == ["What is the code?", "What is the hue?"]
+    assert "field 'a' has 1 answer(s) for 2 question(s) in 'q'" in late.error and "one answer per question" in late.error
+    # One question not in a list: the list is its acceptable answers (validate agrees: test_preflight).
+    assert one.error is None and one.questions == ["How long?"] and one.answers == ["27 days | 27"]
+    assert ok.error is None and ok.answers == ["Ada | Ada L.", None]
+
+
+def test_a_question_that_is_not_a_non_empty_string_fails_the_record_naming_it(tmp_path):
+    """[42, null, ""] were asked as "42", "None" and "", each answered and "ok"."""
+    recs = [{"id": "n", "text": "Numbers.", "questions": ["Fine?", 42, None, " ", {"q": "x"}]}]
+    (doc,) = _jsonl_docs(tmp_path, recs, question_field="questions")
+    assert doc.error_kind == "input" and doc.questions == ["Fine?"]  # the usable one keeps its own error row
+    for part in ("question 2 of field 'questions' is not a string (42)", "question 3 of field 'questions' is null",
+                 "question 4 of field 'questions' is empty", 'question 5 of field \'questions\' is not a string ({"q": "x"})',
+                 "fix: questions are non-empty strings"):
+        assert part in doc.error, (part, doc.error)
+
+
+def test_a_question_asked_twice_is_one_request_and_with_another_answer_an_error(tmp_path):
+    """Both had one request id: the second answer was lost without a word."""
+    recs = [{"id": "same", "text": "The code is RED.", "q": ["Code?", "Code?", "Sky?"], "a": ["RED", "RED", None]},
+            {"id": "other", "text": "The code is RED.", "q": ["Code?", "Code?"], "a": ["RED", "BLUE"]}]
+    same, other = _jsonl_docs(tmp_path, recs, question_field="q", answer_field="a")
+    assert same.error is None and same.questions == ["Code?", "Sky?"] and same.answers == ["RED", None]
+    assert other.error_kind == "input" and other.questions == ["Code?"]
+    assert "question 2 of field 'q' repeats question 1 ('Code?') with another answer; fix: ask it once" in other.error
+
+
+def test_ids_that_no_one_can_join_on_fail_the_record(tmp_path):
+    recs = [{"id": "", "text": "Empty id."}, {"id": True, "text": "Boolean id."}, {"id": 1.5, "text": "Fine."},
+            {"id": ["a"], "text": "List id."}]
+    empty, boolean, number, listed = _jsonl_docs(tmp_path, recs)
+    where = str(tmp_path / "d.jsonl")
+    assert empty.doc_id == f"{where}:1" and "field 'id' is empty" in empty.error
+    assert boolean.doc_id == f"{where}:2" and "field 'id' is true, a boolean; fix: ids are strings or numbers" in boolean.error
+    assert number.error is None and number.doc_id == "1.5"
+    assert "field 'id' is not a string or a number" in listed.error
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_record_or_a_text(tmp_path):
+    """Windows editors start a UTF-8 file with one: json refused line 1, the text kept U+FEFF."""
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "text": "First."}\r\n{"id": "b", "text": "Second."}\r\n')
+    docs = read_shard(str(p), InputSpec(uri=str(p), format="jsonl"), str(p))
+    assert [(d.doc_id, d.text, d.error) for d in docs] == [("a", "First.", None), ("b", "Second.", None)]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "note.txt").write_bytes(b"\xef\xbb\xbfA note.")
+    (text,) = _read_all(InputSpec(uri=str(tmp_path / "t"), format="text"))
+    assert text.text == "A note."
+    p.write_bytes('{"id": "c", "text": "caf\u00e9"}\n'.encode("latin-1"))
+    (latin,) = read_shard(str(p), InputSpec(uri=str(p), format="jsonl"), str(p))
+    assert "is not valid UTF-8 (byte 24); fix: save the file as UTF-8 (from Latin-1: iconv" in latin.error
+
+
+def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
+    """A .jsonl.gz failed as 'not valid UTF-8'; Spark's _temporary/ and editors' dot files were
+    read as documents."""
+    import bz2
+    import gzip
+
+    (tmp_path / "_temporary" / "0").mkdir(parents=True)
+    (tmp_path / ".cache").mkdir()
+    for name in ("_temporary/0/part-1.jsonl", ".cache/x.jsonl", ".draft.jsonl", "_SUCCESS.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"id": name, "text": "Not input."}) + "\n")
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b'{"id": "g", "text": "Zipped."}\n'))
+    (tmp_path / "b.jsonl.bz2").write_bytes(bz2.compress(b'{"id": "z", "text": "Bzipped."}\n'))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "p", "text": "Plain."}) + "\n")
+    inp = InputSpec(uri=str(tmp_path), format="jsonl")
+    assert [(d.doc_id, d.text) for d in _read_all(inp)] == [("g", "Zipped."), ("z", "Bzipped."), ("p", "Plain.")]
+    assert skipped_suffixes(inp, "2026-01-01") == {}
+
+
+def test_a_pattern_in_the_input_uri_is_named_as_such(tmp_path):
+    with pytest.raises(ValueError, match=r"patterns like \* are not expanded: name the folder"):
+        list_shards(InputSpec(uri=str(tmp_path / "*.jsonl"), format="jsonl"), "2026-01-01")

@@ -57,3 +57,12 @@ def test_a_setting_added_later_keeps_the_request_ids_of_earlier_runs_while_at_it
     assert "repeat_guard" not in json.loads(fp)  # the repeat guard, off by default, the same way
     guarded = spec_from_dict({**base, "generation": {"repeat_guard": 12}})
     assert json.loads(generation_fingerprint(guarded))["repeat_guard"] == 12
+
+
+def test_a_question_the_record_and_the_task_both_ask_is_one_request_with_the_records_answer(tmp_path):
+    spec = spec_from_dict({"name": "qa", "input": {"uri": str(tmp_path), "format": "jsonl", "question_field": "q"},
+                           "task": {"kind": "qa", "questions": ["Who?", "Why?"]}})
+    doc = Document("d1", "f.jsonl", "text", questions=["Who?"], answers=["Ada"])
+    rows = expand_requests(doc, spec, "r", "2026-01-01", generation_fingerprint(spec))
+    assert [(r["prompt"], r["reference"]) for r in rows] == [("Who?", "Ada"), ("Why?", None)]
+    assert len({r["request_id"] for r in rows}) == 2 and all(r["doc_requests"] == 2 for r in rows)
