@@ -119,6 +119,8 @@ class EngineStats:
     prefix_hits: int = 0  # rows whose shared prompt prefix came from the prefix cache
     prefix_reused_tokens: int = 0  # prompt tokens those rows did not prefill
     compressing: int = 0  # rows inside a method's prefill now (e.g. Finch's pass): the progress line
+    compressing_tokens: int = 0  # their documents' tokens (each document once)
+    chunks_read: int = 0  # chunks that prefill has read so far (its on_chunk calls): a long one moves
 
 
 @dataclass
@@ -297,7 +299,9 @@ class Engine:
         lock, so one may be a step old)."""
         active = list(self.active)
         tokens = sum(len(row.result.tokens) for row in active)
-        compressing = f"{self.stats.compressing} compressing, " if self.stats.compressing else ""
+        st = self.stats
+        compressing = (f"{st.compressing} compressing ({st.compressing_tokens} document tokens, "
+                       f"chunks read: {st.chunks_read}), " if st.compressing else "")
         return (f"{len(active)} decoding ({tokens} tokens), {compressing}{int(self.filling is not None)} "
                 f"prefilling, {len(self.scheduler)} queued")
 
@@ -457,6 +461,8 @@ class Engine:
             parts = [w.request.parts for w in group]
             kwargs = {"on_chunk": self._between_chunks} if self._prefill_takes_on_chunk else {}
             assert self.prefill is not None
+            self.stats.compressing_tokens = sum(len(c) for c in {tuple(p.context_ids) for p in parts})
+            self.stats.chunks_read = 0
             self.stats.compressing = len(group)
             try:
                 compressed = self.prefill(parts, **kwargs)
@@ -495,6 +501,7 @@ class Engine:
     def _between_chunks(self) -> None:
         """A method prefill's on_chunk: one decode step of the running rows (none while the
         slots are still filling, see ``_fill_first``)."""
+        self.stats.chunks_read += 1
         if self.active and not self._fill_first():
             t0 = self.backend.clock()
             self._guarded_decode_step()

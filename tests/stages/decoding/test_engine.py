@@ -291,12 +291,17 @@ def test_activity_counts_the_rows_inside_a_methods_prefill(tiny_model, prompts):
 
     def prefill(parts, on_chunk=None):
         seen.append(eng.activity())
+        on_chunk()  # the method read a chunk: the line moves within a long document
+        seen.append(eng.activity())
         return inner(parts, on_chunk)
 
     cfg = DecodeConfig(max_new_tokens=2, eos_ids=NO_EOS)
     eng = Engine(tiny_model, cfg, prefill=prefill, slots=3, expected_tokens=16, group_rows=3)
-    eng.run(_requests(prompts[:3], prompts[:3]))
-    assert seen and "3 compressing" in seen[0], seen
+    reqs = _requests(prompts[:3], prompts[:3])
+    eng.run(reqs)
+    tokens = sum(len(r.parts.context_ids) for r in reqs)
+    assert seen and f"3 compressing ({tokens} document tokens, chunks read: 0)" in seen[0], seen
+    assert f"3 compressing ({tokens} document tokens, chunks read: 1)" in seen[1], seen
     assert eng.stats.compressing == 0 and "compressing" not in eng.activity()
 
 
