@@ -100,7 +100,7 @@ class OutputRow(TypedDict):
     speculative: Annotated[str | None, Column("Decoding method: none | prompt_lookup.", from_spec="generation.speculative.method")]
     doc_tokens: Annotated[int | None, Column("Document length in the generating model's tokens.", **_REQUEST)]
     context_tokens: Annotated[int | None, Column("Document tokens (or KV entries / summary vectors) the model conditioned on after compression.")]
-    compression_ratio: Annotated[float | None, Column("doc_tokens / context_tokens (1.0 for none).")]
+    compression_ratio: Annotated[float | None, Column("doc_tokens / context_tokens (1.0 for none). Over several rows: sum(doc_tokens) / sum(context_tokens), not a mean of this column (a row keeping a few tokens would outweigh the rest).")]
     prompt_tokens: Annotated[int | None, Column("Tokens prefilled for generation: chat template + context + question.")]
     output_tokens: Annotated[int | None, Column("Generated tokens, including the EOS token if one was produced.")]
     draft_tokens: Annotated[int | None, Column("Draft tokens proposed by speculation and sent for verification.")]
@@ -108,14 +108,14 @@ class OutputRow(TypedDict):
     acceptance_rate: Annotated[float | None, Column("accepted_tokens / draft_tokens; null when nothing was drafted.")]
     decode_steps: Annotated[int | None, Column("Target-model forward passes after prefill that this row took part in.")]
     mean_accepted_per_step: Annotated[float | None, Column("output_tokens / (decode_steps + 1): tokens emitted per forward pass, prefill's first token included.")]
-    compress_s: Annotated[float | None, Column("Seconds spent compressing the context (text stage, or Finch/AutoCompressor prefill minus the final prompt pass).")]
-    prefill_s: Annotated[float | None, Column("Seconds of this row's prefill in the generate actor's engine (a method prefill of several rows split evenly over them).")]
-    ttft_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to its first generated token (queue_s and prefill included).")]
-    decode_s: Annotated[float | None, Column("Seconds from the first generated token to this row's last one.")]
-    e2e_s: Annotated[float | None, Column("Text compression seconds (rag, bm25) + ttft_s + decode_s.")]
+    compress_s: Annotated[float | None, Column("Seconds spent compressing the context; additive over rows. A text method (truncate, rag, bm25): the row's time in the stage before the engine (rag: plus its share of its batch's embedding), not in device_s but charged in cost_usd. A method reading inside the engine's prefill (finch, select, autocompressor): its reading, PART OF prefill_s (and so of device_s): do not add it to prefill_s. Null on error.")]
+    prefill_s: Annotated[float | None, Column("Seconds of this row's prefill in the generate actor's engine (a method prefill of several rows split evenly over them); part of device_s, and it holds an in-engine method's compress_s; additive over rows.")]
+    ttft_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to its first generated token (queue_s and prefill included). Latency: rows served together overlap, so a sum over rows is not time spent.")]
+    decode_s: Annotated[float | None, Column("Seconds from the first generated token to this row's last one (stall_s included). Latency, as ttft_s: not additive over rows; the row's device share of decoding is device_s - prefill_s.")]
+    e2e_s: Annotated[float | None, Column("Text compression seconds (truncate, rag, bm25: their compress_s) + ttft_s + decode_s: the row's latency, not additive over rows.")]
     device: Annotated[str | None, Column("cpu | cuda:<name> of the generate actor.")]
-    device_s: Annotated[float | None, Column("This row's share of its actor's device time: its prefill plus each decode step's time divided by the rows in that step.")]
-    cost_usd: Annotated[float | None, Column("device_s * cost.usd_per_device_hour / 3600.")]
+    device_s: Annotated[float | None, Column("This row's share of the generate actor's device time: its prefill_s plus each decode step's time divided by the rows in that step; additive over rows (their sum is the actor's busy time). A text method's compress_s (before the engine) is not in it.")]
+    cost_usd: Annotated[float | None, Column("(device_s + the compress_s of a text method: truncate, rag, bm25) * cost.usd_per_device_hour / 3600: the generate actor's time and the text stage's, at one price; additive over rows. Error rows: device_s only.")]
     error: Annotated[str | None, Column("Null on success; otherwise a readable message naming the stage and the problem.")]
     # --- version 2 (columns are only appended; see the module docstring) ---
     error_kind: Annotated[str | None, Column("Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it).")]
@@ -127,8 +127,8 @@ class OutputRow(TypedDict):
     retrieval_mean_score: Annotated[float | None, Column("Mean score of the kept chunks (as retrieval_top_score); null when nothing was ranked.")]
     embedder_truncated_chunks: Annotated[int | None, Column("rag: ranked chunks longer than the embedder's window (max_seq_length word pieces), scored on their head only; 0 with the default chunk_tokens (auto).")]
     # --- version 4: the engine's waits ---
-    queue_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to the start of its prefill (waiting for a slot or KV memory).")]
-    stall_s: Annotated[float | None, Column("Seconds this row, while decoding, waited for other rows' prefill (newcomers' prompts are prefilled in chunks between decode steps; this is what remains).")]
+    queue_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to the start of its prefill (waiting for a slot or KV memory); part of ttft_s, a wait: not additive over rows.")]
+    stall_s: Annotated[float | None, Column("Seconds this row, while decoding, waited for other rows' prefill (newcomers' prompts are prefilled in chunks between decode steps; this is what remains); part of decode_s, a wait: not additive over rows.")]
     # --- version 5: the prefix cache ---
     cached_prompt_tokens: Annotated[int | None, Column("Prompt tokens whose keys and values came from the generate actor's prefix cache instead of a prefill: the chat template and context before the question, prefilled once per document and reused by its other questions (generation.prefix_cache); 0 when this row prefilled them itself.")]
     # --- version 6: what the reader read of the document ---
@@ -229,8 +229,12 @@ def reference_alternatives(reference: str) -> list[str]:
     return [a for a in reference.split(REFERENCE_SEPARATOR) if a.strip()] or [reference]
 
 
-def cost_usd(device_s: float, usd_per_device_hour: float) -> float:
-    return device_s * usd_per_device_hour / 3600.0
+def cost_usd(device_s: float, usd_per_device_hour: float, text_compress_s: float = 0.0) -> float:
+    """The ``cost_usd`` of ``device_s`` seconds of the generate actor plus ``text_compress_s``
+    seconds of text compression before it (a text method's ``compress_s``), both at
+    ``usd_per_device_hour``. An in-engine method's compress_s is inside ``device_s``
+    already: passing it as ``text_compress_s`` would count it twice."""
+    return (device_s + text_compress_s) * usd_per_device_hour / 3600.0
 
 
 def classify_error(err: BaseException | str | None) -> str:

@@ -122,16 +122,21 @@ class GenerateStage:
                     todo.append(i)
         for i, result in zip(todo, self._generate([rows[i] for i in todo]), strict=True):
             outputs[i] = result
-        # A request an interrupt abandoned in the engine has no row (a rerun does it); the
-        # rows finished before it are returned, so the interrupted run keeps them.
-        kept = [o for o in outputs if o is not None]
-        for o in kept:
+        for row, o in zip(rows, outputs, strict=True):
+            if o is None:
+                continue
             o["device"] = self.device_name
             # The row's own share of the device (its prefill + each step's time / rows in the
             # step); rows that never reached the engine cost nothing.
             o["device_s"] = o.get("device_s") or 0.0
-            o["cost_usd"] = out_schema.cost_usd(o["device_s"], self.spec.cost.usd_per_device_hour)
-        return rows_to_batch(kept)  # type: ignore[arg-type]
+            # Plus the text stage's seconds (schemas/output.py cost_usd): rag's embedding is as
+            # much the method's cost as finch's reading, which device_s holds. Not for an error
+            # row: it has no compress_s, and its cost is what its columns say (device_s).
+            text_s = _text_compress_s(row) if o["error"] is None else 0.0
+            o["cost_usd"] = out_schema.cost_usd(o["device_s"], self.spec.cost.usd_per_device_hour, text_s)
+        # A request an interrupt abandoned in the engine has no row (a rerun does it); the
+        # rows finished before it are returned, so the interrupted run keeps them.
+        return rows_to_batch([o for o in outputs if o is not None])  # type: ignore[arg-type]
 
     def _precheck(self, row: GenerateInput) -> str | None:
         """Reject requests that cannot fit the model, before they cost a forward pass."""
@@ -264,7 +269,7 @@ class GenerateStage:
     ) -> OutputRow:
         if res is None:
             return out_schema.output_row(self.spec, row, error=error, error_kind=error_kind)
-        text_compress_s = float(row.get("compress_s") or 0.0)
+        text_compress_s = _text_compress_s(row)
         return out_schema.output_row(
             self.spec,
             row,
@@ -293,6 +298,13 @@ class GenerateStage:
             finish_reason=res.finish_reason,
             **{c: row.get(c) for c in self._carried},
         )
+
+
+def _text_compress_s(row: GenerateInput) -> float:
+    """Seconds a text method (truncate, rag, bm25) spent on ``row`` before this stage: the
+    ``compress_s`` the row carried in; 0 for the other methods (a method reading inside the
+    engine reports its own compress_s later, and that time is in device_s)."""
+    return float(row.get("compress_s") or 0.0)
 
 
 def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text) -> Engine:

@@ -30,7 +30,9 @@ Contract:
   A failure is a row with ``error`` set (a run that cannot load: one per document).
 - ``aggregate_nll`` -> one summary per (method, budget), ``no-context`` first, with
   ``gap_recovered`` = (NLL_no-context - NLL) / (NLL_no-context - NLL_none), the share
-  of the full context's gain kept. NLL and costs average over successful rows.
+  of the full context's gain kept. NLL and costs average over successful rows, but for
+  ``compression_ratio``: sum(doc_tokens) / sum(context_tokens) of those rows
+  (pipeline/eval/table.py ``aggregate_ratio``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.eval.conditioning import condition_for
 from pipeline.eval.specs import EvalRun
+from pipeline.eval.table import aggregate_ratio
 from stages.compression import method_for, registry
 
 if TYPE_CHECKING:  # torch loads only when NLL is computed: the CLI stays light
@@ -214,7 +217,8 @@ def aggregate_nll(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         s: dict[str, Any] = {"task": "nll", "method": method, "target_tokens": budget,
                              "n": len(rs), "failed": len(rs) - len(ok)}  # fmt: skip
         for c in ("nll", "compression_ratio", "context_tokens", "compress_s", "e2e_s"):
-            s[c] = _mean([float(r[c]) for r in ok if r[c] is not None])
+            s[c] = aggregate_ratio(ok) if c == "compression_ratio" else _mean(
+                [float(r[c]) for r in ok if r[c] is not None])
         out.append(s)
     ref = {s["method"]: s["nll"] for s in out if s["target_tokens"] is None}
     low, high = ref.get(NO_CONTEXT), ref.get("none")

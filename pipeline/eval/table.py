@@ -10,10 +10,13 @@ Contract:
   keep their ``error``; their recall is None.
 - ``aggregate(scored)`` -> one summary dict per (method, target_tokens), task "qa", in
   ``METHOD_ORDER`` then budget order. Accuracy figures average over all rows; recall
-  over the rows that have it (``recall_n`` of them); cost figures (compression_ratio,
-  context_tokens: the tokens the reader sees, compress_s, e2e_s) over the successful
-  rows only, since failed rows have none. ``equal_to`` names, for an equal-reading run,
-  the run whose mean reading set its budget (``"finch@512"``; pipeline/eval/runner.py).
+  over the rows that have it (``recall_n`` of them); cost figures over the successful
+  rows only, since failed rows have none: means of context_tokens (the tokens the
+  reader sees), compress_s and e2e_s, and ``compression_ratio`` as the aggregate
+  sum(doc_tokens) / sum(context_tokens) (``aggregate_ratio``: in a mean of per-row
+  ratios a row keeping a handful of tokens outweighs all the others). ``equal_to``
+  names, for an equal-reading run, the run whose mean reading set its budget
+  (``"finch@512"``; pipeline/eval/runner.py).
 - ``breakdown(scored, key)`` -> accuracy per (method, budget, key value), for
   ``kind``, ``style`` or ``depth_bin``.
 - ``per_style(scored, metric)`` -> one row per (method, budget): ``metric`` per question
@@ -35,7 +38,7 @@ from typing import Any
 
 from pipeline.eval.metrics import METRICS, score
 from pipeline.eval.recall import RECALL_COLUMNS, EvidenceIndex, recall_figures
-from schemas.output import reference_alternatives
+from schemas.output import compression_ratio, reference_alternatives
 from stages.compression import registry
 
 METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
@@ -69,7 +72,7 @@ COLUMN_LEGEND = {
     "recall_n": "questions with a known evidence position (the recall's denominator)",
     "nll": "continuation NLL per token, nats (--metrics nll)",
     "gap_recovered": "share of the no-context -> full-context NLL gap the method recovers",
-    "compression_ratio": "document tokens / tokens the model read",
+    "compression_ratio": "document tokens / tokens the model read, each summed over the questions (not a mean of their ratios)",
     "context_tokens": "tokens the model read (mean)", "compress_s": "compression seconds per question (mean)",
     "e2e_s": "seconds per question, end to end (mean)",
     "wall_s_per_request": "the run's wall time divided by its questions",
@@ -138,6 +141,13 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def aggregate_ratio(rows: Iterable[dict[str, Any]]) -> float | None:
+    """sum(doc_tokens) / sum(context_tokens) over ``rows`` that have both (None without any,
+    or when they read nothing): the compression ratio of a set of rows."""
+    sized = [r for r in rows if r.get("doc_tokens") is not None and r.get("context_tokens") is not None]
+    return compression_ratio(sum(int(r["doc_tokens"]) for r in sized), sum(int(r["context_tokens"]) for r in sized))
+
+
 def _sort_key(key: tuple[str, int | None]) -> tuple[int, int]:
     method, budget = key
     rank = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
@@ -169,7 +179,8 @@ def aggregate(
         summary.update({m: _mean(r[m] for r in rows) for m in METRICS})
         summary.update({c: _mean(r.get(c) for r in rows) for c in RECALL_COLUMNS})
         summary["recall_n"] = sum(r.get("evidence_recall") is not None for r in rows)
-        summary.update({c: _mean(r[c] for r in ok) for c in COST_COLUMNS})
+        summary.update({c: aggregate_ratio(ok) if c == "compression_ratio" else _mean(r[c] for r in ok)
+                        for c in COST_COLUMNS})
         summary["wall_s_per_request"] = wall / len(rows) if wall and rows else None
         out.append(summary)
     return out

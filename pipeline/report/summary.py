@@ -16,8 +16,14 @@ compresses inside the engine's prefill: finch, select, autocompressor: their row
 ``compress_s``), ``time_prompt_prefill_s`` (the rest of ``prefill_s``: the prompts the
 generator prefilled) and ``time_decode_s`` (``device_s - prefill_s``: each row's share of
 the decode steps); ``time_text_compress_s`` is the compression done before the engine
-(rag, bm25, truncate: not device time of the generator); ``time_stall_s`` sums what
-decoding rows waited for other rows' prefill (wall time of rows, which overlap).
+(rag, bm25, truncate: not device time of the generator, but charged in ``cost_usd``, so
+``cost_usd`` = (``device_s`` + ``time_text_compress_s``) x the price / 3600);
+``time_stall_s`` sums what decoding rows waited for other rows' prefill (wall time of rows,
+which overlap).
+
+``compression_ratio`` is the run's aggregate ratio, sum(doc_tokens) / sum(context_tokens)
+over the ok rows that have both (what the run read of what it was given), not the mean of
+the rows' ratios: a row keeping a handful of tokens would dominate that mean.
 
 ``run_summary`` adds what `longdoc run` records for one run: ``status``
 (``succeeded``: the date has no error row; ``partial``: the run completed but some rows
@@ -42,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.output import ERROR_KINDS, reference_alternatives
+from schemas.output import ERROR_KINDS, compression_ratio, reference_alternatives
 
 VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
 
@@ -107,11 +113,13 @@ class RunTally:
     _SUMS_ALL = ("device_s", "cost_usd")
 
     def __init__(self) -> None:
-        self.rows = self.failed = self.ratio_n = 0
+        self.rows = self.failed = 0
         # ok rows that stopped at max_new_tokens / at the repeat guard; None while no row says
         # why it stopped (rows written before the finish_reason column)
         self.cut: dict[str, int] | None = None
-        self.ratio_sum = 0.0
+        # ok rows' document tokens and tokens kept, summed over rows that have both: their
+        # quotient is the run's compression ratio (module docstring)
+        self.doc_tokens = self.context_tokens = 0
         self.sums = dict.fromkeys(self._SUMS_OK + self._SUMS_ALL, 0.0)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
         self.times = dict.fromkeys(("method_read_s", "text_compress_s", "prefill_s", "stall_s"), 0.0)
@@ -140,9 +148,10 @@ class RunTally:
             self.cut = self.cut or {"length": 0, "repeat": 0}
             for reason in self.cut:
                 self.cut[reason] += int(counts.get(reason, 0))
-        ratios = pc.drop_null(ok_table.column("compression_ratio"))
-        self.ratio_n += len(ratios)
-        self.ratio_sum += float(pc.sum(ratios).as_py() or 0.0)
+        sized = ok_table.filter(pc.and_(pc.is_valid(ok_table.column("doc_tokens")),
+                                        pc.is_valid(ok_table.column("context_tokens"))))
+        self.doc_tokens += int(_sum(sized, "doc_tokens"))
+        self.context_tokens += int(_sum(sized, "context_tokens"))
         self._e2e.append(pc.drop_null(ok_table.column("e2e_s")).to_numpy(zero_copy_only=False).astype(np.float64))
         # A document's rows may span blocks: unique hashes, re-folded as they accumulate.
         self._docs.append(np.unique(np.fromiter((hash(d) for d in table.column("doc_id").to_pylist()),
@@ -190,7 +199,7 @@ class RunTally:
             "tokens_in": int(s["prompt_tokens"]),
             "tokens_in_cached": int(s["cached_prompt_tokens"]),
             "tokens_out": int(s["output_tokens"]),
-            "mean_compression_ratio": self.ratio_sum / self.ratio_n if self.ratio_n else None,
+            "compression_ratio": compression_ratio(self.doc_tokens, self.context_tokens),
             "acceptance_rate": s["accepted_tokens"] / s["draft_tokens"] if s["draft_tokens"] else None,
             "wall_s": wall_s,
             "device_s": s["device_s"],
@@ -278,14 +287,14 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("tokens_in", "tokens in (prompt)"),
         ("tokens_in_cached", "  of them from the prefix cache"),
         ("tokens_out", "tokens out"),
-        ("mean_compression_ratio", "mean compression ratio"),
+        ("compression_ratio", "compression ratio (document tokens / tokens kept)"),
         ("acceptance_rate", "draft acceptance rate"),
         ("docs_per_s", f"docs/s ({summary.get('throughput_basis', 'wall')} time)"),
         ("output_tokens_per_s", "output tokens/s"),
         ("p50_e2e_s", "p50 latency (s)"),
         ("p95_e2e_s", "p95 latency (s)"),
         ("wall_s", "wall time (s)"),
-        ("cost_usd", "total cost (USD)"),
+        ("cost_usd", "total cost (USD: device time + text compression)"),
     ]
     if summary.get("device_s"):  # where the time went (module docstring): row seconds, summed
         keys += [("device_s", "device time (s), of it:"),
@@ -293,7 +302,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
                  ("time_prompt_prefill_s", "  prompt prefill"),
                  ("time_decode_s", "  decode")]
         if summary.get("time_text_compress_s"):
-            keys += [("time_text_compress_s", "text compression before it (s)")]
+            keys += [("time_text_compress_s", "text compression before the engine (s, in the cost)")]
         if summary.get("rows") and summary.get("time_stall_s") is not None:
             summary = {**summary, "mean_stall_s": summary["time_stall_s"] / summary["rows"]}
             keys += [("mean_stall_s", "a row's wait on others' prefill (mean s)")]

@@ -232,6 +232,30 @@ def test_greedy_output_is_the_same_with_and_without_lookup(method, stage_for, me
     assert sum(o["draft_tokens"] for o in lookup) > 0  # speculation really ran
 
 
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("method", ["rag", "finch"])
+def test_cost_charges_each_methods_compression_once(method, method_env, method_inputs):
+    """cost_usd = (device_s + a text method's compress_s) x price / 3600 (schemas/output.py):
+    rag's embedding, done before the engine, is charged; finch reads inside the engine's
+    prefill, so its compress_s is part of prefill_s and device_s and is not added again."""
+    spec = method_env.spec(method, max_new_tokens=8)
+    spec["cost"] = {"usd_per_device_hour": 3.6}
+    batch = method_inputs[method]
+    carried = [r.get("compress_s") for r in batch_to_rows(batch)]  # what the text stage measured
+    out = batch_to_rows(GenerateStage(spec)(batch))
+    for row, text_s in zip(out, carried, strict=True):
+        assert row["error"] is None, row["error"]
+        if method == "rag":
+            assert text_s > 0 and row["compress_s"] == text_s
+            assert row["cost_usd"] == pytest.approx((row["device_s"] + text_s) * 3.6 / 3600)
+            assert row["e2e_s"] == pytest.approx(text_s + row["ttft_s"] + row["decode_s"])
+        else:
+            assert text_s is None and 0 <= row["compress_s"] <= row["prefill_s"] <= row["device_s"]
+            assert row["cost_usd"] == pytest.approx(row["device_s"] * 3.6 / 3600)
+    if method == "finch":  # the long documents were really read by the method
+        assert max(row["compress_s"] for row in out) > 0
+
+
 # ----------------------------------------------------------------------------- the engine's queue
 TEXTS = ["The river is the Elbe.", RIVER * 6, "Rivers: " + RIVER * 3 + "The Elbe, the Elbe.", RIVER, "Elbe " * 30]
 

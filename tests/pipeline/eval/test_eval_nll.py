@@ -166,8 +166,11 @@ def test_aggregate_gap_error_rows_and_plot(tmp_path) -> None:
                 "compress_s": 0.5, "e2e_s": 1.0, "error": error}  # fmt: skip
 
     rows = [row("finch", 512, 3.0), row("finch", 512, None, "nll: boom"), row("none", None, 2.0),
-            row(NO_CONTEXT, None, 4.0), row("truncate", 128, 3.5)]  # fmt: skip
+            row(NO_CONTEXT, None, 4.0), row("truncate", 128, 3.5),
+            {**row("truncate", 128, 3.5), "doc_tokens": 2754, "context_tokens": 9, "compression_ratio": 306.0}]  # fmt: skip
     s = {(x["method"], x["target_tokens"]): x for x in aggregate_nll(rows)}
+    # tokens given over tokens read, not the mean of the rows' ratios (158)
+    assert s[("truncate", 128)]["compression_ratio"] == pytest.approx((1000 + 2754) / (100 + 9))
     assert [k for k in s] == [(NO_CONTEXT, None), ("none", None), ("truncate", 128), ("finch", 512)]
     assert s[("finch", 512)]["gap_recovered"] == pytest.approx(0.5)
     assert s[("finch", 512)]["failed"] == 1 and s[("finch", 512)]["nll"] == pytest.approx(3.0)

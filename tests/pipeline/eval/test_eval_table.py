@@ -11,6 +11,7 @@ from pipeline.eval.plot import plot_eval
 from pipeline.eval.table import (
     SUMMARY_COLUMNS,
     aggregate,
+    aggregate_ratio,
     breakdown,
     depth_bin,
     per_style,
@@ -79,6 +80,19 @@ def test_aggregate_orders_and_averages() -> None:
     none = summary[0]
     assert none["f1"] == pytest.approx((1.0 + 2 / 3 + 0.0) / 3)
     assert none["wall_s_per_request"] is None
+
+
+def test_the_compression_ratio_is_tokens_given_over_tokens_read_not_a_mean_of_rows() -> None:
+    """One question keeping 9 tokens of 2,754 (ratio 306) beside two keeping 500 of 3,000:
+    the run read 8,754 / 1,009 = 8.7x less, not the 106x a mean of rows says."""
+    rows = [out_row("d1", "What is the code?", "4417", "4417", doc_tokens=2754, context_tokens=9),
+            out_row("d1", "Who wrote it?", "Ada Lovelace", "Ada", doc_tokens=3000, context_tokens=500),
+            out_row("d2", "What is the code?", "88", "88", doc_tokens=3000, context_tokens=500),
+            out_row("d2", "What is the code?", "88", None, error="generate: boom", doc_tokens=9000)]
+    (s,) = aggregate(score_rows("rag", 512, rows, META))
+    assert s["compression_ratio"] == pytest.approx(8754 / 1009)
+    assert s["context_tokens"] == pytest.approx(1009 / 3)  # still a mean per question
+    assert aggregate_ratio([]) is None and aggregate_ratio([{"doc_tokens": 5, "context_tokens": 0}]) is None
 
 
 def test_breakdowns_by_kind_and_depth() -> None:

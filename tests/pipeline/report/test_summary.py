@@ -56,7 +56,7 @@ def test_prompt_tokens_from_the_prefix_cache_are_summed_over_successful_rows():
             for i, (err, cached) in enumerate([(None, 0), (None, 80), (None, 80), ("generate: OSError", None)])]
     s = summarize(rows_to_table(rows), wall_s=1.0)
     assert s["tokens_in"] == 300 and s["tokens_in_cached"] == 160
-    assert "of them from the prefix cache  160" in format_summary(s)
+    assert re.search(r"of them from the prefix cache +160\n", format_summary(s))
     # an output written before schema version 5 has no such column: nothing was cached
     old = rows_to_table(rows[:1]).drop_columns(["cached_prompt_tokens"])
     assert summarize(old)["tokens_in_cached"] == 0
@@ -77,7 +77,8 @@ def _rows(n: int, seed: int) -> list[dict]:
                     "output_tokens": None if failed else rnd.randrange(1, 50),
                     "prompt_tokens": rnd.randrange(10, 900), "cached_prompt_tokens": rnd.randrange(0, 10),
                     "draft_tokens": rnd.randrange(0, 9), "accepted_tokens": rnd.randrange(0, 5),
-                    "compression_ratio": None if rnd.random() < 0.3 else rnd.random(),
+                    "doc_tokens": rnd.randrange(100, 4000),
+                    "context_tokens": None if rnd.random() < 0.3 else rnd.randrange(1, 600),
                     "e2e_s": None if rnd.random() < 0.1 else rnd.uniform(0.1, 9.0),
                     "device_s": rnd.uniform(0, 2), "cost_usd": rnd.uniform(0, 0.01),
                     "compression": rnd.choice(["finch", "rag", None]), "compress_s": rnd.uniform(0, 0.5),
@@ -101,8 +102,9 @@ def test_the_tally_folded_block_by_block_equals_the_summary_of_all_rows(wall_s):
     ok = [r for r in rows if r["error"] is None]
     assert folded["tokens_out"] == sum(r["output_tokens"] for r in ok)
     assert folded["p50_e2e_s"] == pytest.approx(statistics.median(r["e2e_s"] for r in ok if r["e2e_s"] is not None))
-    ratios = [r["compression_ratio"] for r in ok if r["compression_ratio"] is not None]
-    assert folded["mean_compression_ratio"] == pytest.approx(sum(ratios) / len(ratios))
+    sized = [r for r in ok if r["context_tokens"] is not None]
+    assert folded["compression_ratio"] == pytest.approx(
+        sum(r["doc_tokens"] for r in sized) / sum(r["context_tokens"] for r in sized))
     assert tally.errors == run_summary(RunTally().add(pa.concat_tables(blocks)), wall_s, {"rows": 1, "failed": 0},
                                        None)["errors_by_kind"]
     assert sum(tally.errors.values()) == folded["failed"] > 0
@@ -142,10 +144,25 @@ def test_device_time_splits_into_the_methods_reading_the_prompts_prefill_and_dec
     assert s["time_method_read_s"] + s["time_prompt_prefill_s"] + s["time_decode_s"] == pytest.approx(s["device_s"])
     text = format_summary(s)
     lines = {line.rsplit("  ", 1)[0].strip(): line.rsplit("  ", 1)[1] for line in text.splitlines()[1:]}
-    assert lines["the method reading documents"] == "6" and lines["text compression before it (s)"] == "2"
+    assert lines["the method reading documents"] == "6" and lines["text compression before the engine (s, in the cost)"] == "2"
     assert lines["a row's wait on others' prefill (mean s)"] == "1"  # 3.0 s over 3 rows
     old = rows_to_table(rows).drop_columns(["compress_s", "prefill_s", "stall_s"])  # an output of an early version
     assert summarize(old)["time_method_read_s"] == 0.0
+
+
+def test_the_compression_ratio_is_the_runs_tokens_read_of_its_tokens_given_not_a_mean_of_rows():
+    """A row keeping 9 tokens of 2,754 (ratio 306) must not swamp the run's figure: the
+    summary's ratio is sum(doc_tokens) / sum(context_tokens) over the ok rows."""
+    base = {"run_id": "r", "run_date": "2026-01-01", "job": "j", "e2e_s": 1.0}
+    sizes = [(2754, 9, None), (3000, 1000, None), (3000, 1500, None), (9000, 10, "generate: OSError")]
+    rows = [{**base, "doc_id": f"d{i}", "request_id": f"q{i}", "doc_tokens": doc, "context_tokens": ctx,
+             "compression_ratio": doc / ctx, "error": err, "error_kind": RETRYABLE if err else None}
+            for i, (doc, ctx, err) in enumerate(sizes)]
+    s = summarize(rows_to_table(rows))
+    assert s["compression_ratio"] == pytest.approx((2754 + 3000 + 3000) / (9 + 1000 + 1500))  # 3.489
+    assert statistics.mean(r["compression_ratio"] for r in rows[:3]) > 100  # what a mean of rows said
+    assert re.search(r"compression ratio \(document tokens / tokens kept\) +3\.489\n", format_summary(s))
+    assert summarize(rows_to_table(rows[3:]))["compression_ratio"] is None  # no ok row: no figure
 
 
 def test_answers_cut_at_max_new_tokens_are_counted_where_the_rows_say_why_they_stopped():
