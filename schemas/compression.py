@@ -50,6 +50,12 @@ class CompressionSpec(_Strict):
     #: once (``generation.prefix_cache``, stages/decoding/prefix_cache.py).
     shares_document_prefix: ClassVar[bool] = False
 
+    @property
+    def budget_tokens(self) -> int | None:
+        """The method's context budget in the generator's tokens (``target_tokens``), None
+        for a method without one (none) or where it is unset: the output's ``target_tokens``."""
+        return getattr(self, "target_tokens", None)
+
     @model_validator(mode="before")
     @classmethod
     def _unset_is_absent(cls, data: Any) -> Any:

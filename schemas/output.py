@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from schemas.spec import JobSpec
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -137,6 +137,8 @@ class OutputRow(TypedDict):
     context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (truncate, rag, bm25, in the order prefilled), the sentences a method prefilled after picking them (select), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (finch, autocompressor: kept_spans says what they kept).")]
     # --- version 8: why generation stopped ---
     finish_reason: Annotated[str | None, Column("Why generation stopped: eos (the model ended its answer), stop (a generation.stop string; cut from output_text), repeat (generation.repeat_guard cut a loop), length (generation.max_new_tokens reached: the text may be cut off mid-sentence). Null on error.")]
+    # --- version 9: the budget beside the method ---
+    target_tokens: Annotated[int | None, Column("compression.target_tokens of the run: the method's budget of document tokens shown to the generator (context_tokens is what it kept). Null for none, and in rows written before schema version 9.", from_spec="compression.budget_tokens")]
 
 
 _DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}

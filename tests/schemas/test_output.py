@@ -159,6 +159,11 @@ def test_output_row_builds_success_rows_from_request_spec_and_figures():
     assert (row["model"], row["compression"], row["speculative"]) == ("embedded:smollm2-135m-instruct",
                                                                        "truncate", "none")
     assert (row["output_text"], row["output_tokens"], row["context_tokens"]) == ("A.", 3, 64)
+    assert row["target_tokens"] == 64  # the budget beside the method: runs in one folder group apart
+    from schemas.compression import compression_models
+
+    none = _spec().model_copy(update={"compression": compression_models()["none"]()})
+    assert output.output_row(none, REQUEST)["target_tokens"] is None
     assert row["error"] is None and row["error_kind"] is None and row["decode_s"] is None
     assert row["schema_version"] == output.SCHEMA_VERSION
     table = output.rows_to_table([row], output.FILE_SCHEMA)
