@@ -42,7 +42,7 @@ from schemas.output import compression_ratio, reference_alternatives
 from stages.compression import registry
 
 METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
-COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "e2e_s")
+COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "device_s", "e2e_s")
 NLL_COLUMNS = ("nll", "gap_recovered")  # pipeline/eval/nll.py (task "nll" rows)
 SUMMARY_COLUMNS = (
     "task",
@@ -74,6 +74,8 @@ COLUMN_LEGEND = {
     "gap_recovered": "share of the no-context -> full-context NLL gap the method recovers",
     "compression_ratio": "document tokens / tokens the model read, each summed over the questions (not a mean of their ratios)",
     "context_tokens": "tokens the model read (mean)", "compress_s": "compression seconds per question (mean)",
+    "device_s": "the generator's device seconds per question (mean; a text method's compress_s is on top): "
+                "what a question costs at a price per device hour",
     "e2e_s": "seconds per question, end to end (mean)",
     "wall_s_per_request": "the run's wall time divided by its questions",
 }

@@ -29,18 +29,18 @@ META = {
 
 def out_row(doc: str, q: str, ref: str, text: str | None, error: str | None = None, **figs):
     base = dict(
-        doc_tokens=4000, context_tokens=500, compression_ratio=8.0, compress_s=0.5, e2e_s=2.0
+        doc_tokens=4000, context_tokens=500, compression_ratio=8.0, compress_s=0.5, device_s=1.5, e2e_s=2.0
     )
     base.update(figs)
     if error:
-        base.update(context_tokens=None, compression_ratio=None, compress_s=None, e2e_s=None)
+        base.update(context_tokens=None, compression_ratio=None, compress_s=None, device_s=None, e2e_s=None)
     return dict(doc_id=doc, prompt=q, reference=ref, output_text=text, error=error, **base)
 
 
 def scored_rows():
     rag = [
         out_row("d1", "What is the code?", "4417", "The code is 4417."),
-        out_row("d1", "Who wrote it?", "Ada Lovelace", "Ada Lovelace", e2e_s=4.0),
+        out_row("d1", "Who wrote it?", "Ada Lovelace", "Ada Lovelace", e2e_s=4.0, device_s=2.5),
         out_row("d2", "What is the code?", "88", None, error="generate: boom"),
     ]
     none = [
@@ -75,6 +75,7 @@ def test_aggregate_orders_and_averages() -> None:
     assert rag["contains"] == pytest.approx(2 / 3)  # the error row counts as wrong
     assert rag["exact_match"] == pytest.approx(1 / 3)
     assert rag["e2e_s"] == pytest.approx(3.0)  # cost figures: successful rows only
+    assert rag["device_s"] == pytest.approx(2.0)  # what a question costs at a price per device hour
     assert rag["compression_ratio"] == pytest.approx(8.0)
     assert rag["wall_s_per_request"] == pytest.approx(10.0)
     none = summary[0]
