@@ -219,6 +219,13 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
+    # A record that the run started, replaced by its full record at the end: a driver Ray
+    # ends without a word (its head node lost) leaves this, and `longdoc report` names the run.
+    start_record = {"run_id": run_id, "run_date": run_date, "job": spec.name, "status": "running",
+                    "started_at": started_at, "output_uri": root, "retry_errors": retry_errors,
+                    "schema_version": SCHEMA_VERSION, **({"earlier_attempts": earlier} if earlier else {})}
+    write_bytes_atomic(run_record_json(start_record, spec.model_dump(mode="json")),
+                       run_record_path(root, run_date, run_id))
     next_ledger_look = time.monotonic()
 
     def look_ledger() -> None:
@@ -235,6 +242,8 @@ def run_job(
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
+        if guard is not None:  # a pool no node can take says so on the line (pipeline/watchdog.py)
+            bar.activity = lambda: guard.waiting_note
     else:
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         from pipeline.local_plan import LocalPlan

@@ -129,6 +129,9 @@ class PoolWatchdog:
         self.follow_up_s = follow_up_s
         self.fired = False
         self.reason = ""
+        #: What the pool waits for now, in words ('' when it does not wait): the progress
+        #: line shows it, so a pool no node can take is not silence until the timeout.
+        self.waiting_note = ""
         self.error: type[PoolLost] = PoolLost
         self.saw_alive = threading.Event()
         self._polls = 0
@@ -199,6 +202,12 @@ class PoolWatchdog:
             and a.get("ActorID") not in earlier
         ]
 
+    def _waiting_note(self, n: int, waited_s: float) -> str:
+        """``waiting_note`` for ``n`` actors waiting ``waited_s`` for a node."""
+        each = ", ".join(f"{_amount(k, v)} {k}" for k, v in sorted(self.required.items())) or "its resources"
+        limit = f" of {self.pending_timeout_s:.0f} s (resources.schedule_timeout_s)" if self.pending_timeout_s else ""
+        return f"{n} generate actor(s) wait for a node with {each} free: {waited_s:.0f} s{limit}"
+
     def _nodes(self) -> list[dict[str, float]]:
         import ray
 
@@ -219,9 +228,11 @@ class PoolWatchdog:
                 self.saw_alive.set()
             if running:
                 seen, dead_since, waiting_since = True, None, None
+                self.waiting_note = ""
             elif waiting:
                 seen, dead_since = True, None
                 waiting_since = waiting_since or now
+                self.waiting_note = self._waiting_note(len(waiting), now - waiting_since)
                 if self.pending_timeout_s is not None and (
                     now - max(waiting_since, self._last_progress) >= self.pending_timeout_s
                 ):

@@ -134,6 +134,11 @@ def date_errors(uri: str, run_date: str, limit: int = 3) -> list[tuple[str, int]
 
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
+#: A run whose record still says it started (pipeline/runner.py writes it first, the full
+#: record last): running now, or its driver ended without writing one.
+UNRECORDED = "ended unrecorded"  # the status `report` gives such a run once a later one ran
+RUNNING_NOTE = ("no record of its end: still running, or its driver was ended (its Ray head node lost); "
+                "run the date again to finish it")
 
 
 def recorded_runs(uri: str) -> list[tuple[str, str]]:
@@ -163,22 +168,43 @@ def staged_rows(uri: str, run_date: str, run_id: str) -> int:
     return n
 
 
+def _running(recorded: dict[str, Any], run_date: str,
+             records: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]]) -> tuple[str, str]:
+    """(status, note) of a run whose record still says ``running``: a later run of its date
+    that recorded its end means this one's driver ended without writing it (``UNRECORDED``;
+    the later run took the date on, publishing what it had staged); otherwise it may still
+    be running (``RUNNING_NOTE``)."""
+    started = recorded.get("started_at") or ""
+    later = [rid for (d, rid), (s, _) in records.items()
+             if d == run_date and (s.get("started_at") or "") > started and s.get("status") not in (None, "running")]
+    if later:
+        return UNRECORDED, (f"its driver ended without a record of its end (its Ray head node lost, or killed); "
+                            f"the later run {later[-1]} went on with the date")
+    return "running", RUNNING_NOTE
+
+
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     out = []
     runs = table.select(["run_date", "run_id"]).group_by(["run_date", "run_id"]).aggregate([])
     with_rows = {(r["run_date"], r["run_id"]) for r in runs.to_pylist()}
-    for run_date, run_id in sorted(with_rows | set(recorded_runs(uri))):
+    runs = sorted(with_rows | set(recorded_runs(uri)))
+    records = {run: _recorded(uri, *run) for run in runs}
+    for run_date, run_id in runs:
         rec = {"run_date": run_date, "run_id": run_id}
-        recorded, spec = _recorded(uri, run_date, run_id)
+        recorded, spec = records[(run_date, run_id)]
+        status, running_note = recorded.get("status"), None
+        if status == "running":  # its record says it started, and no more (pipeline/runner.py)
+            status, running_note = _running(recorded, run_date, records)
         if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
             staged = staged_rows(uri, run_date, run_id)
-            if not (staged or recorded.get("rows") or recorded.get("status") in ("interrupted", "failed")):
+            if not (staged or recorded.get("rows") or status in ("interrupted", "failed", "running", UNRECORDED)):
                 continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
-            note = (f"{staged} row(s) staged, not yet published: run the date again to publish them" if staged
-                    else "its rows were replaced by a later run of the date" if recorded.get("rows") else None)
+            rows_note = (f"{staged} row(s) staged, not yet published: run the date again to publish them" if staged
+                         else "its rows were replaced by a later run of the date" if recorded.get("rows") else None)
+            note = "; ".join(n for n in (running_note, rows_note) if n) or None
             out.append({**rec, "job": recorded.get("job"), **_settings(spec, None),
-                        **{k: recorded.get(k) for k in keys}, "status": recorded.get("status"),
+                        **{k: recorded.get(k) for k in keys}, "status": status,
                         "rows_published": 0, "rows_staged": staged, "note": note})
             continue
         mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
@@ -187,5 +213,5 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
         s = summarize(rows, wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
         out.append({**rec, "job": rows.column("job")[0].as_py(), **_settings(spec, rows), **s,
-                    "status": recorded.get("status")})
+                    "status": status, **({"note": running_note} if running_note else {})})
     return out

@@ -315,6 +315,9 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
     if "rows_published" in summary:  # `report` of a run whose rows are not in the table
         at = keys.index(("rows", "rows (requests)")) + 1
         keys[at:at] = [("rows_published", "  of them published"), ("note", "  why")]
+    elif summary.get("note"):  # `report` of a run that wrote rows and no record of its end
+        at = keys.index(("status", "status")) + 1
+        keys[at:at] = [("note", "  why")]
     if "method" in summary:  # `report`: what the run read with, first
         keys[0:0] = [("model", "model"), ("method", "compression"), ("target_tokens", "  budget (tokens)")]
     if summary.get("answers_scored"):  # only where the input had references

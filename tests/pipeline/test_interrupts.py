@@ -111,6 +111,27 @@ def test_interrupts_on_the_ray_runner_lose_nothing(tmp_path):
     _interrupt_then_finish(tmp_path, "ray")
 
 
+@pytest.mark.slow  # two model loads
+def test_a_driver_killed_without_a_word_is_named_by_its_first_record(tmp_path):
+    """A driver that cannot write its record (Ray ends it when its head node dies; here
+    SIGKILL) left nothing `report` could name. Its first record says it started; the next
+    run of the date publishes its staged rows and records its own end, and `report` then
+    says the first ended unrecorded."""
+    spec = _job(tmp_path)
+    rc, text = _run(spec, "local", signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    killed = text.split("longdoc: run ", 1)[1].split()[0]
+    assert _record(spec, text)["status"] == "running"
+    report = subprocess.run([LONGDOC, "report", str(tmp_path / "out")], capture_output=True, text=True, timeout=WAIT_S)
+    assert report.returncode == 0 and f"({killed})" in report.stdout and "no record of its end" in report.stdout
+    rc, text = _run(spec, "local", None)
+    assert rc == 0 and _record(spec, text)["status"] == "succeeded", text[-3000:]
+    report = subprocess.run([LONGDOC, "report", str(tmp_path / "out")], capture_output=True, text=True, timeout=WAIT_S)
+    assert "ended unrecorded" in report.stdout and "went on with the date" in report.stdout, report.stdout
+    ids = pq.read_table(tmp_path / "out" / f"run_date={DATE}").column("request_id").to_pylist()
+    assert len(ids) == DOCS and len(set(ids)) == DOCS, "every request exactly once"
+
+
 def test_an_interrupt_between_the_last_row_and_the_record_is_noted_not_raised():
     """pipeline/runner.py ``_interrupts_held``: a real SIGINT inside the block is noted (the
     runner records the run as interrupted); a second goes to the handler it replaced; after

@@ -168,6 +168,9 @@ def test_a_pool_no_node_can_take_aborts_naming_the_resource(ray_session, tmp_pat
     msg = str(info.value)
     assert "missing on every node: no_such_accelerator 1 (the most one node has: 0)" in msg
     assert "CPU 8" in msg and "resources.schedule_timeout_s" in msg
+    # Meanwhile the progress line said what the pool waited for (pipeline/runner.py).
+    assert watchdog.waiting_note.startswith("1 generate actor(s) wait for a node with 1 CPU, 1 no_such_accelerator free: ")
+    assert watchdog.waiting_note.endswith(" s (resources.schedule_timeout_s)")
 
     # A constructor that runs for as long as it likes: the actor has a worker process, so
     # it is not waiting for a node, and the watchdog leaves it alone.

@@ -146,3 +146,35 @@ def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_
                        run_record_path(root, "2026-01-01", "r0"))
     (replaced,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r0"]
     assert replaced["note"] == "its rows were replaced by a later run of the date" and replaced["rows"] == 2
+
+
+def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
+    """A driver Ray ended (its head node killed mid-run) wrote no row and no record: `report`
+    said there was nothing under the output. The runner's first record (status running)
+    names the run; once a later run of the date recorded its end, the first one ended
+    unrecorded, and its rows that the later run published keep that word."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    root = str(tmp_path / "out")
+
+    def record(run_id: str, started: str, **summary) -> None:
+        write_bytes_atomic(json.dumps({"summary": {"started_at": started, **summary}}).encode(),
+                           run_record_path(root, "2026-01-01", run_id))
+
+    record("r1", "2026-01-01T02:00:00+00:00", status="running")
+    res = CliRunner().invoke(app, ["report", root])
+    assert res.exit_code == 0, res.output
+    assert "(r1)" in res.output and "running" in res.output and "no record of its end" in res.output
+    _stage(root, _rows("r1", "2026-01-01", 2))  # what it staged; the next run publishes it
+    commit_date(root, "2026-01-01", "r2")
+    _stage(root, _rows("r2", "2026-01-01", 3)[2:])
+    commit_date(root, "2026-01-01", "r2")
+    record("r2", "2026-01-01T03:00:00+00:00", status="succeeded", rows=1)
+    first, second = run_summaries(root, load_output(root))
+    assert (first["run_id"], first["status"], first["rows"]) == ("r1", "ended unrecorded", 2)
+    assert "ended without a record of its end" in first["note"] and "the later run r2" in first["note"]
+    assert (second["run_id"], second["status"], "note" in second) == ("r2", "succeeded", False)
+    res = CliRunner().invoke(app, ["report", root])
+    assert "ended unrecorded" in res.output and "the later run r2 went on with the date" in res.output
