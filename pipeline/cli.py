@@ -154,7 +154,7 @@ def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None
     uri = job.input.uri
     if ("{" in uri and run_date is None) or ("://" in uri and not uri.startswith("file://")):
         return
-    from stages.read import list_shards  # pyarrow and fsspec, not Ray
+    from stages.listing import list_shards  # fsspec, not Ray
 
     try:
         list_shards(job.input, run_date or "")

@@ -105,7 +105,7 @@ class LocalPlan:
         self._started = True
         for name, value in MODEL_STACK_ENV.items():  # what the Ray runner gives its workers
             os.environ.setdefault(name, value)  # (a user's own setting wins)
-        from stages.read import resolve_uri
+        from stages.listing import resolve_uri
         from stages.rows import batch_to_rows, rows_to_batch
         from stages.write import WriteStage
 

@@ -186,7 +186,7 @@ def build_plan(
     """Return (dataset of per-row figures, number of shards).
 
     ``shards``: the input files as the runner listed them, once, before starting Ray
-    (stages.read.list_shards); the plan reads exactly these and never lists again.
+    (stages.listing.list_shards); the plan reads exactly these and never lists again.
     """
     with warnings.catch_warnings():
         # Ray 2.60 deprecates **ray_remote_args but names no parameter for actor
@@ -206,7 +206,7 @@ def _build_plan(
 ):
     import ray.data
 
-    from stages.read import resolve_uri
+    from stages.listing import resolve_uri
     from stages.write import WriteStage
 
     check_chain(stage_chain(spec))

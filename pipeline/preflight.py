@@ -139,7 +139,7 @@ def readable_problem(name: str, uri: str) -> str | None:
 
 # ----------------------------------------------------------------------------- input
 def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
-    from stages.read import list_shards, resolve_uri
+    from stages.listing import list_shards, resolve_uri
 
     inp = spec.input
     if "{run_date}" in inp.uri and run_date is None:
@@ -380,7 +380,8 @@ def first_records_note(spec: JobSpec, run_date: str | None) -> str:
     reader's own message (the same code reads them: stages/read.py ``iter_shard``)."""
     from itertools import islice
 
-    from stages.read import iter_shard, list_shards, resolve_uri
+    from stages.listing import list_shards, resolve_uri
+    from stages.read import iter_shard
 
     if spec.input.format == "text" or ("{run_date}" in spec.input.uri and run_date is None):
         return ""
@@ -400,7 +401,7 @@ def first_records_note(spec: JobSpec, run_date: str | None) -> str:
 def skipped_note(spec: JobSpec, run_date: str | None) -> str:
     """The files of a folder input its format does not read, in words, for `validate`'s
     last line ('' when none): a folder of mixed files does not lose some without a word."""
-    from stages.read import skipped_suffixes
+    from stages.listing import skipped_suffixes
 
     try:
         other = skipped_suffixes(spec.input, run_date or "")

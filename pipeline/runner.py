@@ -15,7 +15,7 @@ exactly one row in the output table (written now or by an earlier run of the dat
   its fields), beside the output root, never in it: the root holds only the
   ``run_date=D/*.parquet`` rows, so Polars, pandas, DuckDB and Spark read the folder
   without options. Staged blocks and the ledger live in ``{output}.runs/`` too.
-- The input is listed once (``stages.read.list_shards``, before Ray starts) and read
+- The input is listed once (``stages.listing.list_shards``, before Ray starts) and read
   once (the read stage); the abort path and the progress total take the run's requests
   from the read stage's ledger (stages/ledger.py), never from the input again.
 - A complete run replaces the date's rows it supersedes (stages/partition.py
@@ -80,8 +80,8 @@ from schemas.spec import JobSpec
 from stages.layout import run_record_path, staging_dir
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
+from stages.listing import list_shards
 from stages.partition import commit_date, scan_date, superseded
-from stages.read import list_shards
 from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, write_table_atomic
 
 log = logging.getLogger("longdoc")

@@ -1,13 +1,7 @@
 """Read documents from any fsspec URI.
 
 Contract:
-- ``list_shards(input_spec, run_date)`` (driver side, cheap) returns the files to
-  read, sorted, or raises ValueError naming the URI when nothing is there or when a
-  local entry is not a regular file (a FIFO would block the reader for ever, a link to
-  /dev/zero never end). Under a folder, names starting with ``.`` or ``_`` are left out
-  (``_hidden``). The runner calls it ONCE per run and hands the list on: the
-  plan, the progress line and the abort path use that list, and nothing reads the
-  input but the read stage (stages/ledger.py records what it read).
+- The files to read come from stages/listing.py ``list_shards`` (once per run).
 - ``iter_shard(path, input_spec, root_uri)`` yields one ``Document`` per document in
   the file, streaming: a text file is one document; JSONL (``.gz`` and ``.bz2``
   decompressed as they stream: ``open_input``) is read in 1 MiB blocks and split into lines; Parquet is read batch by batch (row groups), only the spec's
@@ -43,6 +37,7 @@ import pyarrow.parquet as pq
 
 from schemas.output import INPUT, RETRYABLE, reference_text
 from schemas.spec import FORMAT_SUFFIXES, InputSpec
+from stages.listing import special_kind
 from stages.storage import configure_object_stores
 
 configure_object_stores()  # throttling, 5xx and resets retried with bounded backoff
@@ -96,104 +91,6 @@ def _bad(doc_id: str, path: str, error: str, kind: str = INPUT) -> Document:
     return Document(doc_id, path, None, error=error, error_kind=kind)
 
 
-def resolve_uri(uri: str, run_date: str, job: str = "") -> str:
-    return uri.replace("{run_date}", run_date).replace("{job}", job)
-
-
-def list_shards(inp: InputSpec, run_date: str) -> list[str]:
-    """Files to read, as full URIs (protocol kept), sorted for a stable order.
-
-    The listing walks the tree one folder at a time and keeps only the matching paths: a
-    listing's metadata (size, times, type per entry) lives for one folder, not the corpus.
-    ``fs.find(detail=True)`` held it for every file at once (100k files: a 76 MB peak for
-    an 8 MB path list).
-    """
-    uri = resolve_uri(inp.uri, run_date)
-    fs, root = fsspec.core.url_to_fs(uri)
-    if not fs.exists(root):
-        glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
-        raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else ""))
-    if fs.isfile(root):
-        _check_regular(root, fs.info(root))
-        return [_unstrip(fs, root)]
-    suffixes = FORMAT_SUFFIXES[inp.format]
-    paths = []
-    for folder, dirs, files in fs.walk(root, detail=True):
-        _drop_hidden(dirs)
-        for name, info in files.items():
-            path = f"{folder.rstrip('/')}/{name}" if name else folder
-            if not _hidden(name) and path.lower().endswith(suffixes):
-                _check_regular(path, info)
-                paths.append(path)
-    if not paths:
-        raise ValueError(
-            f"input.uri {uri!r} has no {inp.format} files (looked for {', '.join(suffixes)} "
-            "in the folder and below)"
-        )
-    paths.sort()
-    return [_unstrip(fs, p) for p in paths]
-
-
-def skipped_suffixes(inp: InputSpec, run_date: str) -> dict[str, int]:
-    """Files under a folder input that its format does not read, counted by suffix (``.pdf``:
-    2; no suffix: ``""``), hidden ones (``_hidden``) left out: what `validate` names so that a folder of
-    mixed files does not lose some without a word. {} for a single file or a missing folder."""
-    fs, root = fsspec.core.url_to_fs(resolve_uri(inp.uri, run_date))
-    if not fs.isdir(root):
-        return {}
-    suffixes = FORMAT_SUFFIXES[inp.format]
-    out: dict[str, int] = {}
-    for _folder, dirs, files in fs.walk(root):
-        _drop_hidden(dirs)
-        for name in files:
-            if _hidden(name) or name.lower().endswith(suffixes):
-                continue
-            suffix = os.path.splitext(name)[1].lower()
-            out[suffix] = out.get(suffix, 0) + 1
-    return out
-
-
-def _hidden(name: str) -> bool:
-    """A name a folder listing leaves out, as Spark, Hive and Hadoop do: ``.`` files (editors'
-    and tools' own) and ``_`` ones (``_SUCCESS``, ``_temporary/`` of a write in progress)."""
-    return name.startswith((".", "_"))
-
-
-def _drop_hidden(dirs: dict | list) -> None:
-    """Prune hidden folders from an ``fs.walk`` step (top-down: it descends into what is left)."""
-    for name in [d for d in dirs if _hidden(d)]:
-        if isinstance(dirs, dict):
-            del dirs[name]
-        else:
-            dirs.remove(name)
-
-
-def _check_regular(path: str, info: dict) -> None:
-    # fsspec's local filesystem types FIFOs, devices and sockets "other" (links followed).
-    if info.get("type", "file") not in ("file", "directory"):
-        raise ValueError(
-            f"input.uri: {path!r} is not a regular file ({_kind(path)}); allowed: regular "
-            "files (a FIFO blocks the reader, a device never ends)"
-        )
-
-
-def _kind(path: str) -> str:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "unreadable"
-    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "a special file"
-
-
-def _unstrip(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return path if protocol in ("file", "local") else f"{protocol}://{path}"
-
-
 def read_shard(path: str, inp: InputSpec, root_uri: str) -> list[Document]:
     return list(iter_shard(path, inp, root_uri))
 
@@ -227,7 +124,7 @@ def _special_local_file(path: str) -> str | None:
         mode = os.stat(path.removeprefix("file://")).st_mode
     except OSError:
         return None  # the reader reports it (missing: a storage error)
-    return None if stat.S_ISREG(mode) else _kind(path.removeprefix("file://"))
+    return None if stat.S_ISREG(mode) else special_kind(path.removeprefix("file://"))
 
 
 def _over_bytes(size: int, inp: InputSpec, what: str) -> str:

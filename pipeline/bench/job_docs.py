@@ -25,7 +25,8 @@ DEFAULT_SOURCE = "jobs/corpus"
 
 def spec_requests(spec, run_date: str) -> tuple[list[dict], int]:
     """(requests as records, documents that failed to read) for ``spec`` on ``run_date``."""
-    from stages.read import iter_shard, list_shards, resolve_uri
+    from stages.listing import list_shards, resolve_uri
+    from stages.read import iter_shard
     from stages.requests import expand_requests, generation_fingerprint
 
     root_uri = resolve_uri(spec.input.uri, run_date)

@@ -115,7 +115,7 @@ def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heal
 
 
 def test_while_it_waits_for_the_engine_the_plan_says_what_the_engine_holds(tmp_path, tiny_model_dir):
-    from stages.read import list_shards
+    from stages.listing import list_shards
 
     spec = _spec(tmp_path, str(tiny_model_dir))
     seen: list[str] = []

@@ -9,11 +9,11 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from alone import run_alone
 
 from schemas.loading import spec_from_dict
 from schemas.spec import InputSpec
-from stages.read import list_shards, read_shard, skipped_suffixes
+from stages.listing import list_shards, skipped_suffixes
+from stages.read import read_shard
 from stages.requests import expand_requests, generation_fingerprint
 
 
@@ -64,38 +64,6 @@ def test_parquet_file_and_missing_field(tmp_path):
     assert [d.doc_id for d in docs] == ["x", "y"]
     assert docs[0].text == "text x"
     assert "row1" in docs[1].error and "field 'body' is null" in docs[1].error  # there, and null
-
-
-def test_missing_uri_and_empty_folder(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
-        list_shards(InputSpec(uri=str(tmp_path / "nope")), "2026-01-01")
-    with pytest.raises(ValueError, match="no text files"):
-        list_shards(InputSpec(uri=str(tmp_path)), "2026-01-01")
-
-
-def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
-    """The listing keeps the paths it matched, not every file's metadata: 10x the folders
-    (same files each) leaves the peak beyond the kept list about where it was."""
-    extra = {}
-    for folders in (2, 20):
-        root = tmp_path / f"corpus{folders}"
-        for f in range(folders):
-            (root / f"day={f:02d}").mkdir(parents=True)
-            for i in range(300):
-                (root / f"day={f:02d}" / f"doc{i:03d}.txt").write_text("x")
-        # Traced in a child alone: tests/alone.py says why.
-        extra[folders] = run_alone(f"""
-            import tracemalloc
-            from schemas.spec import InputSpec
-            from stages.read import list_shards
-            tracemalloc.start()
-            paths = list_shards(InputSpec(uri={str(root)!r}, format="text"), "")
-            held, peak = tracemalloc.get_traced_memory()
-            assert len(paths) == {folders * 300} and paths == sorted(paths)
-            done(peak - held)
-        """)
-    # All 6,000 files' metadata at once was ~10x the 600 of two folders.
-    assert extra[20] < 2 * extra[2], extra
 
 
 def test_a_record_whose_text_is_unusable_keeps_a_row_per_question(tmp_path):
@@ -382,8 +350,3 @@ def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
     inp = InputSpec(uri=str(tmp_path), format="jsonl")
     assert [(d.doc_id, d.text) for d in _read_all(inp)] == [("g", "Zipped."), ("z", "Bzipped."), ("p", "Plain.")]
     assert skipped_suffixes(inp, "2026-01-01") == {}
-
-
-def test_a_pattern_in_the_input_uri_is_named_as_such(tmp_path):
-    with pytest.raises(ValueError, match=r"patterns like \* are not expanded: name the folder"):
-        list_shards(InputSpec(uri=str(tmp_path / "*.jsonl"), format="jsonl"), "2026-01-01")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pipeline.bench.job_docs import spec_requests, write_synthetic_corpus
 from schemas.loading import load_spec
-from stages.read import list_shards, read_shard
+from stages.listing import list_shards
+from stages.read import read_shard
 from stages.requests import expand_requests, generation_fingerprint
 
 ROOT = Path(__file__).resolve().parents[3]

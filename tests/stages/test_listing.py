@@ -1,0 +1,46 @@
+"""stages/listing.py: the files an input names."""
+
+from __future__ import annotations
+
+import pytest
+from alone import run_alone
+
+from schemas.spec import InputSpec
+from stages.listing import list_shards
+
+
+def test_missing_uri_and_empty_folder(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        list_shards(InputSpec(uri=str(tmp_path / "nope")), "2026-01-01")
+    with pytest.raises(ValueError, match="no text files"):
+        list_shards(InputSpec(uri=str(tmp_path)), "2026-01-01")
+
+
+def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
+    """The listing keeps the paths it matched, not every file's metadata: 10x the folders
+    (same files each) leaves the peak beyond the kept list about where it was."""
+    extra = {}
+    for folders in (2, 20):
+        root = tmp_path / f"corpus{folders}"
+        for f in range(folders):
+            (root / f"day={f:02d}").mkdir(parents=True)
+            for i in range(300):
+                (root / f"day={f:02d}" / f"doc{i:03d}.txt").write_text("x")
+        # Traced in a child alone: tests/alone.py says why.
+        extra[folders] = run_alone(f"""
+            import tracemalloc
+            from schemas.spec import InputSpec
+            from stages.listing import list_shards
+            tracemalloc.start()
+            paths = list_shards(InputSpec(uri={str(root)!r}, format="text"), "")
+            held, peak = tracemalloc.get_traced_memory()
+            assert len(paths) == {folders * 300} and paths == sorted(paths)
+            done(peak - held)
+        """)
+    # All 6,000 files' metadata at once was ~10x the 600 of two folders.
+    assert extra[20] < 2 * extra[2], extra
+
+
+def test_a_pattern_in_the_input_uri_is_named_as_such(tmp_path):
+    with pytest.raises(ValueError, match=r"patterns like \* are not expanded: name the folder"):
+        list_shards(InputSpec(uri=str(tmp_path / "*.jsonl"), format="jsonl"), "2026-01-01")
