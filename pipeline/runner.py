@@ -65,6 +65,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.placement import actor_resources, check_fits, init_ray, with_actor_cpus
 from pipeline.report.summary import RunTally, package_versions, run_record_json, run_summary
@@ -307,6 +308,14 @@ def run_job(
             # signal meanwhile exits at once (pipeline/cli.py), with what is staged so far.
             for batch in stop_engine():
                 take(batch)
+        # Blocks Ray's write tasks staged that the iteration had not handed over yet: the
+        # run's record counts every row the next run will publish under its id.
+        from pipeline.report.load import staged_tables
+
+        for table in staged_tables(root, run_date, run_id):
+            fresh = table.filter(pc.invert(pc.is_in(table.column("request_id"), pa.array(sorted(seen_ids), pa.string()))))
+            if fresh.num_rows:
+                take(fresh)
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     with _interrupts_held() as arrived:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -156,16 +157,27 @@ def recorded_runs(uri: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+def _staged_files(uri: str, run_date: str, run_id: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    fs, root = fsspec.core.url_to_fs(uri)
+    return fs, [f for folder in staging_dirs(root, run_date) for f in list_files(fs, f"{folder}/{run_id}", STAGED_SUFFIX)]
+
+
 def staged_rows(uri: str, run_date: str, run_id: str) -> int:
     """Rows ``run_id`` staged for ``run_date`` that no run has published yet (an interrupted
     run's: the next run of the date publishes them first)."""
-    fs, root = fsspec.core.url_to_fs(uri)
+    fs, files = _staged_files(uri, run_date, run_id)
     n = 0
-    for folder in staging_dirs(root, run_date):
-        for f in list_files(fs, f"{folder}/{run_id}", STAGED_SUFFIX):
-            with fs.open(f, "rb") as fh:
-                n += pq.ParquetFile(fh).metadata.num_rows
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            n += pq.ParquetFile(fh).metadata.num_rows
     return n
+
+
+def staged_tables(uri: str, run_date: str, run_id: str) -> Iterator[pa.Table]:
+    """The blocks ``run_id`` staged for ``run_date`` (FILE_SCHEMA), not yet published."""
+    fs, files = _staged_files(uri, run_date, run_id)
+    for f in files:
+        yield read_file(fs, f)
 
 
 def _running(recorded: dict[str, Any], run_date: str,

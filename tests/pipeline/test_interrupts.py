@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pipeline.report.load import staged_rows
 from pipeline.runner import _interrupts_held
 from stages.layout import run_record_path, staging_dir
 
@@ -89,6 +90,8 @@ def _interrupt_then_finish(tmp_path: Path, runner: str) -> None:
         assert f"interrupted ({sig.name})" in text and "run the same date again" in text
         summary = _record(spec, text)
         assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
+        # Its record counts every row it staged (Ray's last blocks too, not yet handed over).
+        assert summary["rows"] == staged_rows(str(tmp_path / "out"), DATE, summary["run_id"]) > 0, summary
     assert _staged(tmp_path / "out"), "the interrupted runs' staged rows were kept"
     rc, text = _run(spec, runner, None)
     assert rc == 0, text[-3000:]
