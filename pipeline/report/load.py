@@ -225,5 +225,6 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
         s = summarize(rows, wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
         out.append({**rec, "job": rows.column("job")[0].as_py(), **_settings(spec, rows), **s,
+                    "retried": recorded.get("retried"),  # what the run said; rows cannot tell
                     "status": status, **({"note": running_note} if running_note else {})})
     return out

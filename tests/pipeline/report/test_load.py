@@ -171,8 +171,9 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
     commit_date(root, "2026-01-01", "r2")
     _stage(root, _rows("r2", "2026-01-01", 3)[2:])
     commit_date(root, "2026-01-01", "r2")
-    record("r2", "2026-01-01T03:00:00+00:00", status="succeeded", rows=1)
+    record("r2", "2026-01-01T03:00:00+00:00", status="succeeded", rows=1, retried=2)
     first, second = run_summaries(root, load_output(root))
+    assert second["retried"] == 2  # as the run printed it ("error rows retried"), not "-"
     assert (first["run_id"], first["status"], first["rows"]) == ("r1", "ended unrecorded", 2)
     assert "ended without a record of its end" in first["note"] and "the later run r2" in first["note"]
     assert (second["run_id"], second["status"], "note" in second) == ("r2", "succeeded", False)
