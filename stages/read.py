@@ -4,13 +4,17 @@ Contract:
 - The files to read come from stages/listing.py ``list_shards`` (once per run).
 - ``iter_shard(path, input_spec, root_uri)`` yields one ``Document`` per document in
   the file, streaming: a text file is one document; JSONL (``.gz`` and ``.bz2``
-  decompressed as they stream: ``open_input``) is read in 1 MiB blocks and split into lines; Parquet is read batch by batch (row groups), only the spec's
-  columns. ``read_shard`` is ``list(iter_shard(...))``. Memory per reader is bounded
-  by ``input.max_doc_bytes`` plus one block / row group, never by the file size.
+  decompressed as they stream: ``open_input``; a UTF-8 byte order mark dropped:
+  ``parse_line``) is read in 1 MiB blocks and split into lines; Parquet is read batch
+  by batch (row groups), only the spec's columns. ``read_shard`` is
+  ``list(iter_shard(...))``. Memory per reader is bounded by ``input.max_doc_bytes``
+  plus one block / row group, never by the file size.
 - A document that cannot be read (bad bytes, bad JSON, missing field, empty text,
-  over ``input.max_doc_bytes``, an id an earlier record of the file gave another text)
-  still yields a Document with ``error`` set, naming file, line/row and field or limit,
-  and ``error_kind`` ``input`` (final). A file
+  over ``input.max_doc_bytes``, an id that is empty, a boolean or one an earlier record
+  of the file gave another text, a question that is not a non-empty string or is asked
+  twice with two answers, answers that do not pair with the questions) still yields a
+  Document with ``error`` set, naming file, line/row and field or limit, and
+  ``error_kind`` ``input`` (final); its usable questions stay, one error row each. A file
   that cannot be opened or breaks off mid-read yields an error Document of kind
   ``retryable`` (storage: a rerun may succeed); one that vanished since the listing says
   so and names the file. Object-store calls retry throttling, 5xx and connection resets
