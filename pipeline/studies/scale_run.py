@@ -253,7 +253,9 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
     final = rows_of(out, args.date, ["request_id", "run_id", "error"])
     ids = [r["request_id"] for r in final]
     final_run_id = {r["request_id"]: r["run_id"] for r in final}
-    (record,) = run_records(out, args.date)
+    # The killed run left the record it writes when it starts (status running); the rerun's own is the other.
+    killed_records = [r for r in run_records(out, args.date) if r.get("run_id") in killed_run_ids]
+    (record,) = [r for r in run_records(out, args.date) if r.get("run_id") not in killed_run_ids]
     kept = sum(final_run_id.get(rid) == run_id for rid, run_id in before.items())
     # Workers of the killed run that outlived it can still stage a row or two after the
     # snapshot above (seen: 6 rows in the 2.5 s they lived on). The rerun skips those too
@@ -265,6 +267,7 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
         "killed_after_s": kill_s,
         "rows_at_kill": rows_at_kill,
         "killed_run_ids": killed_run_ids,
+        "killed_run_status": [r.get("status") for r in killed_records],  # its first record: "running"
         "ray_processes_left_after_kill": len(left_after_kill),
         "left_after_kill_names": left_names,
         # Seconds into the rerun when the last of them had exited by itself (None: never).

@@ -60,6 +60,7 @@ def test_a_driver_killed_at_half_then_rerun_redoes_nothing(tmp_path):
     assert kill["rows_at_kill"] >= kill["kill_target_rows"] == N_DOCS // 2
     assert kill["rows_before_rerun"] < N_DOCS, "nothing was left to rerun"
     assert len(kill["killed_run_ids"]) == 1 and kill["rerun_run_id"] not in kill["killed_run_ids"]
+    assert kill["killed_run_status"] == ["running"]  # the record it wrote when it started, and no more
     assert kill["rerun_exit_code"] == 0 and kill["rerun_status"] == "succeeded"
     assert kill["rows_before_rerun"] <= kill["rerun_skipped"] <= kill["killed_run_rows_final"]
     assert kill["rerun_rows"] == N_DOCS - kill["rerun_skipped"]
