@@ -220,13 +220,6 @@ def run_job(
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
-    # A record that the run started, replaced by its full record at the end: a driver Ray
-    # ends without a word (its head node lost) leaves this, and `longdoc report` names the run.
-    start_record = {"run_id": run_id, "run_date": run_date, "job": spec.name, "status": "running",
-                    "started_at": started_at, "output_uri": root, "retry_errors": retry_errors,
-                    "schema_version": SCHEMA_VERSION, **({"earlier_attempts": earlier} if earlier else {})}
-    write_bytes_atomic(run_record_json(start_record, spec.model_dump(mode="json")),
-                       run_record_path(root, run_date, run_id))
     next_ledger_look = time.monotonic()
 
     def look_ledger() -> None:
@@ -257,6 +250,14 @@ def run_job(
         local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=on_wait)
         batches, guard, bar.activity = local.batches, None, local.activity
         stop_engine = local.stop
+    # A record that the run started, replaced by its full record at the end: a driver Ray
+    # ends without a word (its head node lost) leaves this, and `longdoc report` names the run.
+    # Written once Ray is up: a cluster that refuses the run leaves no run behind.
+    start_record = {"run_id": run_id, "run_date": run_date, "job": spec.name, "status": "running",
+                    "started_at": started_at, "output_uri": root, "retry_errors": retry_errors,
+                    "schema_version": SCHEMA_VERSION, **({"earlier_attempts": earlier} if earlier else {})}
+    write_bytes_atomic(run_record_json(start_record, spec.model_dump(mode="json")),
+                       run_record_path(root, run_date, run_id))
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
     n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "

@@ -189,6 +189,7 @@ def test_a_cluster_address_where_nothing_answers_is_refused_at_once(tmp_path):
                           "--address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and f"--address 127.0.0.1:{port}: nothing answers there" in res.stderr, res.stderr
     assert time.monotonic() - t0 < 60
+    assert not list(tmp_path.glob("out.runs/*/*.json")), "a refused run left a run record (report would list it)"
 
 
 def test_every_command_quiets_the_model_stack_before_it_loads_anything(monkeypatch):
