@@ -183,21 +183,15 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
 
 
 def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec) -> list[str]:
-    """A record whose answers do not pair with its questions (the first one found): answers
-    pair with questions by position, so a count that differs scores the wrong questions."""
-    if not (inp.question_field and inp.answer_field):
-        return []
+    """The first record whose answers do not pair with its questions, refused: among the first
+    records it is the sign of a misnamed field, not of one stray record (the reader's rule:
+    stages/read.py ``pairing_problem``; past the first records such a record is error rows)."""
+    from stages.read import pairing_problem
+
     for where, rec in records:
-        questions, answers = rec.get(inp.question_field), rec.get(inp.answer_field)
-        if questions is None or answers is None:
-            continue
-        nq = len(questions) if isinstance(questions, list) else 1
-        # One question not in a list: a list of answers is its acceptable answers (stages/read.py).
-        na = len(answers) if isinstance(answers, list) and isinstance(questions, list) else 1
-        if nq != na:
-            return [f"input.answer_field: {shown(path)} {where} has {nq} question(s) and {na} answer(s) "
-                    f"({inp.answer_field!r}); fix: one answer per question, in order (null for a question "
-                    "without one; a list of acceptable answers for one question goes inside the list)"]
+        problem = pairing_problem(rec, inp)
+        if problem:
+            return [f"input.answer_field: {shown(path)} {where}: {problem}"]
     return []
 
 

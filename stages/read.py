@@ -351,26 +351,19 @@ def _id_problem(raw_id: Any, present: bool) -> str | None:
 def _questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str], list[str | None], str | None]:
     """(the record's usable questions, their answers, what is wrong with them or None).
 
-    Answers pair with questions by position, one each (a list inside the list holds one
-    question's acceptable answers: schemas/output.py ``reference_text``; so does the list
-    given for a single question that is not in a list): a count that
-    differs would score the wrong questions, so it is a problem (the rule `validate`
-    applies to the first records: pipeline/preflight.py ``_answers_problems``). A question
-    must be a non-empty string (a number or a nested value would be asked as its Python
-    text); one asked twice is one request (its id hashes the question), so a repeat with
-    another answer is a problem and an exact repeat is dropped."""
-    qf, af = inp.question_field, inp.answer_field
+    Answers pair with questions by position (``pairing_problem``). A question must be a
+    non-empty string (a number or a nested value would be asked as its Python text); one
+    asked twice is one request (its id hashes the question), so a repeat with another
+    answer is a problem and an exact repeat is dropped."""
+    qf = inp.question_field
     raw_q = rec.get(qf) if qf else None
-    raw_a = rec.get(af) if af else None
-    items = _as_list(raw_q)
-    # One question (not a list) with a list of answers: its acceptable answers.
-    given = [raw_a] if isinstance(raw_q, (str, bytes)) and isinstance(raw_a, (list, tuple)) else _as_list(raw_a)
+    raw_a = rec.get(inp.answer_field) if inp.answer_field else None
+    items, given = _as_list(raw_q), _given_answers(raw_q, raw_a)
     answers = [reference_text(a) for a in given]
     problems = []
-    if raw_q is not None and raw_a is not None and len(items) != len(given):
-        problems.append(f"field {af!r} has {len(given)} answer(s) for {len(items)} question(s) in {qf!r}; fix: "
-                        "one answer per question, in order (null for a question without one; a list of "
-                        "acceptable answers for one question goes inside the list)")
+    pairing = pairing_problem(rec, inp)
+    if pairing:
+        problems.append(pairing)
         answers = []
     questions: list[str] = []
     kept: list[str | None] = []
@@ -391,6 +384,33 @@ def _questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[st
             questions.append(q)
             kept.append(ref)
     return questions, kept if answers else [], "; ".join(problems) or None
+
+
+def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
+    """What is wrong with how a record's answers pair with its questions, in words (None: they
+    pair, or one of the two is absent). Answers pair with questions by position, one each (a
+    list inside the list holds one question's acceptable answers: schemas/output.py
+    ``reference_text``; so does the list given for a single question that is not in a list):
+    a count that differs would score the wrong questions. The run makes such a record error
+    rows; `validate` refuses a spec whose first records break it (pipeline/preflight.py), the
+    sign of a misnamed field."""
+    qf, af = inp.question_field, inp.answer_field
+    raw_q = rec.get(qf) if qf else None
+    raw_a = rec.get(af) if af else None
+    if raw_q is None or raw_a is None:
+        return None
+    nq, na = len(_as_list(raw_q)), len(_given_answers(raw_q, raw_a))
+    if nq == na:
+        return None
+    return (f"field {af!r} has {na} answer(s) for {nq} question(s) in {qf!r}; fix: one answer per question, "
+            "in order (null for a question without one; a list of acceptable answers for one question goes "
+            "inside the list)")
+
+
+def _given_answers(raw_q: Any, raw_a: Any) -> list:
+    """The answers as a list to pair with the questions: one question not in a list with a
+    list of answers has them as its acceptable answers (one entry)."""
+    return [raw_a] if isinstance(raw_q, (str, bytes)) and isinstance(raw_a, (list, tuple)) else _as_list(raw_a)
 
 
 def _as_list(v: Any) -> list:

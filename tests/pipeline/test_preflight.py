@@ -126,7 +126,7 @@ def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     spec = _spec(tmp_path, input={"question_field": "q", "answer_field": "a"})
     rec = {"id": "d1", "text": "A short document.", "q": ["Who?", "When?", "Where?"], "a": "Ada; 1843; London"}
     (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
-    _both(spec, ["input.answer_field", "line 1 has 3 question(s) and 1 answer(s)", "one answer per question"])
+    _both(spec, ["input.answer_field", "line 1: field 'a' has 1 answer(s) for 3 question(s)", "one answer per question"])
     rec["a"] = [["Ada", "Ada Lovelace"], "1843", None]  # alternatives for one, none for another: they pair
     (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
