@@ -18,7 +18,16 @@ Contract:
   sentences). ``join_lines``: a single newline followed by a token that neither opens
   with whitespace nor breaks (wrapped prose, not an indented code line or a blank
   line) continues the sentence, up to ``MAX_JOINED`` tokens: hard-wrapped text is
-  read in sentences, not in lines.
+  read in sentences, not in lines. With the tokens' bytes (``Boundaries.token_bytes``,
+  what ``sentence_boundaries`` gives) three rules more, for text that is not tidy
+  English: a full stop after an abbreviation ("Dr.", "Feb.", "z. B."), a number of one
+  or two digits ("am 15. Februar") or one letter (initials), or followed by a word in
+  lower case, ends nothing; "。", "！" and "？" end a sentence with no space after them
+  (CJK text, whose full-width marks a byte-level tokenizer splits across tokens); and
+  no sentence grows past ``MAX_SENTENCE`` tokens: one that would is cut after its last
+  comma, semicolon or colon in its second half, else before its last word, never
+  inside a character (a transcript without punctuation is read in pieces, not as one
+  "sentence" a budget can only cut at its head).
 - ``sentence_index(parts, boundaries, join_lines, device)``: [B, N] each document token's
   sentence per row (mode kv's ranking of whole sentences).
 - ``snap_to_sentences(kept, spans, budget, score=None)``: exactly ``min(budget, n_doc)``
@@ -41,6 +50,22 @@ if TYPE_CHECKING:
 
 _ENDS = (".", "!", "?")
 MAX_JOINED = 96  # a joined sentence breaks at its next newline past this many tokens
+# Why 96: long legal and technical sentences run 60-90 tokens; a piece this size still
+# holds a fact with its cue, and a 512-token budget holds five of them.
+MAX_SENTENCE = 96
+_CJK_ENDS = tuple(c.encode() for c in "。！？")
+_SOFT_ENDS = tuple(c.encode() for c in (",", ";", ":", "，", "、", "；", "："))
+# Words whose full stop does not end a sentence (lower case, no stop), in the languages
+# users brought: English, German, French, Spanish, Italian. Words that often end one
+# ("etc", "usw", "Inc") are left out: a false end splits a sentence, a missed one only
+# joins two.
+ABBREVIATIONS = frozenset("""
+mr mrs ms dr prof sr jr st vs e.g i.e cf approx no nos fig figs vol pp ca
+jan feb mar apr jun jul aug sep sept oct nov dec
+med nr bzw vgl z.b d.h u.a abs art str tel mio mrd okt dez evtl ggf inkl zzgl dipl ing
+mme mlle mm env av bd janv févr avr juil déc p.ex
+sra srta dra ud uds sig dott
+""".split())
 
 
 @dataclass(frozen=True)
@@ -51,13 +76,15 @@ class Boundaries:
     ends: frozenset[int]
     opens: frozenset[int]
     newlines: frozenset[int] = frozenset()
+    #: Each token id's UTF-8 bytes (``token_bytes``); None: the rules of token classes only.
+    token_bytes: tuple[bytes, ...] | None = None
 
 
 def sentence_boundaries(tokenizer) -> Boundaries:
     """Classify every token id of ``tokenizer`` (see the module contract)."""
     breaks, ends, opens, newlines = set(), set(), set(), set()
-    for i in range(len(tokenizer)):
-        text = tokenizer.decode([i])
+    texts = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    for i, text in enumerate(texts):
         if text == "\n":
             newlines.add(i)
         if "\n" in text:
@@ -66,27 +93,115 @@ def sentence_boundaries(tokenizer) -> Boundaries:
             ends.add(i)
         if text[:1].isspace():
             opens.add(i)
-    return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens), frozenset(newlines))
+    return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens), frozenset(newlines),
+                      token_bytes(tokenizer, texts))
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The printable character byte-level BPE tokenizers (GPT-2's scheme: SmolLM2, Llama 3,
+    Qwen2) write for each byte in their vocabulary: printable Latin-1 bytes stand for
+    themselves, the others for code points from 256 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet, extra = {}, 0
+    for byte in range(256):
+        if byte in keep:
+            alphabet[chr(byte)] = byte
+        else:
+            alphabet[chr(256 + extra)] = byte
+            extra += 1
+    return alphabet
+
+
+def token_bytes(tokenizer, texts: list[str] | None = None) -> tuple[bytes, ...]:
+    """Each token id's UTF-8 bytes. A token that decodes to whole characters is its text's
+    bytes (a SentencePiece word piece keeps its leading space); one that holds part of a
+    character (it decodes to U+FFFD) is read from its vocabulary entry: ``<0xNN>`` (byte
+    fallback) or the byte-level alphabet. A part that neither explains reads as one
+    continuation byte (0x80): never a clean place to cut, never a sentence end."""
+    texts = texts if texts is not None else [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(texts))))
+    alphabet = _byte_level_alphabet()
+    out = []
+    for text, piece in zip(texts, pieces, strict=True):
+        piece = piece or ""
+        if "\ufffd" not in text:
+            lead = " " if piece.startswith("\u2581") and not text.startswith(" ") else ""
+            out.append((lead + text).encode("utf-8"))
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            out.append(bytes([int(piece[3:5], 16)]))
+        elif piece and all(c in alphabet for c in piece):
+            out.append(bytes(alphabet[c] for c in piece))
+        else:
+            out.append(b"\x80")
+    return tuple(out)
 
 
 def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = False) -> list[tuple[int, int]]:
     """[start, end) per sentence of ``ids``; they tile ``range(len(ids))``."""
     b = boundaries
+    tb = b.token_bytes
     spans, start = [], 0
+    word = tail = b""  # the bytes since the last whitespace; the last few bytes (token_bytes rules)
+    soft = clean = -1  # the last token after which a cut is a clause's end / inside no character
     for i, tok in enumerate(ids):
         nxt = ids[i + 1] if i + 1 < len(ids) else None
         wrapped = (
             join_lines and tok in b.newlines and nxt is not None and nxt not in b.opens
             and nxt not in b.breaks and i + 1 - start < MAX_JOINED
         )
-        if (tok in b.breaks and not wrapped) or (
+        ends = (tok in b.breaks and not wrapped) or (
             tok in b.ends and (nxt is None or nxt in b.opens or nxt in b.breaks)
-        ):
+        )
+        if tb is not None:
+            data = _bytes_of(tb, tok)
+            joined = word + data
+            word = b"" if joined[-1:].isspace() or not joined.split() else joined.split()[-1][-24:]
+            tail = (tail + data)[-8:]  # a full-width mark split across tokens ends in the tail
+            after = _bytes_of(tb, nxt) if nxt is not None else b""
+            if ends and tok not in b.breaks and _stop_within_sentence(word, after):
+                ends = False
+            if not ends and tail.rstrip().endswith(_CJK_ENDS) and not _mid_character(after):
+                ends = True
+            if not ends and nxt is not None and not _mid_character(after):
+                clean = i
+                if data.rstrip().endswith(_SOFT_ENDS) or (after[:1].isspace() and i + 1 - start > MAX_SENTENCE // 2):
+                    soft = i
+            if not ends and i + 1 - start >= MAX_SENTENCE and nxt is not None:
+                cut = soft if soft >= start + MAX_SENTENCE // 2 else clean if clean >= start else -1
+                if cut >= 0:
+                    spans.append((start, cut + 1))
+                    start = cut + 1
+                    soft = clean = -1
+                    continue
+        if ends:
             spans.append((start, i + 1))
             start = i + 1
+            soft = clean = -1
     if start < len(ids):
         spans.append((start, len(ids)))
     return spans
+
+
+def _bytes_of(tb: tuple[bytes, ...], tok: int) -> bytes:
+    return tb[tok] if 0 <= tok < len(tb) else b""
+
+
+def _mid_character(data: bytes) -> bool:
+    """Whether a token of these bytes starts inside a UTF-8 character (a continuation byte)."""
+    return bool(data) and 0x80 <= data[0] < 0xC0
+
+
+def _stop_within_sentence(word: bytes, after: bytes) -> bool:
+    """Whether the full stop ending ``word`` (the bytes since the last space) stays inside
+    its sentence: an abbreviation, a number of one or two digits, a single letter, or a
+    next word (``after``: the next token's bytes) in lower case."""
+    if not word.endswith(b"."):
+        return False
+    stem = word.decode("utf-8", "replace").rstrip(".").lstrip("([\"'«„“")
+    if stem.lower() in ABBREVIATIONS or (stem.isdigit() and len(stem) <= 2) or (len(stem) == 1 and stem.isalpha()):
+        return True
+    nxt = after.decode("utf-8", "replace").lstrip()
+    return bool(nxt) and nxt[0].islower()
 
 
 def snap_to_sentences(
