@@ -81,3 +81,52 @@ def test_sentence_index_numbers_each_rows_sentences_and_pads_with_zero():
     parts = [PromptParts([], [5, 3, 6, 6, 3, 7], []), PromptParts([], [8, 8, 3], [])]
     idx = sentence_index(parts, bounds, join_lines=False, device="cpu")
     assert idx.tolist() == [[0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
+
+
+def _sentences(tokenizer, text: str) -> list[str]:
+    b = sentence_boundaries(tokenizer)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [tokenizer.decode(ids[a:e]) for a, e in sentence_spans(ids, b)]
+
+
+def test_cjk_marks_end_sentences_without_a_space_after_them(tokenizer):
+    """A Chinese document was one "sentence", so select kept its first 512 tokens: the
+    full-width marks a byte-level tokenizer splits across tokens end sentences too."""
+    assert _sentences(tokenizer, "公司成立于一九九八年。总部位于上海！是吗？好的") == [
+        "公司成立于一九九八年。", "总部位于上海！", "是吗？", "好的"]
+    assert _sentences(tokenizer, "東京の桜は四月に咲きます。新製品は来年です。") == [
+        "東京の桜は四月に咲きます。", "新製品は来年です。"]
+
+
+def test_abbreviations_ordinals_and_initials_do_not_end_sentences(tokenizer):
+    text = ("Die Sitzung wurde von Dr. med. Anna Schäfer geleitet. Sie findet am 15. Feb. 2024 statt. "
+            "Es gibt z. B. die Liste. Danach kam M. Dupont. He was born in 1999. Then he left.")
+    assert _sentences(tokenizer, text) == [
+        "Die Sitzung wurde von Dr. med. Anna Schäfer geleitet.", " Sie findet am 15. Feb. 2024 statt.",
+        " Es gibt z. B. die Liste.", " Danach kam M. Dupont.", " He was born in 1999.", " Then he left."]
+
+
+def test_no_sentence_grows_past_the_cap_and_no_cut_splits_a_character(tokenizer):
+    from stages.finch.spans import MAX_SENTENCE
+
+    b = sentence_boundaries(tokenizer)
+    for text in ("so yeah we talked about the thing, and then he said " * 12, "数据中心位于北京市海淀区" * 40):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        spans = sentence_spans(ids, b)
+        assert spans[0][0] == 0 and spans[-1][1] == len(ids)
+        assert all(a == e0 for (_, e0), (a, _) in zip(spans, spans[1:], strict=False))  # they tile
+        assert len(spans) > 1 and all(e - a <= MAX_SENTENCE for a, e in spans)
+        pieces = [tokenizer.decode(ids[a:e]) for a, e in spans]
+        assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    # The prose pieces end at a clause (after a comma) or before a word, never inside one.
+    pieces = _sentences(tokenizer, "so yeah we talked about the thing, and then he said " * 12)
+    assert all(p.endswith(",") or nxt.startswith(" ") for p, nxt in zip(pieces, pieces[1:], strict=False))
+
+
+def test_token_bytes_read_parts_of_characters_from_the_vocabulary(tokenizer):
+    from stages.finch.spans import token_bytes
+
+    tb = token_bytes(tokenizer)
+    for text in ("总部位于上海！", "naïve café ✓", "Schäfer"):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert b"".join(tb[i] for i in ids) == text.encode("utf-8")
