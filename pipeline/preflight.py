@@ -183,16 +183,20 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
 
 
 def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec) -> list[str]:
-    """The first record whose answers do not pair with its questions, refused: among the first
-    records it is the sign of a misnamed field, not of one stray record (the reader's rule:
-    stages/read.py ``pairing_problem``; past the first records such a record is error rows)."""
+    """Refused when every one of the first records that has both fields breaks the pairing
+    of answers with questions (stages/read.py ``pairing_problem``): the sign of a field in
+    another shape than the spec says, not of a stray record. A stray one is error rows, as
+    past the first records; `validate` names it (``first_records_note``)."""
     from stages.read import pairing_problem
 
-    for where, rec in records:
-        problem = pairing_problem(rec, inp)
-        if problem:
-            return [f"input.answer_field: {shown(path)} {where}: {problem}"]
-    return []
+    both = [(where, rec) for where, rec in records
+            if rec.get(inp.question_field or "") is not None and rec.get(inp.answer_field or "") is not None]
+    problems = [(where, pairing_problem(rec, inp)) for where, rec in both]
+    if not both or not all(problem for _, problem in problems):
+        return []
+    where, problem = problems[0]
+    return [f"input.answer_field: {shown(path)}: all of its first {len(both)} record(s) with questions and answers "
+            f"break their pairing; {where}: {problem}"]
 
 
 def _first_records(path: str, fmt: str) -> tuple[set[str], int, list[str], list[tuple[str, dict]]]:

@@ -93,7 +93,7 @@ class OutputRow(TypedDict):
     source_uri: Annotated[str | None, Column("URI of the file the document was read from.", **_REQUEST)]
     task: Annotated[str | None, Column("summarize | qa.", **_REQUEST)]
     prompt: Annotated[str | None, Column("The question (qa) or the summary instruction (summarize).", **_REQUEST)]
-    reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only); a question with several acceptable answers (a list in the input) holds them joined by ' | ', and an answer matching any counts.", **_REQUEST)]
+    reference: Annotated[str | None, Column("Reference answer from input.answer_field, if any (evaluation only); a question with several acceptable answers (a list in the input) holds them joined by ' | ' (a ' | ' inside one answer is written ' \\| '), and an answer matching any counts.", **_REQUEST)]
     output_text: Annotated[str | None, Column("Generated text (stop strings, EOS and the whitespace around it removed). Null on error.")]
     model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
     compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
@@ -215,20 +215,27 @@ def mean_accepted_per_step(output_tokens: int, decode_steps: int) -> float | Non
 REFERENCE_SEPARATOR = " | "
 
 
+#: What the separator becomes inside one answer ("billing-db | 740" is one answer, not two).
+ESCAPED_SEPARATOR = " \\| "
+
+
 def reference_text(answer: Any) -> str | None:
     """The ``reference`` of one input answer: a string as it is, a list of acceptable answers
-    joined by ``REFERENCE_SEPARATOR`` (nulls dropped), None for none."""
+    joined by ``REFERENCE_SEPARATOR`` (nulls dropped), None for none. An answer holding the
+    separator itself has it escaped (``ESCAPED_SEPARATOR``), so it stays one answer."""
     if answer is None:
         return None
     if isinstance(answer, (list, tuple)):
-        alternatives = [str(a) for a in answer if a is not None]
+        alternatives = [str(a).replace(REFERENCE_SEPARATOR, ESCAPED_SEPARATOR) for a in answer if a is not None]
         return REFERENCE_SEPARATOR.join(alternatives) if alternatives else None
-    return str(answer)
+    return str(answer).replace(REFERENCE_SEPARATOR, ESCAPED_SEPARATOR)
 
 
 def reference_alternatives(reference: str) -> list[str]:
     """The acceptable answers a ``reference`` holds (``reference_text``'s inverse)."""
-    return [a for a in reference.split(REFERENCE_SEPARATOR) if a.strip()] or [reference]
+    alternatives = [a.replace(ESCAPED_SEPARATOR, REFERENCE_SEPARATOR)
+                    for a in reference.split(REFERENCE_SEPARATOR) if a.strip()]
+    return alternatives or [reference]
 
 
 def cost_usd(device_s: float, usd_per_device_hour: float, text_compress_s: float = 0.0) -> float:

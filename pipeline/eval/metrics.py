@@ -2,8 +2,13 @@
 
 Contract: every metric takes the generated text and one or more reference answers
 and returns the best score over the references, in [0, 1].
-- ``normalize_answer``: lower case, punctuation removed, English articles
-  (a, an, the) removed, whitespace collapsed (the SQuAD v1.1 evaluation rules).
+- ``normalize_answer``: the SQuAD v1.1 evaluation rules (lower case, punctuation
+  removed, English articles a/an/the removed, whitespace collapsed) on Unicode text:
+  NFKC first (full-width "１８７５" is "1875", a decomposed "ä" the composed one),
+  invisible format characters (zero-width spaces and joiners, soft hyphens) removed,
+  every Unicode punctuation mark removed but a decimal point between digits ("15.5"
+  is not "155"; "1,214" is "1214"). ``longdoc report`` scores by the same rules
+  (pipeline/report/summary.py).
 - ``exact_match``: 1.0 when the normalised texts are equal.
 - ``contains``: 1.0 when the normalised reference occurs in the normalised
   prediction as a whole-word sequence (so "1" does not match "1990"). Small models
@@ -16,17 +21,19 @@ A missing prediction (None, e.g. an error row) scores 0 on every metric.
 from __future__ import annotations
 
 import re
-import string
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans("", "", string.punctuation)
+_DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
+_KEPT_POINT = "\x00"  # stands for a decimal point while punctuation is removed
 
 
 def normalize_answer(text: str) -> str:
-    text = text.lower().translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
+    text = _DECIMAL_POINT.sub(_KEPT_POINT, unicodedata.normalize("NFKC", text).lower())
+    text = "".join(c for c in text if not unicodedata.category(c).startswith(("P", "Cf")))
+    text = _ARTICLES.sub(" ", text.replace(_KEPT_POINT, "."))
     return " ".join(text.split())
 
 

@@ -7,7 +7,8 @@ was given, so methods can be ranked apart from the reader.
 Contract:
 - The evidence of a question is read from the eval set (pipeline/corpus/eval_records.py):
   the answer is a literal substring of the document (an inserted fact's answer is unique;
-  a native question's answer is its first occurrence, where its ``depth`` points), and its
+  a native question's answer is its occurrence nearest the record's ``depths`` entry, the
+  first one when the record has none), and its
   answer-bearing sentence is ``eval_records.sentence_span`` around the answer's first character: from
   the previous sentence end (``.``, ``!`` or ``?`` then whitespace) or paragraph break to
   the next, surrounding whitespace stripped. A
@@ -57,11 +58,18 @@ def token_range(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[i
     return hit[0], hit[-1] + 1
 
 
-def evidence_of(text: str, answer: str, offsets: list[tuple[int, int]]) -> Evidence | None:
-    """The evidence of one question (None when the answer is not in the text)."""
+def evidence_of(text: str, answer: str, offsets: list[tuple[int, int]], depth: float | None = None) -> Evidence | None:
+    """The evidence of one question (None when the answer is not in the text): the answer's
+    occurrence nearest ``depth`` (its character offset / len(text)), else its first."""
     at = text.find(answer)
     if at < 0 or not answer:
         return None
+    if isinstance(depth, (int, float)) and not isinstance(depth, bool):
+        found, starts = at, []
+        while found >= 0:
+            starts.append(found)
+            found = text.find(answer, found + 1)
+        at = min(starts, key=lambda x: abs(x - depth * len(text)))
     s0, s1 = sentence_span(text, at)
     return Evidence(token_range(offsets, s0, s1), token_range(offsets, at, at + len(answer)), len(offsets))
 
@@ -82,9 +90,11 @@ def evidence_for(eval_set: str, tokenizer: Any) -> EvidenceIndex:
             qs, ans = ([qs] if isinstance(qs, str) else qs), ([ans] if isinstance(ans, str) else ans)
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             offsets = [tuple(o) for o in enc["offset_mapping"]]
-            for q, a in zip(qs, ans, strict=False):
+            depths = rec.get("depths") if isinstance(rec.get("depths"), list) else []
+            for i, (q, a) in enumerate(zip(qs, ans, strict=False)):
                 first = a[0] if isinstance(a, list) and a else a
-                ev = evidence_of(text, str(first), offsets) if isinstance(first, str) else None
+                depth = depths[i] if i < len(depths) else None
+                ev = evidence_of(text, str(first), offsets, depth) if isinstance(first, str) else None
                 if ev is not None:
                     index[(str(rec.get("id")), str(q))] = ev
     return index

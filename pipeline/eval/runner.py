@@ -45,6 +45,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.choices import RUNNERS, Runner
+from pipeline.eval.checks import check_eval_set
 from pipeline.eval.nll import (
     DEFAULT_CONTINUATION,
     DEFAULT_NLL_BUDGETS,
@@ -132,9 +133,15 @@ def run_eval(
         raise ValueError(f"--runner {runner!r}: allowed {', '.join(RUNNERS)}")
 
     local = Path(eval_set)
-    if "://" not in eval_set and not local.is_file():
-        raise ValueError(f"eval set {eval_set!r} not found (build it: see jobs/README.md)")
+    if "://" not in eval_set and not local.exists():
+        fix = "build it: see jobs/README.md" if eval_set == DEFAULT_EVAL_SET else "give the path of your JSONL file"
+        raise ValueError(f"eval set {eval_set!r} not found ({local.resolve()}); {fix}")
     eval_uri = str(local.resolve()) if "://" not in eval_set else eval_set
+    checked = check_eval_set(eval_uri)
+    if checked.refusals:
+        raise ValueError("; ".join(checked.refusals))
+    for note in checked.notes:
+        typer.echo(f"eval: note: {note}", err=True)
     wanted = [m.strip() for item in metrics or ["qa"] for m in item.split(",") if m.strip()]
     if not wanted or any(m not in METRIC_NAMES for m in wanted):
         raise ValueError(f"--metrics {wanted}: allowed {', '.join(METRIC_NAMES)} (comma-separated)")
@@ -196,6 +203,10 @@ def run_eval(
             wall[(r.method, r.target_tokens)] = res.summary.get("wall_s") or time.perf_counter() - t0
         rows = score_rows(r.method, r.target_tokens, _read_rows(res.output_uri), meta, evidence)
         scored += rows
+        bad = [x for x in rows if x.get("error")]
+        if bad:  # the table counts them as wrong answers; the reason is said here, not only in scored.csv
+            typer.echo(f"eval: run {r.tag}: {len(bad)} of {len(rows)} row(s) failed; the first: {bad[0]['error']}",
+                       err=True)
         if r.equal_to:
             equal_to[(r.method, r.target_tokens)] = r.equal_to
         elif r.method in refs and r.target_tokens is not None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import json
 import platform
-import re
 from importlib import metadata
 from typing import Any
 
@@ -66,23 +65,21 @@ def _engine_methods() -> pa.Array:
     return pa.array([name for name, m in registry().items() if m.runs_at == "prefill"], pa.string())
 
 
-def _normalized(text: str) -> str:
-    """Lowercase, words only, single spaces: how answers are compared with their reference."""
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
 def contains_reference(reference: str, answer: str | None) -> bool:
-    """Whether ``answer`` contains ``reference`` (one of its acceptable answers,
-    schemas/output.py ``reference_alternatives``) after normalizing both (a failed row's
-    answer is None: it contains nothing)."""
-    said = _normalized(answer or "")
-    return any(ref and ref in said for ref in map(_normalized, reference_alternatives(reference)))
+    """Whether ``answer`` contains one of ``reference``'s acceptable answers
+    (schemas/output.py ``reference_alternatives``) as whole words, after normalizing both by
+    the eval's rules (pipeline/eval/metrics.py; a failed row's answer is None: it contains
+    nothing)."""
+    from pipeline.eval.metrics import contains
+
+    return contains(answer, reference_alternatives(reference)) > 0
 
 
 def equals_reference(reference: str, answer: str | None) -> bool:
     """Whether ``answer`` equals one of ``reference``'s acceptable answers after normalizing."""
-    said = _normalized(answer or "")
-    return any(_normalized(ref) == said for ref in reference_alternatives(reference))
+    from pipeline.eval.metrics import exact_match
+
+    return exact_match(answer, reference_alternatives(reference)) > 0
 
 
 def score_answers(table: pa.Table) -> dict[str, Any]:

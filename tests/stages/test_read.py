@@ -215,6 +215,14 @@ def test_a_list_of_acceptable_answers_is_one_reference_with_its_alternatives(tmp
     assert reference_alternatives(doc.answers[0]) == ["27 days", "27"] and reference_alternatives("Ada") == ["Ada"]
     assert contains_reference(doc.answers[0], "Every employee gets 27 paid days.")  # the second alternative
     assert not contains_reference(doc.answers[0], "Twenty days.")
+    # One answer holding the separator stays one answer (it scored as two alternatives).
+    p.write_text(json.dumps({"id": "d", "text": "| billing-db | 740 |", "q": ["Which row?", "Which?"],
+                             "a": ["billing-db | 740", ["a | b", "c"]]}) + "\n")
+    (doc,) = read_shard(str(p), inp, str(p))
+    assert doc.answers == ["billing-db \\| 740", "a \\| b | c"]
+    assert reference_alternatives(doc.answers[0]) == ["billing-db | 740"]
+    assert reference_alternatives(doc.answers[1]) == ["a | b", "c"]
+    assert not contains_reference(doc.answers[0], "The row with the value 740 is billing-db.")
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

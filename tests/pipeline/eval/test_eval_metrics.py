@@ -40,3 +40,15 @@ def test_missing_prediction_scores_zero_and_references_are_required() -> None:
     assert score(None, "x") == {"exact_match": 0.0, "contains": 0.0, "f1": 0.0}
     with pytest.raises(ValueError, match="reference"):
         exact_match("x", [])
+
+
+def test_normalizing_keeps_decimal_points_and_reads_unicode_as_a_reader_would() -> None:
+    """A held-out set's answers: '155 metres' is not '15.5 metres'; a zero-width space, a
+    decomposed umlaut or full-width digits do not make a right answer wrong."""
+    assert contains("It was 155 metres", "15.5 metres") == 0.0
+    assert contains("It was 15.5 metres.", "15.5 metres") == 1.0
+    assert contains("1214 people", "1,214") == 1.0  # a thousands separator still goes
+    assert contains("The code is ZEB\u200bRA-42.", "ZEBRA-42") == 1.0
+    assert contains("die na\u0308chste Sitzung", "nächste Sitzung") == 1.0
+    assert contains("\uff11\uff18\uff17\uff15", "1875") == 1.0
+    assert contains("«Paris», sagte er.", "Paris") == 1.0

@@ -98,3 +98,16 @@ def test_retrieval_spans_locate_the_kept_chunks() -> None:
     assert [doc[p] for p in positions_of(res.spans)] == res.context_ids
     whole = bm25_result(doc, [9], Bm25Compression(target_tokens=500, chunk_tokens=8))
     assert whole.spans == [0, len(doc)]
+
+
+def test_a_repeated_answer_takes_the_occurrence_its_depth_points_to(tokenizer) -> None:
+    """'dizziness' in a trial's background and again in its results: the evidence is where
+    the record's depth points, not the first mention."""
+    text = ("Background: dizziness was a concern in earlier drugs. Methods were standard.\n\n"
+            "Results: the most frequent adverse event was dizziness, in 12 percent.")
+    offsets, ids = _offsets(tokenizer, text), tokenizer(text, add_special_tokens=False)["input_ids"]
+    second = text.rindex("dizziness")
+    late = evidence_of(text, "dizziness", offsets, depth=second / len(text))
+    assert late is not None and tokenizer.decode(ids[slice(*late.sentence)]).strip().startswith("Results:")
+    early = evidence_of(text, "dizziness", offsets)  # no depth: the first occurrence
+    assert early is not None and tokenizer.decode(ids[slice(*early.sentence)]).strip().startswith("Background:")

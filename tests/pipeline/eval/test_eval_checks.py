@@ -1,0 +1,59 @@
+"""An eval set's mistakes, said before any model loads (pipeline/eval/checks.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import typer
+from typer.testing import CliRunner
+
+from pipeline.eval.checks import check_eval_set
+from pipeline.eval.runner import eval_command
+
+TEXT = "The lease starts on 1 May. The rent is 900 euros. The rent is paid monthly."
+
+
+def _write(tmp_path, *records) -> str:
+    p = tmp_path / "set.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(p)
+
+
+def test_a_set_nothing_could_be_scored_on_is_refused_before_any_model_loads(tmp_path) -> None:
+    """`answer` for `answers` ran every method and printed a table of dashes, exit 0."""
+    path = _write(tmp_path, {"id": "a", "text": TEXT, "questions": ["When?"], "answer": ["1 May"]})
+    check = check_eval_set(path)
+    assert len(check.refusals) == 1 and "'answers'" in check.refusals[0] and "answer" in check.refusals[0]
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+    app.command("noop")(lambda: None)
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["eval", "--eval-set", path, "--methods", "bm25"])
+    assert res.exit_code == 2 and "none of its 1 record(s) has 'answers'" in res.output
+    assert time.perf_counter() - t0 < 30  # refused, not run
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(tmp_path)])
+    assert res.exit_code == 2 and "is a folder" in res.output
+    assert check_eval_set(_write(tmp_path, {"id": "a", "text": TEXT})).refusals  # no questions either
+
+
+def test_figures_that_would_mislead_are_noted(tmp_path) -> None:
+    path = _write(
+        tmp_path,
+        {"id": "a", "text": TEXT, "questions": ["When?", "How much?", "How often?", "Who?"],
+         "answers": ["1 May", "900 euros", "monthly", None], "style": ["echoed", "two-sentence"],
+         "styles": ["echoed"]},
+        {"id": "b", "text": TEXT, "questions": ["Which rent?", "Size?"], "answers": ["The rent", "70 m2"]},
+    )
+    check = check_eval_set(path)
+    assert not check.refusals
+    notes = "\n".join(check.notes)
+    assert "field 'styles' is not read by eval (did you mean 'style'?)" in notes
+    assert "'style' has another length than 'questions' in 1 record(s), first line 1 (2 for 4 questions)" in notes
+    assert "style 'two-sentence' is not one of echoed, paraphrased, two_sentence" in notes
+    assert "1 question(s) have no answer" in notes and "line 1 question 4" in notes
+    assert "1 answer(s) do not occur in their document" in notes and "'70 m2'" in notes
+    assert "occur more than once" in notes and "'The rent', 2 times" in notes
+    clean = _write(tmp_path, {"id": "a", "text": TEXT, "questions": ["When?"], "answers": ["1 May"],
+                              "style": ["echoed"]})
+    assert check_eval_set(clean).notes == [] and check_eval_set(clean).refusals == []
