@@ -37,7 +37,9 @@ One iteration (``step``):
    ("fill first"). Why: a decode step reads every weight whatever its width, so steps
    taken while the batch is still filling cost nearly a full step each and advance only
    a few rows (jobs/results/bench-job/README.md has the night it changed). Once the slots are full (a night's steady state), steps run between a
-   newcomer's chunks as before. With the prefix cache on
+   newcomer's chunks as before; and once the running rows have waited
+   ``FILL_FIRST_MAX_WAIT_S`` since their last step, they get one between chunks or groups
+   however many rows wait (one long document's reading must not hold every other row). With the prefix cache on
    (``prefix_cache``, prefix_cache.py), the engine's own prefill ends a chunk where the
    question starts; that prefix's KV is stored after its last chunk, and a later request
    with the same prefix copies it into its slot and prefills its question alone.
@@ -102,6 +104,11 @@ MethodPrefill = Callable[..., CompressedPrefill]
 #: The prefix cache's share of the KV budget when it is on: room for a few documents'
 #: prefixes at once (requests of one document arrive together), taken from the slots.
 PREFIX_CACHE_SHARE = 1 / 8
+# The longest the running rows wait for a decode step while the engine fills first. Why:
+# Finch reading a 32,000-token document on a 2-core CPU held ten decoding rows for 5.5
+# minutes (2026-12-06 trial, jobs/results/usability/); 5 s still lets the sample QA night's
+# group prefills (2-5 s a document on that CPU) fill the slots before a step.
+FILL_FIRST_MAX_WAIT_S = 5.0
 
 
 @dataclass
@@ -200,6 +207,8 @@ class Engine:
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
         self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
         self._in_flight = 0  # rows of the method prefill under way (not yet in slots)
+        self.fill_first_max_wait_s = FILL_FIRST_MAX_WAIT_S
+        self._last_step_at = time.perf_counter()  # the running rows' last decode step (or first join)
         self.group_rows = max(1, group_rows or self.backend.method_prefill_rows)
         self.chunk_tokens = chunk_tokens or self.backend.default_chunk_tokens
         self.max_retries = max_retries
@@ -312,7 +321,7 @@ class Engine:
         while spent < self.chunk_tokens:
             grouped = self._admit()  # a method's group prefill runs whole in here (its own chunks)
             if self.filling is None:
-                if grouped and self._fill_first():
+                if grouped and self._fill_first() and not self._decode_overdue():
                     continue  # more waiting rows fit free slots: start them before a step
                 break
             # the filling row's next chunk (its boundaries are its own: the budget only
@@ -375,6 +384,11 @@ class Engine:
         running rows' decode step waits for them (step 2's "fill first")."""
         busy = len(self.active) + self._in_flight
         return self.prefill is not None and self.scheduler.admits_next(busy, self.cache.slots, self.cache.capacity)
+
+    def _decode_overdue(self) -> bool:
+        """Whether the running rows have waited ``fill_first_max_wait_s`` since their last step
+        (or since the first of them joined): filling first gives way."""
+        return bool(self.active) and time.perf_counter() - self._last_step_at >= self.fill_first_max_wait_s
 
     # ------------------------------------------------------------------ prefill
     def _new_row(self, waiting: Waiting) -> _Row:
@@ -500,9 +514,9 @@ class Engine:
 
     def _between_chunks(self) -> None:
         """A method prefill's on_chunk: one decode step of the running rows (none while the
-        slots are still filling, see ``_fill_first``)."""
+        slots are still filling, see ``_fill_first``, unless the rows are overdue)."""
         self.stats.chunks_read += 1
-        if self.active and not self._fill_first():
+        if self.active and (not self._fill_first() or self._decode_overdue()):
             t0 = self.backend.clock()
             self._guarded_decode_step()
             self._interleaved_s += self.backend.clock() - t0
@@ -532,6 +546,8 @@ class Engine:
             _, tok = sample_accept(probs0, zeros, zeros[:, 0] + 1, self._seeds([row.waiting.request.seed]), zeros[:, 0])
             first = int(tok[0])
         slot = len(self.active)
+        if not self.active:  # the running rows' wait for a step starts now
+            self._last_step_at = time.perf_counter()
         self.active.append(row)
         self.stats.max_active = max(self.stats.max_active, len(self.active))
         if self._emit(row, [first]):
@@ -541,6 +557,7 @@ class Engine:
     def _guarded_decode_step(self) -> None:
         try:
             self._decode_step()
+            self._last_step_at = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - every running row goes back to the queue
             rows = list(self.active)
             for s in range(len(rows)):

@@ -281,6 +281,14 @@ def test_a_methods_prefill_fills_free_slots_before_a_decode_step(tiny_model, pro
     out = eng.run(_requests(prompts[:4], prompts[:4]))
     assert [o.result.tokens for o in out] == [r.tokens for r in ref]
     assert eng.stats.steps > 3 + 5
+    # Rows that have waited fill_first_max_wait_s for a step get one between chunks and
+    # between groups (a 32k-token document's reading held ten rows for 5.5 minutes): here
+    # at once, so every chunk after the first row joined gives the running rows a step.
+    eng = Engine(tiny_model, cfg, prefill=prefill, slots=4, expected_tokens=48, group_rows=1)
+    eng.fill_first_max_wait_s = 0.0
+    out = eng.run(_requests(prompts[:4], prompts[:4]))
+    assert [o.result.tokens for o in out] == [r.tokens for r in ref]  # the same text
+    assert eng.stats.steps > 3 + 5
 
 
 def test_activity_counts_the_rows_inside_a_methods_prefill(tiny_model, prompts):
