@@ -166,7 +166,14 @@ def run_eval(
     specs = {r.tag: spec_of(r) for r in dict.fromkeys(runs + nll_runs)}
     for m in others:  # an equal-reading run's budget is known later: check its spec now
         spec_of(EvalRun(m, 1))
-    # every spec is validated before the first run starts
+    # every spec is validated before the first run starts, its budgets against the model's
+    # context too (a budget select cannot fit failed after bm25 had run for a minute)
+    from pipeline.plan import spec_problems
+
+    problems = [f"run {tag}: {p}" for tag, spec in specs.items() for p in spec_problems(spec)]
+    if problems:
+        raise ValueError("; ".join(problems))
+    _note_runs_left_out(out_dir, {r.method for r in runs + nll_runs} | set(others))
     scored: list[dict[str, Any]] = []
     wall: dict[tuple[str, int | None], float] = {}
     failed: dict[str, str] = {}
@@ -231,6 +238,18 @@ def run_eval(
     )
     _write(result, eval_uri, runs)
     return result
+
+
+def _note_runs_left_out(out_dir: Path, methods: set[str]) -> None:
+    """A resumed eval id's runs of methods this call does not list: its summary is rewritten
+    from this call's runs alone, so say which ones it leaves out and how to keep them."""
+    runs_dir = out_dir / "runs"
+    if not runs_dir.is_dir():
+        return
+    other = sorted(d.name for d in runs_dir.iterdir() if d.is_dir() and d.name.split("-")[0] not in methods)
+    if other:
+        typer.echo(f"eval: note: {out_dir.name} also holds runs of {', '.join(other)}; this summary leaves them out "
+                   "(list their methods in --methods to keep them in it: their rows are reused)", err=True)
 
 
 def _evidence(eval_uri: str, spec) -> EvidenceIndex:

@@ -76,8 +76,10 @@ COLUMN_LEGEND = {
     "context_tokens": "tokens the model read (mean)", "compress_s": "compression seconds per question (mean)",
     "device_s": "the generator's device seconds per question (mean; a text method's compress_s is on top): "
                 "what a question costs at a price per device hour",
-    "e2e_s": "seconds per question, end to end (mean)",
-    "wall_s_per_request": "the run's wall time divided by its questions",
+    "e2e_s": "seconds per question from its submission to its answer (mean; a run submits all its questions "
+             "at once, so this holds the wait in the queue: a latency, not a cost)",
+    "wall_s_per_request": "the run's wall time divided by its questions (the throughput figure; runs of one "
+                          "eval compare, runs of separate evals on a shared machine need not)",
 }
 
 

@@ -135,3 +135,21 @@ def test_eval_command_rejects_bad_values(tmp_path) -> None:
     assert res.exit_code == 2 and "scope compression" in res.output
     res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--runner", "spark"])
     assert res.exit_code == 2 and "spark" in res.output
+    # A budget the model's context cannot hold is refused before the first run, not after
+    # the methods listed before it have run.
+    res = CliRunner().invoke(app, ["eval", "--eval-set", str(p), "--methods", "bm25,select", "--target-tokens", "9000"])
+    assert res.exit_code == 2 and "run select-9000: compression.target_tokens: got 9000" in res.output
+    assert "rows" not in res.output  # nothing ran
+
+
+def test_a_resumed_eval_id_names_the_runs_its_summary_leaves_out(tmp_path, capsys) -> None:
+    """Reusing an eval id with fewer methods rewrote the summary without the others, unsaid."""
+    from pipeline.eval.runner import _note_runs_left_out
+
+    for tag in ("select-512", "bm25-512", "rag-105-eq-select-512"):
+        (tmp_path / "e1" / "runs" / tag).mkdir(parents=True)
+    _note_runs_left_out(tmp_path / "e1", {"bm25"})
+    err = capsys.readouterr().err
+    assert "also holds runs of rag-105-eq-select-512, select-512" in err and "--methods" in err
+    _note_runs_left_out(tmp_path / "e1", {"bm25", "select", "rag"})
+    assert capsys.readouterr().err == ""
