@@ -137,14 +137,15 @@ def run_eval(
         fix = "build it: see jobs/README.md" if eval_set == DEFAULT_EVAL_SET else "give the path of your JSONL file"
         raise ValueError(f"eval set {eval_set!r} not found ({local.resolve()}); {fix}")
     eval_uri = str(local.resolve()) if "://" not in eval_set else eval_set
-    checked = check_eval_set(eval_uri)
-    if checked.refusals:
-        raise ValueError("; ".join(checked.refusals))
-    for note in checked.notes:
-        typer.echo(f"eval: note: {note}", err=True)
     wanted = [m.strip() for item in metrics or ["qa"] for m in item.split(",") if m.strip()]
     if not wanted or any(m not in METRIC_NAMES for m in wanted):
         raise ValueError(f"--metrics {wanted}: allowed {', '.join(METRIC_NAMES)} (comma-separated)")
+    if "qa" in wanted:  # continuation NLL reads texts only
+        checked = check_eval_set(eval_uri)
+        if checked.refusals:
+            raise ValueError("; ".join(checked.refusals))
+        for note in checked.notes:
+            typer.echo(f"eval: note: {note}", err=True)
     runs = plan_runs(methods, list(target_tokens or DEFAULT_BUDGETS), autocompressor) if "qa" in wanted else []
     nll_runs = plan_runs(methods, list(nll_budgets or DEFAULT_NLL_BUDGETS), autocompressor) if "nll" in wanted else []
     refs, others = equal_reading_plan(equal_reading, equal_methods, runs)
