@@ -154,9 +154,12 @@ def test_no_eta_from_the_time_before_the_first_rows():
     p = RunProgress(1000, stream=out, tty=False, interval_s=1, clock=clock)
     clock.t += 120
     p.update(50, 0, 0)
-    clock.t += 50
-    p.update(100, 0, 0)
-    assert out.getvalue().splitlines()[-1].endswith("ETA 15m00s")  # 900 left at 1 row/s
+    clock.t += 20
+    p.update(70, 0, 0)  # a window shorter than half the first rows' time: a wave's spread, no rate
+    assert "ETA" not in out.getvalue().splitlines()[-1]
+    clock.t += 40
+    p.update(110, 0, 0)
+    assert out.getvalue().splitlines()[-1].endswith("ETA 14m50s")  # 890 left at 60 rows a minute
 
 
 def test_more_rows_than_the_estimate_drop_the_total():
