@@ -392,8 +392,8 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     list inside the list holds one question's acceptable answers: schemas/output.py
     ``reference_text``; so does the list given for a single question that is not in a list):
     a count that differs would score the wrong questions. The run makes such a record error
-    rows; `validate` refuses a spec whose first records break it (pipeline/preflight.py), the
-    sign of a misnamed field."""
+    rows; `validate` refuses a spec only when all its first records break it
+    (pipeline/preflight.py: a field of another shape, not a stray record)."""
     qf, af = inp.question_field, inp.answer_field
     raw_q = rec.get(qf) if qf else None
     raw_a = rec.get(af) if af else None
