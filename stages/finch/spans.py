@@ -20,9 +20,10 @@ Contract:
   line) continues the sentence, up to ``MAX_JOINED`` tokens: hard-wrapped text is
   read in sentences, not in lines. With the tokens' bytes (``Boundaries.token_bytes``,
   what ``sentence_boundaries`` gives) three rules more, for text that is not tidy
-  English: a full stop after an abbreviation ("Dr.", "Feb.", "z. B."), a number of one
-  or two digits ("am 15. Februar") or one letter (initials), or followed by a word in
-  lower case, ends nothing; "。", "！" and "？" end a sentence with no space after them
+  English: a full stop after an abbreviation ("Dr.", "Feb.", "z. B."), an initial ("M.
+  Dupont"), a list's enumerator at the start of a line ("1.", "a."), a day's number before
+  a month ("am 15. Feb."), or followed by a word in lower case, ends nothing ("Python 3.
+  It ...", "equal to x. It ..." and a full stop before a line break still end); "。", "！" and "？" end a sentence with no space after them
   (CJK text, whose full-width marks a byte-level tokenizer splits across tokens); and
   no sentence grows past ``MAX_SENTENCE`` tokens: one that would is cut after its last
   comma, semicolon or colon in its second half, else before its last word, never
@@ -64,7 +65,15 @@ mr mrs ms dr prof sr jr st vs e.g i.e cf approx no nos fig figs vol pp ca
 jan feb mar apr jun jul aug sep sept oct nov dec
 med nr bzw vgl z.b d.h u.a abs art str tel mio mrd okt dez evtl ggf inkl zzgl dipl ing
 mme mlle mm env av bd janv févr avr juil déc p.ex
-sra srta dra ud uds sig dott
+sra srta dra ud uds sig dott z
+""".split())
+# Month names and their short forms (the same languages): "15. Feb." is a date, not an end.
+MONTHS = frozenset("""
+jan january feb february mar march apr april may jun june jul july aug august sep sept september
+oct october nov november dec december januar februar märz mai juni juli oktober dezember jän okt dez
+janvier février mars avril juin juillet août septembre octobre novembre décembre janv févr juil déc
+enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre
+gennaio febbraio aprile maggio giugno luglio settembre ottobre dicembre
 """.split())
 
 
@@ -141,7 +150,8 @@ def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = Fa
     b = boundaries
     tb = b.token_bytes
     spans, start = [], 0
-    word = tail = b""  # the bytes since the last whitespace; the last few bytes (token_bytes rules)
+    tail = b""  # the last few bytes (token_bytes rules)
+    words = _Words()
     soft = clean = -1  # the last token after which a cut is a clause's end / inside no character
     for i, tok in enumerate(ids):
         nxt = ids[i + 1] if i + 1 < len(ids) else None
@@ -154,11 +164,10 @@ def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = Fa
         )
         if tb is not None:
             data = _bytes_of(tb, tok)
-            joined = word + data
-            word = b"" if joined[-1:].isspace() or not joined.split() else joined.split()[-1][-24:]
+            words.feed(data)
             tail = (tail + data)[-8:]  # a full-width mark split across tokens ends in the tail
-            after = _bytes_of(tb, nxt) if nxt is not None else b""
-            if ends and tok not in b.breaks and _stop_within_sentence(word, after):
+            after = b"".join(_bytes_of(tb, t) for t in ids[i + 1 : i + 5])  # enough for the next word
+            if ends and tok not in b.breaks and _stop_within_sentence(bytes(words.word), after, words.line_start):
                 ends = False
             if not ends and tail.rstrip().endswith(_CJK_ENDS) and not _mid_character(after):
                 ends = True
@@ -182,6 +191,30 @@ def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = Fa
     return spans
 
 
+class _Words:
+    """The word being read (its bytes since the last whitespace, at most 24) and whether it
+    is the first of its line, fed token bytes one token at a time."""
+
+    _SPACE = frozenset(b" \t\r\n")
+
+    def __init__(self) -> None:
+        self.word = bytearray()
+        self.line_start = True
+        self._gap, self._gap_newline = True, True  # the document starts as after a newline
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            if byte in self._SPACE:
+                self._gap = True
+                self._gap_newline = self._gap_newline or byte == 0x0A
+            else:
+                if self._gap:
+                    self.word.clear()
+                    self.line_start, self._gap, self._gap_newline = self._gap_newline, False, False
+                if len(self.word) < 24:
+                    self.word.append(byte)
+
+
 def _bytes_of(tb: tuple[bytes, ...], tok: int) -> bytes:
     return tb[tok] if 0 <= tok < len(tb) else b""
 
@@ -191,16 +224,21 @@ def _mid_character(data: bytes) -> bool:
     return bool(data) and 0x80 <= data[0] < 0xC0
 
 
-def _stop_within_sentence(word: bytes, after: bytes) -> bool:
+def _stop_within_sentence(word: bytes, after: bytes, line_start: bool) -> bool:
     """Whether the full stop ending ``word`` (the bytes since the last space) stays inside
-    its sentence: an abbreviation, a number of one or two digits, a single letter, or a
-    next word (``after``: the next token's bytes) in lower case."""
-    if not word.endswith(b"."):
-        return False
+    its sentence (the module contract): an abbreviation, an initial, an enumerator that
+    starts its line, a day's number before a month, or a next word in lower case
+    (``after``: the next token's bytes)."""
+    if not word.endswith(b".") or after.lstrip(b" \t")[:1] in (b"\n", b"\r"):
+        return False  # a line break after a full stop ends the sentence whatever came before
     stem = word.decode("utf-8", "replace").rstrip(".").lstrip("([\"'«„“")
-    if stem.lower() in ABBREVIATIONS or (stem.isdigit() and len(stem) <= 2) or (len(stem) == 1 and stem.isalpha()):
+    split = after.decode("utf-8", "replace").split()
+    nxt = split[0] if split else ""
+    short = (stem.isdigit() and len(stem) <= 2) or (len(stem) == 1 and stem.isalpha())
+    if stem.lower() in ABBREVIATIONS or (len(stem) == 1 and stem.isupper()) or (short and line_start):
         return True
-    nxt = after.decode("utf-8", "replace").lstrip()
+    if stem.isdigit() and len(stem) <= 2 and nxt.rstrip(".").lower() in MONTHS:
+        return True
     return bool(nxt) and nxt[0].islower()
 
 

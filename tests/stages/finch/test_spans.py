@@ -98,12 +98,20 @@ def test_cjk_marks_end_sentences_without_a_space_after_them(tokenizer):
         "東京の桜は四月に咲きます。", "新製品は来年です。"]
 
 
-def test_abbreviations_ordinals_and_initials_do_not_end_sentences(tokenizer):
+def test_abbreviations_dates_initials_and_enumerators_do_not_end_sentences(tokenizer):
     text = ("Die Sitzung wurde von Dr. med. Anna Schäfer geleitet. Sie findet am 15. Feb. 2024 statt. "
-            "Es gibt z. B. die Liste. Danach kam M. Dupont. He was born in 1999. Then he left.")
+            "Es gibt z. B. die Liste. Danach kam M. Dupont. Am 3. Oktober war es. He was born in 1999. "
+            "Then he left.")
     assert _sentences(tokenizer, text) == [
         "Die Sitzung wurde von Dr. med. Anna Schäfer geleitet.", " Sie findet am 15. Feb. 2024 statt.",
-        " Es gibt z. B. die Liste.", " Danach kam M. Dupont.", " He was born in 1999.", " Then he left."]
+        " Es gibt z. B. die Liste.", " Danach kam M. Dupont.", " Am 3. Oktober war es.",
+        " He was born in 1999.", " Then he left."]
+    # English sentences that end in a number or a one-letter name still end there; a list's
+    # enumerator stays with its item; a full stop before a line break ends whatever precedes.
+    text = "Porting to Python 3. It works.\n1. Build it.\n2. Run it. It is equal to x. It raises e.g.\nnext"
+    assert _sentences(tokenizer, text) == [
+        "Porting to Python 3.", " It works.", "\n", "1. Build it.", "\n", "2. Run it.", " It is equal to x.",
+        " It raises e.g.", "\n", "next"]
 
 
 def test_no_sentence_grows_past_the_cap_and_no_cut_splits_a_character(tokenizer):
