@@ -206,6 +206,7 @@ class Engine:
         self.prefill = prefill
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
         self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
+        self._interleaved_wall_s = 0.0  # the same in wall seconds (the method's compress_s clock)
         self._in_flight = 0  # rows of the method prefill under way (not yet in slots)
         self.fill_first_max_wait_s = FILL_FIRST_MAX_WAIT_S
         self._last_step_at = time.perf_counter()  # the running rows' last decode step (or first join)
@@ -468,9 +469,10 @@ class Engine:
         """A method's own prefill for ``group`` (decode steps run through on_chunk), then
         each row is loaded into a slot and joins the batch."""
         rows = [self._new_row(w) for w in group]
-        self._interleaved_s = 0.0
+        self._interleaved_s = self._interleaved_wall_s = 0.0
         self._in_flight = len(group)
         t0 = self.backend.clock()
+        w0 = time.perf_counter()
         try:
             parts = [w.request.parts for w in group]
             kwargs = {"on_chunk": self._between_chunks} if self._prefill_takes_on_chunk else {}
@@ -488,7 +490,12 @@ class Engine:
             for row in rows:
                 self._drop(row, e, retry=True, alone=len(rows) > 1)
             return
-        self._account_prefill(t0, rows)
+        wall = time.perf_counter() - w0 - self._interleaved_wall_s
+        spent = self._account_prefill(t0, rows)
+        # The method times its reading in wall seconds; the engine's clock may be the thread's
+        # CPU time (one host thread: backends/torch_eager.py), which a loaded machine makes
+        # smaller. compress_s is part of prefill_s, so it is read on the engine's clock.
+        to_engine = min(1.0, spent / wall) if wall > 0 else 1.0
         state = compressed.state
         for j, row in enumerate(rows):
             row.result.context_tokens = compressed.context_tokens[j]
@@ -496,7 +503,7 @@ class Engine:
                 row.result.kept_positions = list(compressed.kept_positions[j])
             if compressed.prefilled_positions is not None:
                 row.result.prefilled_positions = list(compressed.prefilled_positions[j])
-            row.result.compress_s = compressed.compress_s[j]
+            row.result.compress_s = compressed.compress_s[j] * to_engine
             n = int(state.valid[j].sum())
             if self._need(n) > self.cache.capacity:
                 # It kept more than its estimate: back to the queue with its true size (alone),
@@ -517,13 +524,14 @@ class Engine:
         slots are still filling, see ``_fill_first``, unless the rows are overdue)."""
         self.stats.chunks_read += 1
         if self.active and (not self._fill_first() or self._decode_overdue()):
-            t0 = self.backend.clock()
+            t0, w0 = self.backend.clock(), time.perf_counter()
             self._guarded_decode_step()
             self._interleaved_s += self.backend.clock() - t0
+            self._interleaved_wall_s += time.perf_counter() - w0
 
-    def _account_prefill(self, t0: float, rows: list[_Row]) -> None:
+    def _account_prefill(self, t0: float, rows: list[_Row]) -> float:
         """Charge the prefill since ``t0`` to ``rows`` (and to stall_s when rows were
-        decoding), less the decode steps its ``on_chunk`` ran in between."""
+        decoding), less the decode steps its ``on_chunk`` ran in between; returns it."""
         spent = self.backend.clock() - t0 - self._interleaved_s
         self._interleaved_s = 0.0
         self.stats.prefill_s += spent
@@ -534,6 +542,7 @@ class Engine:
         for row in rows:
             row.result.prefill_s += spent / len(rows)
             row.result.device_s += spent / len(rows)
+        return spent
 
     def _join(self, row: _Row, logits: torch.Tensor) -> None:
         """The row's first token (from its prefill's last logits [1, V]); it takes slot len(active)."""
