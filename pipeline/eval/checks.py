@@ -36,6 +36,8 @@ PARALLEL = ("style", "kind", "depths")
 
 @dataclass
 class EvalSetCheck:
+    """What ``check_eval_set`` found: ``refusals`` stop `eval` (exit 2), ``notes`` are printed."""
+
     refusals: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
