@@ -358,7 +358,7 @@ def _questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[st
     qf = inp.question_field
     raw_q = rec.get(qf) if qf else None
     raw_a = rec.get(inp.answer_field) if inp.answer_field else None
-    items, given = _as_list(raw_q), _given_answers(raw_q, raw_a)
+    items, given = _as_list(raw_q), given_answers(raw_q, raw_a)
     answers = [reference_text(a) for a in given]
     problems = []
     pairing = pairing_problem(rec, inp)
@@ -399,7 +399,7 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     raw_a = rec.get(af) if af else None
     if raw_q is None or raw_a is None:
         return None
-    nq, na = len(_as_list(raw_q)), len(_given_answers(raw_q, raw_a))
+    nq, na = len(_as_list(raw_q)), len(given_answers(raw_q, raw_a))
     if nq == na:
         return None
     return (f"field {af!r} has {na} answer(s) for {nq} question(s) in {qf!r}; fix: one answer per question, "
@@ -407,7 +407,7 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
             "inside the list)")
 
 
-def _given_answers(raw_q: Any, raw_a: Any) -> list:
+def given_answers(raw_q: Any, raw_a: Any) -> list:
     """The answers as a list to pair with the questions: one question not in a list with a
     list of answers has them as its acceptable answers (one entry)."""
     return [raw_a] if isinstance(raw_q, (str, bytes)) and isinstance(raw_a, (list, tuple)) else _as_list(raw_a)

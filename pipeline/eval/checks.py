@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stages.read import given_answers
+
 #: The fields of an eval record (jobs/README.md, "eval sets").
 EVAL_FIELDS = ("id", "text", "questions", "answers", "depths", "kind", "style")
 #: The question styles of the shipped eval sets (pipeline/corpus/eval_records.py).
@@ -92,8 +94,7 @@ def check_eval_set(path: str) -> EvalSetCheck:
             qs, ans = _as_list(rec.get("questions")), rec.get("answers")
             with_q += bool(qs)
             with_a += ans is not None
-            # One question not in a list: a list of answers is its alternatives (as the reader takes it).
-            answers = [ans] if not isinstance(rec.get("questions"), list) else _as_list(ans)
+            answers = given_answers(rec.get("questions"), ans)  # the reader's pairing (stages/read.py)
             for name in PARALLEL:
                 v = rec.get(name)
                 if isinstance(v, list) and len(v) != len(qs):
