@@ -19,7 +19,8 @@ import torch
 
 from pipeline.eval.metrics import contains
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-from stages.compression.rag import RagResult, chunk_document, load_embedder, rag_contexts
+from stages.compression.chunks import RetrievalResult
+from stages.compression.rag import chunk_document, load_embedder, rag_contexts
 from stages.model_loading import load_tokenizer
 
 BUDGETS = (256, 512, 1024)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 res = rag_contexts([ids] * len(d["questions"]), d["questions"], tokenizer=tok, embedder=emb,
                                    target_tokens=b, chunk_tokens=chunk, window_fraction=frac)
                 for r, ans in zip(res, d["answers"]):
-                    assert isinstance(r, RagResult), r
+                    assert isinstance(r, RetrievalResult), r
                     hits[b] += contains(tok.decode(r.context_ids, skip_special_tokens=True), ans) > 0
         row = {"chunk_tokens": name, "mean_chunk": n_tok / n_chunks, "cut": n_cut, "chunks": n_chunks,
                "recall": {b: hits[b] / n_q for b in budgets}}

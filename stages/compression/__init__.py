@@ -26,7 +26,7 @@ from types import MappingProxyType
 from schemas.compression import CompressionSpec
 from stages.compression.base import CompressionMethod
 
-INTERFACES = ("base", "lm_scoring")  # modules that define contracts, not methods
+INTERFACES = ("base", "chunks", "lm_scoring")  # modules of contracts and shared parts, not methods
 __all__ = ["CompressionMethod", "budgeted_names", "method_for", "method_names", "methods_table", "registry"]
 
 

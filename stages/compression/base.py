@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from stages.decoding.state import CompressedPrefill
     from stages.prompting import PromptParts
+    from stages.token_bytes import CharacterEdges
 
 RunsAt = Literal["tokenize", "text_stage", "prefill"]
 #: Where each ``runs_at`` runs, in the words of the README's method table.
@@ -168,11 +169,12 @@ class CompressionMethod(ABC):
         return (Budget("compression.target_tokens", int(target)),) if target else ()
 
     # ------------------------------------------------------------------ runs_at == "tokenize"
-    def compress_ids(self, config: Any, doc_ids: list[int]) -> list[int]:
-        """The context ids kept of ``doc_ids`` (a subsequence, at most the budget)."""
+    def compress_ids(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
+        """The context ids kept of ``doc_ids`` (a subsequence, at most the budget); no cut
+        inside a character (``edges``: the tokenizer's, stages/token_bytes.py)."""
         raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
 
-    def compress_spans(self, config: Any, doc_ids: list[int]) -> list[int]:
+    def compress_spans(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
         """Where ``compress_ids``' ids sit in ``doc_ids``: flattened ``[start, end)`` pairs
         (``spans_of``); ``positions_of(spans)`` indexes ``doc_ids`` to the context ids."""
         raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")

@@ -4,13 +4,15 @@ The lexical retrieval baseline (Robertson & Zaragoza, 2009,
 https://doi.org/10.1561/1500000019) next to ``rag``'s embeddings: the document is cut
 into chunks of ``chunk_tokens`` generator tokens (as rag does), each chunk is scored
 by BM25 against the query's token ids with the document's own chunks as the corpus
-(a token in every chunk weighs nothing), and the best chunks fill the budget exactly,
-in document order (``stages.compression.rag.select_chunks``/``assemble``). No
-embedder, no GPU: it runs as its own CPU actor pool before generate.
+(bm25s, a maintained sparse-matrix implementation; a token in every chunk weighs
+little), and the best chunks fill the budget, in document order
+(stages/compression/chunks.py, which rag shares). No embedder, no GPU: it runs as its
+own CPU actor pool before generate.
 
 Contract: ``bm25_scores(chunks, query_ids, k1, b)`` -> one score per chunk (>= 0);
-``bm25_result(doc_ids, query_ids, ...)`` -> a ``RagResult`` whose ``context_ids`` are
-exactly ``min(target_tokens, len(doc))`` ids, a subsequence of ``doc_ids``, with the
+``bm25_result(doc_ids, query_ids, ...)`` -> a ``RetrievalResult`` whose ``context_ids`` are
+``min(target_tokens, len(doc))`` ids (fewer by a character's other pieces where the budget
+ends inside one), a subsequence of ``doc_ids``, with the
 retrieval figures. The stage ranks against the
 question (qa), else the instruction (``rag_query``), tokenized without special tokens,
 and adds the context columns and the retrieval figures rag adds, BM25 scores in place
@@ -21,9 +23,7 @@ that fails gets ``error = "bm25: ..."``.
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -34,14 +34,15 @@ from schemas.compression import CompressionSpec
 from schemas.rows import RetrievedRow
 from schemas.spec import JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
-from stages.compression.rag import (
+from stages.compression.chunks import (
     RETRIEVAL_COLUMNS,
-    RagResult,
-    rag_query,
+    RetrievalResult,
     scored_result,
     split_chunks,
 )
+from stages.compression.rag import rag_query
 from stages.rows import batch_to_rows, fail, rows_to_batch
+from stages.token_bytes import NO_EDGES, CharacterEdges
 
 
 class Bm25Compression(CompressionSpec):
@@ -56,28 +57,31 @@ class Bm25Compression(CompressionSpec):
 
 
 def bm25_scores(chunks: Sequence[Sequence[int]], query_ids: Sequence[int], k1: float, b: float) -> list[float]:
-    """BM25 of each chunk for the query's distinct tokens, IDF over these chunks."""
-    counts = [Counter(c) for c in chunks]
-    n, avg = len(chunks), sum(map(len, chunks)) / max(1, len(chunks))
-    scores = [0.0] * n
-    for t in set(query_ids):
-        df = sum(t in c for c in counts)
-        if df == 0:
-            continue
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        for i, (c, chunk) in enumerate(zip(counts, chunks, strict=True)):
-            tf = c[t]
-            if tf:
-                scores[i] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(chunk) / avg))
-    return scores
+    """One BM25 score per chunk (>= 0) for the query's distinct token ids, the chunks as the
+    corpus. bm25s's ``lucene`` variant (idf ``log(1 + (n - df + 0.5) / (df + 0.5))``, never
+    negative) scaled by ``k1 + 1``: Robertson and Zaragoza's form, whose figures the rows'
+    ``retrieval_*_score`` columns have always held. A query token counts once (bm25s counts
+    a repeated one again)."""
+    import bm25s  # here, not at the top: a method module imports light modules only
+
+    query = [str(t) for t in dict.fromkeys(query_ids)]
+    if not chunks or not query:
+        return [0.0] * len(chunks)
+    index = bm25s.BM25(method="lucene", k1=k1, b=b)
+    index.index([[str(t) for t in c] for c in chunks], show_progress=False)
+    return [float(x) * (k1 + 1) for x in index.get_scores(query)]
 
 
-def bm25_result(doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression) -> RagResult:
-    """The kept context and its retrieval figures; a document that fits is kept whole, unranked."""
+def bm25_result(
+    doc_ids: Sequence[int], query_ids: Sequence[int], config: Bm25Compression, edges: CharacterEdges = NO_EDGES,
+) -> RetrievalResult:
+    """The kept context and its retrieval figures; a document that fits is kept whole, unranked.
+    No cut splits a character (``edges``: the generator tokenizer's)."""
     if len(doc_ids) <= config.target_tokens:
-        return RagResult(list(doc_ids), [(0, len(doc_ids))], spans=[0, len(doc_ids)] if doc_ids else [])
-    chunks = split_chunks(doc_ids, config.chunk_tokens)
-    return scored_result(chunks, bm25_scores(chunks, query_ids, config.k1, config.b), config.target_tokens)
+        return RetrievalResult(list(doc_ids), [(0, len(doc_ids))], spans=[0, len(doc_ids)] if doc_ids else [])
+    chunks = split_chunks(doc_ids, config.chunk_tokens, edges)
+    scores = bm25_scores(chunks, query_ids, config.k1, config.b)
+    return scored_result(chunks, scores, config.target_tokens, edges)
 
 
 class Bm25Stage:
@@ -89,6 +93,7 @@ class Bm25Stage:
         job = JobSpec.model_validate(spec)
         self.config: Bm25Compression = Bm25Method().config(job)
         self.tokenizer = load_tokenizer(job.generation.model)
+        self.edges = CharacterEdges.of(self.tokenizer)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows: list[RetrievedRow] = batch_to_rows(batch)
@@ -102,7 +107,7 @@ class Bm25Stage:
                 if row.get("doc_ids") is None:
                     raise ValueError("doc_ids is missing (the tokenize stage must run first)")
                 query = self.tokenizer(rag_query(row) or "", add_special_tokens=False)["input_ids"]
-                res = bm25_result(row["doc_ids"], query, self.config)
+                res = bm25_result(row["doc_ids"], query, self.config, self.edges)
                 row["context_ids"], row["context_tokens"] = res.context_ids, len(res.context_ids)
                 row["context_spans"] = res.spans
                 row["compress_s"] = time.perf_counter() - t0

@@ -12,7 +12,9 @@ Contract (Ray-agnostic core, ``rag_contexts``):
   tokens) and ``query`` (the question for qa, else the instruction: ``rag_query``).
 - Output per request: ``context_ids`` whose length is exactly
   ``min(target_tokens, len(doc_ids))``. Chunks are taken best first; the last one
-  taken is cut (its head kept) so the budget is filled exactly. Kept pieces are
+  taken is cut (its head kept) so the budget is filled exactly (short by a character's
+  other pieces when its end falls inside one: no cut splits a character,
+  stages/compression/chunks.py). Kept pieces are
   emitted in document order, so the result is a subsequence of ``doc_ids``; ``spans``
   says where (flattened ``[start, end)`` pairs, the row's ``context_spans``).
 - A document that fits the budget is kept whole without embedding anything.
@@ -51,8 +53,15 @@ from schemas.compression import CompressionSpec
 from schemas.rows import RetrievedRow, TokenizedRow
 from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
+from stages.compression.chunks import (
+    RETRIEVAL_COLUMNS,
+    RetrievalResult,
+    scored_result,
+    split_chunks,
+)
 from stages.embedding import SentenceEmbedder, TextEmbedder, load_embedder
 from stages.rows import batch_to_rows, fail, rows_to_batch
+from stages.token_bytes import NO_EDGES, CharacterEdges
 
 __all__ = ["SentenceEmbedder", "TextEmbedder", "load_embedder"]  # re-exported: rag's embedder
 
@@ -66,12 +75,6 @@ log = logging.getLogger(__name__)
 AUTO_WINDOW_FRACTION = 0.5
 #: Smallest chunk, in generator tokens, the auto size or a halving goes down to.
 MIN_CHUNK_TOKENS = 8
-#: Retrieval figures a retrieval method adds (schemas/rows.RetrievedRow, schemas/output.py).
-RETRIEVAL_COLUMNS = (
-    "retrieval_chunks", "retrieved_chunks", "retrieval_top_score", "retrieval_mean_score",
-    "embedder_truncated_chunks",
-)  # fmt: skip
-
 
 class RagCompression(CompressionSpec):
     """Keep the chunks most similar to the question (or instruction), in document order."""
@@ -95,98 +98,6 @@ class RagCompression(CompressionSpec):
     embed_batch_size: int = Field(default=64, ge=1, description="Chunks per embedding batch.")
 
 
-@dataclass
-class RagResult:
-    """One request's context and retrieval figures (schemas/output.py RETRIEVAL columns)."""
-
-    context_ids: list[int]
-    kept: list[tuple[int, int]]  # (chunk index, tokens kept from its head), document order
-    compress_s: float = 0.0
-    n_chunks: int = 0  # chunks ranked; 0 when the document fit the budget
-    top_score: float | None = None  # best chunk score; None when nothing was ranked
-    mean_score: float | None = None  # mean score of the kept chunks
-    truncated_chunks: int = 0  # ranked chunks longer than the embedder's window
-    # where context_ids sit in the document: flattened [start, end) pairs (base.spans_of)
-    spans: list[int] = field(default_factory=list)
-
-    def figures(self) -> dict[str, Any]:
-        """The row's RETRIEVAL_COLUMNS."""
-        vals = (self.n_chunks, len(self.kept) if self.n_chunks else 0, self.top_score,
-                self.mean_score, self.truncated_chunks)  # fmt: skip
-        return dict(zip(RETRIEVAL_COLUMNS, vals, strict=True))
-
-
-def scored_result(
-    chunks: Sequence[Sequence[int]], scores: Sequence[float], target_tokens: int
-) -> RagResult:
-    """Select chunks by ``scores`` to fill ``target_tokens`` and report the figures."""
-    kept = select_chunks(scores, [len(c) for c in chunks], target_tokens)
-    kept_scores = [float(scores[i]) for i, _ in kept]
-    return RagResult(
-        assemble(chunks, kept), kept, n_chunks=len(chunks),
-        top_score=max(map(float, scores)) if len(scores) else None,
-        mean_score=sum(kept_scores) / len(kept_scores) if kept_scores else None,
-        spans=kept_spans(chunks, kept),
-    )  # fmt: skip
-
-
-def kept_spans(chunks: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -> list[int]:
-    """Where ``assemble(chunks, kept)`` sits in the document the consecutive ``chunks`` cut:
-    flattened ``[start, end)`` pairs, adjacent pieces merged (base.spans_of)."""
-    starts = [0]
-    for c in chunks:
-        starts.append(starts[-1] + len(c))
-    out: list[int] = []
-    for i, n in kept:
-        if n <= 0:
-            continue
-        if out and out[-1] == starts[i]:
-            out[-1] = starts[i] + n
-        else:
-            out += [starts[i], starts[i] + n]
-    return out
-
-
-def split_chunks(doc_ids: Sequence[int], chunk_tokens: int) -> list[list[int]]:
-    """Consecutive chunks of ``chunk_tokens`` ids; the last one may be shorter."""
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    ids = list(doc_ids)
-    return [ids[i : i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
-
-
-def select_chunks(
-    scores: Sequence[float], chunk_lens: Sequence[int], target_tokens: int
-) -> list[tuple[int, int]]:
-    """Pick chunks best score first until ``target_tokens`` is filled exactly.
-
-    Returns ``(chunk index, tokens kept)`` in document order; the kept counts sum to
-    ``min(target_tokens, sum(chunk_lens))``. Equal scores prefer the earlier chunk.
-    """
-    if target_tokens < 1:
-        raise ValueError(f"target_tokens must be >= 1, got {target_tokens}")
-    assert len(scores) == len(chunk_lens), (len(scores), len(chunk_lens))
-    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
-    left = target_tokens
-    kept: dict[int, int] = {}
-    for i in order:
-        if left <= 0:
-            break
-        take = min(chunk_lens[i], left)
-        if take > 0:
-            kept[i] = take
-            left -= take
-    return sorted(kept.items())
-
-
-def assemble(chunks: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -> list[int]:
-    """Concatenate the kept head of each selected chunk, in the order given."""
-    out: list[int] = []
-    for i, n in kept:
-        out.extend(chunks[i][:n])
-    return out
-
-
 def chunk_document(
     ids: Sequence[int],
     chunk_tokens: int | None,
@@ -195,6 +106,7 @@ def chunk_document(
     count: Callable[[list[str]], list[int]],
     max_tokens: int,
     window_fraction: float = AUTO_WINDOW_FRACTION,
+    edges: CharacterEdges = NO_EDGES,
 ) -> tuple[list[list[int]], list[str], int]:
     """Cut a document into chunks for an embedder reading ``max_tokens`` word pieces.
 
@@ -203,24 +115,32 @@ def chunk_document(
     None: size = ``window_fraction * max_tokens`` over the document's word-piece per
     generator-token ratio, and an overflowing chunk is halved until it fits (so the
     count returned is 0 unless a single token overflows). An explicit size is obeyed.
+    Every cut falls between characters (``edges``, stages/compression/chunks.split_chunks).
     """
     if max_tokens < 1:
         raise ValueError(f"the embedder's window must hold >= 1 word piece, got {max_tokens}")
     ids = list(ids)
     if chunk_tokens is not None:
-        chunks = split_chunks(ids, chunk_tokens)
+        chunks = split_chunks(ids, chunk_tokens, edges)
         texts = decode(chunks)
         return chunks, texts, sum(n > max_tokens for n in count(texts))
     ratio = max(1, count(decode([ids]))[0]) / max(1, len(ids))  # word pieces per token
     size = max(MIN_CHUNK_TOKENS, int(window_fraction * max_tokens / ratio))
-    chunks = split_chunks(ids, size)
+    chunks = split_chunks(ids, size, edges)
     texts = decode(chunks)
     counts = count(texts)
+
+    def middle(c: list[int]) -> int:  # a chunk's halving point, between characters
+        return edges.before(c, len(c) // 2) or edges.after(c, len(c) // 2)
+
     while True:  # the ratio varies along a document (code, tables): halve what overflows
-        over = {i for i, (c, n) in enumerate(zip(chunks, counts)) if n > max_tokens and len(c) > MIN_CHUNK_TOKENS}
+        over = {
+            i: middle(c) for i, (c, n) in enumerate(zip(chunks, counts))
+            if n > max_tokens and len(c) > MIN_CHUNK_TOKENS and 0 < middle(c) < len(c)
+        }  # fmt: skip
         if not over:
             return chunks, texts, sum(n > max_tokens for n in counts)
-        halves = [h for i in sorted(over) for h in (chunks[i][: len(chunks[i]) // 2], chunks[i][len(chunks[i]) // 2 :])]
+        halves = [h for i in sorted(over) for h in (chunks[i][: over[i]], chunks[i][over[i] :])]
         h_texts = decode(halves)
         h_counts = count(h_texts)
         parts: list[tuple[list[int], str, int]] = []
@@ -268,10 +188,13 @@ def rag_contexts(
     target_tokens: int,
     chunk_tokens: int | None = None,
     window_fraction: float = AUTO_WINDOW_FRACTION,
-) -> list[RagResult | BaseException]:
+    edges: CharacterEdges | None = None,
+) -> list[RetrievalResult | BaseException]:
     """RAG-compress a batch of documents; see the module contract.
 
     ``chunk_tokens`` None: auto-sized chunks that fit the embedder (``chunk_document``).
+    ``edges``: ``tokenizer``'s character edges (a stage passes the ones it keeps; None
+    reads them now).
     ``compress_s`` of a result is its own chunk/decode/select time plus a share of
     the batch's embedding time proportional to the texts (chunks + query) it embedded.
     """
@@ -283,18 +206,20 @@ def rag_contexts(
     def decode(chunks: list[list[int]]) -> list[str]:
         return tokenizer.batch_decode(chunks, skip_special_tokens=True)
 
-    results: list[RagResult | BaseException | None] = [None] * len(docs)
+    edges = CharacterEdges.of(tokenizer) if edges is None else edges
+
+    results: list[RetrievalResult | BaseException | None] = [None] * len(docs)
     pending: list[_Pending] = []
     for i, (doc, query) in enumerate(zip(docs, queries, strict=True)):
         t0 = time.perf_counter()
         try:
             ids = _check_request(doc, query)
             if len(ids) <= target_tokens:  # fits: nothing to choose, nothing ranked
-                results[i] = RagResult(ids, [(0, len(ids))], time.perf_counter() - t0, spans=[0, len(ids)])
+                results[i] = RetrievalResult(ids, [(0, len(ids))], time.perf_counter() - t0, spans=[0, len(ids)])
                 continue
             chunks, texts, truncated = chunk_document(
                 ids, chunk_tokens, decode=decode, count=embedder.count_tokens,
-                max_tokens=embedder.max_tokens, window_fraction=window_fraction,
+                max_tokens=embedder.max_tokens, window_fraction=window_fraction, edges=edges,
             )  # fmt: skip
             pending.append(_Pending(i, query, chunks, texts, time.perf_counter() - t0, truncated))
         except Exception as e:  # noqa: BLE001 - a bad request fails alone
@@ -307,7 +232,7 @@ def rag_contexts(
                 results[p.index] = p.error
                 continue
             t0 = time.perf_counter()
-            res = scored_result(p.chunks, p.scores, target_tokens)
+            res = scored_result(p.chunks, p.scores, target_tokens, edges)
             share = embed_s * (len(p.texts) + 1) / n_texts
             res.compress_s = p.local_s + time.perf_counter() - t0 + share
             res.truncated_chunks = p.truncated
@@ -358,6 +283,7 @@ class RagStage:
         self.config: RagCompression = RagMethod().config(job)
         self.device = pick_device(job.resources.compress_num_gpus)
         self.tokenizer = load_tokenizer(job.generation.model)
+        self.edges = CharacterEdges.of(self.tokenizer)
         self.embedder = load_embedder(self.config.embedder, self.device, batch_size=self.config.embed_batch_size)
         self._warned = False
 
@@ -375,9 +301,10 @@ class RagStage:
                 embedder=self.embedder,
                 target_tokens=self.config.target_tokens,
                 chunk_tokens=self.config.chunk_tokens,
+                edges=self.edges,
             )
             for row, res in zip(live, results, strict=True):
-                if isinstance(res, RagResult):
+                if isinstance(res, RetrievalResult):
                     row["context_ids"] = res.context_ids
                     row["context_tokens"] = len(res.context_ids)
                     row["context_spans"] = res.spans
@@ -388,7 +315,7 @@ class RagStage:
                     fail(row, "rag", res)
         return rows_to_batch(rows)
 
-    def _warn_truncated(self, res: RagResult) -> None:
+    def _warn_truncated(self, res: RetrievalResult) -> None:
         """Say once per actor that an explicit chunk_tokens overflows the embedder."""
         if res.truncated_chunks and not self._warned:
             self._warned = True

@@ -1,19 +1,23 @@
 """Method ``truncate``: keep an exact number of document tokens (the Finch paper's baseline).
 
-Contract: ``truncate_ids(ids, target, keep)`` returns ``min(target, len(ids))`` tokens:
-``head`` keeps the first ones, ``tail`` the last ones, ``head_tail`` the first
-ceil(target/2) and the last floor(target/2), in document order. A slice of the ids
+Contract: ``truncate_ids(ids, target, keep, edges)`` returns ``min(target, len(ids))``
+tokens: ``head`` keeps the first ones, ``tail`` the last ones, ``head_tail`` the first
+ceil(target/2) and the last floor(target/2), in document order; a cut that would split a
+character (stages/token_bytes.py ``CharacterEdges``) moves into the kept side, so a few
+fewer are kept then (at most a character's other pieces per cut). A slice of the ids
 costs no model, so it rides along in the tokenize actor (``runs_at = "tokenize"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from schemas.compression import CompressionSpec
 from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
+from stages.token_bytes import NO_EDGES, CharacterEdges
 
 
 class TruncateCompression(CompressionSpec):
@@ -29,37 +33,28 @@ class TruncateCompression(CompressionSpec):
     )
 
 
-def truncate_ids(ids: list[int], target: int, keep: str) -> list[int]:
+def truncate_spans(ids: Sequence[int], target: int, keep: str, edges: CharacterEdges = NO_EDGES) -> list[int]:
+    """Where ``truncate_ids`` keeps ``ids``: flattened ``[start, end)`` pairs
+    (stages/compression/base.spans_of). Each cut moves to the nearest edge between
+    characters inside the kept side (``edges``), so a kept run never starts or ends
+    inside a character: at most a character's other pieces fewer than the budget."""
     if target < 1:
         raise ValueError(f"target_tokens must be >= 1, got {target}")
-    if len(ids) <= target:
-        return list(ids)
-    if keep == "head":
-        return list(ids[:target])
-    if keep == "tail":
-        return list(ids[len(ids) - target :])
-    if keep == "head_tail":
-        head = (target + 1) // 2
-        tail = target - head
-        return list(ids[:head]) + (list(ids[len(ids) - tail :]) if tail else [])
-    raise ValueError(f"keep must be one of head, tail, head_tail; got {keep!r}")
-
-
-def truncate_spans(n: int, target: int, keep: str) -> list[int]:
-    """Where ``truncate_ids`` of an ``n``-token document sits in it: flattened
-    ``[start, end)`` pairs (stages/compression/base.spans_of)."""
-    if target < 1:
-        raise ValueError(f"target_tokens must be >= 1, got {target}")
+    if keep not in ("head", "tail", "head_tail"):
+        raise ValueError(f"keep must be one of head, tail, head_tail; got {keep!r}")
+    n = len(ids)
     if n <= target:
         return [0, n] if n else []
-    if keep == "head":
-        return [0, target]
-    if keep == "tail":
-        return [n - target, n]
-    if keep == "head_tail":
-        head = (target + 1) // 2
-        return [0, head] + ([n - (target - head), n] if target - head else [])
-    raise ValueError(f"keep must be one of head, tail, head_tail; got {keep!r}")
+    head = {"head": target, "tail": 0, "head_tail": (target + 1) // 2}[keep]
+    head = edges.before(ids, head)
+    tail = edges.after(ids, n - (target - head)) if target > head else n
+    return ([0, head] if head else []) + ([tail, n] if tail < n else [])
+
+
+def truncate_ids(ids: Sequence[int], target: int, keep: str, edges: CharacterEdges = NO_EDGES) -> list[int]:
+    """The ids ``truncate_spans`` keeps, in document order."""
+    spans = truncate_spans(ids, target, keep, edges)
+    return [t for s, e in zip(spans[::2], spans[1::2], strict=True) for t in ids[s:e]]
 
 
 class TruncateMethod(CompressionMethod):
@@ -73,8 +68,8 @@ class TruncateMethod(CompressionMethod):
     adds = CONTEXT_COLUMNS
     eval_budgeted = True
 
-    def compress_ids(self, config: TruncateCompression, doc_ids: list[int]) -> list[int]:
-        return truncate_ids(doc_ids, config.target_tokens, config.keep)
+    def compress_ids(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
+        return truncate_ids(doc_ids, config.target_tokens, config.keep, edges)
 
-    def compress_spans(self, config: TruncateCompression, doc_ids: list[int]) -> list[int]:
-        return truncate_spans(len(doc_ids), config.target_tokens, config.keep)
+    def compress_spans(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
+        return truncate_spans(doc_ids, config.target_tokens, config.keep, edges)

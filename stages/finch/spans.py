@@ -44,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stages.token_bytes import token_bytes
+
 if TYPE_CHECKING:
     import torch
 
@@ -104,45 +106,6 @@ def sentence_boundaries(tokenizer) -> Boundaries:
             opens.add(i)
     return Boundaries(frozenset(breaks), frozenset(ends), frozenset(opens), frozenset(newlines),
                       token_bytes(tokenizer, texts))
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """The printable character byte-level BPE tokenizers (GPT-2's scheme: SmolLM2, Llama 3,
-    Qwen2) write for each byte in their vocabulary: printable Latin-1 bytes stand for
-    themselves, the others for code points from 256 on, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    alphabet, extra = {}, 0
-    for byte in range(256):
-        if byte in keep:
-            alphabet[chr(byte)] = byte
-        else:
-            alphabet[chr(256 + extra)] = byte
-            extra += 1
-    return alphabet
-
-
-def token_bytes(tokenizer, texts: list[str] | None = None) -> tuple[bytes, ...]:
-    """Each token id's UTF-8 bytes. A token that decodes to whole characters is its text's
-    bytes (a SentencePiece word piece keeps its leading space); one that holds part of a
-    character (it decodes to U+FFFD) is read from its vocabulary entry: ``<0xNN>`` (byte
-    fallback) or the byte-level alphabet. A part that neither explains reads as one
-    continuation byte (0x80): never a clean place to cut, never a sentence end."""
-    texts = texts if texts is not None else [tokenizer.decode([i]) for i in range(len(tokenizer))]
-    pieces = tokenizer.convert_ids_to_tokens(list(range(len(texts))))
-    alphabet = _byte_level_alphabet()
-    out = []
-    for text, piece in zip(texts, pieces, strict=True):
-        piece = piece or ""
-        if "\ufffd" not in text:
-            lead = " " if piece.startswith("\u2581") and not text.startswith(" ") else ""
-            out.append((lead + text).encode("utf-8"))
-        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            out.append(bytes([int(piece[3:5], 16)]))
-        elif piece and all(c in alphabet for c in piece):
-            out.append(bytes(alphabet[c] for c in piece))
-        else:
-            out.append(b"\x80")
-    return tuple(out)
 
 
 def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = False) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ from pipeline.eval.recall import (
 )
 from stages.compression.base import positions_of, spans_of
 from stages.compression.bm25 import Bm25Compression, bm25_result
-from stages.compression.rag import kept_spans, split_chunks
+from stages.compression.chunks import kept_spans, split_chunks
 from stages.compression.truncate import truncate_ids, truncate_spans
 
 TEXT = (
@@ -85,7 +85,7 @@ def test_spans_round_trip() -> None:
 @pytest.mark.parametrize(("n", "target"), [(10, 4), (10, 5), (3, 8), (10, 1)])
 def test_truncate_spans_locate_its_ids(keep: str, n: int, target: int) -> None:
     doc = [100 + i for i in range(n)]
-    spans = truncate_spans(n, target, keep)
+    spans = truncate_spans(doc, target, keep)
     assert [doc[p] for p in positions_of(spans)] == truncate_ids(doc, target, keep)
 
 

@@ -11,6 +11,7 @@ from schemas.loading import spec_from_dict
 from stages.compression import registry
 from stages.compression.none import NoneMethod
 from stages.prompting import PromptParts
+from stages.token_bytes import NO_EDGES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,6 +51,6 @@ def test_another_methods_settings_and_tokenize_hooks_are_refused(tiny_model_dir)
     with pytest.raises(ValueError, match="NoneMethod needs compression.method 'none', got 'truncate'"):
         NoneMethod().config(job)
     with pytest.raises(NotImplementedError, match="none runs at prefill, not in tokenize"):
-        NoneMethod().compress_ids(NoCompression(), [1, 2, 3])
+        NoneMethod().compress_ids(NoCompression(), [1, 2, 3], NO_EDGES)
     with pytest.raises(NotImplementedError, match="not as a text stage"):
         NoneMethod().stage_class()

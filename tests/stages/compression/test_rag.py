@@ -5,7 +5,6 @@ dropped) and a run inside real Ray Data with an actor pool."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
@@ -13,15 +12,12 @@ import pytest
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
+from stages.compression.chunks import RetrievalResult
 from stages.compression.rag import (
-    RagResult,
     RagStage,
     SentenceEmbedder,
-    assemble,
     load_embedder,
     rag_contexts,
-    select_chunks,
-    split_chunks,
 )
 from stages.rows import batch_to_rows, rows_to_batch
 
@@ -91,42 +87,6 @@ def is_subsequence(small: list[int], big: list[int]) -> bool:
     return all(any(x == y for y in it) for x in small)
 
 
-def test_split_chunks_covers_document() -> None:
-    chunks = split_chunks(list(range(70)), 32)
-    assert [len(c) for c in chunks] == [32, 32, 6]
-    assert sum(chunks, []) == list(range(70))
-    with pytest.raises(ValueError, match="chunk_tokens"):
-        split_chunks([1, 2], 0)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_select_fills_budget_exactly_in_document_order(seed: int) -> None:
-    rng = random.Random(seed)
-    lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 12))]
-    scores = [rng.random() for _ in lens]
-    for target in (1, 7, 33, 100, sum(lens), sum(lens) + 5):
-        kept = select_chunks(scores, lens, target)
-        assert sum(n for _, n in kept) == min(target, sum(lens))
-        idx = [i for i, _ in kept]
-        assert idx == sorted(idx) and len(set(idx)) == len(idx)
-        # Everything kept scores at least as high as everything left out, and only
-        # the lowest-scoring kept chunk may be cut.
-        left_out = set(range(len(lens))) - set(idx)
-        lowest = min(kept, key=lambda k: (scores[k[0]], -k[0]))
-        assert all(scores[i] >= scores[j] for i in idx for j in left_out)
-        assert all(n == lens[i] for i, n in kept if (i, n) != lowest)
-
-
-def test_select_rejects_bad_budget() -> None:
-    with pytest.raises(ValueError, match="target_tokens"):
-        select_chunks([0.1], [3], 0)
-
-
-def test_assemble_cuts_head_of_chunk() -> None:
-    chunks = [[1, 2, 3], [4, 5, 6], [7, 8]]
-    assert assemble(chunks, [(0, 3), (2, 1)]) == [1, 2, 3, 7]
-
-
 def test_answer_chunk_is_retrieved(tokenizer, embedder) -> None:
     doc = paragraph_doc(tokenizer, list(range(len(PARAGRAPHS))))
     (res,) = rag_contexts(
@@ -137,7 +97,7 @@ def test_answer_chunk_is_retrieved(tokenizer, embedder) -> None:
         target_tokens=40,
         chunk_tokens=CHUNK,
     )
-    assert isinstance(res, RagResult)
+    assert isinstance(res, RetrievalResult)
     assert len(res.context_ids) == 40
     assert (VAULT, CHUNK) in res.kept  # the best chunk is kept whole
     assert "4417" in tokenizer.decode(res.context_ids)
@@ -160,7 +120,7 @@ def test_short_document_kept_whole_without_embedding(tokenizer, embedder) -> Non
         target_tokens=len(doc),
         chunk_tokens=CHUNK,
     )
-    assert isinstance(res, RagResult) and res.context_ids == doc
+    assert isinstance(res, RetrievalResult) and res.context_ids == doc
     assert counting.calls == []
     assert res.figures() == {
         "retrieval_chunks": 0, "retrieved_chunks": 0, "retrieval_top_score": None,
@@ -188,7 +148,7 @@ def test_batch_equals_per_row_with_one_encode_call(tokenizer, embedder) -> None:
     assert counting.calls == [("q", 3), ("c", 13)]
     for d, q, b in zip(docs, queries, batched, strict=True):
         (single,) = rag_contexts([d], [q], embedder=embedder, **kw)
-        assert isinstance(b, RagResult) and isinstance(single, RagResult)
+        assert isinstance(b, RetrievalResult) and isinstance(single, RetrievalResult)
         assert b.context_ids == single.context_ids
         assert len(b.context_ids) == min(50, len(d))
     assert "red spot" in tokenizer.decode(batched[0].context_ids)
@@ -200,7 +160,7 @@ def test_bad_request_fails_alone(tokenizer, embedder) -> None:
     out = rag_contexts(
         docs, queries, tokenizer=tokenizer, embedder=embedder, target_tokens=40, chunk_tokens=CHUNK
     )
-    assert isinstance(out[0], RagResult) and len(out[0].context_ids) == 40
+    assert isinstance(out[0], RetrievalResult) and len(out[0].context_ids) == 40
     assert isinstance(out[1], ValueError) and "doc_ids" in str(out[1])
     assert isinstance(out[2], ValueError) and "query" in str(out[2])
     assert isinstance(out[3], ValueError) and "negative" in str(out[3])
@@ -217,7 +177,7 @@ def test_embedding_failure_is_isolated_to_its_request(tokenizer, embedder) -> No
         target_tokens=40,
         chunk_tokens=CHUNK,
     )
-    assert isinstance(out[0], RagResult) and "4417" in tokenizer.decode(out[0].context_ids)
+    assert isinstance(out[0], RetrievalResult) and "4417" in tokenizer.decode(out[0].context_ids)
     assert isinstance(out[1], RuntimeError)
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from schemas.spec import EMBEDDED_EMBEDDER, JobSpec
+from stages.compression.chunks import RetrievalResult
 from stages.compression.rag import (
     AUTO_WINDOW_FRACTION,
     RagCompression,
-    RagResult,
     RagStage,
     SentenceEmbedder,
     chunk_document,
@@ -86,7 +86,7 @@ def test_explicit_chunk_tokens_are_obeyed_and_overflow_counted(tokenizer, embedd
     assert [len(c) for c in chunks[:-1]] == [600] * (len(chunks) - 1)
     assert overflow == sum(n > embedder.max_tokens for n in embedder.count_tokens(texts)) >= len(chunks) - 1
     (res,) = rag_contexts([ids], [QUESTION], tokenizer=tokenizer, embedder=embedder, target_tokens=700, chunk_tokens=600)
-    assert isinstance(res, RagResult) and res.figures()["embedder_truncated_chunks"] == overflow
+    assert isinstance(res, RetrievalResult) and res.figures()["embedder_truncated_chunks"] == overflow
 
 
 def job_spec(chunk: int | None) -> dict[str, Any]:

@@ -129,12 +129,3 @@ def test_no_sentence_grows_past_the_cap_and_no_cut_splits_a_character(tokenizer)
     # The prose pieces end at a clause (after a comma) or before a word, never inside one.
     pieces = _sentences(tokenizer, "so yeah we talked about the thing, and then he said " * 12)
     assert all(p.endswith(",") or nxt.startswith(" ") for p, nxt in zip(pieces, pieces[1:], strict=False))
-
-
-def test_token_bytes_read_parts_of_characters_from_the_vocabulary(tokenizer):
-    from stages.finch.spans import token_bytes
-
-    tb = token_bytes(tokenizer)
-    for text in ("总部位于上海！", "naïve café ✓", "Schäfer"):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert b"".join(tb[i] for i in ids) == text.encode("utf-8")
