@@ -138,11 +138,13 @@ def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
         return f"{output}; the input's URI needs a run date (--date), so `run` checks its records"
     fields = ", ".join(f for f in (job.input.id_field, job.input.text_field, job.input.question_field,
                                    job.input.answer_field) if f)
+    from pipeline.fits import first_fit
     from pipeline.preflight import first_records_note, skipped_note
 
     what = "its files are found" if job.input.format == "text" else f"its first records have {fields}"
+    fit = first_fit(job, run_date)
     return (f"the input {job.input.uri.replace('{run_date}', run_date or '')} is listed and {what}"
-            f"{first_records_note(job, run_date)}{skipped_note(job, run_date)}; {output}")
+            f"{first_records_note(job, run_date)}{fit.note() if fit else ''}{skipped_note(job, run_date)}; {output}")
 
 
 def _check_local_input(job, spec_path: str, run_date: str | None = None) -> None:

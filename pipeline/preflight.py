@@ -13,6 +13,8 @@ What it checks:
 - the first ``PREFLIGHT_RECORDS`` records of the first JSONL/Parquet file hold the id,
   text and question fields (and the answer field when set): a field that none of them
   has would turn every document into an ``input`` error row after the model loaded;
+- for a method that prefills each document whole (``none``), the first documents fit the
+  model's context: all of them too long is a line (pipeline/fits.py);
 - the output is test-written and the test object removed: on object stores in the output
   root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
   a permission scoped to the root alone would fail there), never inside the root.
@@ -63,6 +65,11 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
     """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
     ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
     problems = _check_input(spec, run_date)
+    if not problems:
+        from pipeline.fits import first_fit
+
+        fit = first_fit(spec, run_date)
+        problems += [fit.refusal()] if fit is not None and fit.refusal() else []
     problems += _check_output(spec, run_date)
     if models_here:
         problems += _check_models(spec)

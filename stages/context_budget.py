@@ -104,7 +104,7 @@ def _frame_exact(spec: JobSpec, tokenizer_source: str) -> int:
     both agree with ``stages.prompting.PromptBuilder`` on the embedded tokenizer.
     """
     instruction, question = _frame_texts(spec)
-    files = _tokenizer_files(tokenizer_source)
+    files = tokenizer_files(tokenizer_source)
     if files is not None:
         try:
             return frame_tokens_from_files(files, instruction, question)
@@ -116,7 +116,7 @@ def _frame_exact(spec: JobSpec, tokenizer_source: str) -> int:
     return PromptBuilder(load_tokenizer(tokenizer_source)).overhead_tokens(instruction, question)
 
 
-def _tokenizer_files(name: str) -> Path | None:
+def tokenizer_files(name: str) -> Path | None:
     """A local folder holding ``tokenizer.json`` for model ``name``, without converting or
     downloading anything; None when there is none."""
     if name == EMBEDDED_MODEL or name.startswith("random:"):

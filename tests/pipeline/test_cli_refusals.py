@@ -500,3 +500,17 @@ def test_the_valid_base_spec_passes(tmp_path):
     # ...and `run` goes on to start Ray (the spy stops it there): the refusals above are real.
     res = runner.invoke(app, ["run", str(spec), "--date", "2026-01-31", "--quiet"])
     assert isinstance(res.exception, _Reached)
+
+
+def test_documents_too_long_for_method_none_are_refused(tmp_path, tokenizer):
+    # tokenizer: the embedded model's tokenizer files exist (the check reads them, not the model)
+    corpus = tmp_path / "long"
+    corpus.mkdir()
+    (corpus / "report.txt").write_text("The board approved the budget of the plant. " * 1500)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "long", "input": {"uri": str(corpus)},
+                                    "output": {"uri": str(tmp_path / "out")}}))
+    expected = ["compression.method: 'none' reads each document whole", "'report.txt' needs",
+                "more than the model's context of 8192", "fix: compression.method truncate"]
+    for command in ("validate", "run"):
+        _refused([command, str(spec)], expected, tmp_path)
