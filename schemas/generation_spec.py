@@ -43,7 +43,10 @@ class SpeculativeSpec(_Strict):
     adaptive: bool = Field(
         default=True,
         description="Per row, grow the draft length after full acceptance and shrink it after "
-        "rejections, down to not drafting, so speculation never costs more than it saves.",
+        "rejections, down to not drafting, so speculation never costs more than it saves. The "
+        "width also weighs the measured cost of a verify step, so the draft figures vary from "
+        "run to run; the text does not (greedy, or a row's seed: stages/decoding/verify.py). "
+        "false: figures that repeat.",
     )
 
     @field_validator("method")

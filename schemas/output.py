@@ -97,7 +97,7 @@ class OutputRow(TypedDict):
     output_text: Annotated[str | None, Column("Generated text (stop strings, EOS and the whitespace around it removed). Null on error.")]
     model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
     compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
-    speculative: Annotated[str | None, Column("Decoding method: none | prompt_lookup.", from_spec="generation.speculative.method")]
+    speculative: Annotated[str | None, Column("Decoding method (generation.speculative.method): none, prompt_lookup or suffix.", from_spec="generation.speculative.method")]
     doc_tokens: Annotated[int | None, Column("Document length in the generating model's tokens.", **_REQUEST)]
     context_tokens: Annotated[int | None, Column("Document tokens (or KV entries / summary vectors) the model conditioned on after compression.")]
     compression_ratio: Annotated[float | None, Column("doc_tokens / context_tokens (1.0 for none). Over several rows: sum(doc_tokens) / sum(context_tokens), not a mean of this column (a row keeping a few tokens would outweigh the rest).")]

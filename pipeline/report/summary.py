@@ -106,11 +106,14 @@ class RunTally:
     int (its document's hash, for the document count); every other figure is a running
     sum. ``summary(wall_s)`` equals ``summarize`` of the blocks concatenated (tested)."""
 
-    _SUMS_OK = ("output_tokens", "prompt_tokens", "cached_prompt_tokens", "draft_tokens", "accepted_tokens")
+    _SUMS_OK = ("output_tokens", "prompt_tokens", "cached_prompt_tokens", "draft_tokens", "accepted_tokens",
+                "decode_steps")
     _SUMS_ALL = ("device_s", "cost_usd")
 
     def __init__(self) -> None:
         self.rows = self.failed = 0
+        # ok rows with a decode_steps figure (rows written before it have none) and their tokens
+        self.stepped, self.stepped_tokens = 0, 0.0
         # ok rows that stopped at max_new_tokens / at the repeat guard; None while no row says
         # why it stopped (rows written before the finish_reason column)
         self.cut: dict[str, int] | None = None
@@ -136,6 +139,10 @@ class RunTally:
         for name in self._SUMS_OK:  # old outputs may lack a column: nothing to add
             if name in table.column_names:
                 self.sums[name] += _sum(ok_table, name)
+        if "decode_steps" in table.column_names:
+            stepped = ok_table.filter(pc.is_valid(ok_table.column("decode_steps")))
+            self.stepped += stepped.num_rows
+            self.stepped_tokens += _sum(stepped, "output_tokens")
         for name in self._SUMS_ALL:
             self.sums[name] += _sum(table, name)
         self._add_times(table)
@@ -198,6 +205,10 @@ class RunTally:
             "tokens_out": int(s["output_tokens"]),
             "compression_ratio": compression_ratio(self.doc_tokens, self.context_tokens),
             "acceptance_rate": s["accepted_tokens"] / s["draft_tokens"] if s["draft_tokens"] else None,
+            "draft_tokens": int(s["draft_tokens"]),
+            # Tokens per target forward pass (the row's prefill pass included): what speculation
+            # saved, in a figure that does not depend on the machine's load (wall time does).
+            "tokens_per_step": self.stepped_tokens / (s["decode_steps"] + self.stepped) if self.stepped else None,
             "wall_s": wall_s,
             "device_s": s["device_s"],
             "throughput_basis": "wall" if wall_s else "device",
@@ -286,6 +297,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("tokens_out", "tokens out"),
         ("compression_ratio", "compression ratio (document tokens / tokens kept)"),
         ("acceptance_rate", "draft acceptance rate"),
+        ("draft_tokens", "  of tokens drafted"),
+        ("tokens_per_step", "tokens per decode step (1: speculation saved no step)"),
         ("docs_per_s", f"docs/s ({summary.get('throughput_basis', 'wall')} time)"),
         ("output_tokens_per_s", "output tokens/s"),
         ("p50_e2e_s", "p50 latency (s)"),

@@ -12,17 +12,22 @@ Greedy (``greedy_accept``): accept while ``d_j`` equals the target argmax of slo
 ``j - 1``; the extra token is the argmax at the first mismatch (or after the last
 draft). The result is exactly what plain greedy decoding emits.
 
-Sampling (``sample_accept``; Leviathan et al., 2023, with a point-mass draft q):
-accept ``d_j`` with probability ``min(1, p(d_j) / q(d_j)) = p(d_j)``; at the first
-rejection draw from ``max(p - q, 0)`` renormalised (p with ``d_j`` removed); if every
-draft is accepted, draw from the next distribution. Each emitted token is then
-distributed exactly as under plain sampling from p. Randomness is keyed, not drawn
-from a generator: ``uniforms(seed, i, lane)`` is a splitmix64 hash of the request's
-seed, the output position ``i`` and a lane (0: judging the draft at ``i``; 1:
-sampling the token at ``i``). A request's sample then depends on its seed alone,
-never on its batch mates, its slot or when it was admitted, and every uniform is used
-for one decision only (a position's draft is judged once; its token is sampled
-once), so the argument holds as with fresh random numbers.
+Sampling (``sample_accept``; Leviathan et al., 2023, with a point-mass draft q): each
+slot's token is drawn from its target distribution p by inverse CDF with a keyed uniform,
+``x_j``; a draft is accepted while it equals the token drawn for its position, and the
+token emitted after the accepted run is that position's draw. For a point-mass draft
+this is Leviathan's rule itself: ``d`` is accepted with probability ``p(d) = min(1,
+p(d) / q(d))``, and a rejected position emits a draw from p conditioned on ``x != d``,
+which is ``max(p - q, 0)`` renormalised. Each emitted token is therefore distributed
+exactly as under plain sampling from p; more, it IS plain sampling's token, since plain
+sampling draws position ``i`` with the same uniform. Randomness is keyed, not drawn from
+a generator: ``uniforms(seed, i, lane)`` is a splitmix64 hash of the request's seed, the
+output position ``i`` and a lane (1: sampling the token at ``i``). A request's text then
+depends on its seed alone: never on its batch mates, its slot, when it was admitted, nor
+on drafting (speculation on or off, the adaptive width chosen from timings), up to
+floating-point differences between a verify step's and a plain step's logits that move
+a draw across a token's edge (as a near tie can flip greedy's argmax). Every emitted
+position's uniform is used once.
 """
 
 from __future__ import annotations
@@ -63,10 +68,16 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor, lane: int) -> torch.T
     return _shr(z, 11).double() * (2.0**-53)
 
 
-def _residual(dist: torch.Tensor, rejected: torch.Tensor, was_rejected: torch.Tensor) -> torch.Tensor:
-    """dist [b, V]; where ``was_rejected`` ([b] bool), remove token ``rejected`` ([b] long)."""
-    removed = dist.scatter(1, rejected[:, None], 0.0)
-    return torch.where(was_rejected[:, None], removed, dist)
+def sampled(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """probs [b, T, V], seeds [b], positions [b, T] -> [b, T] long: each slot's inverse-CDF
+    draw with its position's keyed uniform (one [b, V] float64 sum at a time: the slots'
+    sums together would double the probabilities' memory)."""
+    u = uniforms(seeds, positions, 1)  # [b, T]
+    out = []
+    for j in range(probs.shape[1]):
+        cdf = probs[:, j].double().cumsum(dim=1)  # [b, V]
+        out.append(torch.searchsorted(cdf, (u[:, j] * cdf[:, -1])[:, None], right=True).squeeze(1))
+    return torch.stack(out, dim=1).clamp(max=probs.shape[2] - 1)
 
 
 def sample_accept(
@@ -81,23 +92,8 @@ def sample_accept(
     probs [b, T, V] target distributions (sampling.target_probs); slot j predicts
     output position ``start[i] + j``; seeds [b] long; start [b] long.
     """
-    b, t, _ = probs.shape
-    cols = torch.arange(t, device=probs.device)
-    positions = start[:, None] + cols  # [b, T] output position each distribution predicts
-    if t > 1:
-        drafts = feed[:, 1:]  # [b, T-1]
-        p_draft = probs[:, :-1].gather(2, drafts[:, :, None]).squeeze(2).double()  # [b, T-1]
-        is_draft = cols[None, 1:] < n_fed[:, None]
-        ok = (uniforms(seeds, positions[:, :-1], 0) < p_draft) & is_draft
-        accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [b]
-    else:
-        accepted = torch.zeros(b, dtype=torch.long, device=probs.device)
-    rows = torch.arange(b, device=probs.device)
-    dist = probs[rows, accepted].double()  # [b, V] the distribution of position start + a
-    was_rejected = accepted < n_fed - 1
-    rejected = feed[rows, (accepted + 1).clamp(max=t - 1)]
-    dist = _residual(dist, rejected, was_rejected)
-    cdf = dist.cumsum(dim=1)  # [b, V]
-    u = uniforms(seeds, (start + accepted)[:, None], 1)  # [b, 1]
-    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
-    return accepted, token.clamp(max=probs.shape[2] - 1)
+    t = probs.shape[1]
+    positions = start[:, None] + torch.arange(t, device=probs.device)  # [b, T] output position per slot
+    drawn = sampled(probs, seeds, positions)  # [b, T]
+    accepted = greedy_accept(feed, drawn, n_fed)  # a draft is kept while it equals its position's draw
+    return accepted, drawn.gather(1, accepted[:, None]).squeeze(1)

@@ -183,3 +183,20 @@ def test_answers_cut_at_max_new_tokens_are_counted_where_the_rows_say_why_they_s
             t.schema.get_field_index("finish_reason"), "finish_reason", pa.nulls(t.num_rows, pa.string())))):
         assert old["cut_off"] is None and "max_new_tokens" not in format_summary(old)
         assert "repeat guard" not in format_summary(old)
+
+
+def test_tokens_per_decode_step_say_what_speculation_saved_in_forward_passes():
+    # Row 0: 10 tokens in 4 steps after prefill (5 passes); row 1: 6 tokens in 5 (6 passes);
+    # row 2 failed; row 3 has no decode_steps (written before the column): left out.
+    rows = [{"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": "d0", "request_id": f"q{i}",
+             "error": err, "output_tokens": out, "decode_steps": steps, "draft_tokens": drafted,
+             "accepted_tokens": acc, "e2e_s": 1.0}
+            for i, (err, out, steps, drafted, acc) in enumerate(
+                [(None, 10, 4, 8, 5), (None, 6, 5, 0, 0), ("generate: OSError", None, None, None, None),
+                 (None, 7, None, None, None)])]
+    s = summarize(rows_to_table(rows), wall_s=1.0)
+    assert s["tokens_per_step"] == pytest.approx(16 / 11) and s["draft_tokens"] == 8
+    assert s["acceptance_rate"] == pytest.approx(5 / 8)
+    text = format_summary(s)
+    assert re.search(r"  of tokens drafted +8\n", text) and re.search(r"tokens per decode step .* +1\.455\n", text)
+    assert summarize(rows_to_table(rows[3:]))["tokens_per_step"] is None
