@@ -133,8 +133,13 @@ def parse_yaml(text: str, name: str = "<string>") -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``dotted.key=value`` override applied."""
+    """Return a copy of ``data`` with each ``dotted.key=value`` override applied. Setting
+    ``compression.method`` to another method drops the spec file's compression settings that
+    method does not take as they are (``--set compression.method=select`` on a truncate spec
+    leaves no ``keep: head_tail`` behind and keeps ``target_tokens``); the other overrides'
+    settings stay, so a mistake among them is named."""
     out = copy.deepcopy(data) if data else {}  # keeps shared (aliased) values shared
+    _switch_method(out, overrides)
     for item in overrides:
         if "=" not in item:
             raise SpecError(f"--set {shown(item)}: must look like dotted.key=value")
@@ -161,6 +166,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         node[parts[-1]] = value
     return out
+
+
+def _switch_method(out: dict[str, Any], overrides: list[str]) -> None:
+    """Drop, in place, the file's ``compression`` settings that the method an override names
+    does not take, or takes with other values (see ``apply_overrides``)."""
+    method = next((raw.strip() for key, _, raw in (o.partition("=") for o in reversed(overrides))
+                   if key.strip() == "compression.method"), None)
+    block = out.get("compression")
+    if method is None or not isinstance(block, dict) or block.get("method", "none") == method:
+        return
+    from schemas.compression import compression_models
+
+    model = compression_models().get(method)
+    if model is None:
+        return  # an unknown method: validation names it with the methods allowed
+    set_here = {o.partition("=")[0].strip().removeprefix("compression.") for o in overrides}
+    for field in [f for f in block if f != "method" and f not in set_here]:
+        try:  # a field of the same name may take other values (truncate's keep head_tail)
+            model.model_validate({"method": method, field: block[field]})
+        except ValidationError:
+            del block[field]
 
 
 def _refuse_list_index(item: str, parts: list[str], value: Any, data: dict[str, Any]) -> None:

@@ -323,7 +323,7 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
     try:
         engine = Engine(
             loaded.model, config, decode_text=decode_text,
-            prefill=None if loaded.full_prefill else loaded.prefill,
+            prefill=None if loaded.full_prefill else loaded.prefill, reading_chunk=loaded.reading_chunk,
             kv_memory_gb=res.kv_memory_gb, kv_memory_fraction=res.kv_memory_fraction,
             slots=None if res.decode_slots == "auto" else res.decode_slots,
             expected_tokens=expected, compile=gen.compile, max_retries=res.max_retries,

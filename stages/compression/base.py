@@ -109,6 +109,9 @@ class Loaded:
     tokenizer: Any
     prefill: Prefill
     full_prefill: bool = False
+    #: Document tokens ``prefill`` reads between two ``on_chunk`` calls (its chunk): the
+    #: progress line's count of chunks to read; None when the strategy does not say.
+    reading_chunk: int | None = None
 
 
 class CompressionMethod(ABC):

@@ -66,7 +66,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
             return finch_prefill(model, parts, config, pad, boundaries=bounds, similarity=similarity,
                                  on_chunk=on_chunk)
 
-        return Loaded(model, tok, prefill)
+        return Loaded(model, tok, prefill, reading_chunk=config.chunk_tokens)
 
     def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
         """The generator reads (its kept keys and values are the answer's cache)."""

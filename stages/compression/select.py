@@ -76,7 +76,7 @@ class SelectMethod(FinchMethod):
         def prefill(parts: list[PromptParts], on_chunk: Callable[[], None] | None = None) -> CompressedPrefill:
             return scorer.prefill(model, tok, parts, bounds, similarity, on_chunk=on_chunk)
 
-        return Loaded(model, tok, prefill)
+        return Loaded(model, tok, prefill, reading_chunk=config.chunk_tokens)
 
 
 __all__ = ["SelectMethod", "warn_uncalibrated"]

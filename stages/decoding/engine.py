@@ -128,6 +128,21 @@ class EngineStats:
     compressing: int = 0  # rows inside a method's prefill now (e.g. Finch's pass): the progress line
     compressing_tokens: int = 0  # their documents' tokens (each document once)
     chunks_read: int = 0  # chunks that prefill has read so far (its on_chunk calls): a long one moves
+    chunks_total: int | None = None  # chunks it reads in all (its longest document / reading_chunk)
+    reading_since: float = 0.0  # perf_counter when it started
+
+
+def _reading(st: EngineStats) -> str:
+    """A method prefill's progress for the progress line: its documents' tokens, the chunks
+    read of how many, and the time left at the rate so far (after two chunks)."""
+    done, total = st.chunks_read, st.chunks_total
+    total = total if total and done <= total else None  # a strategy calling on_chunk more often
+    read = f"chunk {done} of {total}" if total else f"chunks read: {done}"
+    left = ""
+    if total and 2 <= done < total:
+        s = (time.perf_counter() - st.reading_since) * (total - done) / done
+        left = f", ~{int(s // 60)}m{int(s % 60):02d}s left" if s >= 60 else f", ~{int(s)}s left"
+    return f"{st.compressing_tokens} document tokens, {read}{left}"
 
 
 @dataclass
@@ -165,6 +180,7 @@ class Engine:
         *,
         decode_text: Callable[[list[int]], str] | None = None,
         prefill: MethodPrefill | None = None,
+        reading_chunk: int | None = None,
         budget: KvBudget | None = None,
         kv_memory_gb: float | None = None,
         kv_memory_fraction: float | None = None,
@@ -183,7 +199,9 @@ class Engine:
         """Make the engine, its backend and slots.
 
         ``prefill``: a method's prefill strategy; None = the engine prefills whole
-        prompts itself (none, truncate, rag, bm25). ``budget``: the KV memory budget
+        prompts itself (none, truncate, rag, bm25). ``reading_chunk``: the document tokens
+        it reads between two ``on_chunk`` calls (base.Loaded), for the progress line's chunk
+        total and time left. ``budget``: the KV memory budget
         (default: ``kv_memory_gb``, else ``kv_memory_fraction`` of free device memory /
         available RAM, memory.budget_bytes_for); ``slots``: a fixed slot count instead
         (``resources.decode_slots`` as a number). ``expected_tokens``: the KV tokens a
@@ -204,6 +222,7 @@ class Engine:
         self.backend.warm_up()
         self.tuning = tuning or Tuning()
         self.prefill = prefill
+        self.reading_chunk = reading_chunk
         self._prefill_takes_on_chunk = prefill is not None and "on_chunk" in inspect.signature(prefill).parameters
         self._interleaved_s = 0.0  # decode steps run inside the current method prefill (on_chunk)
         self._interleaved_wall_s = 0.0  # the same in wall seconds (the method's compress_s clock)
@@ -310,8 +329,7 @@ class Engine:
         active = list(self.active)
         tokens = sum(len(row.result.tokens) for row in active)
         st = self.stats
-        compressing = (f"{st.compressing} compressing ({st.compressing_tokens} document tokens, "
-                       f"chunks read: {st.chunks_read}), " if st.compressing else "")
+        compressing = f"{st.compressing} compressing ({_reading(st)}), " if st.compressing else ""
         return (f"{len(active)} decoding ({tokens} tokens), {compressing}{int(self.filling is not None)} "
                 f"prefilling, {len(self.scheduler)} queued")
 
@@ -479,6 +497,9 @@ class Engine:
             assert self.prefill is not None
             self.stats.compressing_tokens = sum(len(c) for c in {tuple(p.context_ids) for p in parts})
             self.stats.chunks_read = 0
+            self.stats.chunks_total = (-(-max(len(p.context_ids) for p in parts) // self.reading_chunk)
+                                       if self.reading_chunk else None)
+            self.stats.reading_since = time.perf_counter()
             self.stats.compressing = len(group)
             try:
                 compressed = self.prefill(parts, **kwargs)

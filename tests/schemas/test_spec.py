@@ -82,10 +82,10 @@ def test_a_setting_set_to_null_that_the_method_does_not_take_is_no_setting(tmp_p
     compression.method=none` refused the file's target_tokens, and `=null` did not help."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 512}}))
-    with pytest.raises(SpecError, match="--set compression.target_tokens=null"):
-        load_spec(str(path), ["compression.method=none"])
     spec = load_spec(str(path), ["compression.method=none", "compression.target_tokens=null"])
     assert spec.compression.method == "none"
+    with pytest.raises(SpecError, match="--set compression.target_tokens=null"):  # set here: named
+        load_spec(str(path), ["compression.method=none", "compression.target_tokens=512"])
     with pytest.raises(SpecError, match="unknown field 'chunk'"):  # a misspelt setting still is one
         spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "chunk": 3}})
 
@@ -193,3 +193,18 @@ def test_run_values_that_become_paths():
     for bad in ("", "a b", "x/..", "a..b", ".x", "x" * 129, "é"):
         with pytest.raises(SpecError, match="--run-id"):
             check_run_id(bad)
+
+
+def test_switching_methods_on_the_command_line_drops_the_files_settings_the_new_one_does_not_take(tmp_path):
+    """A summaries spec (truncate, keep head_tail) tried with other methods: `--set
+    compression.method=select` was refused for keep 'head_tail', none for target_tokens."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 512,
+                                                                "keep": "head_tail"}}))
+    select = load_spec(str(path), ["compression.method=select"]).compression
+    assert select.method == "select" and select.target_tokens == 512 and select.keep == "auto"
+    assert load_spec(str(path), ["compression.method=none"]).compression.method == "none"
+    tail = load_spec(str(path), ["compression.method=truncate", "compression.keep=tail"]).compression
+    assert tail.keep == "tail"  # the same method: nothing dropped, the override applies
+    with pytest.raises(SpecError, match="compression.keep"):  # the command line's own mistake is named
+        load_spec(str(path), ["compression.method=select", "compression.keep=head_tail"])

@@ -316,6 +316,30 @@ def test_activity_counts_the_rows_inside_a_methods_prefill(tiny_model, prompts):
     assert eng.stats.compressing == 0 and "compressing" not in eng.activity()
 
 
+def test_activity_says_the_chunks_left_of_a_long_reading_and_the_time_left(tiny_model, prompts):
+    """A 63k-token document read for ten minutes: the line says which chunk of how many, and
+    the time left at the rate so far."""
+    seen: list[str] = []
+    inner = _method_prefill(tiny_model, holes=False, calls=[])
+    eng: Engine
+
+    def prefill(parts, on_chunk=None):
+        for _ in range(3):
+            time.sleep(0.05)
+            on_chunk()
+            seen.append(eng.activity())
+        return inner(parts, on_chunk)
+
+    cfg = DecodeConfig(max_new_tokens=2, eos_ids=NO_EOS)
+    eng = Engine(tiny_model, cfg, prefill=prefill, reading_chunk=4, slots=3, expected_tokens=16, group_rows=3)
+    reqs = _requests(prompts[:3], prompts[:3])
+    longest = max(len(r.parts.context_ids) for r in reqs)
+    eng.run(reqs)
+    total = -(-longest // 4)
+    assert total > 3 and f"chunk 1 of {total})" in seen[0], seen  # no estimate from one chunk
+    assert f"chunk 2 of {total}, ~" in seen[1] and "s left)" in seen[1], seen
+
+
 @pytest.mark.parametrize("max_new", [1, 2, 5])
 def test_max_new_tokens_never_exceeded(tiny_model, prompts, plain_runs, max_new):
     lookups = [p + r for p, r in zip(prompts, plain_runs, strict=True)]
