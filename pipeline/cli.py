@@ -304,8 +304,8 @@ def _say_errors(result, heading: str) -> None:
     from pipeline.report.load import date_errors
 
     typer.echo(f"{heading}; the date's most frequent errors:", err=True)
-    for message, n in date_errors(result.output_uri, result.run_date):
-        typer.echo(f"  {n} x {message[:300]}", err=True)
+    for message, n, kinds in date_errors(result.output_uri, result.run_date):
+        typer.echo(f"  {n} x {message[:300]}" if kinds == 1 else f"  {n} x errors like: {message[:300]}", err=True)
     typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {result.summary['date_rows']})", err=True)
 
 

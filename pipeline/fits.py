@@ -1,107 +1,151 @@
-"""Whether the first documents fit the model's context, for a method that prefills each
-document whole (``none``), before any model loads.
+"""What the first documents will meet, counted in the generating model's tokens before any
+model loads: a method that prefills documents whole (``none``) and the model's context,
+``truncate``'s budget, ``input.max_doc_tokens``.
 
-Why: such a method makes a document longer than the context an error row, but only in
-the generate stage, after the model loaded and the other rows ran (a summaries night of
-long reports under ``none``: 9 of 12 rows failed after 2 min 46 s). ``validate`` and
-``run`` count the first documents' tokens instead, with the generating model's tokenizer
-files (the ``tokenizers`` library, no model and no torch: stages/context_budget.py).
+Why: each of these turns into something a user finds only after the night: ``none`` makes a
+document longer than the context an error row in the generate stage, after the model
+loaded and the other rows ran (a summaries night of long reports: 9 of 12 rows failed after
+2 min 46 s); ``truncate`` summarizes a 63,000-token report from its first and last 512
+tokens and says nothing; a document over ``max_doc_tokens`` is an error row. ``validate``
+and ``run`` count the first documents instead, with the tokenizer's files (the
+``tokenizers`` library: no model, no torch; stages/context_budget.py).
 
-Contract: ``first_fit(spec, run_date) -> Fit | None``: None when nothing is checked (a
-method with a budget or one that reads any length, a context or tokenizer not on this
-machine, an input not listable here or needing a date). ``Fit.refusal()``: one line when
-every one of the first documents is too long (the whole corpus likely is; the line names
-the first, its tokens and the methods that fit); ``Fit.note()``: the words for
-``validate`` when only some are (they become error rows naming the document). The
-stage's own check (stages/generate.py ``_precheck``) stays the guard for the rest.
+Contract: ``first_fit(spec, run_date) -> Fit | None``: None when nothing can be counted here
+(a context or tokenizer not on this machine, an input not listable here or needing a date,
+no readable document among the first). ``Fit.refusal()``: one line when the method prefills
+whole documents and every one of the first is longer than the context (the corpus likely
+is; it names the first, its tokens and the methods that fit). ``Fit.note()``: the words
+``validate`` adds for the rest: documents too long for ``none`` or over
+``input.max_doc_tokens`` (error rows), and documents ``truncate`` shows only in part
+(with the share of the longest and the largest budget that fits). The stages' own checks
+stay the guard for the documents after the first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from schemas.spec import JobSpec
 
-#: How many documents are counted: as many as the preflight reads (pipeline/preflight.py).
+if TYPE_CHECKING:
+    from stages.read import Document
+
+#: How many documents are counted: as many records as the preflight reads (pipeline/preflight.py).
 FIRST_DOCUMENTS = 20
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The first documents against the context: ``long`` (document, prompt tokens) over it."""
+    """The first documents' token counts against the spec's limits (module contract).
+    ``tokens``: (document, its tokens) per counted document; ``frame``: the prompt's own
+    tokens around a document; ``whole``: the method prefills documents whole."""
 
-    method: str
+    spec: JobSpec
     context: int
-    max_new_tokens: int
-    counted: int
-    long: tuple[tuple[str, int], ...]
+    frame: int
+    tokens: tuple[tuple[str, int], ...]
+    whole: bool
+
+    @property
+    def _room(self) -> int:
+        """Document tokens the context holds beside the frame and the answer."""
+        return self.context - self.frame - self.spec.generation.max_new_tokens
+
+    def _too_long(self) -> list[tuple[str, int]]:
+        return [(name, n + self.frame) for name, n in self.tokens if self.whole and n > self._room]
 
     def _first(self) -> str:
-        name, need = self.long[0]
-        return (f"{name!r} needs {need} prompt tokens + {self.max_new_tokens} new tokens, more than the "
-                f"model's context of {self.context}")
+        name, need = self._too_long()[0]
+        return (f"{name!r} needs {need} prompt tokens + {self.spec.generation.max_new_tokens} new tokens, "
+                f"more than the model's context of {self.context}")
 
     def refusal(self) -> str | None:
-        if not self.long or len(self.long) < self.counted:
+        long = self._too_long()
+        if not long or len(long) < len(self.tokens):
             return None
         from stages.compression import budgeted_names
 
         *most, last = budgeted_names()
-        return (f"compression.method: {self.method!r} reads each document whole, and all of the first "
-                f"{self.counted} document(s) are longer than the model's context ({self._first()}); fix: "
-                f"compression.method {', '.join(most)} or {last} (or shorter documents)")
+        return (f"compression.method: {self.spec.compression.method!r} reads each document whole, and all "
+                f"of the first {len(self.tokens)} document(s) are longer than the model's context "
+                f"({self._first()}); fix: compression.method {', '.join(most)} or {last} (or shorter "
+                f"documents)")
 
     def note(self) -> str:
-        if not self.long or self.refusal():
-            return ""
-        return (f" ({len(self.long)} of the first {self.counted} document(s) are too long for method "
-                f"{self.method!r} and will be error rows; the first: {self._first()})")
+        n, parts = len(self.tokens), []
+        long = self._too_long()
+        if long and not self.refusal():
+            parts.append(f"{len(long)} of the first {n} document(s) are too long for method "
+                         f"{self.spec.compression.method!r} and will be error rows; the first: {self._first()}")
+        cap = self.spec.input.max_doc_tokens
+        over = [(name, t) for name, t in self.tokens if t > cap]
+        if over:
+            parts.append(f"{len(over)} of the first {n} document(s) are over input.max_doc_tokens {cap} and "
+                         f"will be error rows (the first: {over[0][0]!r}, {over[0][1]} tokens)")
+        budget = self.spec.compression.budget_tokens if self.spec.compression.method == "truncate" else None
+        cut = sorted(((t, name) for name, t in self.tokens if budget and cap >= t > budget), reverse=True)
+        if cut:
+            longest, name = cut[0]
+            parts.append(f"truncate shows the model {budget} tokens of {len(cut)} of the first {n} document(s) "
+                         f"(keep {self.spec.compression.keep}: {100 * budget / longest:.1f}% of the longest, "
+                         f"{name!r}, {longest} tokens); compression.target_tokens up to {self._room} fits "
+                         f"the context, and finch or select read every token")
+        return "".join(f" ({p})" for p in parts)
 
 
 def first_fit(spec: JobSpec, run_date: str | None) -> Fit | None:
-    """The first documents of ``spec``'s input against its model's context (module contract)."""
+    """The first documents of ``spec``'s input, counted (module contract)."""
     from stages.compression import method_for
     from stages.context_budget import frame_tokens_from_files, model_context, tokenizer_files
 
-    method = method_for(spec.compression)
-    if method.reads_any_length or method.budgets(spec) or method.runs_at != "prefill":
-        return None
     if "{run_date}" in spec.input.uri and run_date is None:
         return None
+    method = method_for(spec.compression)
     context = model_context(spec.generation.model)
     files = tokenizer_files(method.tokenizer_source(spec))
     if context is None or files is None:
         return None
     try:
         texts = _first_texts(spec, run_date or "")
-    except Exception:  # noqa: BLE001 - a listing or storage problem is the preflight's to say
+        if not texts:
+            return None
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(files / "tokenizer.json"))
+        question = max(spec.task.questions, key=len, default=None)
+        frame = frame_tokens_from_files(files, spec.task.resolved_instruction, question)
+        counts = [len(e.ids) for e in tok.encode_batch([t for _, t in texts], add_special_tokens=False)]
+    except Exception:  # noqa: BLE001 - storage: the preflight's to say; an odd template: the stages'
         return None
-    if not texts:
-        return None
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(files / "tokenizer.json"))
-    instruction = spec.task.resolved_instruction
-    question = max(spec.task.questions, key=len, default=None)
-    frame = frame_tokens_from_files(files, instruction, question)
-    counts = [len(ids) for ids in (e.ids for e in tok.encode_batch([t for _, t in texts], add_special_tokens=False))]
-    limit = context - spec.generation.max_new_tokens
-    long = tuple((name, n + frame) for (name, _), n in zip(texts, counts, strict=True) if n + frame > limit)
-    return Fit(method.name, context, spec.generation.max_new_tokens, len(texts), long)
+    return Fit(spec, context, frame, tuple((name, n) for (name, _), n in zip(texts, counts, strict=True)),
+               prefills_whole(spec))
 
 
-def _first_texts(spec: JobSpec, run_date: str) -> list[tuple[str, str]]:
-    """(document id, text) of the first readable documents, as the read stage reads them."""
+def prefills_whole(spec: JobSpec) -> bool:
+    """The method prefills each document whole (``none``): its documents must fit the context."""
+    from stages.compression import method_for
+
+    method = method_for(spec.compression)
+    return not (method.reads_any_length or method.budgets(spec)) and method.runs_at == "prefill"
+
+
+def first_documents(spec: JobSpec, run_date: str) -> list[Document]:
+    """The first ``FIRST_DOCUMENTS`` documents as the read stage reads them (error documents
+    included: a bad line, an empty file), over as many files as it takes."""
     from stages.listing import list_shards, resolve_uri
     from stages.read import iter_shard
 
     root = resolve_uri(spec.input.uri, run_date)
-    out: list[tuple[str, str]] = []
+    out: list[Document] = []
     for shard in list_shards(spec.input, run_date)[:FIRST_DOCUMENTS]:
-        for doc in islice(iter_shard(shard, spec.input, root), FIRST_DOCUMENTS - len(out)):
-            if doc.error is None and doc.text:
-                out.append((doc.doc_id, doc.text))
+        out += islice(iter_shard(shard, spec.input, root), FIRST_DOCUMENTS - len(out))
         if len(out) >= FIRST_DOCUMENTS:
             break
     return out
+
+
+def _first_texts(spec: JobSpec, run_date: str) -> list[tuple[str, str]]:
+    """(document id, text) of the first readable documents."""
+    return [(d.doc_id, d.text) for d in first_documents(spec, run_date) if d.error is None and d.text]

@@ -65,9 +65,9 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
     """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
     ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
     problems = _check_input(spec, run_date)
-    if not problems:
-        from pipeline.fits import first_fit
+    from pipeline.fits import first_fit, prefills_whole
 
+    if not problems and prefills_whole(spec):
         fit = first_fit(spec, run_date)
         problems += [fit.refusal()] if fit is not None and fit.refusal() else []
     problems += _check_output(spec, run_date)
@@ -379,28 +379,26 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
 
 
 def first_records_note(spec: JobSpec, run_date: str | None) -> str:
-    """What the reader makes of the first records of the first JSONL/Parquet file, in words,
-    for `validate`'s last line ('' when every one is a document): a bad line among good
-    ones is an error row of `run`, not a refusal, and `validate` says so beforehand with the
-    reader's own message (the same code reads them: stages/read.py ``iter_shard``)."""
-    from itertools import islice
+    """What the reader makes of the first documents (records, or files of a text folder), in
+    words, for `validate`'s last line ('' when every one is a document): a bad line or an
+    empty file among good ones is an error row of `run`, not a refusal, and `validate` says
+    so beforehand with the reader's own message (the same code reads them: stages/read.py
+    ``iter_shard``, through pipeline/fits.py ``first_documents``)."""
+    from pipeline.fits import first_documents
 
-    from stages.listing import list_shards, resolve_uri
-    from stages.read import iter_shard
-
-    if spec.input.format == "text" or ("{run_date}" in spec.input.uri and run_date is None):
+    if "{run_date}" in spec.input.uri and run_date is None:
         return ""
     try:
-        first = list_shards(spec.input, run_date or "")[0]
-        docs = list(islice(iter_shard(first, spec.input, resolve_uri(spec.input.uri, run_date or "")),
-                           PREFLIGHT_RECORDS))
+        docs = first_documents(spec, run_date or "")
     except Exception:  # noqa: BLE001 - a listing or storage problem is the preflight's to say
         return ""
     bad = [d for d in docs if d.error is not None]
     if not bad:
         return ""
-    return (f" ({len(bad)} of its first {len(docs)} record(s) will be error rows, each naming its line; the "
-            f"first: {bad[0].error})")
+    what = "document(s)" if spec.input.format == "text" else "record(s)"
+    where = "file" if spec.input.format == "text" else "line"
+    return (f" ({len(bad)} of its first {len(docs)} {what} will be error rows, each naming its {where}; "
+            f"the first: {bad[0].error})")
 
 
 def skipped_note(spec: JobSpec, run_date: str | None) -> str:

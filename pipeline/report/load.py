@@ -120,18 +120,29 @@ def output_root_hint(uri: str) -> str:
     return ""
 
 
-def date_errors(uri: str, run_date: str, limit: int = 3) -> list[tuple[str, int]]:
-    """The most frequent error messages among the published rows of ``run_date``, with their
-    counts (at most ``limit``): what a failed night says first."""
+def date_errors(uri: str, run_date: str, limit: int = 3) -> list[tuple[str, int, int]]:
+    """The most frequent errors among the published rows of ``run_date`` (at most ``limit``):
+    (a message, how many rows, how many distinct messages of its kind). A kind is the message
+    with its quoted names and numbers left out, so nine documents too long for the context
+    are one line, not nine: what a failed night says first."""
     from collections import Counter
 
     from stages.write import partition_dir
 
     fs, part = fsspec.core.url_to_fs(partition_dir(uri, run_date))
     counts: Counter[str] = Counter()
+    example: dict[str, set[str]] = {}
     for f in list_files(fs, part, ".parquet"):
-        counts.update(e for e in read_file(fs, f, ["error"]).column("error").to_pylist() if e)
-    return counts.most_common(limit)
+        for e in read_file(fs, f, ["error"]).column("error").to_pylist():
+            if e:
+                kind = _ERROR_DETAILS.sub("_", e)
+                counts[kind] += 1
+                example.setdefault(kind, set()).add(e)
+    return [(min(example[k]), n, len(example[k])) for k, n in counts.most_common(limit)]
+
+
+#: What differs between errors of one kind: quoted names, paths' line numbers, counts.
+_ERROR_DETAILS = re.compile(r"'[^']*'|\"[^\"]*\"|\d+(?:\.\d+)?")
 
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")

@@ -24,7 +24,9 @@ def test_validate_prints_resolved_spec():
     # The last line says what passed, as a YAML comment: the output is still the spec.
     last = res.output.strip().splitlines()[-1]
     assert last.startswith("# jobs/sample-qa.yaml: valid; the input jobs/sample-qa.jsonl is listed and its first "
-                           "records have id, text, questions, answers; the output "), last
+                           "records have id, text, questions, answers (truncate shows the model 1024 tokens of 8 "
+                           "of the first 8 document(s)"), last
+    assert last.endswith("the output out/sample-qa can be written; the models it loads are found on this machine")
     printed = yaml.safe_load(res.output)
     assert printed["generation"]["max_new_tokens"] == 7
     assert printed["task"]["instruction"].startswith("Answer the question")  # the default's text, not null

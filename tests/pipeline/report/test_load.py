@@ -179,3 +179,20 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
     assert (second["run_id"], second["status"], "note" in second) == ("r2", "succeeded", False)
     res = CliRunner().invoke(app, ["report", root])
     assert "ended unrecorded" in res.output and "the later run r2 went on with the date" in res.output
+
+
+def test_a_dates_errors_are_counted_by_kind_with_an_example(tmp_path):
+    """Nine documents too long for the context were said as '1 x' three times, one per name."""
+    from pipeline.report.load import date_errors
+
+    root = str(tmp_path / "out")
+    rows = _rows("r1", "2026-01-01", 6, failed=0)
+    for i, row in enumerate(rows[:4]):
+        row.update(output_text=None, error_kind="input",
+                   error=f"generate: document 'doc-{i}.md' needs {9000 + i} prompt tokens, more than 8192")
+    rows[4].update(output_text=None, error="generate: boom", error_kind="retryable")
+    _stage(root, rows)
+    commit_date(root, "2026-01-01", "r1")
+    (too_long, n, kinds), (boom, one, single) = date_errors(root, "2026-01-01")
+    assert (n, kinds) == (4, 4) and too_long == "generate: document 'doc-0.md' needs 9000 prompt tokens, more than 8192"
+    assert (boom, one, single) == ("generate: boom", 1, 1)
