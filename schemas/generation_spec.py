@@ -108,7 +108,7 @@ class GenerationSpec(_Strict):
     repeat_guard: int = Field(
         default=0, ge=0, le=64,
         description="Stop a row whose last N tokens repeat an earlier stretch of its own output (a small "
-        "model looping on a sentence), keeping the text before the repeat; 0 = off. The output is then "
+        "model looping on a sentence), keeping the text before the loop and its first cycle; 0 = off. The output is then "
         "a prefix of plain greedy's, with or without speculation. 8-16 suits summaries.",
     )
     # On by default: greedy output is identical to plain decoding, sampling keeps the

@@ -58,6 +58,24 @@ def test_stop_checker_eos_length_and_text_cut():
         raise AssertionError("stop strings without a decode function must raise")
 
 
+def test_repeat_guard_keeps_one_cycle_of_a_loop_shorter_than_its_ngram():
+    """A 12-token guard caught "the audit report," (5 tokens) three cycles in and kept all
+    three: the cut now goes back to the loop's first cycle."""
+    guard = StopChecker(frozenset(), max_new_tokens=200, repeat_ngram=12)
+    pre, cycle = [1, 2, 3], [7, 8, 9, 10, 11]
+    tokens = pre + cycle * 8
+    keep, reason = guard.scan(tokens, 0)
+    assert reason == "repeat" and tokens[:keep] == pre + cycle
+    # A sentence repeated after other text is no short loop: cut before its second telling.
+    sentence = list(range(20, 34))
+    tokens = [1, 2] + sentence + [40, 41, 42] + sentence + [50]
+    assert guard.scan(tokens, 0) == (2 + 14 + 3, "repeat")
+    # Seen token by token (as decode appends them), the cut is the same.
+    tokens = pre + cycle * 8
+    cuts = [guard.scan(tokens[: k + 1], k) for k in range(len(tokens))]
+    assert next(c for c in cuts if c[1]) == (len(pre) + len(cycle), "repeat")
+
+
 def test_repeat_guard_cuts_a_loop_identically_with_and_without_drafts(tiny_model):
     """A tiny model that loops (greedy on a repeated prompt): the guard stops each row where its
     output first repeats itself, keeping a prefix of plain greedy's output, and prompt lookup
