@@ -86,7 +86,7 @@ GenerateInput = TokenizedRow | CompressedRow | RetrievedRow
 # The model stages' column declarations live here, beside their rows, so the plan checks
 # the chain without importing the stages (torch, transformers: the driver needs neither).
 #: stages/tokenize.py TokenizeStage
-TOKENIZE_NEEDS: tuple[str, ...] = ("text", "error")
+TOKENIZE_NEEDS: tuple[str, ...] = ("text", "error", "instruction", "question")
 TOKENIZE_ADDS: tuple[str, ...] = ("doc_ids", "doc_tokens")
 #: stages/generate.py GenerateStage (it adds every OutputRow column: ``columns(OutputRow)``)
 GENERATE_NEEDS: tuple[str, ...] = ("request_id", "doc_ids", "instruction", "question", "error")

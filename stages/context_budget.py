@@ -166,6 +166,19 @@ def frame_tokens_from_files(folder: Path, instruction: str, question: str | None
     return len(prefix) + len(tok.encode(after, add_special_tokens=False).ids)
 
 
+def over_context(doc_id: str, prompt_tokens: int, max_new_tokens: int, context: int) -> str | None:
+    """The error of a request whose whole prompt (``prompt_tokens``) and answer cannot fit the
+    model's ``context``, else None: a method that prefills documents whole (none) fails such
+    a row in the tokenize stage, and the generate stage checks again (its own prompt count)."""
+    if prompt_tokens + max_new_tokens <= context:
+        return None
+    from stages.compression import budgeted_names
+
+    *most, last = budgeted_names()
+    return (f"document {doc_id!r} needs {prompt_tokens} prompt tokens + {max_new_tokens} new tokens, more than "
+            f"the model's context of {context}; use compression.method {', '.join(most)} or {last}")
+
+
 def _need(b: Budget, frame_tokens: int, max_new_tokens: int) -> int:
     return (b.value + b.alongside + (frame_tokens if b.frame else 0)
             + (max_new_tokens if b.generation else 0))

@@ -39,8 +39,9 @@ import torch
 from schemas import output as out_schema
 from schemas.rows import GENERATE_NEEDS, GenerateInput, OutputRow, columns
 from schemas.spec import JobSpec
-from stages.compression import budgeted_names, method_for
+from stages.compression import method_for
 from stages.compression.base import CONTEXT_COLUMNS, spans_of
+from stages.context_budget import over_context
 from stages.decoding.backends import backend_class
 from stages.decoding.config import RowResult, decode_config_for
 from stages.decoding.engine import Engine, KvBudgetExceeded
@@ -145,13 +146,9 @@ class GenerateStage:
         ctx = row.get("context_ids") or row.get("doc_ids") or []
         with self._tokenizer_lock:
             need = len(ctx) + self.prompts.overhead_tokens(row["instruction"], row.get("question"))
-        if self.max_context and need + self.spec.generation.max_new_tokens > self.max_context:
-            return (
-                f"generate: document {row['doc_id']!r} needs {need} prompt tokens + "
-                f"{self.spec.generation.max_new_tokens} new tokens, more than the model's "
-                f"context of {self.max_context}; use compression.method {_one_of(budgeted_names())}"
-            )
-        return None
+        msg = self.max_context and over_context(row["doc_id"], need, self.spec.generation.max_new_tokens,
+                                                self.max_context)
+        return f"generate: {msg}" if msg else None
 
     def _generate(self, rows: list[GenerateInput]) -> list[OutputRow | None]:
         """The engine's rows for ``rows`` (one per row, in order; failures as error rows;
@@ -336,11 +333,6 @@ def make_engine(spec: JobSpec, loaded, device: torch.device, config, decode_text
         raise ValueError(f"generate: the decode engine cannot run {gen.model!r} on {device}: {e}") from e
     engine.warm_up(greedy=gen.temperature <= 0.0)
     return engine
-
-
-def _one_of(names: tuple[str, ...]) -> str:
-    """'a, b or c'."""
-    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def _row_seed(seed: int, request_id: str) -> int:

@@ -22,7 +22,9 @@ from schemas.output import INPUT
 from schemas.rows import TOKENIZE_ADDS, TOKENIZE_NEEDS, CompressedRow, TokenizedRow
 from schemas.spec import JobSpec
 from stages.compression import method_for
+from stages.context_budget import model_context, over_context
 from stages.model_loading import load_tokenizer
+from stages.prompting import PromptBuilder
 from stages.read import doc_tokens_error
 from stages.rows import batch_to_rows, fail, rows_to_batch
 from stages.token_bytes import NO_EDGES, CharacterEdges
@@ -38,6 +40,10 @@ class TokenizeStage:
         self.tokenizer = load_tokenizer(self.method.tokenizer_source(self.spec))
         # Only a method that cuts ids here needs the tokenizer's character edges (~0.15 s).
         self.edges = CharacterEdges.of(self.tokenizer) if self.method.runs_at == "tokenize" else NO_EDGES
+        # A method that prefills documents whole (none): a document over the model's context
+        # fails here, at once, not after waiting for the generate stage (which checks again).
+        self.context = model_context(self.spec.generation.model) if _prefills_whole(self.method, self.spec) else None
+        self.prompts = PromptBuilder(self.tokenizer) if self.context else None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -58,6 +64,10 @@ class TokenizeStage:
                 fail(row, "tokenize", too_long, kind=INPUT)
                 return
             row["doc_ids"], row["doc_tokens"] = ids, len(ids)
+            over = self._over_context(row, len(ids))
+            if over:  # final, as above
+                fail(row, "tokenize", over, kind=INPUT)
+                return
             if in_tokenize:
                 ctx = self.method.compress_ids(self.spec.compression, ids, self.edges)
                 row["context_ids"], row["context_tokens"] = ctx, len(ctx)
@@ -66,8 +76,19 @@ class TokenizeStage:
         except Exception as e:
             fail(row, "tokenize", e)
 
+    def _over_context(self, row: TokenizedRow, n_tokens: int) -> str | None:
+        if not self.context or self.prompts is None:
+            return None
+        need = n_tokens + self.prompts.overhead_tokens(row.get("instruction") or "", row.get("question"))
+        return over_context(row.get("doc_id"), need, self.spec.generation.max_new_tokens, self.context)
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows: list[TokenizedRow] = batch_to_rows(batch)
         for row in rows:
             self.tokenize(row)
         return rows_to_batch(rows)
+
+
+def _prefills_whole(method, spec: JobSpec) -> bool:
+    """The method prefills each document whole (pipeline/fits.py says the same to validate)."""
+    return not (method.reads_any_length or method.budgets(spec)) and method.runs_at == "prefill"

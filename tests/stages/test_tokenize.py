@@ -67,3 +67,20 @@ def test_a_method_that_runs_at_tokenize_adds_its_context(tiny_model_dir, tokeniz
     assert set(columns(CompressedRow)) <= set(row)
     assert row["context_ids"] == row["doc_ids"][:6] and row["context_tokens"] == 6
     assert row["compress_s"] >= 0.0
+
+
+def test_a_document_over_the_context_fails_here_under_method_none(stage, tiny_model_dir):
+    """Under none a document longer than the context failed only in the generate stage,
+    after the rows before it ran (a night of long reports: 2.5 minutes of 'failed 0')."""
+    from stages.context_budget import model_context
+
+    context = model_context(str(tiny_model_dir))
+    long = "The river floods every spring. " * context  # more tokens than the context holds
+    ok, over = batch_to_rows(stage(rows_to_batch([_request(0, TEXT), _request(1, long)])))
+    assert ok["error"] is None
+    assert over["error"].startswith("tokenize: document 'd1' needs ") and over["error_kind"] == INPUT
+    assert f"more than the model's context of {context}; use compression.method truncate" in over["error"]
+    # A method with a budget keeps its rows: the budget is what the model reads.
+    truncate = TokenizeStage(_spec(tiny_model_dir, compression={"method": "truncate", "target_tokens": 16}))
+    (row,) = batch_to_rows(truncate(rows_to_batch([_request(1, long)])))
+    assert row["error"] is None and row["context_tokens"] == 16
