@@ -84,14 +84,18 @@ class Fit:
         if over:
             parts.append(f"{len(over)} of the first {n} document(s) are over input.max_doc_tokens {cap} and "
                          f"will be error rows (the first: {over[0][0]!r}, {over[0][1]} tokens)")
-        budget = self.spec.compression.budget_tokens if self.spec.compression.method == "truncate" else None
+        from stages.compression import method_for
+
+        by_position = method_for(self.spec.compression).keeps_by_position
+        budget = self.spec.compression.budget_tokens if by_position else None
         cut = sorted(((t, name) for name, t in self.tokens if budget and cap >= t > budget), reverse=True)
         if cut:
             longest, name = cut[0]
-            parts.append(f"truncate shows the model {budget} tokens of {len(cut)} of the first {n} document(s) "
-                         f"(keep {self.spec.compression.keep}: {100 * budget / longest:.1f}% of the longest, "
-                         f"{name!r}, {longest} tokens); compression.target_tokens up to {self._room} fits "
-                         f"the context, and finch or select read every token")
+            keep = getattr(self.spec.compression, "keep", None)
+            parts.append(f"{self.spec.compression.method} shows the model {budget} tokens of {len(cut)} of the "
+                         f"first {n} document(s) ({f'keep {keep}: ' if keep else ''}{100 * budget / longest:.1f}% "
+                         f"of the longest, {name!r}, {longest} tokens); compression.target_tokens up to "
+                         f"{self._room} fits the context, and finch or select read every token")
         return "".join(f" ({p})" for p in parts)
 
 

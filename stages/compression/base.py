@@ -123,7 +123,9 @@ class CompressionMethod(ABC):
     ``needs``/``adds`` (row columns read before generate / added to the row),
     ``uses_compress_gpus`` (its pool takes resources.compress_num_gpus),
     ``reads_any_length`` (reads documents of any length chunk by chunk, so generate
-    does not reject a document longer than the model's context), ``eval_budgeted``
+    does not reject a document longer than the model's context), ``keeps_by_position`` (what
+    it keeps is fixed by position: `validate` says what share of a long document the model
+    sees), ``eval_budgeted``
     (``longdoc eval`` sweeps target_tokens for it) and ``needs_checkpoint`` (the eval
     passes ``--autocompressor PATH`` as compression.checkpoint and runs it only then).
     """
@@ -138,6 +140,9 @@ class CompressionMethod(ABC):
     adds: ClassVar[tuple[str, ...]] = ()
     uses_compress_gpus: ClassVar[bool] = False
     reads_any_length: ClassVar[bool] = False
+    #: What it keeps of a document is fixed by position (truncate's head and tail), not by
+    #: its text or question: `validate` says what share of a long document the model sees.
+    keeps_by_position: ClassVar[bool] = False
     eval_budgeted: ClassVar[bool] = False
     needs_checkpoint: ClassVar[bool] = False
 

@@ -64,6 +64,7 @@ class TruncateMethod(CompressionMethod):
     paper = "https://arxiv.org/abs/2408.00167"
     order = 1
     runs_at = "tokenize"
+    keeps_by_position = True
     needs = ("doc_ids",)
     adds = CONTEXT_COLUMNS
     eval_budgeted = True
