@@ -128,11 +128,10 @@ def first_fit(spec: JobSpec, run_date: str | None) -> Fit | None:
 
 
 def prefills_whole(spec: JobSpec) -> bool:
-    """The method prefills each document whole (``none``): its documents must fit the context."""
+    """The spec's method prefills each document whole (``none``): its documents must fit."""
     from stages.compression import method_for
 
-    method = method_for(spec.compression)
-    return not (method.reads_any_length or method.budgets(spec)) and method.runs_at == "prefill"
+    return method_for(spec.compression).prefills_whole(spec)
 
 
 def first_documents(spec: JobSpec, run_date: str) -> list[Document]:

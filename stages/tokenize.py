@@ -42,7 +42,7 @@ class TokenizeStage:
         self.edges = CharacterEdges.of(self.tokenizer) if self.method.runs_at == "tokenize" else NO_EDGES
         # A method that prefills documents whole (none): a document over the model's context
         # fails here, at once, not after waiting for the generate stage (which checks again).
-        self.context = model_context(self.spec.generation.model) if _prefills_whole(self.method, self.spec) else None
+        self.context = model_context(self.spec.generation.model) if self.method.prefills_whole(self.spec) else None
         self.prompts = PromptBuilder(self.tokenizer) if self.context else None
 
     def encode(self, text: str) -> list[int]:
@@ -88,7 +88,3 @@ class TokenizeStage:
             self.tokenize(row)
         return rows_to_batch(rows)
 
-
-def _prefills_whole(method, spec: JobSpec) -> bool:
-    """The method prefills each document whole (pipeline/fits.py says the same to validate)."""
-    return not (method.reads_any_length or method.budgets(spec)) and method.runs_at == "prefill"

@@ -166,6 +166,12 @@ class CompressionMethod(ABC):
         """Name or path of the generating model's tokenizer (documents are counted in it)."""
         return job.generation.model
 
+    def prefills_whole(self, job: JobSpec) -> bool:
+        """It prefills each document whole (none): a document must fit the model's context
+        with its prompt and answer (the tokenize stage fails one that does not; `validate`
+        counts the first documents: pipeline/fits.py)."""
+        return not (self.reads_any_length or self.budgets(job)) and self.runs_at == "prefill"
+
     def budgets(self, job: JobSpec) -> tuple[Budget, ...]:
         """What of the settings the model's context holds at once (stages/context_budget.py
         refuses, before any model loads, a budget that can never fit). Default: a

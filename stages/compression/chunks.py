@@ -132,5 +132,3 @@ def assemble(chunks: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -
     for i, n in kept:
         out.extend(chunks[i][:n])
     return out
-
-
