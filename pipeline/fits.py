@@ -57,21 +57,19 @@ class Fit:
         return [(name, n + self.frame) for name, n in self.tokens if self.whole and n > self._room]
 
     def _first(self) -> str:
+        """The first too-long document's error, as the tokenize stage will write it."""
+        from stages.context_budget import over_context
+
         name, need = self._too_long()[0]
-        return (f"{name!r} needs {need} prompt tokens + {self.spec.generation.max_new_tokens} new tokens, "
-                f"more than the model's context of {self.context}")
+        return over_context(name, need, self.spec.generation.max_new_tokens, self.context) or ""
 
     def refusal(self) -> str | None:
         long = self._too_long()
         if not long or len(long) < len(self.tokens):
             return None
-        from stages.compression import budgeted_names
-
-        *most, last = budgeted_names()
         return (f"compression.method: {self.spec.compression.method!r} reads each document whole, and all "
-                f"of the first {len(self.tokens)} document(s) are longer than the model's context "
-                f"({self._first()}); fix: compression.method {', '.join(most)} or {last} (or shorter "
-                f"documents)")
+                f"of the first {len(self.tokens)} document(s) are longer than the model's context; the "
+                f"first: {self._first()} (or shorter documents)")
 
     def note(self) -> str:
         n, parts = len(self.tokens), []

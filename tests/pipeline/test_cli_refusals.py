@@ -510,7 +510,7 @@ def test_documents_too_long_for_method_none_are_refused(tmp_path, tokenizer):
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({"name": "long", "input": {"uri": str(corpus)},
                                     "output": {"uri": str(tmp_path / "out")}}))
-    expected = ["compression.method: 'none' reads each document whole", "'report.txt' needs",
-                "more than the model's context of 8192", "fix: compression.method truncate"]
+    expected = ["compression.method: 'none' reads each document whole", "document 'report.txt' needs",
+                "more than the model's context of 8192", "use compression.method truncate"]
     for command in ("validate", "run"):
         _refused([command, str(spec)], expected, tmp_path)
