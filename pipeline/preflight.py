@@ -166,18 +166,31 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         return [str(e)]
     except Exception as e:  # noqa: BLE001
         return [storage_problem("input.uri", uri, e)]
-    if not shards or inp.format == "text":
+    if not shards:
+        return []
+    if empty := _all_empty(shards):
+        return [empty]
+    if inp.format == "text":
         return []
     try:
         fields, n, bad, records = _first_records(shards[0], inp.format)
     except Exception as e:  # noqa: BLE001
-        return [storage_problem("input.uri", shards[0], e)]
+        from stages.read import corrupt_compression
+
+        why = corrupt_compression(shards[0], e)
+        if why is None:
+            return [storage_problem("input.uri", shards[0], e)]
+        # A broken file among others is the read stage's to report, as that file's error row.
+        return [f"input.uri: {shown(shards[0])} {why}"] if len(shards) == 1 else []
     if not n and bad:  # not one record: the wrong format or a broken file, not a stray bad line
         return [f"input.uri: {shown(shards[0])}: none of its first {len(bad)} line(s) is a JSON record "
                 f"(line {bad[0]}); fix: one JSON object per line (input.format jsonl), or set input.format "
                 "to the file's format"]
+    if not n and not bad and len(shards) == 1 and inp.format == "jsonl":
+        return [f"input.uri: {shown(shards[0])} holds no record (blank lines only): the run would have "
+                "nothing to do; fix: check what writes it, or point input.uri at the data"]
     if not n:
-        return []  # an empty file, or not Parquet: the read stage reports it as a row
+        return []  # an empty file among others, or not Parquet: the read stage reports it as a row
     wanted = [("input.id_field", inp.id_field), ("input.text_field", inp.text_field),
               ("input.question_field", inp.question_field), ("input.answer_field", inp.answer_field)]
     have = ", ".join(sorted(fields)[:12]) or "none"
@@ -187,6 +200,22 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         for name, value in wanted if value and value not in fields
     ]
     return missing or _answers_problems(shards[0], records, inp)
+
+
+def _all_empty(shards: list[str]) -> str | None:
+    """A line when every listed file is empty (0 bytes; only checked up to
+    ``PREFLIGHT_RECORDS`` files): an upstream job that wrote empty files would otherwise make
+    a night that "succeeds" with no rows."""
+    if len(shards) > PREFLIGHT_RECORDS:
+        return None
+    fs, _ = _fs(shards[0])
+    try:
+        if any(fs.size(fsspec.core.url_to_fs(s)[1]) for s in shards):
+            return None
+    except Exception:  # noqa: BLE001 - a size the store will not tell: the read stage reads the files
+        return None
+    return (f"input.uri: its {len(shards)} file(s) are all empty ({shown(shards[0])}, ...): the run would have "
+            "nothing to do; fix: check what writes them, or point input.uri at the data")
 
 
 def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec) -> list[str]:

@@ -27,6 +27,22 @@ def resolve_uri(uri: str, run_date: str, job: str = "") -> str:
     return uri.replace("{run_date}", run_date).replace("{job}", job)
 
 
+def _missing_where(fs, uri: str, root: str) -> str:
+    """For an object store: whether the bucket itself is missing or only the prefix under it
+    (a wrong bucket and a date with no data read alike)."""
+    if "://" not in uri or uri.startswith("file://") or "/" not in root.strip("/"):
+        return ""
+    bucket = root.strip("/").split("/", 1)[0]
+    try:
+        there = fs.exists(bucket)
+    except Exception:  # noqa: BLE001 - the store will not say: the message stays as it is
+        return ""
+    if not there:
+        return f": the bucket {bucket!r} does not exist; fix: the bucket's name, or the endpoint (AWS_ENDPOINT_URL)"
+    return (f": the bucket {bucket!r} exists, nothing is under this prefix; fix: the prefix (or a run "
+            "date whose data has arrived)")
+
+
 def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     """Files to read, as full URIs (protocol kept), sorted for a stable order.
 
@@ -39,7 +55,8 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
     fs, root = fsspec.core.url_to_fs(uri)
     if not fs.exists(root):
         glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
-        raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else ""))
+        raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else "")
+                         + _missing_where(fs, uri, root))
     if fs.isfile(root):
         _check_regular(root, fs.info(root))
         return [_unstrip(fs, root)]

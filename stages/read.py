@@ -28,9 +28,11 @@ Contract:
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -117,7 +119,27 @@ def iter_shard(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
         yield _bad(path, path, f"read: {where} vanished after the input was listed (deleted or "
                    "moved meanwhile); a rerun lists the input again", RETRYABLE)
     except Exception as e:  # storage failure: one retryable error document, the job goes on
-        yield _bad(path, path, f"read: cannot read {where}: {type(e).__name__}: {e}", RETRYABLE)
+        why = corrupt_compression(path, e)
+        if why is not None:  # final: the same bytes fail alike on every rerun (the documents
+            # before the break keep their rows)
+            yield _bad(path, path, f"read: {where} {why}")
+        else:
+            yield _bad(path, path, f"read: cannot read {where}: {type(e).__name__}: {e}", RETRYABLE)
+
+
+def corrupt_compression(path: str, e: BaseException) -> str | None:
+    """Why ``path`` (a ``.gz``/``.bz2`` file) cannot be decompressed, when ``e`` says it is
+    broken rather than unreachable (gzip, zlib and bz2 raise OSError and EOFError, the
+    types storage failures raise too); None otherwise."""
+    kind = fsspec.utils.infer_compression(path)
+    if kind not in ("gzip", "bz2"):
+        return None
+    broken = isinstance(e, (gzip.BadGzipFile, zlib.error, EOFError)) or (
+        kind == "bz2" and isinstance(e, OSError) and "Invalid data stream" in str(e))
+    if not broken:
+        return None
+    return (f"is not a readable {kind} file ({type(e).__name__}: {e}); fix: export it again, or name it "
+            f"without the .{'gz' if kind == 'gzip' else 'bz2'} suffix if it is not compressed")
 
 
 def _special_local_file(path: str) -> str | None:

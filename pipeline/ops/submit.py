@@ -13,7 +13,11 @@ Contract:
 - Secrets: nothing read from the environment is printed, logged or put in job
   metadata. ``--env NAME`` copies the *named* variables into the job's runtime_env
   ``env_vars`` only when asked (their values are then visible to anyone who can read
-  the cluster's job API; prefer cluster-side secrets, see infra/README.md).
+  the cluster's job API, and in the head node's runtime_env log: a variable named like a
+  secret gets a note saying so; prefer cluster-side secrets, see infra/README.md).
+- A relative ``output.uri`` is refused (on the cluster it resolves inside Ray's temporary
+  copy of the uploaded folder, deleted with it), and so is a relative ``input.uri`` unless
+  ``--working-dir`` uploads the folder holding it.
 - The cluster image must contain the project (infra/Dockerfile). ``--ship-code``
   uploads this checkout's ``pipeline``/``stages``/``schemas`` packages as runtime_env
   ``py_modules`` for a cluster whose image lacks them or runs an older version (its
@@ -120,7 +124,7 @@ def _relative_spec(spec: Path, working_dir: Path) -> str:
 
 
 def _local_path_notes(uris: dict[str, str]) -> list[str]:
-    """Warn about spec URIs that point at the submitting machine's disk."""
+    """Warn about spec URIs that point at a disk (an absolute path: a volume the nodes may share)."""
     notes = []
     for field, uri in uris.items():
         if "://" not in uri or uri.startswith("file://"):
@@ -129,6 +133,41 @@ def _local_path_notes(uris: dict[str, str]) -> list[str]:
                 "not on this machine (use s3:// or a shared volume)"
             )
     return notes
+
+
+def relative_path_problems(input_uri: str, output_uri: str, shipped: bool) -> list[str]:
+    """The spec's relative paths that cannot work on a cluster, where the job's working
+    directory is Ray's temporary copy of the uploaded folder: an output there is deleted
+    with it (a submitted job "succeeded" with its rows under /tmp/ray/.../_ray_pkg_*/out),
+    and an input there exists only when ``--working-dir`` uploaded it (``shipped``)."""
+    def relative(uri: str) -> bool:
+        path = uri.removeprefix("file://")
+        return "://" not in path and not path.startswith(("/", "~"))
+
+    fix = "fix: s3:// or gs://, or an absolute path every node of the cluster shares"
+    out = []
+    if relative(input_uri) and not shipped:
+        out.append(f"input.uri: {input_uri!r} is a relative path, and only the spec travels to the cluster; "
+                   f"{fix} (or --working-dir FOLDER to upload a folder that holds it)")
+    if relative(output_uri):
+        out.append(f"output.uri: {output_uri!r} is a relative path, which on the cluster resolves inside the "
+                   f"job's temporary copy of the uploaded folder (Ray deletes it); {fix}")
+    return out
+
+
+#: Names of --env variables whose values are secrets (module contract: they stay in Ray's job record).
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|_KEY\b|KEY_ID|PRIVATE", re.IGNORECASE)
+
+
+def secret_env_note(names: list[str]) -> str | None:
+    """A note when ``--env`` carries a secret's value to the cluster (module contract)."""
+    secret = sorted(n for n in names if _SECRET_NAME.search(n))
+    if not secret:
+        return None
+    return (f"note: Ray keeps --env values in the job's runtime environment ({', '.join(secret)}): anyone who "
+            "can read this cluster's Jobs API or dashboard can read them, and the head node's runtime_env "
+            "log holds them; prefer credentials the nodes have (an instance role, AWS_PROFILE with the "
+            "nodes' own credential files, `longdoc render --secret` on Kubernetes)")
 
 
 def check_jobs_address(address: str) -> str:
@@ -230,7 +269,8 @@ def submit(
         job = load_spec(spec, overrides)
         from pipeline.plan import spec_problems  # a budget that can never fit fails here too
 
-        if problems := spec_problems(job):
+        if problems := spec_problems(job) + relative_path_problems(
+                job.input.uri, job.output.uri, shipped=working_dir is not None):
             raise ValueError("; ".join(problems))
         sid = submission_id_for(job.name, run_date, suffix)
         env_vars = _env_vars(list(env or []))
@@ -272,6 +312,8 @@ def submit(
         entrypoint = build_entrypoint(rel, run_date, overrides, run_id, max_failed_fraction, program)
         for note in _local_path_notes({"input.uri": job.input.uri, "output.uri": job.output.uri}):
             typer.echo(note, err=True)
+        if secret := secret_env_note(list(env_vars)):
+            typer.echo(secret, err=True)
         # The cluster reads and writes, so a filesystem package missing HERE is only a note.
         for problem in check_environment(job, local_paths=False):
             typer.echo(f"note: {problem} (on this machine; the cluster image needs it)", err=True)

@@ -120,6 +120,35 @@ def test_a_jsonl_file_without_one_record_is_refused_naming_its_first_bad_line(tm
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
 
 
+def test_an_input_of_empty_files_is_refused(tmp_path):
+    """A date whose only object was empty "succeeded" with 0 rows, exit 0."""
+    spec = _spec(tmp_path)
+    (tmp_path / "docs.jsonl").write_text("")
+    _both(spec, ["input.uri: its 1 file(s) are all empty", "docs.jsonl", "fix: check what writes them"])
+    (tmp_path / "docs.jsonl").write_text("\n  \n")
+    _both(spec, ["docs.jsonl' holds no record (blank lines only)", "fix: check what writes it"])
+    # An empty file among others is the read stage's to report, as that file's error row.
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("")
+    (folder / "b.jsonl").write_text(json.dumps({"id": "d1", "text": "A document.", "question": "What?"}) + "\n")
+    assert runner.invoke(app, ["validate", str(_spec(tmp_path, input={"uri": str(folder)}))]).exit_code == 0
+
+
+def test_a_broken_compressed_file_refuses_only_an_input_of_it_alone(tmp_path):
+    """One random-bytes .jsonl.gz sorted first refused a date of good files ("BadGzipFile")."""
+    import os
+
+    folder = tmp_path / "gz"
+    folder.mkdir()
+    (folder / "a.jsonl.gz").write_bytes(os.urandom(100))
+    spec = _spec(tmp_path, input={"uri": str(folder / "a.jsonl.gz")})
+    _both(spec, ["a.jsonl.gz' is not a readable gzip file", "fix: export it again"])
+    (folder / "b.jsonl").write_text(json.dumps({"id": "d1", "text": "A document.", "question": "What?"}) + "\n")
+    res = runner.invoke(app, ["validate", str(_spec(tmp_path, input={"uri": str(folder)}))])
+    assert res.exit_code == 0 and "a.jsonl.gz is not a readable gzip file" in res.output  # named, not refused
+
+
 def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     """An answers string for three questions paired with the first one alone, and the
     others went unscored, without a word."""
@@ -218,6 +247,17 @@ def test_a_missing_bucket_is_refused(tmp_path, s3, no_aws, monkeypatch):
         monkeypatch.setenv(k, v)
     spec = _spec(tmp_path, output={"uri": "s3://no-such-bucket/{job}"})
     _both(spec, ["output.uri", "'s3://no-such-bucket/pre'", "not found", "create the bucket"])
+
+
+def test_a_missing_input_bucket_reads_apart_from_a_missing_prefix(tmp_path, s3, no_aws, monkeypatch):
+    """A wrong bucket and a date with no data both said only "does not exist"."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    s3.filesystem().mkdir("pre-docs")
+    _both(_spec(tmp_path, input={"uri": "s3://no-such-docs/docs/2026-01-31/"}),
+          ["input.uri", "does not exist: the bucket 'no-such-docs' does not exist", "fix: the bucket's name"])
+    _both(_spec(tmp_path, input={"uri": "s3://pre-docs/docs/2026-01-31/"}),
+          ["does not exist: the bucket 'pre-docs' exists, nothing is under this prefix", "fix: the prefix"])
 
 
 def test_a_good_s3_spec_passes_and_leaves_no_test_object(tmp_path, s3, no_aws, monkeypatch):

@@ -358,3 +358,28 @@ def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
     inp = InputSpec(uri=str(tmp_path), format="jsonl")
     assert [(d.doc_id, d.text) for d in _read_all(inp)] == [("g", "Zipped."), ("z", "Bzipped."), ("p", "Plain.")]
     assert skipped_suffixes(inp, "2026-01-01") == {}
+
+
+def test_a_broken_compressed_file_is_an_input_error_naming_it(tmp_path):
+    """A random-bytes .jsonl.gz among good files was a storage error (retried on every rerun)
+    and refused the whole night when it sorted first."""
+    import bz2
+    import gzip
+    import os
+
+    from schemas.output import INPUT
+
+    (tmp_path / "a.jsonl.gz").write_bytes(os.urandom(200))
+    whole = gzip.compress(b"".join(json.dumps({"id": f"t{i}", "text": f"Doc {i}."}).encode() + b"\n"
+                                   for i in range(50)))
+    (tmp_path / "b.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # cut off in the middle
+    (tmp_path / "c.jsonl.bz2").write_bytes(b"BZh9" + os.urandom(100))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "p", "text": "Plain."}) + "\n")
+    docs = _read_all(InputSpec(uri=str(tmp_path), format="jsonl"))
+    bad = [d for d in docs if d.error]
+    assert [d.doc_id for d in docs if not d.error][-1] == "p" and len(bad) == 3
+    assert all(d.error_kind == INPUT and "fix: export it again" in d.error for d in bad)
+    assert "a.jsonl.gz is not a readable gzip file (BadGzipFile" in bad[0].error
+    assert "b.jsonl.gz" in bad[1].error and "EOFError" in bad[1].error  # cut off: its end is missing
+    assert "is not a readable bz2 file" in bad[2].error
+

@@ -91,6 +91,7 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     assert f"submitted {sid}" in r.stdout and "SUCCEEDED" in r.stdout
     assert "entrypoint: python -m pipeline.cli run tinyjob.yaml" in r.stdout
     assert "env vars passed (values not shown): LONGDOC_TEST_SECRET" in r.stdout
+    assert "note: Ray keeps --env values in the job's runtime environment (LONGDOC_TEST_SECRET)" in r.stderr
     out_dir = tmp_path / "out" / "tinyjob" / f"run_date={DATE}"
     table = pq.read_table(out_dir)
     assert table.num_rows == 3
@@ -109,16 +110,19 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
     assert info.metadata == {"longdoc.job": "tinyjob", "longdoc.run_date": DATE}
 
     # The same nightly job and date is refused.
-    r = longdoc("submit", str(spec), *common)
+    r = longdoc("submit", str(spec), *common, "--working-dir", str(tmp_path))
     assert r.returncode == 1 and f"job {sid} was already submitted (status SUCCEEDED)" in r.stderr
-    # A deliberate resubmission takes --suffix. Shipped without --working-dir (the spec
-    # alone, `longdoc` entrypoint), the relative corpus path does not exist on the
-    # cluster: the job fails and --wait exits non-zero.
+    # Without --working-dir only the spec travels: its relative corpus path is refused here.
     r = longdoc("submit", str(spec), *common, "--suffix", "retry1", "--wait")
+    assert r.returncode == 2 and "input.uri: 'corpus' is a relative path, and only the spec travels" in r.stderr
+    # A deliberate resubmission takes --suffix. An absolute path the cluster lacks: the job
+    # fails there and --wait exits non-zero.
+    gone = str(tmp_path / "gone")
+    r = longdoc("submit", str(spec), *common, "--suffix", "retry1", "--wait", "--set", f"input.uri={gone}")
     assert r.returncode != 0 and f"job {sid}-retry1 finished: FAILED" in r.stdout, r.stdout + r.stderr
     assert "entrypoint: longdoc run tinyjob.yaml" in r.stdout
-    assert "note: input.uri='corpus' is a local path" in r.stderr
-    assert "input.uri: 'corpus' does not exist" in r.stderr  # the job's own error, not Ray's heading alone
+    assert f"note: input.uri={gone!r} is a local path" in r.stderr
+    assert f"input.uri: {gone!r} does not exist" in r.stderr  # the job's own error, not Ray's heading alone
     assert pq.read_table(out_dir).num_rows == 3
 
     r = longdoc("status", sid, "--address", head.dashboard_url)
@@ -166,8 +170,12 @@ def test_stop_ends_a_running_job_which_records_itself_as_interrupted(head, tmp_p
 def test_cli_errors(head, tmp_path, tiny_model_dir):
     spec = _job_spec(tmp_path, tiny_model_dir)
     # Without the cluster's token: a clear message, exit 1, nothing submitted.
-    r = longdoc("submit", str(spec), "--address", head.dashboard_url, token=None)
+    r = longdoc("submit", str(spec), "--address", head.dashboard_url, "--working-dir", str(tmp_path), token=None)
     assert r.returncode == 1 and "RAY_AUTH_TOKEN" in r.stderr
+    # A relative output would be written into Ray's temporary copy of the upload: refused.
+    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path),
+                "--set", "output.uri=out/{job}")
+    assert r.returncode == 2 and "output.uri: 'out/{job}' is a relative path" in r.stderr
     # A bad override fails locally (exit 2) before any cluster is contacted.
     r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--set", "resources.actors=0")
     assert r.returncode == 2 and "resources.actors" in r.stderr
