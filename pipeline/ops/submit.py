@@ -177,7 +177,9 @@ def check_jobs_address(address: str) -> str:
     20 s and more before failing; a typo must fail at once.
     """
     if not _JOBS_ADDRESS.match(address):
-        hint = f" (did you mean http://{address}?)" if "://" not in address and address.strip() else ""
+        host = address.strip().rsplit(":", 1)[0] if address.strip() else ""
+        hint = (f" (HOST:PORT is how `longdoc run --address` names a cluster's GCS; the Jobs API is the "
+                f"dashboard's URL, e.g. http://{host}:8265)" if "://" not in address and host else "")
         raise ValueError(
             f"--address {address!r} is not the Jobs API's URL{hint}; allowed: http://HOST:PORT or "
             "https://HOST:PORT, the Ray dashboard's address (port 8265 by default)"

@@ -328,7 +328,7 @@ def test_bad_command_line_is_refused(case, tmp_path):
 # was written into the nightly entrypoint, so the cluster run exited 2 every night.
 OPS_CASES = [
     ("submit-address-no-scheme", ["submit", "{spec}", "--address", "127.0.0.1:9"],
-     ["--address '127.0.0.1:9'", "did you mean http://127.0.0.1:9?", "allowed: http://HOST:PORT"]),
+     ["--address '127.0.0.1:9'", "the Jobs API is the dashboard's URL, e.g. http://127.0.0.1:8265", "allowed: http://HOST:PORT"]),
     ("submit-address-ray-scheme", ["submit", "{spec}", "--address", "ray://127.0.0.1:10001"],
      ["--address 'ray://127.0.0.1:10001'", "allowed: http://HOST:PORT or https://HOST:PORT"]),
     ("status-address-no-scheme", ["status", "some-id", "--address", "127.0.0.1:9"],
