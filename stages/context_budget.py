@@ -67,6 +67,44 @@ def model_context(name: str) -> int | None:
     return None
 
 
+def estimate_parameters(config) -> int:
+    """Approximate parameter count of a decoder-only transformer from its config (an object
+    with the config's attributes; a multimodal one's text config is read)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or h // heads
+    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
+    inter = getattr(cfg, "intermediate_size", None) or 4 * h
+    per_layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter
+    embeddings = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    return int(layers * per_layer + embeddings)
+
+
+def model_parameters(name: str) -> int | None:
+    """The generating model's approximate parameter count from configuration alone (the
+    sources ``model_context`` reads); None when nothing local says."""
+    from types import SimpleNamespace
+
+    if name.startswith("random:"):
+        from stages.random_models import SHAPES, shape_of
+
+        if name[len("random:"):] not in SHAPES:
+            return None
+        return estimate_parameters(shape_of(name))
+    path = Path(name.removeprefix("file://")).expanduser()
+    config = path / "config.json" if path.is_dir() else None
+    if config is None and "/" in name and not name.startswith((".", "/", "~")):
+        config = _cached_hub_config(name)
+    if config is None or not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+        return estimate_parameters(SimpleNamespace(**(data.get("text_config") or data)))
+    except (OSError, ValueError, TypeError, AttributeError, ZeroDivisionError):
+        return None
+
+
 def _cached_hub_config(repo: str) -> Path | None:
     return _cached_hub_file(repo, "config.json")
 

@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+from stages.context_budget import estimate_parameters
 from stages.decoding.backends import accelerator, device_backend
-from stages.kv.model_parts import text_config
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
@@ -263,19 +263,6 @@ def resolve_embedder(name: str) -> str:
 # (measured: jobs/results/code-choices.md, "stages/model_loading.py"). Large models are
 # bound by weight reads, where bf16 halves the bytes: bf16 there.
 SMALL_MODEL_PARAMS = 1_000_000_000
-
-
-def estimate_parameters(config) -> int:
-    """Approximate parameter count of a decoder-only transformer from its config."""
-    cfg = text_config(config)
-    h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or h // heads
-    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
-    inter = getattr(cfg, "intermediate_size", None) or 4 * h
-    per_layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter
-    embeddings = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-    return int(layers * per_layer + embeddings)
 
 
 def resolve_dtype(dtype: str, device: torch.device, config=None) -> torch.dtype:

@@ -363,7 +363,6 @@ def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
 def test_a_broken_compressed_file_is_an_input_error_naming_it(tmp_path):
     """A random-bytes .jsonl.gz among good files was a storage error (retried on every rerun)
     and refused the whole night when it sorted first."""
-    import bz2
     import gzip
     import os
 
