@@ -179,7 +179,8 @@ def test_cli_errors(head, tmp_path, tiny_model_dir):
     # A bad override fails locally (exit 2) before any cluster is contacted.
     r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--set", "resources.actors=0")
     assert r.returncode == 2 and "resources.actors" in r.stderr
-    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--env", "NOT_SET_ANYWHERE_X")
+    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path),
+                "--env", "NOT_SET_ANYWHERE_X")
     assert r.returncode == 2 and "NOT_SET_ANYWHERE_X" in r.stderr
     r = longdoc("status", "--address", "http://127.0.0.1:9")
     assert r.returncode == 1 and "cannot reach" in r.stderr
