@@ -30,6 +30,7 @@ from pathlib import Path
 
 from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.compression.base import Budget  # defined beside the methods that declare budgets
+from stages.model_size import estimate_parameters
 
 #: SmolLM2-135M-Instruct's ``max_position_embeddings`` (the embedded default; its config
 #: is only on disk after the GGUF's first conversion, so it is written here and a test
@@ -65,20 +66,6 @@ def model_context(name: str) -> int | None:
         if isinstance(data.get(key), int) and data[key] > 0:
             return int(data[key])
     return None
-
-
-def estimate_parameters(config) -> int:
-    """Approximate parameter count of a decoder-only transformer from its config (an object
-    with the config's attributes; a multimodal one's text config is read)."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or h // heads
-    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
-    inter = getattr(cfg, "intermediate_size", None) or 4 * h
-    per_layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter
-    embeddings = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-    return int(layers * per_layer + embeddings)
 
 
 def model_parameters(name: str) -> int | None:

@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
-from stages.context_budget import estimate_parameters
 from stages.decoding.backends import accelerator, device_backend
+from stages.model_size import estimate_parameters
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
