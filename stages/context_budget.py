@@ -51,17 +51,9 @@ def model_context(name: str) -> int | None:
         from stages.random_models import SHAPES, shape_of
 
         return shape_of(name).max_position_embeddings if name[len("random:"):] in SHAPES else None
-    path = Path(name.removeprefix("file://")).expanduser()
-    config = path / "config.json" if path.is_dir() else None
-    if config is None and "/" in name and not name.startswith((".", "/", "~")):
-        config = _cached_hub_config(name)
-    if config is None or not config.is_file():
+    data = _local_config(name)
+    if data is None:
         return None
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    data = data.get("text_config") or data  # multimodal configs keep the LM's under text_config
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         if isinstance(data.get(key), int) and data[key] > 0:
             return int(data[key])
@@ -79,6 +71,18 @@ def model_parameters(name: str) -> int | None:
         if name[len("random:"):] not in SHAPES:
             return None
         return estimate_parameters(shape_of(name))
+    data = _local_config(name)
+    if data is None:
+        return None
+    try:
+        return estimate_parameters(SimpleNamespace(**data))
+    except (TypeError, AttributeError, ZeroDivisionError):  # a config without a decoder's fields
+        return None
+
+
+def _local_config(name: str) -> dict | None:
+    """Model ``name``'s config.json (its text model's part for a multimodal one) from a local
+    folder or the local Hugging Face cache; None when nothing local holds it."""
     path = Path(name.removeprefix("file://")).expanduser()
     config = path / "config.json" if path.is_dir() else None
     if config is None and "/" in name and not name.startswith((".", "/", "~")):
@@ -87,9 +91,11 @@ def model_parameters(name: str) -> int | None:
         return None
     try:
         data = json.loads(config.read_text())
-        return estimate_parameters(SimpleNamespace(**(data.get("text_config") or data)))
-    except (OSError, ValueError, TypeError, AttributeError, ZeroDivisionError):
+    except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        return None
+    return data.get("text_config") or data  # multimodal configs keep the LM's under text_config
 
 
 def _cached_hub_config(repo: str) -> Path | None:

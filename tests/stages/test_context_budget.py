@@ -100,3 +100,15 @@ def test_run_job_refuses_before_reading_anything(tmp_path):
     with pytest.raises(ValueError, match=r"compression.target_tokens: got 1000000.*allowed: at most"):
         run_job(spec, run_date="2026-01-31", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_model_parameters_read_a_local_folders_config(tiny_model_dir):
+    """The memory check (pipeline/preflight.py) weighs a local model from its config.json."""
+    from types import SimpleNamespace
+
+    from stages.context_budget import model_parameters
+    from stages.model_size import estimate_parameters
+
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert model_parameters(str(tiny_model_dir)) == estimate_parameters(SimpleNamespace(**config)) > 0
+    assert model_parameters(str(tiny_model_dir / "nowhere")) is None
