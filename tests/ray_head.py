@@ -157,6 +157,19 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+def log_tails(temp_dir: Path, names: tuple[str, ...] = ("raylet.out", "raylet.err", "gcs_server.err"),
+              chars: int = 1500) -> str:
+    """The last ``chars`` characters of each named Ray log of the session under ``temp_dir``:
+    for an assertion message when a run against a test head fails inside Ray (a driver that
+    Ray's C++ ends with one line says nothing of why; the raylet's log does)."""
+    parts = []
+    for name in names:
+        for path in sorted(temp_dir.glob(f"session_*/logs/{name}")):
+            text = path.read_text(errors="replace")[-chars:]
+            parts.append(f"--- {path.relative_to(temp_dir)}:\n{text}")
+    return "\n".join(parts) or f"(no Ray logs under {temp_dir})"
+
+
 #: Head settings that make a lost node noticed in seconds rather than ~30 s (GCS health
 #: checks of each raylet: period x failures); pass as ``ray_head(env=FAST_NODE_DEATH)``.
 FAST_NODE_DEATH = {
