@@ -46,7 +46,7 @@ from pathlib import Path
 
 import fsspec
 
-from pipeline.memory_fit import memory_problems
+from pipeline.memory_fit import kv_budget_problems, memory_problems
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
 from schemas.spec import EMBEDDED_NAMES, FORMAT_SUFFIXES, InputSpec, JobSpec
@@ -72,10 +72,11 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
         fit = first_fit(spec, run_date)
         problems += [fit.refusal()] if fit is not None and fit.refusal() else []
     problems += _check_output(spec, run_date)
+    problems += kv_budget_problems(spec)  # pipeline/memory_fit.py: the budget's own size, anywhere
     if models_here:
         problems += _check_models(spec)
         problems += _check_gpus(spec)
-        problems += memory_problems(spec)  # pipeline/memory_fit.py
+        problems += memory_problems(spec)  # pipeline/memory_fit.py: this machine's memory
     return problems
 
 

@@ -30,12 +30,16 @@ from pathlib import Path
 
 from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.compression.base import Budget  # defined beside the methods that declare budgets
-from stages.model_size import estimate_parameters
+from stages.model_size import estimate_parameters, kv_bytes_per_token
 
 #: SmolLM2-135M-Instruct's ``max_position_embeddings`` (the embedded default; its config
 #: is only on disk after the GGUF's first conversion, so it is written here and a test
 #: checks it against the converted config).
 EMBEDDED_CONTEXT = 8192
+#: Its shape, for the memory checks (pipeline/memory_fit.py); a test checks it too.
+EMBEDDED_SHAPE = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                  "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+                  "vocab_size": 49152, "tie_word_embeddings": True}
 #: Tokens a chat template may add around the instruction and question (system turn,
 #: role headers, the "Document:" label), beyond one token per byte of those texts. A
 #: budget clearing the context by more than this skips the tokenizer; a closer one
@@ -60,22 +64,40 @@ def model_context(name: str) -> int | None:
     return None
 
 
-def model_parameters(name: str) -> int | None:
-    """The generating model's approximate parameter count from configuration alone (the
-    sources ``model_context`` reads); None when nothing local says."""
+def model_shape(name: str):
+    """Generation model ``name``'s config from configuration alone (the sources
+    ``model_context`` reads): a ``random:`` shape, the embedded default's known shape, a
+    local config.json as a ``SimpleNamespace``; None when nothing local says."""
     from types import SimpleNamespace
 
+    if name == EMBEDDED_MODEL:
+        return SimpleNamespace(**EMBEDDED_SHAPE)
     if name.startswith("random:"):
         from stages.random_models import SHAPES, shape_of
 
-        if name[len("random:"):] not in SHAPES:
-            return None
-        return estimate_parameters(shape_of(name))
+        return shape_of(name) if name[len("random:"):] in SHAPES else None
     data = _local_config(name)
-    if data is None:
+    return None if data is None else SimpleNamespace(**data)
+
+
+def model_parameters(name: str) -> int | None:
+    """The generating model's approximate parameter count from configuration alone (the
+    sources ``model_context`` reads); None when nothing local says."""
+    return _sized(name, estimate_parameters)
+
+
+def model_kv_bytes(name: str, width: int) -> int | None:
+    """KV bytes one token of generation model ``name`` takes at ``width`` bytes an element
+    (stages/model_size.py ``kv_bytes_per_token``); None when nothing local says."""
+    return _sized(name, lambda shape: kv_bytes_per_token(shape, width))
+
+
+def _sized(name: str, size) -> int | None:
+    shape = model_shape(name)
+    if shape is None:
         return None
     try:
-        return estimate_parameters(SimpleNamespace(**data))
+        return size(shape)
     except (TypeError, AttributeError, ZeroDivisionError):  # a config without a decoder's fields
         return None
 

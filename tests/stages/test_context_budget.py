@@ -27,6 +27,9 @@ def test_model_context_from_configs_only(tiny_model_dir, tokenizer):
 
     converted = json.loads((embedded_model_dir() / "config.json").read_text())
     assert model_context(EMBEDDED_MODEL) == converted["max_position_embeddings"] == 8192
+    from stages.context_budget import EMBEDDED_SHAPE
+
+    assert EMBEDDED_SHAPE == {k: converted[k] for k in EMBEDDED_SHAPE}  # the memory checks' shape
     assert model_context("random:tiny") == 8192
     assert model_context("random:nope") is None  # the spec refuses the shape elsewhere
     saved = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
@@ -112,3 +115,8 @@ def test_model_parameters_read_a_local_folders_config(tiny_model_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert model_parameters(str(tiny_model_dir)) == estimate_parameters(SimpleNamespace(**config)) > 0
     assert model_parameters(str(tiny_model_dir / "nowhere")) is None
+    from stages.context_budget import model_kv_bytes
+
+    layers, kv_heads = config["num_hidden_layers"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    assert model_kv_bytes(str(tiny_model_dir), 2) == layers * kv_heads * head_dim * 2 * 2
