@@ -123,6 +123,10 @@ def validate(
     typer.echo(yaml.safe_dump(shown_spec, sort_keys=False))
     # What passed, as a YAML comment: the output stays a spec a user can save and run.
     typer.echo(f"# {spec}: valid; {_validated(job, skip_storage, date)}")
+    from pipeline.placement import crowded_note
+
+    if note := crowded_note(job, None):
+        typer.echo(f"# note: {note}")
 
 
 def _validated(job, skip_storage: bool, run_date: str | None = None) -> str:
@@ -253,7 +257,10 @@ def run(
     job = _load(spec, set_, run_date=run_date)
     _check_local_input(job, spec, run_date)
     _preflight(job, run_date, address)
-    from pipeline.placement import resolve_runner
+    from pipeline.placement import crowded_note, resolve_runner
+
+    if note := crowded_note(job, address):
+        typer.echo(f"note: {note}", err=True)
     from pipeline.report.summary import format_summary
     from pipeline.runner import RunInterrupted, run_job
 

@@ -9,6 +9,8 @@ Contract:
 - ``with_actor_cpus(spec, runner, address)``: the spec with ``resources.num_cpus`` a number
   (``auto``: this machine's ``usable_cores()`` for a run on it, shared by the generate
   actors; 1 on a cluster).
+- ``crowded_note(spec, address)``: words for a run on this machine whose generate actors
+  outnumber its cores (each engine holds a model copy and they share the cores), else None.
 - ``check_fits(spec, runner)``: every model stage fits this machine (``local``: its GPUs;
   ``ray``: the embedded Ray's nodes), else ValueError naming the field and the fix.
 - ``init_ray(address, spec)``: joins the cluster (refused at once where nothing answers at
@@ -71,6 +73,18 @@ def check_fits(spec: JobSpec, runner: str) -> None:
             here = f"{st.gpu_field}: 0 (on the CPU)" if have == 0 else f"{st.gpu_field} <= {have}"
             raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have}; allowed: "
                              f"{here} here, or a Ray cluster with GPUs (--address or $RAY_ADDRESS)")
+
+
+def crowded_note(spec: JobSpec, address: str | None) -> str | None:
+    """A note (not a refusal: the run works) when ``resources.actors`` on this machine exceeds
+    its usable cores: the engines only share the cores, so the extra ones add no speed and
+    each holds a copy of the model (a trial ran 6 actors on 2 cores)."""
+    actors, cores = spec.resources.max_actors, usable_cores()
+    if cluster_address(address) is not None or actors <= cores:
+        return None
+    return (f"resources.actors {actors} on this machine's {cores} core(s): the engines share the cores, so "
+            f"more than {cores} add no speed and each holds a copy of {spec.generation.model!r}; "
+            f"fix: resources.actors {cores}, or a Ray cluster (--address)")
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -32,6 +32,8 @@ def test_validate_prints_resolved_spec():
     assert printed["task"]["instruction"].startswith("Answer the question")  # the default's text, not null
     skipped = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--skip-storage"])
     assert "storage not checked (--skip-storage)" in skipped.output.strip().splitlines()[-1]
+    crowded = runner.invoke(app, ["validate", "jobs/sample-qa.yaml", "--skip-storage", "--set", "resources.actors=64"])
+    assert crowded.output.strip().splitlines()[-1].startswith("# note: resources.actors 64 on this machine's")
 
 
 def test_invalid_spec_exits_2_naming_the_field(tmp_path):

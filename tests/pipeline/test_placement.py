@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.placement import resolve_runner, usable_cores, with_actor_cpus
+from pipeline.placement import crowded_note, resolve_runner, usable_cores, with_actor_cpus
 from schemas.spec import JobSpec
 
 
@@ -46,3 +46,14 @@ def test_num_cpus_auto_is_this_machines_cores_shared_by_its_engines_and_one_on_a
     assert with_actor_cpus(mine, "local", None) is mine  # a number is the user's
     monkeypatch.setenv("OMP_NUM_THREADS", "junk")
     assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_more_actors_than_cores_on_this_machine_is_noted_not_refused(tmp_path, monkeypatch):
+    """A trial ran 6 actors on 2 cores: each held a model copy and none went faster."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    note = crowded_note(_spec(tmp_path, "random:tiny", actors=[1, 6]), None)
+    assert note is not None and note.startswith("resources.actors 6 on this machine's 2 core(s)")
+    assert "fix: resources.actors 2, or a Ray cluster" in note
+    assert crowded_note(_spec(tmp_path, "random:tiny", actors=2), None) is None
+    assert crowded_note(_spec(tmp_path, "random:tiny", actors=6), "head:6379") is None  # a cluster's nodes
