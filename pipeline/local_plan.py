@@ -43,6 +43,7 @@ Imports no Ray; torch and the model stack are imported by ``batches()``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -114,20 +115,20 @@ class LocalPlan:
         tl.update(read_s=0.0, documents=0, requests=0)
         chunks = self._request_batches(resolve_uri(spec.input.uri, self.run_date))
         self._reading = True
-        if self.on_wait is not None:
-            self.on_wait()  # "reading the first input file": a large file or a slow store takes a while
-        first = next(chunks, None)  # the first file read, so a rerun with nothing left loads no model
+        # "reading the first input file": a large file or a slow store takes a while.
+        with _ticking(self.on_wait, self.tick_s):
+            first = next(chunks, None)  # the first file read, so a rerun with nothing left loads no model
         self._reading = False
         if first is None:
             return
-        if self.on_wait is not None:
-            self.on_wait()  # "loading the model": the load may take a while (a big model, a slow disk)
         *text_stages, gen = stages
         t0 = time.time()
         # Model load + engine warm-up, before any document. ``make`` is the class Ray's actor
         # pool gets (pipeline/stage_actors.py: the stage imported in its constructor), so
-        # the stage itself is its ``stage``.
-        generate = gen.make(spec=spec_json).stage
+        # the stage itself is its ``stage``. "loading the model" may take minutes (a big
+        # model, a slow disk, the CPU kernels' first timing): the line keeps moving.
+        with _ticking(self.on_wait, self.tick_s):
+            generate = gen.make(spec=spec_json).stage
         self._engine, self._service = generate.engine, generate.service
         tl["generate_init_s"] = time.time() - t0
         tl["t_generate_ready"] = time.time()
@@ -243,6 +244,29 @@ def batch_end(rows: list[dict[str, Any]], size: int) -> int:
     while 0 < end < len(rows) and document(rows[end]) == document(rows[end - 1]):
         end += 1
     return end
+
+
+@contextlib.contextmanager
+def _ticking(on_wait: Callable[[], None] | None, tick_s: float) -> Iterator[None]:
+    """Call ``on_wait`` now and every ``tick_s`` seconds from a daemon thread while the
+    block runs (a blocking read or model load, which cannot call it itself)."""
+    if on_wait is None:
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(tick_s):
+            on_wait()
+
+    on_wait()
+    thread = threading.Thread(target=tick, name="longdoc-progress-tick", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class _GenerateCalls:

@@ -106,6 +106,7 @@ class RunProgress:
         self._last_print: float | None = None
         self._live: Live | None = None  # the terminal's live line, from the first draw to close()
         self._printed_rows = -1
+        self._printed_phase = ""  # the activity's head (before any ':') at the last plain line
         self._first_rows: tuple[float, int] | None = None  # (when, how many) rows were first written
         self.rows = self.failed = self.tokens = 0
         # What the run is doing between written rows (the local runner's engine; "" = nothing to say).
@@ -156,9 +157,20 @@ class RunProgress:
             return
         if self.tty:
             self._draw(self.line())
-        elif self._last_print is None or now - self._last_print >= self.interval_s:
+        elif self._last_print is None or now - self._last_print >= self.interval_s or self._new_phase():
             self._emit(self.line())
             self._last_print = now
+
+    def _phase(self) -> str:
+        doing = self.activity() if self.activity is not None else ""
+        return doing.split(":", 1)[0]
+
+    def _new_phase(self) -> bool:
+        """Before the first rows, a plain line as soon as the run moves on to another phase
+        (reading the first file -> loading the model -> the engine): a log read later shows
+        what a long wait was (a trial's log said "reading the first input file" for the
+        whole of a 69 s model load)."""
+        return self._first_rows is None and self._phase() != self._printed_phase
 
     def tick(self) -> None:
         """The same counts again: while nothing is written, the line's elapsed time and
@@ -209,7 +221,7 @@ class RunProgress:
         with _console.lock:
             self.stream.write("  " + text + "\n")
             self.stream.flush()
-        self._printed_rows = self.rows
+        self._printed_rows, self._printed_phase = self.rows, self._phase()
 
 
 def _interval_from_env() -> float:

@@ -73,6 +73,30 @@ def test_between_written_rows_a_tick_shows_elapsed_time_and_the_activity():
                      "rows 0/4 (0%) | failed 0 | 0.0 tok/s | 0.00 rows/s | elapsed 1m11s"]
 
 
+def test_before_the_first_rows_a_new_phase_prints_at_once():
+    """A log read later says what a long wait was: a trial's log showed "reading the first
+    input file" for the whole of a 69 s model load (the next line was an interval away)."""
+    out, clock = io.StringIO(), Clock()
+    p = RunProgress(4, stream=out, tty=False, interval_s=30, clock=clock)
+    doing = ["reading the first input file"]
+    p.activity = lambda: doing[0]
+    p.tick()
+    clock.t += 1
+    doing[0] = "loading the model"
+    p.tick()  # another phase: at once
+    clock.t += 1
+    p.tick()  # the same phase: an interval away
+    doing[0] = "engine: 1 prefilling"
+    p.tick()
+    doing[0] = "engine: 1 decoding (3 tokens)"
+    p.tick()  # the engine's counts move: the same phase
+    p.update(1, 0, 3)
+    doing[0] = ""
+    p.tick()  # after the first rows, one line per interval whatever the activity
+    phases = [ln.strip().rsplit(" | ", 1)[-1] for ln in out.getvalue().splitlines()]
+    assert phases == ["reading the first input file", "loading the model", "engine: 1 prefilling"]
+
+
 def test_close_does_not_repeat_a_line_already_printed():
     out, clock = io.StringIO(), Clock()
     p = RunProgress(None, stream=out, tty=False, interval_s=30, clock=clock)
