@@ -76,6 +76,8 @@ class GenerationSpec(_Strict):
     max_new_tokens: int = Field(default=128, ge=1, le=8192, description="Most tokens generated per request.")
     temperature: float = Field(default=0.0, ge=0.0, le=5.0, description="0 = greedy decoding.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (sampling only).")
+    top_k: int = Field(default=0, ge=0, le=100_000, description=(
+        "Sample only among the k most likely tokens, before top_p (sampling only); 0 = off."))
     seed: int = Field(default=0, description="Sampling seed; each request derives its own from it.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",

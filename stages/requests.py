@@ -36,6 +36,8 @@ def generation_fingerprint(spec: JobSpec) -> str:
         "compression": spec.compression.fingerprint_settings(),
         "instruction": spec.task.resolved_instruction,
     }
+    if spec.generation.top_k:  # off, earlier runs' request ids stand
+        settings["top_k"] = spec.generation.top_k
     if spec.generation.repeat_guard:  # it cuts outputs; off, earlier runs' request ids stand
         settings["repeat_guard"] = spec.generation.repeat_guard
     return json.dumps(settings, sort_keys=True)

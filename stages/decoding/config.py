@@ -24,6 +24,7 @@ class DecodeConfig:
     eos_ids: frozenset[int]
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
     stop_strings: tuple[str, ...] = ()
     repeat_ngram: int = 0  # stops.StopChecker's repeat guard (0: off)
     # Speculation: "none" or a drafter's name (stages/decoding/drafters/).
@@ -62,6 +63,7 @@ def decode_config_for(generation: GenerationSpec, tokenizer: Any, generation_con
         eos_ids=eos_ids_of(tokenizer, generation_config),
         temperature=generation.temperature,
         top_p=generation.top_p,
+        top_k=generation.top_k,
         stop_strings=stops,
         repeat_ngram=generation.repeat_guard,
         speculative=spec.method,

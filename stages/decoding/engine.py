@@ -571,7 +571,7 @@ class Engine:
         if cfg.greedy:
             first = int(logits[0].argmax())
         else:  # output position 0, drawn with the request's own seed (verify.py)
-            probs0 = target_probs(logits.float(), cfg.temperature, cfg.top_p)[:, None]  # [1, 1, V]
+            probs0 = target_probs(logits.float(), cfg.temperature, cfg.top_p, cfg.top_k)[:, None]  # [1, 1, V]
             zeros = torch.zeros(1, 1, dtype=torch.long, device=self.device)
             _, tok = sample_accept(probs0, zeros, zeros[:, 0] + 1, self._seeds([row.waiting.request.seed]), zeros[:, 0])
             first = int(tok[0])
@@ -616,7 +616,7 @@ class Engine:
             self.cache.advance(acc[:n])
         else:
             cfg = self.config
-            probs = target_probs(self.step_fn.step(feed, span)[:n], cfg.temperature, cfg.top_p)  # [n, width, V]
+            probs = target_probs(self.step_fn.step(feed, span)[:n], cfg.temperature, cfg.top_p, cfg.top_k)  # [n, width, V]
             start = torch.tensor([len(row.result.tokens) for row in active], device=self.device)
             acc, tok = sample_accept(probs, feed[:n], torch.tensor(n_fed[:n], device=self.device),
                                      self._seeds([row.waiting.request.seed for row in active]), start)

@@ -26,7 +26,7 @@ def choose_tokens(
     if config.greedy:
         best = logits.argmax(dim=-1)
         return [int(best[r]) for r in rows]
-    probs = target_probs(logits, config.temperature, config.top_p)
+    probs = target_probs(logits, config.temperature, config.top_p, config.top_k)
     return [sample_from(probs[r], gens[r]) for r in rows]
 
 

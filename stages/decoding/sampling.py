@@ -1,7 +1,7 @@
 """Token distributions for greedy and nucleus sampling, shared by every decoder.
 
-Contract: ``target_probs(logits, temperature, top_p)`` is THE distribution the model
-samples from; the speculative acceptance rule uses the same function, which is what
+Contract: ``target_probs(logits, temperature, top_p, top_k)`` is THE distribution the
+model samples from; the speculative acceptance rule uses the same function, which is what
 makes speculative sampling follow it exactly.
 """
 
@@ -10,13 +10,19 @@ from __future__ import annotations
 import torch
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """logits [..., V] -> probabilities [..., V] after temperature and top-p filtering.
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] after temperature, top-k and top-p
+    filtering (the order transformers' sampling uses).
 
-    Top-p keeps the smallest set of most likely tokens whose mass reaches top_p (the
-    most likely token always survives), then renormalises.
+    Top-k (``top_k`` > 0) keeps the k most likely tokens (ties at the k-th all kept); top-p
+    then keeps the smallest set of the most likely left whose mass reaches top_p (the most
+    likely token always survives); the result is renormalised.
     """
-    probs = torch.softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    scaled = logits.float() / max(temperature, 1e-6)
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
     if top_p >= 1.0:
         return probs
     sorted_p, idx = probs.sort(dim=-1, descending=True)

@@ -13,14 +13,15 @@ import torch
 
 from stages.decoding.sampling import target_probs
 
-V, ROWS, TEMP, TOP_P = 16, 3000, 1.0, 0.95
+# Top-k 10 of 16 before top-p 0.95: the engines' exactness is checked with both filters on.
+V, ROWS, TEMP, TOP_P, TOP_K = 16, 3000, 1.0, 0.95, 10
 
 
 def probs_after(model, seqs: list[list[int]]) -> torch.Tensor:
     """Target distributions [N, V] of the token after each sequence."""
     with torch.inference_mode():
         logits = model(torch.tensor(seqs)).logits[:, -1]
-    return target_probs(logits, TEMP, TOP_P)
+    return target_probs(logits, TEMP, TOP_P, TOP_K)
 
 
 def chi2_excess(counts: torch.Tensor, probs: torch.Tensor) -> float:

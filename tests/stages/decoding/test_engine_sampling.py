@@ -11,7 +11,7 @@ test must reject a wrong acceptance rule, which shows it has the power to catch 
 from __future__ import annotations
 
 import torch
-from sampling_stats import ROWS, TEMP, TOP_P, chi2_excess, second_third_counts
+from sampling_stats import ROWS, TEMP, TOP_K, TOP_P, chi2_excess, second_third_counts
 
 from stages.decoding import engine as engine_module
 from stages.decoding import verify
@@ -24,7 +24,7 @@ from stages.prompting import PromptParts
 
 def _sample(model, prompt) -> tuple[torch.Tensor, torch.Tensor, int]:
     cfg = DecodeConfig(
-        max_new_tokens=4, eos_ids=frozenset({-1}), temperature=TEMP, top_p=TOP_P,
+        max_new_tokens=4, eos_ids=frozenset({-1}), temperature=TEMP, top_p=TOP_P, top_k=TOP_K,
         speculative="prompt_lookup", num_draft_tokens=3, max_ngram=2, adaptive=False,
     )
 
@@ -67,7 +67,7 @@ def test_a_seed_gives_the_same_text_whatever_the_drafting(small_vocab_model, pro
     on or off, and the draft widths, change how many steps a row takes, not its text."""
     texts, drafted = {}, {}
     for name, spec, drafts in (("plain", "none", 1), ("lookup-3", "prompt_lookup", 3), ("lookup-1", "prompt_lookup", 1)):
-        cfg = DecodeConfig(max_new_tokens=8, eos_ids=frozenset({-1}), temperature=TEMP, top_p=TOP_P,
+        cfg = DecodeConfig(max_new_tokens=8, eos_ids=frozenset({-1}), temperature=TEMP, top_p=TOP_P, top_k=TOP_K,
                            speculative=spec, num_draft_tokens=drafts, max_ngram=2, adaptive=False)
 
         def prefill(parts: list[PromptParts]) -> CompressedPrefill:

@@ -42,6 +42,28 @@ def test_top_p_keeps_the_smallest_most_likely_set_and_renormalises(top_p, kept):
     torch.testing.assert_close(probs, want)
 
 
+def test_top_k_keeps_the_k_most_likely_before_top_p():
+    torch.testing.assert_close(target_probs(LOGITS, 1.0, 1.0, 2), torch.tensor([0.0, 2 / 3, 0.0, 1 / 3]))
+    torch.testing.assert_close(target_probs(LOGITS, 1.0, 0.6, 3), target_probs(LOGITS, 1.0, 0.6))  # 0.6 of 0.9
+    torch.testing.assert_close(target_probs(LOGITS, 1.0, 1.0, 0), P)  # 0: off
+    torch.testing.assert_close(target_probs(LOGITS, 1.0, 1.0, 99), P)  # more than the vocabulary: off
+
+
+def test_temperature_top_k_top_p_give_what_transformers_warpers_give():
+    """The same filters, in the same order, as transformers' sampling (a library users know)."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)) * 3
+    scores = logits.clone()
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(12), TopPLogitsWarper(0.8)):
+        scores = warper(None, scores)
+    torch.testing.assert_close(target_probs(logits, 0.7, 0.8, 12), torch.softmax(scores, dim=-1))
+
+
 def test_batched_rows_are_filtered_independently():
     logits = torch.stack([LOGITS, LOGITS.flip(0), torch.zeros(4)])[:, None]  # [3, 1, V]
     probs = target_probs(logits, 1.0, 0.6)
