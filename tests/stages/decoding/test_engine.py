@@ -20,6 +20,7 @@ from tiny_models import WINDOWED
 from schemas.output import mean_accepted_per_step
 from stages.decoding.adaptive import Tuning
 from stages.decoding.config import DecodeConfig
+from stages.decoding.drafters import drafter_names
 from stages.decoding.engine import Engine, KvBudgetExceeded
 from stages.decoding.memory import KvBudget
 from stages.decoding.reference import decode_plain
@@ -56,7 +57,8 @@ def _budget(model, tokens: int) -> KvBudget:
     return KvBudget(per, tokens * per)
 
 
-@pytest.mark.parametrize("speculative", ["none", "prompt_lookup", "suffix"])
+# Every drafter the registry finds (a new one is checked without a line here).
+@pytest.mark.parametrize("speculative", drafter_names())
 # None: admitted by the memory budget; chunk 8: prompts prefill in several chunks.
 @pytest.mark.parametrize(("slots", "chunk"), [(1, 8), (3, 2048), (None, 8)])
 @pytest.mark.parametrize("lookup_kind", ["prompt", "oracle"])

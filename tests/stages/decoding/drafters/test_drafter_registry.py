@@ -18,12 +18,14 @@ from stages.decoding.drafters.suffix import SuffixDrafter
 
 
 def test_every_drafter_is_registered_and_the_spec_accepts_exactly_them():
-    assert dict(registry()) == {"prompt_lookup": PromptLookup, "suffix": SuffixDrafter}
-    assert drafter_names() == (NONE, "prompt_lookup", "suffix") == speculative_methods()
+    found = dict(registry())  # the shipped ones, and any drafter module added since
+    assert found["prompt_lookup"] is PromptLookup and found["suffix"] is SuffixDrafter
+    assert all(issubclass(cls, Drafter) and cls.name == name for name, cls in found.items())
+    assert drafter_names() == (NONE, *found) == speculative_methods()
     assert drafter_for(DecodeConfig(max_new_tokens=4, eos_ids=frozenset())) is None
     made = drafter_for(DecodeConfig(max_new_tokens=4, eos_ids=frozenset(), speculative="suffix"))
     assert isinstance(made, SuffixDrafter)
-    with pytest.raises(ValueError, match="allowed: none, prompt_lookup, suffix"):
+    with pytest.raises(ValueError, match="allowed: none, prompt_lookup, suffix"):  # at least these
         SpeculativeSpec(method="medusa")
 
 
