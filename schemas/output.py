@@ -10,7 +10,11 @@ different runs and workers always union cleanly.
 
 Adding a column: append a field to ``OutputRow``, bump ``SCHEMA_VERSION``, record the
 version in ``tests/schemas/output_schema_snapshot.json``, and fill the value where it
-is measured (a figure: a keyword of ``output_row`` in stages/generate.py).
+is measured (a figure: a keyword of ``output_row`` in stages/generate.py; a value the
+request carries, ``from_request``: a field of its row type in schemas/rows.py, set by
+the stage that knows it, e.g. stages/requests.py). Files written before it hold null
+there: `longdoc upgrade` gives them the column, and only a rerun with other settings
+rewrites their rows.
 
 Layout (what every reader opens without options): ``{output}/run_date=YYYY-MM-DD/*.parquet``.
 ``run_date`` is a hive partition column: it lives in the folder name ONLY, never inside
@@ -108,14 +112,14 @@ class OutputRow(TypedDict):
     acceptance_rate: Annotated[float | None, Column("accepted_tokens / draft_tokens; null when nothing was drafted.")]
     decode_steps: Annotated[int | None, Column("Target-model forward passes after prefill that this row took part in.")]
     mean_accepted_per_step: Annotated[float | None, Column("output_tokens / (decode_steps + 1): tokens emitted per forward pass, prefill's first token included.")]
-    compress_s: Annotated[float | None, Column("Seconds spent compressing the context; additive over rows. A text method (truncate, rag, bm25): the row's time in the stage before the engine (rag: plus its share of its batch's embedding), not in device_s but charged in cost_usd. A method reading inside the engine's prefill (finch, select, autocompressor): its reading, PART OF prefill_s (and so of device_s): do not add it to prefill_s. Null on error.")]
+    compress_s: Annotated[float | None, Column("Seconds spent compressing the context; additive over rows. A text method (one that compresses before the engine, e.g. truncate, rag, bm25: `longdoc methods` says where each runs): the row's time in the stage before the engine (rag: plus its share of its batch's embedding), not in device_s but charged in cost_usd. A method reading inside the engine's prefill (e.g. finch, select, autocompressor): its reading, PART OF prefill_s (and so of device_s): do not add it to prefill_s. Null on error.")]
     prefill_s: Annotated[float | None, Column("Seconds of this row's prefill in the generate actor's engine (a method prefill of several rows split evenly over them); part of device_s, and it holds an in-engine method's compress_s; additive over rows.")]
     ttft_s: Annotated[float | None, Column("Seconds from the row's arrival at the generate actor's engine to its first generated token (queue_s and prefill included). Latency: rows served together overlap, so a sum over rows is not time spent.")]
     decode_s: Annotated[float | None, Column("Seconds from the first generated token to this row's last one (stall_s included). Latency, as ttft_s: not additive over rows; the row's device share of decoding is device_s - prefill_s.")]
-    e2e_s: Annotated[float | None, Column("Text compression seconds (truncate, rag, bm25: their compress_s) + ttft_s + decode_s: the row's latency, not additive over rows.")]
+    e2e_s: Annotated[float | None, Column("Text compression seconds (a text method's compress_s, e.g. truncate, rag, bm25) + ttft_s + decode_s: the row's latency, not additive over rows.")]
     device: Annotated[str | None, Column("cpu | cuda:<name> of the generate actor.")]
     device_s: Annotated[float | None, Column("This row's share of the generate actor's device time: its prefill_s plus each decode step's time divided by the rows in that step; additive over rows (their sum is the actor's busy time). A text method's compress_s (before the engine) is not in it.")]
-    cost_usd: Annotated[float | None, Column("(device_s + the compress_s of a text method: truncate, rag, bm25) * cost.usd_per_device_hour / 3600: the generate actor's time and the text stage's, at one price; additive over rows. Error rows: device_s only.")]
+    cost_usd: Annotated[float | None, Column("(device_s + the compress_s of a text method, one that compresses before the engine) * cost.usd_per_device_hour / 3600: the generate actor's time and the text stage's, at one price; additive over rows. Error rows: device_s only.")]
     error: Annotated[str | None, Column("Null on success; otherwise a readable message naming the stage and the problem.")]
     # --- version 2 (columns are only appended; see the module docstring) ---
     error_kind: Annotated[str | None, Column("Null on success; input (final: the request itself is bad) or retryable (infrastructure: a rerun of the date retries it).")]
@@ -134,7 +138,7 @@ class OutputRow(TypedDict):
     # --- version 6: what the reader read of the document ---
     kept_spans: Annotated[list[int] | None, Column("Document token positions the model conditioned on, as flattened half-open [start, end) pairs in document order ([s0, e0, s1, e1, ...], positions into the document's doc_tokens): the kept text of a text method, the positions of the kept keys/values (or re-prefilled tokens) of a prefill method that reports them, [0, doc_tokens] for none. Null when the method keeps no document positions (AutoCompressor summaries) or does not report them. The eval's evidence recall reads it (pipeline/eval/recall.py).", arrow=pa.list_(pa.int64()))]
     # --- version 7: the text the model read (output.keep_context) ---
-    context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (truncate, rag, bm25, in the order prefilled), the sentences a method prefilled after picking them (select), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (finch, autocompressor: kept_spans says what they kept).")]
+    context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (e.g. truncate, rag, bm25, in the order prefilled), the sentences a method prefilled after picking them (select), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (e.g. finch, autocompressor: kept_spans says what they kept).")]
     # --- version 8: why generation stopped ---
     finish_reason: Annotated[str | None, Column("Why generation stopped: eos (the model ended its answer), stop (a generation.stop string; cut from output_text), repeat (generation.repeat_guard cut a loop), length (generation.max_new_tokens reached: the text may be cut off mid-sentence). Null on error.")]
     # --- version 9: the budget beside the method ---

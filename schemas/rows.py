@@ -59,7 +59,7 @@ class TokenizedRow(RequestRow):
 
 
 class CompressedRow(TokenizedRow):
-    """After a text compression (truncate, rag, ...): what the model will read instead."""
+    """After a text compression (any method that compresses before the engine: truncate, rag, ...): what the model will read instead."""
 
     context_ids: list[int] | None  # a subsequence of doc_ids, at most target_tokens long
     context_tokens: int | None

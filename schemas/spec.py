@@ -176,7 +176,7 @@ class OutputSpec(_Strict):
     keep_context: bool = Field(
         default=False,
         description="Store the document text the model read in the output column context: the "
-        "kept text of a text method (truncate, rag, bm25) or of a method that prefills the "
+        "kept text of a text method (e.g. truncate, rag, bm25) or of a method that prefills the "
         "sentences it picked (select), the whole document for none. Off by default: it "
         "repeats (part of) every document in every row. KV methods (finch, autocompressor) "
         "leave it null; their kept_spans say what was kept.",

@@ -298,7 +298,7 @@ class GenerateStage:
 
 
 def _text_compress_s(row: GenerateInput) -> float:
-    """Seconds a text method (truncate, rag, bm25) spent on ``row`` before this stage: the
+    """Seconds a text method (one that compresses before this stage, e.g. truncate, rag, bm25) spent on ``row`` before this stage: the
     ``compress_s`` the row carried in; 0 for the other methods (a method reading inside the
     engine reports its own compress_s later, and that time is in device_s)."""
     return float(row.get("compress_s") or 0.0)

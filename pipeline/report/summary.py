@@ -12,11 +12,11 @@ use ``wall_s`` when the run's wall time is known, else the summed device seconds
 
 Where the time went (every row, failed ones too; seconds summed over rows): the device
 time (``device_s``) splits into ``time_method_read_s`` (the reading of a method that
-compresses inside the engine's prefill: finch, select, autocompressor: their rows'
+compresses inside the engine's prefill, e.g. finch, select, autocompressor: their rows'
 ``compress_s``), ``time_prompt_prefill_s`` (the rest of ``prefill_s``: the prompts the
 generator prefilled) and ``time_decode_s`` (``device_s - prefill_s``: each row's share of
 the decode steps); ``time_text_compress_s`` is the compression done before the engine
-(rag, bm25, truncate: not device time of the generator, but charged in ``cost_usd``, so
+(e.g. rag, bm25, truncate: not device time of the generator, but charged in ``cost_usd``, so
 ``cost_usd`` = (``device_s`` + ``time_text_compress_s``) x the price / 3600);
 ``time_stall_s`` sums what decoding rows waited for other rows' prefill (wall time of rows,
 which overlap).

@@ -199,7 +199,7 @@ class Engine:
         """Make the engine, its backend and slots.
 
         ``prefill``: a method's prefill strategy; None = the engine prefills whole
-        prompts itself (none, truncate, rag, bm25). ``reading_chunk``: the document tokens
+        prompts itself (e.g. none, truncate, rag, bm25). ``reading_chunk``: the document tokens
         it reads between two ``on_chunk`` calls (base.Loaded), for the progress line's chunk
         total and time left. ``budget``: the KV memory budget
         (default: ``kv_memory_gb``, else ``kv_memory_fraction`` of free device memory /

@@ -52,6 +52,15 @@ def test_row_types_grow_hop_by_hop() -> None:
     assert retrieved - compressed <= set(OUTPUT_COLUMNS)  # figures reach the output as they are
 
 
+def test_every_column_copied_from_the_request_is_carried_by_a_row_type() -> None:
+    """A column marked ``from_request`` that no hop's row carries would be null for ever, and
+    no other test would notice (a trial added one and left it out of RequestRow)."""
+    from schemas.output import REQUEST_COLUMNS
+
+    carried = set(columns(RetrievedRow))  # every hop's columns (each row type grows from the last)
+    assert set(REQUEST_COLUMNS) <= carried, set(REQUEST_COLUMNS) - carried
+
+
 def test_read_makes_request_rows() -> None:
     spec = _spec()
     doc = Document("d", "file:///in/d.txt", "Some text.")
