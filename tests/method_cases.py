@@ -28,9 +28,6 @@ TARGET = 48  # every budgeted method's target_tokens in these tests
 # code path (case name -> method). Their settings are MethodEnv.variants[case].
 # The kv summary form (the shipped default), and Finch keeping whole sentences' keys and values.
 VARIANTS = {"autocompressor-kv": "autocompressor", "finch-kv-sentences": "finch"}
-# Budgeted methods whose target_tokens is a cap for qa (the matrix's task), not a quota:
-# select reads whole sentences, the ones its evidence ranks high (README.md, "Compression methods").
-CAPPED_FOR_QA = frozenset({"select"})
 
 
 def method_of(case: str) -> str:

@@ -126,7 +126,9 @@ class CompressionMethod(ABC):
     does not reject a document longer than the model's context), ``keeps_by_position`` (what
     it keeps is fixed by position: `validate` says what share of a long document the model
     sees), ``eval_budgeted``
-    (``longdoc eval`` sweeps target_tokens for it) and ``needs_checkpoint`` (the eval
+    (``longdoc eval`` sweeps target_tokens for it), ``fills_budget`` (target_tokens is a
+    quota: a row keeps exactly min(target_tokens, its document's tokens), where a cap keeps
+    at most that: tests/stages/compression/test_methods.py holds it to it) and ``needs_checkpoint`` (the eval
     passes ``--autocompressor PATH`` as compression.checkpoint and runs it only then).
     """
 
@@ -144,6 +146,7 @@ class CompressionMethod(ABC):
     #: its text or question: `validate` says what share of a long document the model sees.
     keeps_by_position: ClassVar[bool] = False
     eval_budgeted: ClassVar[bool] = False
+    fills_budget: ClassVar[bool] = False
     needs_checkpoint: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ every method

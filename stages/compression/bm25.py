@@ -128,6 +128,7 @@ class Bm25Method(CompressionMethod):
     needs = ("doc_ids", "question", "instruction")
     adds = CONTEXT_COLUMNS + tuple(c for c in RETRIEVAL_COLUMNS if c != "embedder_truncated_chunks")
     eval_budgeted = True
+    fills_budget = True
 
     def stage_class(self) -> type:
         return Bm25Stage

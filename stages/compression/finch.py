@@ -49,6 +49,7 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
     needs = ("doc_ids", "question", "instruction")
     reads_any_length = True
     eval_budgeted = True
+    fills_budget = True
 
     def load(self, job: JobSpec, device: torch.device) -> Loaded:
         from stages.finch import check_supported, finch_prefill

@@ -338,6 +338,7 @@ class RagMethod(CompressionMethod):
     adds = CONTEXT_COLUMNS + RETRIEVAL_COLUMNS
     uses_compress_gpus = True
     eval_budgeted = True
+    fills_budget = True
 
     def stage_class(self) -> type:
         return RagStage

@@ -46,6 +46,7 @@ class SelectMethod(FinchMethod):
     )
     paper = "https://arxiv.org/abs/2409.17422"  # GemFilter: early-layer selection, then prefill
     order = 4
+    fills_budget = False  # a cap for qa: whole sentences, the ones its evidence ranks high (README)
 
     def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
         """The scorer reads when one is set (the generator only prefills the kept text)."""

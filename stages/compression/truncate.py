@@ -68,6 +68,7 @@ class TruncateMethod(CompressionMethod):
     needs = ("doc_ids",)
     adds = CONTEXT_COLUMNS
     eval_budgeted = True
+    fills_budget = True
 
     def compress_ids(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
         return truncate_ids(doc_ids, config.target_tokens, config.keep, edges)
