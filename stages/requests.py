@@ -86,7 +86,9 @@ def plan_requests(doc: Document, spec: JobSpec, fingerprint: str) -> Document:
         prompt = question if question is not None else instruction
         parts.append({
             "request_id": request_id(doc.doc_id, doc.text, prompt, fingerprint),
-            "prompt": prompt,
+            # A qa document with no question: its error row asks nothing (null), not the
+            # default instruction it was never going to be asked; its id is hashed as before.
+            "prompt": None if spec.task.kind == "qa" and question is None else prompt,
             "question": question,
             "reference": None if answer is None else str(answer),
         })
