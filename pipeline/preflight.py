@@ -19,14 +19,9 @@ What it checks:
   root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
   a permission scoped to the root alone would fail there), never inside the root.
 
-- each model the run loads (``generation.model``, and a method's ``compression.scorer`` or
-  ``compression.embedder``: schemas/loading.py ``named_models``) is found where the run
-  loads it (``models_here``: this machine, when no Ray cluster is named): an embedded or
-  ``random:`` name, a local model folder, a Hugging Face id in the local cache, or one the
-  hub answers for within the connect timeout.
-  A name found nowhere used to cost the model load's retries and end in transformers'
-  traceback-like network error; a cluster's nodes have their own disks and caches, so a
-  run on one leaves the check to them. The GPUs it asks are counted the same way.
+- each model the run loads is found where the run loads it (``models_here``: this
+  machine, when no Ray cluster is named; pipeline/model_checks.py); the GPUs it asks are
+  counted the same way.
 
 An input whose URI holds ``{run_date}`` is checked only when a run date is given
 (`validate` has none); the output root is resolved with the run date, or today's.
@@ -37,7 +32,6 @@ counted (``_check_gpus``: the device backends' count, as the run counts them).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import tempfile
 import uuid
@@ -47,9 +41,9 @@ from pathlib import Path
 import fsspec
 
 from pipeline.memory_fit import kv_budget_problems, memory_problems
+from pipeline.model_checks import model_problems
 from schemas.checks import shown
-from schemas.loading import looks_local, named_models
-from schemas.spec import EMBEDDED_NAMES, FORMAT_SUFFIXES, InputSpec, JobSpec
+from schemas.spec import FORMAT_SUFFIXES, InputSpec, JobSpec
 from stages.layout import runs_root
 
 #: How many records of the first input file the field check reads.
@@ -74,7 +68,7 @@ def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> 
     problems += _check_output(spec, run_date)
     problems += kv_budget_problems(spec)  # pipeline/memory_fit.py: the budget's own size, anywhere
     if models_here:
-        problems += _check_models(spec)
+        problems += model_problems(spec)  # pipeline/model_checks.py
         problems += _check_gpus(spec)
         problems += memory_problems(spec)  # pipeline/memory_fit.py: this machine's memory
     return problems
@@ -315,101 +309,6 @@ def _check_local_output(root: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- models
-def _check_models(spec: JobSpec) -> list[str]:
-    # The AutoCompressor's checkpoint has its own layout; loading it checks it (a missing
-    # local one is the spec check's, schemas/loading.py).
-    problems = [p for field, name, key in named_models(spec) if key != "checkpoint"
-                and (p := model_problem(field, name, key))]
-    return problems or _check_readers(spec)
-
-
-def _check_readers(spec: JobSpec) -> list[str]:
-    """The models a method reads with Finch's attention (``attention_readers``) are of a model
-    type it runs on, where their config.json is on this machine (else the generate actor
-    checks at its start). Before: a Gemma generator under select passed `validate` and every
-    row of the run failed, as retryable, after the model loaded."""
-    from stages.compression import method_for
-    from stages.finch.config import FINCH_MODEL_TYPES
-
-    problems = []
-    for field, name in method_for(spec.compression).attention_readers(spec):
-        kind = _model_type(name)
-        if kind is None or kind in FINCH_MODEL_TYPES:
-            continue
-        method = spec.compression.method
-        fix = ("set compression.scorer to a model of those types (embedded:smollm2-135m-instruct: it reads, "
-               f"{shown(name)} only prefills the kept sentences)" if field == "generation.model" and method == "select"
-               else "use select with compression.scorer: embedded:smollm2-135m-instruct" if method != "select"
-               else "choose a scorer of those types (embedded:smollm2-135m-instruct)")
-        problems.append(f"{field}: {shown(name)} is a {kind!r} model; compression.method {method} reads with "
-                        f"Finch's attention, which runs on {', '.join(FINCH_MODEL_TYPES)} models; fix: {fix}, "
-                        "or another method (truncate, bm25, rag)")
-    return problems
-
-
-def _model_type(name: str) -> str | None:
-    """``model_type`` of model ``name`` from its config.json on this machine (a local folder or
-    the Hugging Face cache; the embedded and ``random:`` models are Llamas); None when its
-    config is not here."""
-    if name.startswith(("embedded:", "random:")):
-        return "llama"
-    path = Path(name.removeprefix("file://")).expanduser() / "config.json"
-    if not path.is_file():
-        import huggingface_hub
-
-        cached = huggingface_hub.try_to_load_from_cache(name, "config.json") if "/" in name else None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
-    try:
-        kind = json.loads(path.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None  # the model load will say what is wrong with it
-    return kind if isinstance(kind, str) else None
-
-
-def model_problem(field: str, name: str, kind: str = "model") -> str | None:
-    """One line when model ``name`` (the spec's ``field``; ``kind`` ``model``, ``scorer`` or
-    ``embedder``) cannot be found from this machine, else None (see the module doc)."""
-    if name.startswith(("embedded:", "random:")):
-        return None  # shipped packages / built here; the spec already checked the names
-    shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
-    fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
-           f"job runs, or the shipped {shipped}")
-
-    path = Path(name.removeprefix("file://")).expanduser()
-    if path.exists():
-        if path.is_dir() and any((path / f).is_file() for f in ("config.json", "modules.json")):
-            return None
-        what = "a folder without config.json" if path.is_dir() else "a file, not a model folder"
-        return f"{field}: {shown(name)} is {what}; {fix}"
-    if looks_local(name) or name.count("/") > 1:
-        return f"{field}: no folder {shown(name)} on this machine; {fix}"
-    ids = [name] + ([f"sentence-transformers/{name}"] if kind == "embedder" and "/" not in name else [])
-    import huggingface_hub
-
-    if any(isinstance(huggingface_hub.try_to_load_from_cache(i, "config.json"), str) for i in ids):
-        return None
-    meant = [e for e in EMBEDDED_NAMES.get(kind, ()) if e.removeprefix("embedded:") == name.lower()]
-    if meant:  # the shipped model's name without its prefix (and not downloaded under it)
-        return f"{field}: {shown(name)} is not downloaded here; the shipped model of that name is {meant[0]}"
-    if any(os.environ.get(v) not in (None, "", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
-                f"is switched off (HF_HUB_OFFLINE); {fix}")
-    from huggingface_hub.utils import RepositoryNotFoundError
-
-    try:
-        huggingface_hub.model_info(ids[-1], timeout=CONNECT_TIMEOUT_S)
-        return None
-    except RepositoryNotFoundError:
-        return (f"{field}: {shown(name)} is not a local folder and the Hugging Face hub has no such model "
-                f"(a private or gated one needs `hf auth login`); {fix}")
-    except Exception as e:  # noqa: BLE001 - no network, a proxy, a timeout: one line each
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
-                f"cannot be reached ({type(e).__name__}: {first}); {fix}")
-
-
 def first_records_note(spec: JobSpec, run_date: str | None) -> str:
     """What the reader makes of the first documents (records, or files of a text folder), in
     words, for `validate`'s last line ('' when every one is a document): a bad line or an

@@ -346,6 +346,8 @@ def test_a_model_finchs_attention_cannot_read_is_refused_for_the_methods_that_re
     gemma = tmp_path / "gemma"
     gemma.mkdir()
     (gemma / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    (gemma / "model.safetensors").write_bytes(len(b"{}").to_bytes(8, "little") + b"{}")  # no tensors: whole
+    (gemma / "tokenizer.json").write_text("{}")
     for method in ("select", "finch"):
         spec = _spec(tmp_path, generation={"model": str(gemma)}, compression={"method": method})
         line = _refused(["validate", str(spec)], [f"generation.model: '{gemma}' is a 'gemma3_text' model",

@@ -1,0 +1,174 @@
+"""Whether the models a spec names can be loaded from here, before any model loads
+(`validate` and `run`, through pipeline/preflight.py; also the eval's checks).
+
+Contract:
+- ``model_problems(spec)``: one line per model the run loads (``generation.model``, and a
+  method's ``compression.scorer`` or ``compression.embedder``: schemas/loading.py
+  ``named_models``) that cannot be found from this machine, naming the field and the fix;
+  then the readers a method runs Finch's attention with, when of a model type it cannot
+  read (only when every model was found).
+- ``model_problem(field, name, kind)``: that line for one model. Found: an embedded or
+  ``random:`` name, a Hugging Face id in the local cache or one the hub answers for within
+  the connect timeout, or a local model folder with a config.json, its weights (a
+  safetensors file's header and size agreeing: a copy or download cut short is named) and,
+  for a generating model or scorer, its tokenizer's files.
+A name found nowhere used to cost the model load's retries and end in transformers'
+traceback-like network error; a folder saved without its tokenizer ended every generate
+actor in a 600-line Ray traceback. A cluster's nodes have their own disks and caches, so a
+run on one leaves the check to them. Imports neither Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from schemas.checks import shown
+from schemas.loading import looks_local, named_models
+from schemas.spec import EMBEDDED_NAMES, JobSpec
+
+#: Seconds to wait for the Hugging Face hub to answer about a model id.
+HUB_TIMEOUT_S = 2.0
+#: Files that hold a model's weights, one of which a local model folder needs.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+#: Files a tokenizer is loaded from (a fast one's tokenizer.json, SentencePiece, BPE vocab).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
+def model_problems(spec: JobSpec) -> list[str]:
+    """Lines for the models ``spec`` loads that cannot be loaded from here (module contract)."""
+    # The AutoCompressor's checkpoint has its own layout; loading it checks it (a missing
+    # local one is the spec check's, schemas/loading.py).
+    problems = [p for field, name, key in named_models(spec) if key != "checkpoint"
+                and (p := model_problem(field, name, key))]
+    return problems or _reader_problems(spec)
+
+
+def _reader_problems(spec: JobSpec) -> list[str]:
+    """The models a method reads with Finch's attention (``attention_readers``) are of a model
+    type it runs on, where their config.json is on this machine (else the generate actor
+    checks at its start). Before: a Gemma generator under select passed `validate` and every
+    row of the run failed, as retryable, after the model loaded."""
+    from stages.compression import method_for
+    from stages.finch.config import FINCH_MODEL_TYPES
+
+    problems = []
+    for field, name in method_for(spec.compression).attention_readers(spec):
+        kind = _model_type(name)
+        if kind is None or kind in FINCH_MODEL_TYPES:
+            continue
+        method = spec.compression.method
+        fix = ("set compression.scorer to a model of those types (embedded:smollm2-135m-instruct: it reads, "
+               f"{shown(name)} only prefills the kept sentences)" if field == "generation.model" and method == "select"
+               else "use select with compression.scorer: embedded:smollm2-135m-instruct" if method != "select"
+               else "choose a scorer of those types (embedded:smollm2-135m-instruct)")
+        problems.append(f"{field}: {shown(name)} is a {kind!r} model; compression.method {method} reads with "
+                        f"Finch's attention, which runs on {', '.join(FINCH_MODEL_TYPES)} models; fix: {fix}, "
+                        "or another method (truncate, bm25, rag)")
+    return problems
+
+
+def _model_type(name: str) -> str | None:
+    """``model_type`` of model ``name`` from its config.json on this machine (a local folder or
+    the Hugging Face cache; the embedded and ``random:`` models are Llamas); None when its
+    config is not here."""
+    if name.startswith(("embedded:", "random:")):
+        return "llama"
+    path = Path(name.removeprefix("file://")).expanduser() / "config.json"
+    if not path.is_file():
+        import huggingface_hub
+
+        cached = huggingface_hub.try_to_load_from_cache(name, "config.json") if "/" in name else None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        kind = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # the model load will say what is wrong with it
+    return kind if isinstance(kind, str) else None
+
+
+def model_problem(field: str, name: str, kind: str = "model") -> str | None:
+    """One line when model ``name`` (the spec's ``field``; ``kind`` ``model``, ``scorer`` or
+    ``embedder``) cannot be found from this machine, else None (see the module doc)."""
+    if name.startswith(("embedded:", "random:")):
+        return None  # shipped packages / built here; the spec already checked the names
+    shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
+    fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
+           f"job runs, or the shipped {shipped}")
+
+    path = Path(name.removeprefix("file://")).expanduser()
+    if path.exists():
+        if path.is_dir() and any((path / f).is_file() for f in ("config.json", "modules.json")):
+            return _folder_problem(field, name, path, kind)
+        what = "a folder without config.json" if path.is_dir() else "a file, not a model folder"
+        return f"{field}: {shown(name)} is {what}; {fix}"
+    if looks_local(name) or name.count("/") > 1:
+        return f"{field}: no folder {shown(name)} on this machine; {fix}"
+    ids = [name] + ([f"sentence-transformers/{name}"] if kind == "embedder" and "/" not in name else [])
+    import huggingface_hub
+
+    if any(isinstance(huggingface_hub.try_to_load_from_cache(i, "config.json"), str) for i in ids):
+        return None
+    meant = [e for e in EMBEDDED_NAMES.get(kind, ()) if e.removeprefix("embedded:") == name.lower()]
+    if meant:  # the shipped model's name without its prefix (and not downloaded under it)
+        return f"{field}: {shown(name)} is not downloaded here; the shipped model of that name is {meant[0]}"
+    if any(os.environ.get(v) not in (None, "", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
+                f"is switched off (HF_HUB_OFFLINE); {fix}")
+    from huggingface_hub.utils import RepositoryNotFoundError
+
+    try:
+        huggingface_hub.model_info(ids[-1], timeout=HUB_TIMEOUT_S)
+        return None
+    except RepositoryNotFoundError:
+        return (f"{field}: {shown(name)} is not a local folder and the Hugging Face hub has no such model "
+                f"(a private or gated one needs `hf auth login`); {fix}")
+    except Exception as e:  # noqa: BLE001 - no network, a proxy, a timeout: one line each
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        return (f"{field}: {shown(name)} is not a local folder and not in the Hugging Face cache, and the hub "
+                f"cannot be reached ({type(e).__name__}: {first}); {fix}")
+
+
+
+
+def _folder_problem(field: str, name: str, path: Path, kind: str) -> str | None:
+    """A local model folder (config.json found) without weights, with a damaged safetensors
+    file, or (a generating model or scorer) without a tokenizer; None when it looks whole.
+    A sentence-transformers folder (modules.json) keeps its parts in subfolders: not looked into."""
+    if (path / "modules.json").is_file():
+        return None
+    weights = sorted(f for f in path.iterdir() if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
+    if not weights:
+        return (f"{field}: {shown(name)} has a config.json but no weights ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}); "
+                "fix: save the model into it (model.save_pretrained(folder)) or finish the download")
+    for f in weights:
+        if f.suffix == ".safetensors" and (why := _damaged_safetensors(f)):
+            return (f"{field}: {shown(name)}: its weights file {f.name} is damaged ({why}); fix: copy or "
+                    "download it again")
+    if kind in ("model", "scorer") and not any((path / t).is_file() for t in TOKENIZER_FILES):
+        return (f"{field}: {shown(name)} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); fix: save "
+                "the tokenizer beside the model (tokenizer.save_pretrained(folder)), as the model was")
+    return None
+
+
+def _damaged_safetensors(path: Path) -> str | None:
+    """Why a safetensors file cannot be whole, read from its header alone (8 bytes of
+    header length, a JSON header, then the tensors it places): None when the size agrees."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if 8 + n > size:
+                return f"{size} bytes, shorter than its own header says"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return "its header cannot be read"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    if ends and 8 + n + max(ends) > size:
+        return f"{size} bytes where its tensors need {8 + n + max(ends)}: cut short"
+    return None

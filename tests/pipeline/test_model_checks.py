@@ -1,0 +1,39 @@
+"""pipeline/model_checks.py: a local model folder that cannot load is named before anything
+loads (a folder saved without its tokenizer ended every generate actor in a Ray traceback)."""
+
+from __future__ import annotations
+
+import shutil
+
+from pipeline.model_checks import model_problem
+
+
+def test_a_whole_folder_passes(tiny_model_dir):
+    assert model_problem("generation.model", str(tiny_model_dir)) is None
+
+
+def test_a_folder_without_its_tokenizer_or_weights_is_named_with_the_fix(tiny_model_dir, tmp_path):
+    no_tok = tmp_path / "no-tokenizer"
+    no_tok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / f, no_tok / f)
+    line = model_problem("generation.model", str(no_tok))
+    assert line.startswith(f"generation.model: '{no_tok}' has no tokenizer") and "tokenizer.save_pretrained" in line
+    assert model_problem("compression.embedder", str(no_tok), "embedder") is None  # not a generator's tokenizer
+    (no_tok / "model.safetensors").unlink()
+    line = model_problem("compression.scorer", str(no_tok), "scorer")
+    assert line.startswith(f"compression.scorer: '{no_tok}' has a config.json but no weights")
+
+
+def test_a_safetensors_file_cut_short_is_named(tiny_model_dir, tmp_path):
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_model_dir, cut)
+    weights = cut / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])  # the tensors' end missing
+    line = model_problem("generation.model", str(cut))
+    assert "its weights file model.safetensors is damaged" in line and "cut short" in line, line
+    weights.write_bytes(data[:1000])  # inside the header
+    assert "shorter than its own header says" in model_problem("generation.model", str(cut))
+    weights.write_bytes(b"\xff" * 8)
+    assert "header" in model_problem("generation.model", str(cut))
