@@ -290,7 +290,10 @@ def run(
                    f"again (--date {result.run_date}) to publish them and do the rest", err=True)
         _exit_now(128 + int(signum))
     if s.get("status") == "failed":  # Ray aborted: unfinished requests are retryable error rows
-        typer.echo(f"error: run aborted ({s.get('abort_reason')}); run it again to retry", err=True)
+        reason = s.get("abort_reason") or ""
+        then = ("fix what it says, then run the date again: its rows wait as retryable error rows"
+                if "actor could not start" in reason else "run it again to retry")
+        typer.echo(f"error: run aborted ({reason}); {then}", err=True)
         raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
         _say_errors(result, f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "

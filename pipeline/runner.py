@@ -74,6 +74,7 @@ from schemas.output import (
     RETRY_POLICIES,
     RETRYABLE,
     SCHEMA_VERSION,
+    error_cause,
     output_row,
     rows_to_table,
 )
@@ -423,7 +424,7 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
     the text columns), staged in files of at most MISSING_BLOCK_ROWS rows.
     """
     have = set(scan_date(root, run_date).rows)
-    reason = f"run aborted before this request was written ({type(err).__name__}: {_reason(err)})"
+    reason = f"run aborted before this request was written ({error_cause(err)})"
     rows: list[dict[str, Any]] = []
     staged: list[pa.Table] = []
 
@@ -443,12 +444,6 @@ def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str
     if rows:
         stage()
     return pa.concat_tables(staged) if staged else _empty_figures()
-
-
-def _reason(err: BaseException, limit: int = 500) -> str:
-    """The last non-empty line of a (possibly wrapped, multi-line) Ray error: its cause."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return (lines[-1] if lines else "no message")[:limit]
 
 
 def _now_iso() -> str:

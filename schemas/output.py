@@ -41,6 +41,7 @@ Errors: ``error`` says what failed; ``error_kind`` says whether a rerun can heal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict, get_args, get_type_hints
@@ -266,6 +267,28 @@ def classify_error(err: BaseException | str | None) -> str:
         if names & _RETRYABLE_EXCEPTIONS:
             return RETRYABLE
     return RETRYABLE
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b(:|$)")
+_ACTOR = re.compile(r"ray::MapWorker\(MapBatches\((\w+?)(Stage)?\)\)\.__init__")
+
+
+def error_cause(err: BaseException, limit: int = 500) -> str:
+    """What a failure was, in one line of at most ``limit`` characters: ``Type: message`` of
+    the exception raised last inside a (possibly wrapped, multi-line) Ray error, from its
+    line to the end, and the stage whose actor could not start (a Ray actor's creation
+    failure quotes the whole traceback: an abort printed 2,000 characters of it, cut before
+    the cause). A plain exception: its type and message."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
+    if len(lines) <= 1 or not raised:
+        cause = f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"
+    else:
+        cause = " ".join(lines[raised[-1]:])
+    actor = _ACTOR.search(str(err))
+    if actor:
+        cause = f"the {actor.group(1).lower()} stage's actor could not start: {cause}"
+    return cause[:limit]
 
 
 def is_retried(error_kind: str | None, policy: str) -> bool:

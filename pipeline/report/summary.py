@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.output import ERROR_KINDS, compression_ratio, reference_alternatives
+from schemas.output import ERROR_KINDS, compression_ratio, error_cause, reference_alternatives
 
 VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
 
@@ -253,7 +253,7 @@ def run_summary(
         date_failed_fraction=failed / rows if rows else 0.0,
         date_errors_by_kind={k: date_counts.get(f"errors_{k}", 0) for k in ERROR_KINDS},
         status="failed" if aborted is not None else ("partial" if failed else "succeeded"),
-        abort_reason=None if aborted is None else f"{type(aborted).__name__}: {aborted}"[:2000],
+        abort_reason=None if aborted is None else error_cause(aborted, 2000),
     )
     return s
 

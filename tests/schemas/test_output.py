@@ -190,3 +190,25 @@ def test_output_row_rejects_a_column_it_does_not_fill():
         output.output_row(_spec(), REQUEST, output_txt="typo")
     with pytest.raises(ValueError, match="request_id not a figure column"):
         output.output_row(_spec(), REQUEST, request_id="copied from the request, never passed")
+
+
+def test_an_errors_cause_is_the_exception_raised_last_and_the_stage_whose_actor_failed():
+    """A Ray actor's creation failure quotes its whole traceback: an abort printed 2,000
+    characters of it and stopped before the cause."""
+
+    class ActorDiedError(Exception):
+        pass
+
+    wrapped = ActorDiedError(
+        "The actor died because of an error raised in its creation task, "
+        "ray::MapWorker(MapBatches(GenerateStage)).__init__() (pid=1, ip=10.0.0.1)\n"
+        "Traceback (most recent call last):\n  File \"stages/generate.py\", line 86, in __init__\n"
+        "    self.service = EngineService(self._load_and_build)\n"
+        "ValueError: Couldn't instantiate the backend tokenizer from one of:\n(1) a serialization file,\n"
+        "(2) a slow tokenizer.\n")
+    assert output.error_cause(wrapped) == (
+        "the generate stage's actor could not start: ValueError: Couldn't instantiate the backend tokenizer "
+        "from one of: (1) a serialization file, (2) a slow tokenizer.")
+    assert output.error_cause(MemoryError("cannot allocate")) == "MemoryError: cannot allocate"
+    assert output.error_cause(RuntimeError("")) == "RuntimeError: no message"
+    assert len(output.error_cause(RuntimeError("x" * 900))) == 500
