@@ -292,7 +292,7 @@ def run(
     if s.get("status") == "failed":  # Ray aborted: unfinished requests are retryable error rows
         reason = s.get("abort_reason") or ""
         then = ("fix what it says, then run the date again: its rows wait as retryable error rows"
-                if "actor could not start" in reason else "run it again to retry")
+                if "could not start" in reason else "run it again to retry")
         typer.echo(f"error: run aborted ({reason}); {then}", err=True)
         raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:

@@ -127,7 +127,7 @@ class LocalPlan:
         # pool gets (pipeline/stage_actors.py: the stage imported in its constructor), so
         # the stage itself is its ``stage``. "loading the model" may take minutes (a big
         # model, a slow disk, the CPU kernels' first timing): the line keeps moving.
-        with _ticking(self.on_wait, self.tick_s):
+        with _ticking(self.on_wait, self.tick_s), _starting(gen.name):
             generate = gen.make(spec=spec_json).stage
         self._engine, self._service = generate.engine, generate.service
         tl["generate_init_s"] = time.time() - t0
@@ -136,7 +136,8 @@ class LocalPlan:
         tl["text_stage_init_s"] = 0.0
         for stage in text_stages:
             t0 = time.time()
-            made.append((stage, stage.make(spec=spec_json)))
+            with _starting(stage.name):
+                made.append((stage, stage.make(spec=spec_json)))
             tl["tokenize_init_s" if stage.name == "tokenize" else "text_stage_init_s"] = time.time() - t0
         write = self._write = WriteStage(self.output_root, self.run_date, self.run_id)
         calls = self._calls = _GenerateCalls(generate, gen.in_flight, self.on_wait, self.tick_s)
@@ -244,6 +245,21 @@ def batch_end(rows: list[dict[str, Any]], size: int) -> int:
     while 0 < end < len(rows) and document(rows[end]) == document(rows[end - 1]):
         end += 1
     return end
+
+
+class StageStartError(RuntimeError):
+    """A stage could not start (its model or tokenizer did not load): a rerun alone does not
+    heal it, so the run's abort line says to fix the cause first (pipeline/cli.py)."""
+
+
+@contextlib.contextmanager
+def _starting(stage: str) -> Iterator[None]:
+    """Name the stage whose start failed, as a Ray actor's creation failure is named
+    (schemas/output.py ``error_cause``)."""
+    try:
+        yield
+    except Exception as e:
+        raise StageStartError(f"the {stage} stage could not start: {type(e).__name__}: {e}") from e
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,9 +105,20 @@ def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heal
     # The model loads once the first input file is read: each of its requests without a row
     # is a retryable row naming the reason (the runner's abort contract).
     assert failed.summary["status"] == "failed" and "config.json" in failed.summary["abort_reason"]
+    assert failed.summary["abort_reason"].startswith("StageStartError: the generate stage could not start: ")
     aborted = _rows(failed.output_uri)
     assert len(aborted) == 11 and all(r["error_kind"] == RETRYABLE and "run aborted" in r["error"]
                                       for r in aborted.values())
+    # The command line says to fix it first: a rerun alone would fail the same way. (A whole
+    # folder with a broken config.json: the preflight refuses a folder without weights.)
+    whole = tmp_path / "broken-config"
+    shutil.copytree(tiny_model_dir, whole)
+    (whole / "config.json").write_text("{not json")
+    spec_file = tmp_path / "broken.yaml"
+    spec_file.write_text(json.dumps(_spec(tmp_path, str(whole), out="out-cli").model_dump(mode="json")))
+    res = CliRunner().invoke(app, ["run", str(spec_file), "--runner", "local", "--date", DATE, "--quiet"])
+    assert res.exit_code == 1 and "the generate stage could not start" in res.output, res.output
+    assert "fix what it says, then run the date again" in res.output
     # The same spec with a model that loads: the retryable rows are redone in place.
     healed = run_job(_spec(tmp_path, str(tiny_model_dir)), run_date=DATE, progress=False, runner="local")
     assert healed.summary["status"] != "failed" and healed.summary["retried"] == 11
