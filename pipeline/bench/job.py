@@ -84,6 +84,7 @@ from pipeline.bench.job_settings import (
 from pipeline.bench.job_sides import (
     ROOT,
     Prepared,
+    dtype_label,
     engines,
     prepare,
     probe_peer,
@@ -234,7 +235,8 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
                  "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),
                      "variants": {v.name: list(v.overrides) for v in s.variants}, "model": model,
-                     "dtype": p.dtype, "docs": p.requests, "docs_label": p.docs_label,
+                     "dtype": p.dtype, **({"side_dtypes": p.side_dtypes} if p.side_dtypes else {}),
+                     "docs": p.requests, "docs_label": p.docs_label,
                      "max_new_tokens": p.max_new_tokens, "runs": s.runs,
                      "runner": ",".join(sorted({runner_name(s, n, p.specs[n]) for n in longdoc_sides})) or "-",
                      "peer_batch_sizes": list(s.peer_batch_sizes), "probe_docs": s.probe_docs,
@@ -264,7 +266,7 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
         p = prepare(s, specs, tmp)
         first_spec = specs[0]
         usd = s.usd_per_device_hour if s.usd_per_device_hour is not None else first_spec.cost.usd_per_device_hour
-        echo(f"# bench job: {p.docs_label}; device {p.device_name}; dtype {p.dtype}; temp {tmp}")
+        echo(f"# bench job: {p.docs_label}; device {p.device_name}; dtype {dtype_label(p)}; temp {tmp}")
         probes: dict[str, dict] = {}
         run_peers = list(p.peers) if "peer" in s.sides else []
         for peer in run_peers:

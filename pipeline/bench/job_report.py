@@ -370,7 +370,9 @@ def markdown(result: dict) -> str:
         f"({result['host']['cpus']} CPUs).  ",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "longdoc_commit") + ".",
         "",
-        f"Settings: {s['docs_label']}, {s['max_new_tokens']} new tokens, model `{s['model']}` in {s['dtype']}, "
+        f"Settings: {s['docs_label']}, {s['max_new_tokens']} new tokens, model `{s['model']}` in {s['dtype']}"
+        + ("" if not s.get("side_dtypes") else
+           " (the peer; sides: " + ", ".join(f"{n} {d}" for n, d in s["side_dtypes"].items()) + ")") + ", "
         f"runner `{s['runner']}`, {s['runs']} run(s) alternated A/B, $/device-hour {s['usd_per_device_hour']}.",
         "",
         "## Medians",

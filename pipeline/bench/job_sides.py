@@ -15,7 +15,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.bench.job_report import side_figures
@@ -45,7 +45,7 @@ class Prepared:
     peers: dict[str, dict]  # peer name -> {truncate, keep, requests, what}
     device_type: str  # data: the peer's --device argument, the results' device record
     device_name: str
-    dtype: str
+    dtype: str  # the peer's (the first side's model, resolved)
     peer_model_args: list[str]
     requests: int
     bad_docs: int
@@ -54,6 +54,14 @@ class Prepared:
     spec_name: str
     max_new_tokens: int
     on_host: bool  # the host's CPU runs it (step backend's runs_on_host): threads matter, files say "cpu"
+    side_dtypes: dict[str, str] = field(default_factory=dict)  # side -> generation.dtype, where sides differ
+
+
+def dtype_label(p: Prepared) -> str:
+    """The dtype the sides run in: the peer's, and each side's setting where sides differ."""
+    if not p.side_dtypes:
+        return p.dtype
+    return f"{p.dtype} (the peer); sides: " + ", ".join(f"{n} {d}" for n, d in p.side_dtypes.items())
 
 
 def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
@@ -114,9 +122,14 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     # happens here, before any timed side: the first side would pay it, the others not.
     from stages.model_loading import prepare_model
 
-    scorers = [getattr(sp.compression, "scorer", None) for sp in out_specs]  # select's small reader
-    for model in dict.fromkeys([first.generation.model, *filter(None, scorers)]):
-        prepare_model(model, first.generation.dtype, device)
+    # Every side's model in its dtype (a variant in bfloat16 draws its own random weights),
+    # and select's small reader.
+    loads = [(sp.generation.model, sp.generation.dtype) for sp in out_specs]
+    loads += [(scorer, first.generation.dtype) for sp in out_specs
+              if (scorer := getattr(sp.compression, "scorer", None))]
+    for model, dtype in dict.fromkeys(loads):
+        prepare_model(model, dtype, device)
+    dtypes = {v.name: sp.generation.dtype for v, sp in zip(s.variants, out_specs, strict=True)}
     model_args, dtype = _peer_model(first.generation.model, first.generation.dtype, device, tmp)
     return Prepared(
         tmp=tmp, specs=datas, methods=methods, same_context=same_context, speculative=speculative, peer_of=peer_of, peers=peers, device_type=device.type,
@@ -124,6 +137,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
         bad_docs=bad, docs_label=docs_label, threads=int(first.resources.cpus_per_actor(usable_cores(), 1)),
         spec_name=first.name, max_new_tokens=first.generation.max_new_tokens,
         on_host=device_backend(device).runs_on_host(device),
+        side_dtypes=dtypes if len(set(dtypes.values())) > 1 else {},
     )
 
 

@@ -87,16 +87,22 @@ def test_without_ray_the_local_runner_runs_variants_with_engine_figures(tmp_path
     out = tmp_path / "results"
     args = [SPEC, "--model", "random:tiny", "--docs", "2", "--set", "generation.max_new_tokens=4", "--runs", "1",
             "--sides", "longdoc", "--variant", "greedy:generation.speculative.method=none",
-            "--variant", "pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side", "--out", str(out)]
+            "--variant", "pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side;generation.dtype=bfloat16",
+            "--out", str(out)]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline.bench.job", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert time.perf_counter() - t0 < 300
     res = json.loads(next(out.glob("job-cpu-*.json")).read_text())
-    assert "--variant 'pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side' --docs 2" in res["command"]
+    assert ("--variant 'pld:generation.speculative.method=prompt_lookup;env.BENCH_MARK=pld-side;generation.dtype=bfloat16'"
+            " --docs 2") in res["command"]
+    # Sides in other dtypes are named as such, and each one's weights were drawn before any side ran.
+    assert res["settings"]["side_dtypes"] == {"greedy": "auto", "pld": "bfloat16"}
+    assert "dtype float32 (the peer); sides: greedy auto, pld bfloat16" in proc.stdout
     assert set(marks.read_text().split()) == {"pld-side"}  # the pld side's process, not the greedy one's
-    assert res["sides"]["pld"]["overrides"] == ["generation.speculative.method=prompt_lookup", "env.BENCH_MARK=pld-side"]
+    assert res["sides"]["pld"]["overrides"] == ["generation.speculative.method=prompt_lookup", "env.BENCH_MARK=pld-side",
+                                                "generation.dtype=bfloat16"]
     assert res["settings"]["runner"] == "inprocess" and res["versions"]["ray"] is not None  # installed, not importable
     assert list(res["sides"]) == ["greedy", "pld"] and res["peer_probe"] == {}
     assert {res["sides"][x]["engines"] for x in ("greedy", "pld")} == {1}  # the in-process runner runs one
