@@ -46,7 +46,7 @@ def _main(
     """Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out."""
     import os
 
-    from pipeline.progress import MODEL_STACK_ENV
+    from pipeline.ray_console import MODEL_STACK_ENV
 
     # Before any command imports the model stack: its bars and notices (e.g. transformers'
     # "Loading weights" bar under `eval`) are read from the environment at import time.
@@ -237,7 +237,7 @@ def run(
     if verbose:
         import os
 
-        os.environ["LONGDOC_RAY_LOGS"] = "1"  # read by pipeline.progress when Ray starts
+        os.environ["LONGDOC_RAY_LOGS"] = "1"  # read by pipeline.ray_console when Ray starts
     # Every check before the heavy imports and Ray: a bad spec or option exits 2 at once.
     retry_errors, runner = RetryErrors(retry_errors).value, Runner(runner).value
     _check_args(date, run_id)

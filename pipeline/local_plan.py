@@ -57,7 +57,7 @@ import pyarrow as pa
 
 from pipeline.plan import ModelStage, check_chain, model_stages, stage_chain
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
-from pipeline.progress import MODEL_STACK_ENV
+from pipeline.ray_console import MODEL_STACK_ENV
 from schemas.spec import JobSpec
 
 if TYPE_CHECKING:

@@ -170,7 +170,12 @@ def _our_signal_handlers():
 
 def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
     """init_ray's body: ray.init on a cluster or embedded."""
-    from pipeline.progress import MODEL_STACK_ENV, quiet_native_stderr, quiet_python_loggers
+    from pipeline.ray_console import (
+        MODEL_STACK_ENV,
+        quiet_native_stderr,
+        quiet_python_loggers,
+        quiet_worker_tracebacks,
+    )
 
     address = cluster_address(address)
     env = dict(MODEL_STACK_ENV)
@@ -187,6 +192,7 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
                 f"and for a cluster with token authentication (RAY_AUTH_MODE is {auth} here) set "
                 "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN") from None
         quiet_native_stderr()
+        quiet_worker_tracebacks()
         return False
     # Embedded Ray: logical CPUs are a scheduling budget, not cores. Give every actor
     # pool its slot plus room for read/write tasks, so pools never wait on each other.
@@ -209,6 +215,7 @@ def _start_ray(ray, address: str | None, spec: JobSpec) -> bool:
         logging_level=logging.WARNING,
     )
     quiet_native_stderr()  # after ray.init: Ray's own processes must not inherit the filter
+    quiet_worker_tracebacks()
     return True
 
 

@@ -1,4 +1,4 @@
-"""What `longdoc run` prints while it runs: one progress line, and Ray kept quiet.
+"""What `longdoc run` prints while it runs: one progress line.
 
 Contract:
 - ``estimate_requests(spec, n_shards, skipped)`` returns the number of rows the run
@@ -18,15 +18,12 @@ Contract:
   wrapped line could not be redrawn in place). Otherwise (cluster job logs) a plain line
   at most every ``interval_s`` seconds, plus a final line from ``close()``. Without a
   total it prints rows done and no ETA.
-- ``quiet_python_loggers()``, ``quiet_issue_detectors(ctx)`` and ``quiet_native_stderr()``
-  turn Ray's console chatter off for a healthy run while keeping every Ray log file
-  complete and every real error on stderr (see their docstrings).
-  ``LONGDOC_RAY_LOGS=1`` (``longdoc run --verbose``) leaves Ray's output untouched.
+
+Ray's own console output is kept quiet by pipeline/ray_console.py.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -42,15 +39,8 @@ from rich.text import Text
 
 from schemas.spec import JobSpec
 
-#: The model stack's console settings for the processes that load models (Ray's workers,
-#: pipeline/runner.py ``init_ray``; this process under the local runner): no download
-#: bars, tokenizer fork notices or transformers notices between progress lines.
-MODEL_STACK_ENV = {"TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
-                   "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-
 DEFAULT_INTERVAL_S = 30.0  # one log line per half minute keeps cluster logs short
 BAR_WIDTH = 24  # the terminal's bar; the text after it gets the rest of the width
-RAY_LOGS_ENV = "LONGDOC_RAY_LOGS"
 
 
 # ----------------------------------------------------------------------------- totals
@@ -184,7 +174,7 @@ class RunProgress:
         if self.tty:
             self._draw(self.line(), last=True)
             self._live = None
-            _console.active = None
+            CONSOLE.active = None
         elif self._last_print is None or self.rows != self._printed_rows:
             self._emit(self.line())
 
@@ -205,7 +195,7 @@ class RunProgress:
         here only, never by rich's timer thread: the counts move with ``update``/``tick``,
         and the console lock orders every frame with the native stderr lines
         ``NativeStderrFilter`` forwards (which clear the line first)."""
-        with _console.lock:
+        with CONSOLE.lock:
             if self._live is None:
                 # sys.stdout/stderr are left alone: the stderr filter owns them (Ray's lines).
                 console = Console(file=self.stream, force_terminal=True, highlight=False)
@@ -215,10 +205,10 @@ class RunProgress:
             self._live.update(self.frame(text), refresh=not last)
             if last:
                 self._live.stop()  # draws the frame, ends its line, shows the cursor again
-        _console.active = self
+        CONSOLE.active = self
 
     def _emit(self, text: str) -> None:
-        with _console.lock:
+        with CONSOLE.lock:
             self.stream.write("  " + text + "\n")
             self.stream.flush()
         self._printed_rows, self._printed_phase = self.rows, self._phase()
@@ -244,7 +234,7 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-# ----------------------------------------------------------------------------- Ray noise
+# ----------------------------------------------------------------------------- the console
 class _Console:
     """The real stderr behind the filter, and the progress line drawn on it (if any)."""
 
@@ -254,183 +244,10 @@ class _Console:
         self.active: RunProgress | None = None
 
 
-_console = _Console()
+#: The one console of this process: pipeline/rayCONSOLE.py's stderr filter writes through it
+#: and clears the progress line first.
+CONSOLE = _Console()
 
 
 def console_stream() -> TextIO:
-    return _console.stream if _console.stream is not None else sys.stderr
-
-
-# Lines Ray prints on every healthy run that say nothing actionable. Each is matched by
-# a fragment of its fixed text, so any other line (a real error) still gets through.
-HARMLESS_NATIVE_LINES = (
-    # Ray core (C++, once per process, ERROR level) whenever an actor with restarts
-    # gets constructor arguments by reference. Ray Data always passes its map
-    # transformer and DataContext that way (ray-project/ray#53727). Harmless here: the
-    # driver holds those references for the whole execution, so a restarted actor
-    # finds them; if the driver's node is lost, the run is lost anyway.
-    "has constructor arguments in the object store and max_restarts > 0",
-)
-HARMLESS_PY_MESSAGES = (
-    "Progress bars disabled.",  # we turned them off ourselves: RunProgress replaces them
-    "Token authentication is enabled for this Ray cluster.",  # local Ray: secure default
-)
-
-
-class _DropHarmless(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(msg.startswith(m) for m in HARMLESS_PY_MESSAGES)
-
-
-def ray_logs_wanted() -> bool:
-    return os.environ.get(RAY_LOGS_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def quiet_python_loggers() -> None:
-    """Ray's Python loggers: INFO chatter off the console, known-harmless warnings dropped.
-
-    Call before ``ray.init``. Only console handlers change: Ray Data's ``ray-data.log``
-    handler and Ray's session log files keep every record.
-    """
-    if ray_logs_wanted():
-        return
-    import ray.data  # noqa: F401  (configures the ray.data logger and its handlers)
-    from ray.util.debug import log_once
-
-    # Ray's one-time hint after its first "[repeated Nx across cluster]" line (how to turn
-    # deduplication off, and a URL) counts as shown; the deduplication itself stays on.
-    log_once("log_dedup_warning")
-
-    drop = _DropHarmless()
-    for name in ("ray", "ray.data", "ray._private.authentication.authentication_token_setup"):
-        lg = logging.getLogger(name)
-        if drop not in lg.filters and not any(isinstance(f, _DropHarmless) for f in lg.filters):
-            lg.addFilter(drop)
-        for h in lg.handlers:
-            # Ray Data's console handler prints INFO ("Starting execution of Dataset",
-            # "Execution plan ...", "execution finished") on every run.
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-                if h.level < logging.WARNING:
-                    h.setLevel(logging.WARNING)
-                if not any(isinstance(f, _DropHarmless) for f in h.filters):
-                    h.addFilter(drop)
-
-
-def quiet_issue_detectors(ctx: Any) -> None:
-    """Turn off Ray Data's issue detectors on ``ctx`` (a DataContext) unless Ray's logs are wanted.
-
-    Its high-memory detector warns, every 30 s of a run and in ten lines each time, that the
-    generate actors use a few GiB while Ray reserved none for them. That is by design: an
-    actor holds its model and KV cache, actors are placed by CPU/GPU, and on Kubernetes each
-    pod's memory comes from ``longdoc render --worker-memory``. On a long CPU run the
-    repeated warning buried the progress line. LONGDOC_RAY_LOGS=1 (--verbose) keeps them.
-    Ray versions without issue detectors are left as they are.
-    """
-    if ray_logs_wanted():
-        return
-    config = getattr(ctx, "issue_detectors_config", None)
-    if config is not None and hasattr(config, "detectors"):
-        config.detectors = []
-
-
-class NativeStderrFilter:
-    """Drop known-harmless lines that native code writes straight to file descriptor 2.
-
-    Ray's C++ core logs errors to fd 2 directly (and to its own log file, which keeps
-    them), so no Python logging setting reaches them. Between ``start()`` and ``stop()``
-    fd 2 is a pipe read by a thread that forwards every line to the real stderr except
-    lines containing one of ``patterns``. Python's ``sys.stderr`` is pointed at the
-    real stderr directly, so the progress line and tracebacks never wait on the pipe.
-    Start it only after ``ray.init`` has spawned its processes (they must not inherit
-    the pipe); ``stop()`` restores fd 2 only if it still is our pipe (pytest or another
-    tool may have swapped it meanwhile) and is registered with ``atexit``.
-    """
-
-    def __init__(self, patterns: tuple[str, ...] = HARMLESS_NATIVE_LINES, fd: int = 2) -> None:
-        self.patterns = tuple(p.encode() for p in patterns)
-        self.fd = fd
-        self._saved: int | None = None
-        self._pipe_ino: tuple[int, int] | None = None
-        self._thread: threading.Thread | None = None
-        self._old_sys_stderr: TextIO | None = None
-        self.dropped = 0
-
-    def start(self) -> None:
-        assert self._saved is None, "filter already started"
-        try:
-            sys.stderr.flush()
-        except (AttributeError, ValueError):
-            pass
-        self._saved = os.dup(self.fd)
-        r, w = os.pipe()
-        os.dup2(w, self.fd)
-        os.close(w)
-        st = os.fstat(self.fd)
-        self._pipe_ino = (st.st_dev, st.st_ino)
-        if self.fd == 2 and getattr(sys.stderr, "fileno", None) is not None:
-            try:
-                is_fd2 = sys.stderr.fileno() == 2
-            except (OSError, ValueError):
-                is_fd2 = False
-            if is_fd2:  # Python writes bypass the pipe: same terminal, no delay
-                self._old_sys_stderr = sys.stderr
-                sys.stderr = os.fdopen(os.dup(self._saved), "w", buffering=1, errors="backslashreplace")
-                _console.stream = sys.stderr
-        self._thread = threading.Thread(target=self._pump, args=(r,), name="longdoc-stderr", daemon=True)
-        self._thread.start()
-
-    def _pump(self, r: int) -> None:
-        out = self._saved
-        assert out is not None
-        pending = b""
-        with os.fdopen(r, "rb", buffering=0) as pipe:
-            while True:
-                chunk = pipe.read(65536)
-                if not chunk:
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._forward(out, line + b"\n")
-        if pending:
-            self._forward(out, pending)
-
-    def _forward(self, out: int, line: bytes) -> None:
-        if any(p in line for p in self.patterns):
-            self.dropped += 1
-            return
-        with _console.lock:
-            if _console.active is not None and _console.active.tty:
-                os.write(out, b"\r\x1b[K")  # the progress line is redrawn at its next update
-            os.write(out, line)
-
-    def stop(self) -> None:
-        if self._saved is None:
-            return
-        st = os.fstat(self.fd)
-        if (st.st_dev, st.st_ino) == self._pipe_ino:
-            os.dup2(self._saved, self.fd)  # closes the pipe's last write end: the pump ends
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._old_sys_stderr is not None:
-            sys.stderr.flush()
-            sys.stderr = self._old_sys_stderr
-            _console.stream = None
-        os.close(self._saved)
-        self._saved = None
-
-
-_native_filter: NativeStderrFilter | None = None
-
-
-def quiet_native_stderr() -> None:
-    """Start the process-wide native stderr filter once (after ``ray.init``)."""
-    global _native_filter
-    if ray_logs_wanted() or _native_filter is not None:
-        return
-    import atexit
-
-    _native_filter = NativeStderrFilter()
-    _native_filter.start()
-    atexit.register(_native_filter.stop)
+    return CONSOLE.stream if CONSOLE.stream is not None else sys.stderr

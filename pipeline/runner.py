@@ -388,7 +388,7 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
     import ray.data
 
     from pipeline.plan import build_plan
-    from pipeline.progress import quiet_issue_detectors, ray_logs_wanted
+    from pipeline.ray_console import quiet_issue_detectors, ray_logs_wanted
     from pipeline.watchdog import PoolWatchdog
 
     if init_ray(address, spec):  # keeps our interrupt handlers (_our_signal_handlers)

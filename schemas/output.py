@@ -273,6 +273,14 @@ _RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\
 _ACTOR = re.compile(r"ray::MapWorker\(MapBatches\((\w+?)(Stage)?\)\)\.__init__")
 
 
+def raised_last(text: str) -> str | None:
+    """The exception a traceback's ``text`` ends in, ``Type: message`` joined onto one line
+    (its message may span lines); None when no line of it names an exception."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
+    return " ".join(lines[raised[-1]:]) if raised else None
+
+
 def error_cause(err: BaseException, limit: int = 500) -> str:
     """What a failure was, in one line of at most ``limit`` characters: ``Type: message`` of
     the exception raised last inside a (possibly wrapped, multi-line) Ray error, from its
@@ -280,11 +288,8 @@ def error_cause(err: BaseException, limit: int = 500) -> str:
     failure quotes the whole traceback: an abort printed 2,000 characters of it, cut before
     the cause). A plain exception: its type and message."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
-    if len(lines) <= 1 or not raised:
-        cause = f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"
-    else:
-        cause = " ".join(lines[raised[-1]:])
+    raised = raised_last(str(err)) if len(lines) > 1 else None
+    cause = raised or f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"
     actor = _ACTOR.search(str(err))
     if actor:
         cause = f"the {actor.group(1).lower()} stage's actor could not start: {cause}"

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import io
-import logging
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from pipeline.progress import (
-    HARMLESS_NATIVE_LINES,
-    NativeStderrFilter,
-    RunProgress,
-    _DropHarmless,
-    estimate_requests,
-    ledger_total,
-    quiet_issue_detectors,
-)
+from pipeline.progress import RunProgress, estimate_requests, ledger_total
 from schemas.loading import spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,83 +226,3 @@ def test_estimate_never_reads_the_input(tmp_path):
 def test_ledger_total_counts_each_new_request_once():
     reqs = [{"request_id": r} for r in ("a", "b", "b", "c")]  # "b": an input row repeated exactly
     assert ledger_total(reqs, frozenset({"c"})) == 2
-
-
-# ----------------------------------------------------------------------------- Ray noise
-def test_native_filter_drops_only_known_harmless_lines(tmp_path):
-    """A child process writes to fd 2 like Ray's C++ core does; only the known line goes."""
-    script = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from pipeline.progress import NativeStderrFilter
-        f = NativeStderrFilter()
-        f.start()
-        os.write(2, b"[E core_worker.cc:1] Actor X {HARMLESS_NATIVE_LINES[0]}. See ...\\n")
-        os.write(2, b"[E core_worker.cc:2] Failed to register actor: real trouble\\n")
-        os.write(2, b"partial line without newline")
-        print("python stderr line", file=sys.stderr)
-        f.stop()
-        os.write(2, ("dropped=%d\\n" % f.dropped).encode())
-    """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "LONGDOC_RAY_LOGS": ""})
-    assert r.returncode == 0, r.stderr
-    assert HARMLESS_NATIVE_LINES[0] not in r.stderr
-    assert "Failed to register actor: real trouble" in r.stderr
-    assert "partial line without newline" in r.stderr and "python stderr line" in r.stderr
-    assert r.stderr.rstrip().endswith("dropped=1")
-
-
-def test_filter_stop_leaves_a_swapped_fd_alone(tmp_path):
-    """If someone else (pytest, a tool) replaced fd 2 after start, stop must not undo it."""
-    script = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from pipeline.progress import NativeStderrFilter
-        f = NativeStderrFilter()
-        f.start()
-        other = os.open({str(tmp_path / "other.log")!r}, os.O_WRONLY | os.O_CREAT)
-        os.dup2(other, 2)
-        f.stop()
-        os.write(2, b"still to other\\n")
-    """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "other.log").read_text() == "still to other\n"
-
-
-@pytest.mark.parametrize(("msg", "kept"), [
-    ("Progress bars disabled. To enable, set ...", False),
-    ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled ...", False),
-    ("Token authentication is disabled for this Ray cluster. Anyone with network access ...", True),
-    ("Ray's object store is configured to use only 29.6% of available memory", True),
-])
-def test_python_filter_keeps_everything_but_the_known_messages(msg, kept):
-    rec = logging.LogRecord("ray.data", logging.WARNING, "x.py", 1, msg, None, None)
-    assert _DropHarmless().filter(rec) is kept
-
-
-def test_filter_is_not_started_twice():
-    fd = os.dup(2)
-    f = NativeStderrFilter(fd=fd)
-    try:
-        f.start()
-        with pytest.raises(AssertionError):
-            f.start()
-    finally:
-        f.stop()
-        os.close(fd)
-
-
-@pytest.mark.parametrize(("ray_logs", "silenced"), [(None, True), ("1", False)])
-def test_issue_detectors_off_unless_ray_logs_are_wanted(monkeypatch, ray_logs, silenced):
-    from ray.data import DataContext
-
-    monkeypatch.delenv("LONGDOC_RAY_LOGS", raising=False)
-    if ray_logs:
-        monkeypatch.setenv("LONGDOC_RAY_LOGS", ray_logs)
-    ctx = DataContext()  # a fresh context, not the process-wide one
-    before = list(ctx.issue_detectors_config.detectors)
-    assert before, "Ray Data ships issue detectors; this test needs one to switch off"
-    quiet_issue_detectors(ctx)
-    assert ctx.issue_detectors_config.detectors == ([] if silenced else before)

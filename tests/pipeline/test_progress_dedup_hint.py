@@ -16,7 +16,7 @@ import pytest
 # worker lines on the driver's console) fed the same line from two workers, three times.
 _DRIVER = """
 import json
-from pipeline.progress import quiet_python_loggers
+from pipeline.ray_console import quiet_python_loggers
 from ray._private.ray_logging import LogDeduplicator
 
 quiet_python_loggers()
