@@ -16,9 +16,11 @@ Contract:
   (``styles`` for ``style``); ``style``/``kind``/``depths`` lists of another length than
   ``questions``; style labels outside ``KNOWN_STYLES`` (a label of one's own is allowed:
   it gets its own column); questions without an answer (they count in ``n``, score in no
-  accuracy figure); answers that do not occur in their document (no evidence recall); and
-  answers occurring more than once in a document without ``depths`` (their evidence is
-  the first occurrence: pipeline/eval/recall.py).
+  accuracy figure); records whose answers do not pair with their questions, and questions
+  that are not strings (the reader makes them error rows: stages/read.py; they score as
+  wrong); answers that do not occur in their document (no evidence recall); and answers
+  occurring more than once in a document without ``depths`` (their evidence is the first
+  occurrence: pipeline/eval/recall.py).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stages.read import given_answers
+from schemas.spec import InputSpec
+from stages.read import given_answers, pairing_problem
 
-#: The fields of an eval record (jobs/README.md, "eval sets").
+#: The fields of an eval record (jobs/README.md, "Formats").
 EVAL_FIELDS = ("id", "text", "questions", "answers", "depths", "kind", "style")
 #: The question styles of the shipped eval sets (pipeline/corpus/eval_records.py).
 KNOWN_STYLES = ("echoed", "paraphrased", "two_sentence")
@@ -67,13 +70,15 @@ def check_eval_set(path: str) -> EvalSetCheck:
     out = EvalSetCheck()
     if "://" not in path and Path(path).is_dir():
         out.refusals.append(f"--eval-set {path!r} is a folder; fix: give one JSONL file (one record per line: "
-                            '{"id", "text", "questions", "answers"}; jobs/README.md, "eval sets")')
+                            '{"id", "text", "questions", "answers"}; jobs/README.md, "Formats")')
         return out
     records, unread = 0, _Tally()
     with_q = with_a = 0
     extra: dict[str, _Tally] = {}
     lengths, styles = {name: _Tally() for name in PARALLEL}, {}
     no_answer, absent, repeated = _Tally(), _Tally(), _Tally()
+    unpaired, not_text = _Tally(), _Tally()
+    fields = InputSpec(uri=path, format="jsonl", question_field="questions", answer_field="answers")
     with fsspec.open(path, "r", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -95,6 +100,13 @@ def check_eval_set(path: str) -> EvalSetCheck:
             with_q += bool(qs)
             with_a += ans is not None
             answers = given_answers(rec.get("questions"), ans)  # the reader's pairing (stages/read.py)
+            scored = range(len(qs))
+            if problem := pairing_problem(rec, fields):
+                unpaired.add(f"{where}: {problem.split('; fix:')[0]}")
+                scored = range(0)  # the record's questions are error rows: none of its answers is read
+            bad_q = [i + 1 for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]
+            if bad_q:
+                not_text.add(f"{where} question {bad_q[0]} ({json.dumps(qs[bad_q[0] - 1])[:40]})")
             for name in PARALLEL:
                 v = rec.get(name)
                 if isinstance(v, list) and len(v) != len(qs):
@@ -104,7 +116,7 @@ def check_eval_set(path: str) -> EvalSetCheck:
                     styles.setdefault(label, _Tally()).add(where)
             text = rec.get("text") if isinstance(rec.get("text"), str) else ""
             has_depths = isinstance(rec.get("depths"), list)
-            for i in range(len(qs)):
+            for i in scored:
                 a = answers[i] if i < len(answers) else None
                 first = a[0] if isinstance(a, list) and a else a
                 if first is None:
@@ -138,6 +150,14 @@ def check_eval_set(path: str) -> EvalSetCheck:
     for label, t in styles.items():
         out.notes.append(f"style {label!r} is not one of {', '.join(KNOWN_STYLES)}: it gets a column of its own "
                          f"({t.count} question(s), first {t.first})")
+    if unpaired.count:
+        out.notes.append(f"{unpaired.count} record(s) whose answers do not pair with their questions (first: "
+                         f"{unpaired.first}): the run makes each of their questions an error row, scored as wrong; "
+                         "fix: one answer per question, in order (null for a question without one)")
+    if not_text.count:
+        out.notes.append(f"{not_text.count} record(s) with a question that is not a non-empty string (first: "
+                         f"{not_text.first}): the run makes the record's questions error rows, scored as wrong; "
+                         "fix: 'questions' is a question or a list of questions")
     if no_answer.count:
         out.notes.append(f"{no_answer.count} question(s) have no answer: they count in n and in no accuracy figure "
                          f"(first: {no_answer.first})")

@@ -302,6 +302,9 @@ def render_markdown(result: EvalResult) -> str:
              legend(SUMMARY_COLUMNS)]
     if result.by_style:
         parts += ["", "### contains by question style", "", to_markdown(result.by_style)]
+    elif any(s.get("task", "qa") == "qa" for s in result.summary):
+        parts += ["", "(No table by question style: the eval set's records have no `style` field; "
+                      "jobs/README.md, \"Formats\".)"]
     if any(v is not None for r in result.recall_by_style for k, v in r.items() if k not in ("method", "target_tokens")):
         parts += ["", "### evidence recall by question style (answer sentence kept whole; reader-independent)",
                   "", to_markdown(result.recall_by_style)]

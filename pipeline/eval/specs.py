@@ -160,9 +160,14 @@ def load_question_meta(eval_set: str) -> QuestionMeta:
         for line in f:
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # an error row of the run (pipeline/eval/checks.py notes it)
+            if not isinstance(rec, dict):
+                continue
             qs = rec.get("questions") or []
-            qs = [qs] if isinstance(qs, str) else qs
+            qs = qs if isinstance(qs, list) else [qs]  # one question, or a value the reader refuses
             lists = {"kind": rec.get("kind"), "style": rec.get("style"), "depth": rec.get("depths")}
             for i, q in enumerate(qs):
                 meta[(str(rec.get("id")), str(q))] = {

@@ -57,3 +57,24 @@ def test_figures_that_would_mislead_are_noted(tmp_path) -> None:
     clean = _write(tmp_path, {"id": "a", "text": TEXT, "questions": ["When?"], "answers": ["1 May"],
                               "style": ["echoed"]})
     assert check_eval_set(clean).notes == [] and check_eval_set(clean).refusals == []
+
+
+def test_records_the_reader_fails_are_noted_with_what_they_do_to_the_scores(tmp_path) -> None:
+    """One answer for two questions was noted as "a question without an answer" and the run
+    failed both rows; a question that is a number crashed `eval` with a traceback."""
+    from pipeline.eval.specs import load_question_meta
+
+    path = _write(
+        tmp_path,
+        {"id": "a", "text": TEXT, "questions": ["When?", "How much?"], "answers": ["1 May"]},
+        {"id": "b", "text": TEXT, "questions": 42, "answers": ["1 May"]},
+    )
+    with open(path, "a") as f:
+        f.write('{"id": "c", "text": "a raw\tcontrol character"\n')  # not JSON: an error row of the run
+    notes = "\n".join(check_eval_set(path).notes)
+    assert ("1 record(s) whose answers do not pair with their questions (first: line 1: field 'answers' has 1 "
+            "answer(s) for 2 question(s)") in notes and "scored as wrong" in notes
+    assert "question(s) have no answer" not in notes  # not what happens to them
+    assert "1 record(s) with a question that is not a non-empty string (first: line 2 question 1 (42))" in notes
+    meta = load_question_meta(path)  # no traceback on either record, nor on the line that is not JSON
+    assert ("a", "When?") in meta and ("b", "42") in meta

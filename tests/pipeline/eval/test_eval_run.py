@@ -153,3 +153,14 @@ def test_a_resumed_eval_id_names_the_runs_its_summary_leaves_out(tmp_path, capsy
     assert "also holds runs of rag-105-eq-select-512, select-512" in err and "--methods" in err
     _note_runs_left_out(tmp_path / "e1", {"bm25", "select", "rag"})
     assert capsys.readouterr().err == ""
+
+
+def test_an_eval_set_without_styles_says_why_there_is_no_table_by_style(tmp_path):
+    from pipeline.eval.runner import EvalResult, render_markdown
+
+    summary = [{"method": "bm25", "target_tokens": 512, "task": "qa"}]
+    plain = render_markdown(EvalResult("e1", tmp_path, summary, [], [], []))
+    assert "No table by question style: the eval set's records have no `style` field" in plain
+    styled = render_markdown(EvalResult("e1", tmp_path, summary, [], [], [],
+                                         by_style=[{"method": "bm25", "target_tokens": 512, "echoed (n=1)": 1.0}]))
+    assert "### contains by question style" in styled and "No table by question style" not in styled
