@@ -91,12 +91,41 @@ def side_figures(docs: int, failed: int, wall_s: float, steady_s: float | None, 
 
 
 def medians(runs: list[dict]) -> dict:
-    """Per figure, the median over ``runs`` (None where no run has it)."""
+    """Per figure, the median over ``runs`` (None where no run has it). Documents per hour
+    are the documents over the median time (with an even number of runs the median of the
+    rates is not the rate of the median time: a table gave 135.9 s and 416 docs/h for 10)."""
     out: dict = {"runs": len(runs)}
     for k in ("docs", "failed", *FIGURES):
         vals = [r[k] for r in runs if r.get(k) is not None]
         out[k] = statistics.median(vals) if vals else None
+    for rate, seconds in (("docs_per_hour_wall", "wall_s"), ("docs_per_hour_steady", "steady_s")):
+        if out[rate] is not None and out["docs"] and out[seconds]:
+            out[rate] = 3600.0 * out["docs"] / out[seconds]
     return out
+
+
+#: Runs of one side further apart than this (max over min wall time, minus one) are noted.
+SPREAD_NOTED = 0.2
+
+
+def noise_notes(result: dict) -> list[str]:
+    """Where the machine was not quiet enough for the ratios to be a measurement: a side
+    whose runs' wall times differ by more than ``SPREAD_NOTED``, a load average above the
+    CPU count at the start or the end (a trial's bench printed 0.74x from runs of 54 s and
+    218 s of the same setting, and nothing said so)."""
+    notes = []
+    for side, runs in result.get("runs_by_side", {}).items():
+        walls = [r["wall_s"] for r in runs if r.get("wall_s")]
+        if len(walls) > 1 and max(walls) > (1 + SPREAD_NOTED) * min(walls):
+            notes.append(f"side {side}'s runs differ by {max(walls) / min(walls) - 1:.0%} ({_f(min(walls))} s to "
+                         f"{_f(max(walls))} s): its figures and ratios are not a measurement; run again on a quiet "
+                         "machine, or with more --runs")
+    host = result.get("host", {})
+    cpus, loads = host.get("cpus"), [*host.get("load_avg_start", [])[:1], *host.get("load_avg_end", [])[:1]]
+    if cpus and any(x > cpus for x in loads):
+        notes.append(f"the load average ({', '.join(_f(x, 2) for x in loads)} at the start and end) was above "
+                     f"this machine's {cpus} CPUs: other work shared them")
+    return notes
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -313,6 +342,8 @@ def summary_lines(result: dict) -> list[str]:
     head = f"{'side':<22} {'wall s':>8} {'steady s':>9} {'docs/h':>9} {'docs/h st':>10} {'$/1k':>8} " \
            f"{'p50 s':>7} {'p95 s':>7} {'RSS GB':>7} {'GPU GB':>7} {'failed':>6}"
     lines.append(head)
+    if "requests" in result["settings"]["docs_label"]:  # a QA job: a row per document and question
+        lines.append("(docs = rows written, one per document and question)")
     for side, s in result["summary"].items():
         lines.append(f"{side:<22} {_f(s['wall_s']):>8} {_f(s['steady_s']):>9} {_f(s['docs_per_hour_wall'], 0):>9} "
                      f"{_f(s['docs_per_hour_steady'], 0):>10} {_f(s['usd_per_1k_docs_wall'], 3):>8} "
@@ -352,9 +383,14 @@ def summary_lines(result: dict) -> list[str]:
             lines.append(f"time {side}: method reading {_f(read)} s, model prefill {_f(w['engine_prefill_s'] - read)} s, "
                          f"decode steps {_f(w.get('engine_step_s'))} s, of which prefill stalled decoding "
                          f"{_f(w.get('engine_stall_s'))} s (last run)")
+    unmeasured = [t["name"] for t in result["targets"] if t["pass"] is None and t["value"] is None]
     for t in result["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
-        lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
+        if t["name"] not in unmeasured:
+            verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
+            lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
+    if unmeasured:
+        lines.append(f"NOT MEASURED (their sides did not run): {'; '.join(unmeasured)}")
+    lines += [f"NOTE {n}" for n in noise_notes(result)]
     return lines
 
 
@@ -398,6 +434,8 @@ def markdown(result: dict) -> str:
                 out.append(f"| {peer} | {c['batch_size']} | {c.get('docs')} | {_f(c.get('seconds'), 2)} | "
                            f"{_f(c.get('docs_per_s'), 3)} | {_f(c.get('warm_up_s'), 1)} | {c.get('status')} |")
             out.append(f"| {peer} | best: {pr.get('best')} | | | | | |")
+    if noise := noise_notes(result):
+        out += [""] + [f"**Note:** {n}." for n in noise]
     out += ["", "## Every run", "", "| run | side | wall s | steady s | docs | failed | load avg |",
             "|---:|---|---:|---:|---:|---:|---|"]
     for side, runs in result["runs_by_side"].items():

@@ -78,7 +78,25 @@ def test_gpu_targets_finch_over_none_and_peer_and_pld_over_greedy():
     # A side that did not run makes its target "not measured", never a FAIL.
     r = _result("cuda", sides, {"finch-1k": 30.0})
     assert [t["pass"] for t in r["targets"]] == [None]
-    assert any(line.startswith("NOT MEASURED finch-1k") for line in summary_lines(r))
+    assert any(line.startswith("NOT MEASURED (their sides did not run): finch-1k") for line in summary_lines(r))
+
+
+def test_runs_far_apart_and_a_busy_machine_are_noted_and_rates_follow_the_median_time():
+    """A trial's bench printed 0.74x from runs of 54 s and 218 s of one setting, with nothing
+    said; its table gave 135.9 s and 416 docs/h for 10 documents."""
+    from pipeline.bench.job_report import noise_notes
+
+    runs = [side_figures(10, 0, wall, None, [], 1.0, {}) for wall in (53.9, 217.9)]
+    m = medians(runs)
+    assert m["wall_s"] == pytest.approx(135.9) and m["docs_per_hour_wall"] == pytest.approx(3600 * 10 / 135.9)
+    result = {"runs_by_side": {"nospec": runs, "spec": [side_figures(10, 0, w, None, [], 1.0, {}) for w in (40, 44)]},
+              "host": {"cpus": 2, "load_avg_start": [3.3, 1, 1], "load_avg_end": [1.0, 1, 1]}}
+    notes = noise_notes(result)
+    assert len(notes) == 2 and notes[0].startswith("side nospec's runs differ by 304% (53.9 s to 217.9 s)")
+    assert "load average (3.30, 1.00 at the start and end) was above this machine's 2 CPUs" in notes[1]
+    quiet = {"runs_by_side": {"spec": result["runs_by_side"]["spec"]},
+             "host": {"cpus": 2, "load_avg_start": [1.0], "load_avg_end": [1.2]}}
+    assert noise_notes(quiet) == []
 
 
 def test_merge_keeps_earlier_sides_of_the_same_settings(tmp_path):
