@@ -77,7 +77,8 @@ def check_eval_set(path: str) -> EvalSetCheck:
     extra: dict[str, _Tally] = {}
     lengths, styles = {name: _Tally() for name in PARALLEL}, {}
     no_answer, absent, repeated = _Tally(), _Tally(), _Tally()
-    unpaired, not_text = _Tally(), _Tally()
+    unpaired, not_text, twice = _Tally(), _Tally(), _Tally()
+    seen_ids: dict[str, int] = {}
     fields = InputSpec(uri=path, format="jsonl", question_field="questions", answer_field="answers")
     with fsspec.open(path, "r", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
@@ -100,6 +101,10 @@ def check_eval_set(path: str) -> EvalSetCheck:
             with_q += bool(qs)
             with_a += ans is not None
             answers = given_answers(rec.get("questions"), ans)  # the reader's pairing (stages/read.py)
+            doc_id = str(rec.get("id"))
+            if doc_id in seen_ids:
+                twice.add(f"id {doc_id!r} at lines {seen_ids[doc_id]} and {lineno}")
+            seen_ids.setdefault(doc_id, lineno)
             scored = range(len(qs))
             if problem := pairing_problem(rec, fields):
                 unpaired.add(f"{where}: {problem.split('; fix:')[0]}")
@@ -150,6 +155,9 @@ def check_eval_set(path: str) -> EvalSetCheck:
     for label, t in styles.items():
         out.notes.append(f"style {label!r} is not one of {', '.join(KNOWN_STYLES)}: it gets a column of its own "
                          f"({t.count} question(s), first {t.first})")
+    if twice.count:
+        out.notes.append(f"{twice.count} record(s) repeat an id of an earlier one (first: {twice.first}): the run "
+                         "names such a document in an error row; fix: one id per document")
     if unpaired.count:
         out.notes.append(f"{unpaired.count} record(s) whose answers do not pair with their questions (first: "
                          f"{unpaired.first}): the run makes each of their questions an error row, scored as wrong; "

@@ -76,5 +76,10 @@ def test_records_the_reader_fails_are_noted_with_what_they_do_to_the_scores(tmp_
             "answer(s) for 2 question(s)") in notes and "scored as wrong" in notes
     assert "question(s) have no answer" not in notes  # not what happens to them
     assert "1 record(s) with a question that is not a non-empty string (first: line 2 question 1 (42))" in notes
+    assert "repeat an id" not in notes
     meta = load_question_meta(path)  # no traceback on either record, nor on the line that is not JSON
     assert ("a", "When?") in meta and ("b", "42") in meta
+    twice = _write(tmp_path, {"id": "a", "text": TEXT, "questions": ["When?"], "answers": ["1 May"]},
+                   {"id": "a", "text": TEXT, "questions": ["Who?"], "answers": ["1 May"]})
+    assert "1 record(s) repeat an id of an earlier one (first: id 'a' at lines 1 and 2)" in "\n".join(
+        check_eval_set(twice).notes)
