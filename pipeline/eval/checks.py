@@ -16,7 +16,8 @@ Contract:
   (``styles`` for ``style``); ``style``/``kind``/``depths`` lists of another length than
   ``questions``; style labels outside ``KNOWN_STYLES`` (a label of one's own is allowed:
   it gets its own column); questions without an answer (they count in ``n``, score in no
-  accuracy figure); records whose answers do not pair with their questions, and questions
+  accuracy figure); records repeating an earlier id; records whose answers do not pair
+  with their questions, and questions
   that are not strings (the reader makes them error rows: stages/read.py; they score as
   wrong); answers that do not occur in their document (no evidence recall); and answers
   occurring more than once in a document without ``depths`` (their evidence is the first
