@@ -33,8 +33,12 @@ from schemas.spec import EMBEDDED_NAMES, JobSpec
 HUB_TIMEOUT_S = 2.0
 #: Files that hold a model's weights, one of which a local model folder needs.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-#: Files a tokenizer is loaded from (a fast one's tokenizer.json, SentencePiece, BPE vocab).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+#: Files a tokenizer is loaded from, any one of which counts (a fast tokenizer's JSON, its
+#: config, SentencePiece and tiktoken models, BPE and WordPiece vocabularies): the check is
+#: for a folder saved without its tokenizer at all, never a refusal of a family's layout.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # spiece.model, sentencepiece.bpe.model, qwen.tiktoken
 
 
 def model_problems(spec: JobSpec) -> list[str]:
@@ -149,7 +153,9 @@ def _folder_problem(field: str, name: str, path: Path, kind: str) -> str | None:
         if f.suffix == ".safetensors" and (why := _damaged_safetensors(f)):
             return (f"{field}: {shown(name)}: its weights file {f.name} is damaged ({why}); fix: copy or "
                     "download it again")
-    if kind in ("model", "scorer") and not any((path / t).is_file() for t in TOKENIZER_FILES):
+    has_tokenizer = any((path / t).is_file() for t in TOKENIZER_FILES) or any(
+        f.name.endswith(TOKENIZER_SUFFIXES) for f in path.iterdir())
+    if kind in ("model", "scorer") and not has_tokenizer:
         return (f"{field}: {shown(name)} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); fix: save "
                 "the tokenizer beside the model (tokenizer.save_pretrained(folder)), as the model was")
     return None

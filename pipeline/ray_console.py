@@ -242,6 +242,16 @@ _TRACEBACK_START = re.compile(
     r"|\*\*\* SIGABRT received|The actor died because of an error")
 
 
+def _say(line: str) -> None:
+    """One line on the console, clearing the progress line first (it is redrawn at its next update)."""
+    stream = CONSOLE.stream or sys.stderr
+    with CONSOLE.lock:
+        if CONSOLE.active is not None and CONSOLE.active.tty:
+            stream.write("\r\x1b[K")
+        stream.write(line + "\n")
+        stream.flush()
+
+
 class WorkerTracebackFilter:
     """Wraps Ray's handler of the lines its workers write (``emit(data)``: ``data`` has
     ``pid``, ``is_err`` and ``lines``) so that a worker's traceback does not reach the
@@ -253,7 +263,7 @@ class WorkerTracebackFilter:
 
     def __init__(self, emit, say=None) -> None:
         self.emit = emit
-        self.say = say or (lambda line: print(line, file=CONSOLE.stream or sys.stderr, flush=True))
+        self.say = say or _say
         self.failing: set[Any] = set()  # workers that printed a traceback
         self.quoting: set[Any] = set()  # Ray's own processes quoting a traceback now
         self.dropped = 0

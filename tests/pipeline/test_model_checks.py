@@ -37,3 +37,16 @@ def test_a_safetensors_file_cut_short_is_named(tiny_model_dir, tmp_path):
     assert "shorter than its own header says" in model_problem("generation.model", str(cut))
     weights.write_bytes(b"\xff" * 8)
     assert "header" in model_problem("generation.model", str(cut))
+
+
+def test_any_family_of_tokenizer_files_counts(tiny_model_dir, tmp_path):
+    """The check is for a folder saved without a tokenizer, not a refusal of a family's layout."""
+    for files in (["spiece.model"], ["sentencepiece.bpe.model"], ["qwen.tiktoken"], ["vocab.txt"],
+                  ["vocab.json", "merges.txt"], ["tokenizer_config.json"]):
+        folder = tmp_path / files[0]
+        folder.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(tiny_model_dir / f, folder / f)
+        for f in files:
+            (folder / f).write_text("x")
+        assert model_problem("generation.model", str(folder)) is None, files
