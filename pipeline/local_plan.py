@@ -58,6 +58,7 @@ import pyarrow as pa
 from pipeline.plan import ModelStage, check_chain, model_stages, stage_chain
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
 from pipeline.ray_console import MODEL_STACK_ENV
+from schemas.output import error_cause
 from schemas.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ def _starting(stage: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        raise StageStartError(f"the {stage} stage could not start: {type(e).__name__}: {e}") from e
+        raise StageStartError(f"the {stage} stage could not start: {error_cause(e)}") from e
 
 
 @contextlib.contextmanager

@@ -59,13 +59,17 @@ def kv_budget_problems(spec: JobSpec) -> list[str]:
     """An explicit KV budget too small for one row (see the module contract): a fixed
     ``resources.decode_slots`` count sizes its slots by need instead, so it is not checked."""
     from stages.compression import method_for
-    from stages.context_budget import model_kv_bytes
+    from stages.context_budget import model_kv_bytes, model_parameters
+    from stages.model_size import SMALL_MODEL_PARAMS
 
     res, gen = spec.resources, spec.generation
     if res.kv_memory_gb is None or res.decode_slots != "auto":
         return []
-    # float32 is sure only when asked, or auto on a CPU; auto on a GPU may be bfloat16.
-    width = 4 if gen.dtype == "float32" or (gen.dtype == "auto" and res.num_gpus == 0) else 2
+    # The dtype "auto" resolves to (stages/model_loading.py resolve_dtype): float32 on a
+    # CPU, and on a GPU for a model known to be small; else bfloat16 (2 bytes, the floor).
+    params = model_parameters(gen.model)
+    small = params is not None and params < SMALL_MODEL_PARAMS
+    width = 4 if gen.dtype == "float32" or (gen.dtype == "auto" and (res.num_gpus == 0 or small)) else 2
     per_token = model_kv_bytes(gen.model, width)
     if per_token is None:
         return []

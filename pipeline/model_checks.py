@@ -145,7 +145,11 @@ def _folder_problem(field: str, name: str, path: Path, kind: str) -> str | None:
     A sentence-transformers folder (modules.json) keeps its parts in subfolders: not looked into."""
     if (path / "modules.json").is_file():
         return None
-    weights = sorted(f for f in path.iterdir() if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
+    try:
+        names = [f.name for f in path.iterdir() if f.is_file()]
+    except OSError as e:
+        return f"{field}: {shown(name)} cannot be listed ({e.strerror or e}); fix: make the folder readable"
+    weights = sorted(path / n for n in names if n.endswith(WEIGHT_SUFFIXES))
     if not weights:
         return (f"{field}: {shown(name)} has a config.json but no weights ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}); "
                 "fix: save the model into it (model.save_pretrained(folder)) or finish the download")
@@ -153,10 +157,10 @@ def _folder_problem(field: str, name: str, path: Path, kind: str) -> str | None:
         if f.suffix == ".safetensors" and (why := _damaged_safetensors(f)):
             return (f"{field}: {shown(name)}: its weights file {f.name} is damaged ({why}); fix: copy or "
                     "download it again")
-    has_tokenizer = any((path / t).is_file() for t in TOKENIZER_FILES) or any(
-        f.name.endswith(TOKENIZER_SUFFIXES) for f in path.iterdir())
+    has_tokenizer = any(n in TOKENIZER_FILES or n.endswith(TOKENIZER_SUFFIXES) for n in names)
     if kind in ("model", "scorer") and not has_tokenizer:
-        return (f"{field}: {shown(name)} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); fix: save "
+        return (f"{field}: {shown(name)} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}, "
+                f"{', '.join('*' + s for s in TOKENIZER_SUFFIXES)}); fix: save "
                 "the tokenizer beside the model (tokenizer.save_pretrained(folder)), as the model was")
     return None
 
@@ -173,8 +177,11 @@ def _damaged_safetensors(path: Path) -> str | None:
             header = json.loads(f.read(n))
     except (OSError, ValueError, struct.error, UnicodeDecodeError):
         return "its header cannot be read"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors"
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
-            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2
+            and isinstance(v["data_offsets"][1], int)]
     if ends and 8 + n + max(ends) > size:
         return f"{size} bytes where its tensors need {8 + n + max(ends)}: cut short"
     return None

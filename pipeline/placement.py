@@ -80,8 +80,8 @@ def crowded_note(spec: JobSpec, address: str | None) -> str | None:
     its usable cores: the engines only share the cores, so the extra ones add no speed and
     each holds a copy of the model (a trial ran 6 actors on 2 cores)."""
     actors, cores = spec.resources.max_actors, usable_cores()
-    if cluster_address(address) is not None or actors <= cores:
-        return None
+    if cluster_address(address) is not None or actors <= cores or spec.resources.num_gpus > 0:
+        return None  # a cluster's nodes are not this machine's; on GPUs each actor has its own
     return (f"resources.actors {actors} on this machine's {cores} core(s): the engines share the cores, so "
             f"more than {cores} add no speed and each holds a copy of {spec.generation.model!r}; "
             f"fix: resources.actors {cores}, or a Ray cluster (--address)")

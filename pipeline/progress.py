@@ -244,7 +244,7 @@ class _Console:
         self.active: RunProgress | None = None
 
 
-#: The one console of this process: pipeline/rayCONSOLE.py's stderr filter writes through it
+#: The one console of this process: pipeline/ray_console.py's stderr filter writes through it
 #: and clears the progress line first.
 CONSOLE = _Console()
 

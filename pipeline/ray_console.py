@@ -235,7 +235,8 @@ def quiet_native_stderr() -> None:
 # A line that goes on quoting a traceback the raylet started (blank, indented, an exception,
 # the chaining sentences between two tracebacks).
 _QUOTE_GOES_ON = re.compile(
-    r"^(\s|$|Traceback \(|During handling of the above|The above exception|[A-Za-z_][\w.]*(Error|Exception)\b)")
+    r"^(\s|$|Traceback \(|During handling of the above|The above exception|ray::"
+    r"|(?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt|Warning)\b)")
 # A worker's Python traceback or native crash report, as Ray forwards its lines to the driver.
 _TRACEBACK_START = re.compile(
     r"Traceback \(most recent call last\)|Exception raised in creation task|logging\.cc:\d+: Stack trace"

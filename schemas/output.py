@@ -269,7 +269,7 @@ def classify_error(err: BaseException | str | None) -> str:
     return RETRYABLE
 
 
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b(:|$)")
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt|Warning)\b(:|$)")
 _ACTOR = re.compile(r"ray::MapWorker\(MapBatches\((\w+?)(Stage)?\)\)\.__init__")
 
 
@@ -286,10 +286,10 @@ def error_cause(err: BaseException, limit: int = 500) -> str:
     the exception raised last inside a (possibly wrapped, multi-line) Ray error, from its
     line to the end, and the stage whose actor could not start (a Ray actor's creation
     failure quotes the whole traceback: an abort printed 2,000 characters of it, cut before
-    the cause). A plain exception: its type and message."""
+    the cause). A plain exception: its type and its whole message on one line."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    raised = raised_last(str(err)) if len(lines) > 1 else None
-    cause = raised or f"{type(err).__name__}: {lines[-1] if lines else 'no message'}"
+    raised = raised_last(str(err)) if len(lines) > 1 else None  # a wrapped traceback's own exception
+    cause = raised or f"{type(err).__name__}: {' '.join(lines) or 'no message'}"
     actor = _ACTOR.search(str(err))
     if actor:
         cause = f"the {actor.group(1).lower()} stage's actor could not start: {cause}"

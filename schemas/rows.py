@@ -39,7 +39,7 @@ class RequestRow(TypedDict):
     doc_id: str
     source_uri: str
     task: str  # summarize | qa
-    prompt: str  # the question (qa) or the instruction (summarize)
+    prompt: str | None  # the question (qa) or the instruction (summarize); None: a qa document with no question
     instruction: str  # the task instruction (task.resolved_instruction)
     question: str | None  # None for summarize
     reference: str | None  # reference answer (input.answer_field), for evaluation

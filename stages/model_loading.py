@@ -46,7 +46,7 @@ import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
 from stages.decoding.backends import accelerator, device_backend
-from stages.model_size import estimate_parameters
+from stages.model_size import SMALL_MODEL_PARAMS, estimate_parameters
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
 
 log = logging.getLogger(__name__)
@@ -258,11 +258,6 @@ def resolve_embedder(name: str) -> str:
     return name
 
 
-# Below this many parameters "auto" keeps float32 on a GPU: a small model is bound by
-# kernel launches, not by weight reads, so fp32 was faster than bf16 there, and exact
-# (measured: jobs/results/code-choices.md, "stages/model_loading.py"). Large models are
-# bound by weight reads, where bf16 halves the bytes: bf16 there.
-SMALL_MODEL_PARAMS = 1_000_000_000
 
 
 def resolve_dtype(dtype: str, device: torch.device, config=None) -> torch.dtype:

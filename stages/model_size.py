@@ -13,6 +13,13 @@ config is read):
 
 from __future__ import annotations
 
+# Below this many parameters "auto" keeps float32 on a GPU (stages/model_loading.py
+# ``resolve_dtype``): a small model is bound by kernel launches, not by weight reads, so
+# fp32 was faster than bf16 there, and exact (measured: jobs/results/code-choices.md,
+# "stages/model_loading.py"). Large models are bound by weight reads, where bf16 halves
+# the bytes: bf16 there. Here, beside the count, so the memory checks read it without torch.
+SMALL_MODEL_PARAMS = 1_000_000_000
+
 
 def _text(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -36,7 +36,7 @@ def generation_fingerprint(spec: JobSpec) -> str:
         "compression": spec.compression.fingerprint_settings(),
         "instruction": spec.task.resolved_instruction,
     }
-    if spec.generation.top_k:  # off, earlier runs' request ids stand
+    if spec.generation.top_k and spec.generation.temperature > 0:  # greedy ignores it; off, earlier ids stand
         settings["top_k"] = spec.generation.top_k
     if spec.generation.repeat_guard:  # it cuts outputs; off, earlier runs' request ids stand
         settings["repeat_guard"] = spec.generation.repeat_guard

@@ -252,3 +252,17 @@ def test_a_batch_never_splits_a_documents_requests():
     # One id in two files is two documents; a document with more questions than the size is one batch.
     twins = [{"doc_id": "a", "source_uri": f} for f in ("x", "x", "y", "y")]
     assert batch_end(twins, 1) == 2 and batch_end([{"doc_id": "a", "source_uri": "x"}] * 9, 4) == 9
+
+
+def test_a_stage_that_cannot_start_is_named_with_its_whole_cause():
+    """Review: a multi-line start error lost its stage and cause (only its last line was kept)."""
+    import pytest
+
+    from pipeline.local_plan import StageStartError, _starting
+    from schemas.output import error_cause
+
+    with pytest.raises(StageStartError) as got:
+        with _starting("generate"):
+            raise ValueError("Couldn't instantiate the backend tokenizer from one of:\n(1) a file,\n(2) a class.")
+    assert error_cause(got.value) == ("StageStartError: the generate stage could not start: ValueError: Couldn't "
+                                      "instantiate the backend tokenizer from one of: (1) a file, (2) a class.")

@@ -55,3 +55,9 @@ def test_a_kv_budget_that_holds_no_row_is_refused_and_the_floor_named_holds_one(
     assert "at least 833 (704 of prompt for compression.method truncate" in small
     assert kv_budget_problems(spec(0.01, resources={"kv_memory_gb": 0.01, "decode_slots": 4})) == []
     assert kv_budget_problems(spec(None)) == []
+    # On a GPU "auto" keeps float32 for a small model (the embedded one): 4 bytes, not 2.
+    (gpu,) = kv_budget_problems(spec(0.01, resources={"kv_memory_gb": 0.01, "num_gpus": 1}))
+    assert "holds 233 KV tokens" in gpu and "(45 KiB a token)" in gpu
+    (big,) = kv_budget_problems(spec_from_dict({"name": "k", "input": {"uri": "/in"}, "generation": {
+        "model": "random:llama-8b"}, "resources": {"kv_memory_gb": 0.01, "num_gpus": 1}}))
+    assert "(128 KiB a token)" in big  # bfloat16 for a large one

@@ -57,3 +57,4 @@ def test_more_actors_than_cores_on_this_machine_is_noted_not_refused(tmp_path, m
     assert "fix: resources.actors 2, or a Ray cluster" in note
     assert crowded_note(_spec(tmp_path, "random:tiny", actors=2), None) is None
     assert crowded_note(_spec(tmp_path, "random:tiny", actors=6), "head:6379") is None  # a cluster's nodes
+    assert crowded_note(_spec(tmp_path, "random:tiny", actors=6, num_gpus=1), None) is None  # a GPU each

@@ -116,12 +116,14 @@ def test_a_failing_workers_traceback_is_one_line_and_its_other_lines_pass():
     f({"pid": "raylet", "ip": "h", "is_err": False, "lines": ["Task failed. Error: Traceback (most recent call last):",
                                                             '  File "y.py"']})
     f({"pid": "raylet", "ip": "h", "is_err": True, "lines": ["", "KeyError: 'x'", "During handling of the above",
-                                                            "ray.exceptions.ActorDiedError: died", "    ^^^"]})
+                                                            "ray.exceptions.ActorDiedError: died", "    ^^^",
+                                                            "ray::MapWorker(MapBatches(GenerateStage)).__init__()",
+                                                            "Exception: boom", "KeyboardInterrupt"]})
     f({"pid": "raylet", "ip": "h", "is_err": True, "lines": ["the node is low on memory"]})
     lines = [ln for d in shown for ln in d["lines"]]
     assert lines == ["an ordinary print", "a warning before", "another worker's warning", "the node is low on memory"]
     assert len(said) == 1 and "longdoc run --verbose" in said[0]
-    assert f.dropped == 14
+    assert f.dropped == 17
 
 
 def test_a_ray_data_error_reaches_the_console_without_its_traceback_and_the_record_keeps_it():

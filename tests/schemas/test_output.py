@@ -210,5 +210,11 @@ def test_an_errors_cause_is_the_exception_raised_last_and_the_stage_whose_actor_
         "the generate stage's actor could not start: ValueError: Couldn't instantiate the backend tokenizer "
         "from one of: (1) a serialization file, (2) a slow tokenizer.")
     assert output.error_cause(MemoryError("cannot allocate")) == "MemoryError: cannot allocate"
+    # A plain exception's message on several lines: all of it, not its last line.
+    assert output.error_cause(ValueError("Couldn't instantiate the tokenizer from one of:\n(1) a file,\n(2) a class.")) == (
+        "ValueError: Couldn't instantiate the tokenizer from one of: (1) a file, (2) a class.")
+    # A bare exception name counts as one (review: 'Exception: boom' was missed).
+    assert output.error_cause(RuntimeError("wrapped:\nTraceback (most recent call last):\nException: boom\nmore")) == (
+        "Exception: boom more")
     assert output.error_cause(RuntimeError("")) == "RuntimeError: no message"
     assert len(output.error_cause(RuntimeError("x" * 900))) == 500

@@ -251,7 +251,7 @@ class StepBackend:
     @classmethod
     def auto_dtype(cls, device: torch.device, small_model: bool) -> torch.dtype:
         """generation.dtype ``auto`` on ``device``: float32 on the host (no fast half
-        precision there). ``small_model``: the model is under model_loading.SMALL_MODEL_PARAMS."""
+        precision there). ``small_model``: the model is under model_size.SMALL_MODEL_PARAMS."""
         return torch.float32
 
     @classmethod

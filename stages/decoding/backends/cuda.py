@@ -106,7 +106,7 @@ class CudaBackend(StepBackend):
 
     @classmethod
     def auto_dtype(cls, device: torch.device, small_model: bool) -> torch.dtype:
-        """bfloat16, except float32 for a small model (model_loading.SMALL_MODEL_PARAMS says
+        """bfloat16, except float32 for a small model (model_size.SMALL_MODEL_PARAMS says
         what was measured)."""
         return torch.float32 if small_model else torch.bfloat16
 
