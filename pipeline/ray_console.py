@@ -256,8 +256,10 @@ def _say(line: str) -> None:
 class WorkerTracebackFilter:
     """Wraps Ray's handler of the lines its workers write (``emit(data)``: ``data`` has
     ``pid``, ``is_err`` and ``lines``) so that a worker's traceback does not reach the
-    console: from a worker's first traceback line on, its stderr lines are dropped (the
-    worker is failing, and its failure is the run's abort line or its rows' ``error``), and
+    console: from a worker's first traceback line on, its stderr lines are dropped for the
+    rest of the run (the worker is failing, and its failure is the run's abort line or its
+    rows' ``error``; workers are told apart by host and pid, so a later worker given the
+    same pid stays quiet too: the Ray session's logs keep every line), and
     one line says once where the full text is. Its other lines pass as they were. A failing
     actor's creation printed ~400 lines of tracebacks, Ray's and the C++ core's, before the
     run's one-line cause."""
