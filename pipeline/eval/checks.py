@@ -156,29 +156,21 @@ def check_eval_set(path: str) -> EvalSetCheck:
     for label, t in styles.items():
         out.notes.append(f"style {label!r} is not one of {', '.join(KNOWN_STYLES)}: it gets a column of its own "
                          f"({t.count} question(s), first {t.first})")
-    if twice.count:
-        out.notes.append(f"{twice.count} record(s) repeat an id of an earlier one (first: {twice.first}): the run "
-                         "names such a document in an error row; fix: one id per document")
-    if unpaired.count:
-        out.notes.append(f"{unpaired.count} record(s) whose answers do not pair with their questions (first: "
-                         f"{unpaired.first}): the run makes each of their questions an error row, scored as wrong; "
-                         "fix: one answer per question, in order (null for a question without one)")
-    if not_text.count:
-        out.notes.append(f"{not_text.count} record(s) with a question that is not a non-empty string (first: "
-                         f"{not_text.first}): the run makes the record's questions error rows, scored as wrong; "
-                         "fix: 'questions' is a question or a list of questions")
-    if no_answer.count:
-        out.notes.append(f"{no_answer.count} question(s) have no answer: they count in n and in no accuracy figure "
-                         f"(first: {no_answer.first})")
-    if absent.count:
-        out.notes.append(f"{absent.count} answer(s) do not occur in their document, so they have no evidence recall "
-                         f"(first: {absent.first}); an answer is a literal piece of the text (list other wordings "
-                         "as alternatives after it)")
-    if repeated.count:
-        out.notes.append(f"{repeated.count} answer(s) occur more than once in their document and the record has no "
-                         f"'depths': evidence recall takes the first occurrence (first: {repeated.first}); give "
-                         "'depths' (the answer's character offset / len(text)) to point at the right one")
-    if unread.count:
-        out.notes.append(f"{unread.count} line(s) are not a JSON record (first: {unread.first}): their runs' "
-                         "rows are error rows")
+    counted = (  # (tally, what it counts, first where: what it does to the figures, and the fix)
+        (twice, "record(s) repeat an id of an earlier one", "the run names such a document in an error row; "
+                "fix: one id per document"),
+        (unpaired, "record(s) whose answers do not pair with their questions", "the run makes each of their "
+                   "questions an error row, scored as wrong; fix: one answer per question, in order (null for a "
+                   "question without one)"),
+        (not_text, "record(s) with a question that is not a non-empty string", "the run makes the record's "
+                   "questions error rows, scored as wrong; fix: 'questions' is a question or a list of questions"),
+        (no_answer, "question(s) have no answer", "they count in n and in no accuracy figure"),
+        (absent, "answer(s) do not occur in their document", "they have no evidence recall; an answer is a "
+                 "literal piece of the text (list other wordings as alternatives after it)"),
+        (repeated, "answer(s) occur more than once in their document and the record has no 'depths'",
+         "evidence recall takes the first occurrence; give 'depths' (the answer's character offset / len(text)) "
+         "to point at the right one"),
+        (unread, "line(s) are not a JSON record", "their runs' rows are error rows"),
+    )
+    out.notes += [f"{t.count} {what} (first: {t.first}): {effect}" for t, what, effect in counted if t.count]
     return out
