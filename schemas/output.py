@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from schemas.spec import JobSpec
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 INPUT = "input"  # final: the same input fails the same way on every rerun
 RETRYABLE = "retryable"  # infrastructure: a rerun may succeed
@@ -102,7 +102,7 @@ class OutputRow(TypedDict):
     output_text: Annotated[str | None, Column("Generated text (stop strings, EOS and the whitespace around it removed). Null on error.")]
     model: Annotated[str | None, Column("Generating model as named in the spec.", from_spec="generation.model")]
     compression: Annotated[str | None, Column("Compression method: a registered method name (`longdoc methods` lists them: none, truncate, rag, bm25, finch, autocompressor, ...).", from_spec="compression.method")]
-    speculative: Annotated[str | None, Column("Decoding method (generation.speculative.method): none, prompt_lookup or suffix.", from_spec="generation.speculative.method")]
+    speculative: Annotated[str | None, Column("Decoding method (generation.speculative.method): none, or a drafter's name (prompt_lookup, suffix, ...).", from_spec="generation.speculative.method")]
     doc_tokens: Annotated[int | None, Column("Document length in the generating model's tokens.", **_REQUEST)]
     context_tokens: Annotated[int | None, Column("Document tokens (or KV entries / summary vectors) the model conditioned on after compression.")]
     compression_ratio: Annotated[float | None, Column("doc_tokens / context_tokens (1.0 for none). Over several rows: sum(doc_tokens) / sum(context_tokens), not a mean of this column (a row keeping a few tokens would outweigh the rest).")]
@@ -144,6 +144,9 @@ class OutputRow(TypedDict):
     finish_reason: Annotated[str | None, Column("Why generation stopped: eos (the model ended its answer), stop (a generation.stop string; cut from output_text), repeat (generation.repeat_guard cut a loop), length (generation.max_new_tokens reached: the text may be cut off mid-sentence). Null on error.")]
     # --- version 9: the budget beside the method ---
     target_tokens: Annotated[int | None, Column("compression.target_tokens of the run: the method's budget of document tokens shown to the generator (context_tokens is what it kept). Null for none, and in rows written before schema version 9.", from_spec="compression.budget_tokens")]
+    # --- version 10: how the text was drawn ---
+    temperature: Annotated[float | None, Column("generation.temperature of the run: 0 = greedy decoding (the same text on every rerun); above 0 the text was sampled (top_p and top_k are in the run record). Null in rows written before schema version 10.", from_spec="generation.temperature")]
+    seed: Annotated[int | None, Column("generation.seed of the run: with temperature above 0 a row's text follows from it and its request alone, speculation on or off. Null in rows written before schema version 10.", from_spec="generation.seed")]
 
 
 _DEFAULT_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64()}
