@@ -8,7 +8,7 @@ Contract:
   stage's ledger once every file is read (``ledger_total``; stages/ledger.py).
   Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
-  ``rows done[/total] | failed | tok/s | rows/s | elapsed | ETA[ | activity]``. The ETA
+  ``rows done[/total] | elapsed | ETA | failed | tok/s | rows/s[ | activity]``. The ETA
   comes from the rate since the first rows were written, so it appears from the second
   count on: the time before the first rows (Ray's start, model loads, the engine filling
   its slots) says nothing about the rate, and a small job whose rows all decode together
@@ -113,11 +113,13 @@ class RunProgress:
         done = f"rows {self.rows}" if total is None else (
             f"rows {self.rows}/{total} ({self.rows / total:.0%})" if total else "rows 0/0")
         rate = self.rows / el
-        parts = [done, f"failed {self.failed}", f"{self.tokens / el:.1f} tok/s",
-                 f"{rate:.2f} rows/s", f"elapsed {_duration(el)}"]
+        # The time figures first: an 80-column terminal cuts the line's end (a trial never
+        # saw its ETA there), and the rates matter least.
+        parts = [done, f"elapsed {_duration(el)}"]
         eta = self._eta_s(total)
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
+        parts += [f"failed {self.failed}", f"{self.tokens / el:.1f} tok/s", f"{rate:.2f} rows/s"]
         doing = self.activity() if self.activity is not None else ""
         if doing:
             parts.append(doing)

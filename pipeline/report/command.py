@@ -51,9 +51,6 @@ def report(
         for s in summaries:
             job = f"{s['job']} " if s.get("job") else ""
             typer.echo(format_summary(s, title=f"{job}{s['run_date']} ({s['run_id']})"))
-        for run_date in sorted({s["run_date"] for s in summaries if s.get("rows_staged")}):
-            typer.echo(f"{run_date}: rows staged by an interrupted run are not published yet; run the "
-                       f"job for that date again (longdoc run SPEC --date {run_date}) to publish them")
     _say_outdated(output_uri)
     if answers and not as_json and table.num_rows:
         from pipeline.report.answers import format_answers

@@ -223,7 +223,8 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
             if not (staged or recorded.get("rows") or status in ("interrupted", "failed", "running", UNRECORDED)):
                 continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
-            rows_note = (f"{staged} row(s) staged, not yet published: run the date again to publish them" if staged
+            rows_note = (f"{staged} row(s) staged, not yet published: run the date again (longdoc run SPEC "
+                         f"--date {run_date}) to publish them" if staged
                          else "its rows were replaced by a later run of the date" if recorded.get("rows") else None)
             note = "; ".join(n for n in (running_note, rows_note) if n) or None
             out.append({**rec, "job": recorded.get("job"), **_settings(spec, None),

@@ -36,10 +36,10 @@ def test_non_tty_prints_a_line_per_interval_and_a_final_line():
     p.close()  # final state not printed yet: close prints it
     lines = out.getvalue().splitlines()
     assert len(lines) == 3 and "\r" not in out.getvalue()
-    assert lines[0].strip() == "rows 2/10 (20%) | failed 0 | 4.0 tok/s | 0.20 rows/s | elapsed 10s"  # no rate yet
-    assert lines[1].strip().startswith("rows 6/10 (60%) | failed 1")
-    assert lines[1].endswith("ETA 35s")  # 4 rows left at the 4 rows per 35 s since the first ones
-    assert "rows 10/10 (100%) | failed 2" in lines[2] and "ETA" not in lines[2]
+    assert lines[0].strip() == "rows 2/10 (20%) | elapsed 10s | failed 0 | 4.0 tok/s | 0.20 rows/s"  # no rate yet
+    assert lines[1].strip().startswith("rows 6/10 (60%) | elapsed 45s | ETA 35s | failed 1")
+    assert lines[1].strip().startswith("rows 6/10 (60%) | elapsed 45s | ETA 35s")  # 4 rows left at the 4 rows per 35 s since the first ones
+    assert "rows 10/10 (100%) | elapsed 50s | failed 2" in lines[2] and "ETA" not in lines[2]
 
 
 def test_between_written_rows_a_tick_shows_elapsed_time_and_the_activity():
@@ -55,9 +55,9 @@ def test_between_written_rows_a_tick_shows_elapsed_time_and_the_activity():
     clock.t += 30
     p.tick()
     lines = [ln.strip() for ln in out.getvalue().splitlines()]
-    assert lines == ["rows 0/4 (0%) | failed 0 | 0.0 tok/s | 0.00 rows/s | elapsed 31s | "
+    assert lines == ["rows 0/4 (0%) | elapsed 31s | failed 0 | 0.0 tok/s | 0.00 rows/s | "
                      "engine: 2 decoding (17 tokens), 1 prefilling, 1 queued",
-                     "rows 0/4 (0%) | failed 0 | 0.0 tok/s | 0.00 rows/s | elapsed 1m11s"]
+                     "rows 0/4 (0%) | elapsed 1m11s | failed 0 | 0.0 tok/s | 0.00 rows/s"]
 
 
 def test_before_the_first_rows_a_new_phase_prints_at_once():
@@ -91,7 +91,7 @@ def test_close_does_not_repeat_a_line_already_printed():
     p.update(3, 0, 30)
     p.close()
     (line,) = out.getvalue().splitlines()
-    assert line.strip().startswith("rows 3 | failed 0") and "ETA" not in line  # no total: no ETA
+    assert line.strip().startswith("rows 3 | elapsed 3s | failed 0") and "ETA" not in line  # no total: no ETA
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -145,7 +145,7 @@ def test_tty_shows_activity_before_the_first_rows_with_a_pulsing_bar(monkeypatch
     p.activity = None
     p.close()
     frames = _frames(out.getvalue())
-    assert "rows 0 | failed 0" in frames[0] and frames[0].rstrip().endswith("elapsed 5s | engine: 4 compressing")
+    assert "rows 0 | elapsed 5s | failed 0" in frames[0] and frames[0].rstrip().endswith("0.00 rows/s | engine: 4 compressing")
     assert "ETA" not in frames[-1] and "engine" not in frames[-1]
 
 
@@ -170,7 +170,7 @@ def test_no_eta_from_the_time_before_the_first_rows():
     assert "ETA" not in out.getvalue().splitlines()[-1]
     clock.t += 40
     p.update(110, 0, 0)
-    assert out.getvalue().splitlines()[-1].endswith("ETA 14m50s")  # 890 left at 60 rows a minute
+    assert out.getvalue().splitlines()[-1].strip().startswith("rows 110/1000 (11%) | elapsed 3m00s | ETA 14m50s")  # 890 left at 60 rows a minute
 
 
 def test_more_rows_than_the_estimate_drop_the_total():
@@ -178,7 +178,7 @@ def test_more_rows_than_the_estimate_drop_the_total():
     p = RunProgress(2, stream=out, tty=False, clock=clock)
     clock.t += 1
     p.update(5, 0, 0)
-    assert out.getvalue().strip().startswith("rows 5 | failed 0")
+    assert out.getvalue().strip().startswith("rows 5 | elapsed 1s | failed 0")
 
 
 def test_interval_comes_from_the_environment(monkeypatch):

@@ -128,6 +128,7 @@ def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_
     assert res.exit_code == 0, res.output
     assert "(r2)" in res.output and "interrupted" in res.output and "staged, not yet published" in res.output
     assert "longdoc run SPEC --date 2026-01-02" in res.output
+    assert res.output.count("not yet published") == 1  # said once, with the command (a trial saw it twice)
 
     _stage(root, _rows("r1", "2026-01-01", 2))
     commit_date(root, "2026-01-01", "r1")
