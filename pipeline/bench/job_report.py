@@ -38,6 +38,7 @@ import re
 import statistics
 from pathlib import Path
 
+from pipeline.host_load import busy_note
 from schemas.output import cost_usd
 
 LAYOUT_VERSION = 1
@@ -121,10 +122,9 @@ def noise_notes(result: dict) -> list[str]:
                          f"{_f(max(walls))} s): its figures and ratios are not a measurement; run again on a quiet "
                          "machine, or with more --runs")
     host = result.get("host", {})
-    cpus, loads = host.get("cpus"), [*host.get("load_avg_start", [])[:1], *host.get("load_avg_end", [])[:1]]
-    if cpus and any(x > cpus for x in loads):
-        notes.append(f"the load average ({', '.join(_f(x, 2) for x in loads)} at the start and end) was above "
-                     f"this machine's {cpus} CPUs: other work shared them")
+    loads = [*host.get("load_avg_start", [])[:1], *host.get("load_avg_end", [])[:1]]
+    if busy := busy_note(loads, host.get("cpus")):
+        notes.append(busy)
     return notes
 
 

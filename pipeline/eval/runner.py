@@ -37,6 +37,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ from pipeline.eval.table import (
     to_markdown,
     write_csv,
 )
+from pipeline.host_load import busy_note, load_now
 
 DEFAULT_BUDGETS = (512, 1024)
 METRIC_NAMES = ("qa", "nll")
@@ -93,6 +95,7 @@ class EvalResult:
     scored_nll: list[dict[str, Any]] = field(default_factory=list)
     failed_runs: dict[str, str] = field(default_factory=dict)  # run tag -> error
     recall_by_style: list[dict[str, Any]] = field(default_factory=list)  # evidence_recall per style
+    busy: str | None = None  # the machine was busy while it ran: its time columns are not a measurement
 
 
 def _read_rows(output_uri: str) -> list[dict[str, Any]]:
@@ -140,6 +143,7 @@ def run_eval(
     wanted = [m.strip() for item in metrics or ["qa"] for m in item.split(",") if m.strip()]
     if not wanted or any(m not in METRIC_NAMES for m in wanted):
         raise ValueError(f"--metrics {wanted}: allowed {', '.join(METRIC_NAMES)} (comma-separated)")
+    load_start = load_now()
     if "qa" in wanted:  # continuation NLL reads texts only
         checked = check_eval_set(eval_uri)
         if checked.refusals:
@@ -236,6 +240,7 @@ def run_eval(
         scored_nll=scored_nll,
         failed_runs=failed,
         recall_by_style=per_style(scored, "evidence_recall"),
+        busy=busy_note([load_start, load_now()], os.cpu_count()),
     )
     _write(result, eval_uri, runs)
     return result
@@ -280,6 +285,7 @@ def _write(result: EvalResult, eval_set: str, runs: list[EvalRun]) -> None:
         "summary": result.summary,
         "by_style": result.by_style,
         "recall_by_style": result.recall_by_style,
+        "busy": result.busy,
         "by_style_detail": breakdown(result.scored, "style"),
         "by_kind": result.by_kind,
         "by_depth": result.by_depth,
@@ -310,6 +316,9 @@ def render_markdown(result: EvalResult) -> str:
                   "", to_markdown(result.recall_by_style)]
     if result.by_kind:
         parts += ["", "### by question kind", "", to_markdown(result.by_kind)]
+    if result.busy:
+        parts += ["", f"**Note:** {result.busy}: the time columns are not a measurement; compare methods' "
+                      "times in one eval on a quiet machine."]
     if result.failed_runs:
         parts += ["", "### failed runs", ""] + [
             f"- {k}: {v}" for k, v in result.failed_runs.items()

@@ -164,3 +164,6 @@ def test_an_eval_set_without_styles_says_why_there_is_no_table_by_style(tmp_path
     styled = render_markdown(EvalResult("e1", tmp_path, summary, [], [], [],
                                          by_style=[{"method": "bm25", "target_tokens": 512, "echoed (n=1)": 1.0}]))
     assert "### contains by question style" in styled and "No table by question style" not in styled
+    busy = render_markdown(EvalResult("e1", tmp_path, summary, [], [], [], busy="the load average (3.30) was high"))
+    assert "**Note:** the load average (3.30) was high: the time columns are not a measurement" in busy
+    assert "**Note:**" not in plain
