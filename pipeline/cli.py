@@ -261,6 +261,7 @@ def run(
 
     if note := crowded_note(job, address):
         typer.echo(f"note: {note}", err=True)
+    from pipeline.date_lease import DATE_IN_USE_EXIT, DateInUse
     from pipeline.report.summary import format_summary
     from pipeline.runner import RunInterrupted, run_job
 
@@ -271,6 +272,9 @@ def run(
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except DateInUse as e:  # another run writes the date: try later (EX_TEMPFAIL, for schedulers)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(DATE_IN_USE_EXIT) from None
     except RunInterrupted as e:  # before the stages ran (Ray's start) or while publishing
         typer.echo(f"interrupted ({e}): staged rows are kept; run the same date again "
                    f"(--date {run_date}) to publish them and do the rest", err=True)

@@ -67,6 +67,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.date_lease import DateLease
 from pipeline.placement import actor_resources, check_fits, init_ray, with_actor_cpus
 from pipeline.report.summary import RunTally, package_versions, run_record_json, run_summary
 from schemas.output import (
@@ -211,6 +212,23 @@ def run_job(
     earlier = _earlier_attempts(root, run_date, run_id)
     if runner == "local":
         check_fits(spec, "local")
+    # One run of a date at a time (pipeline/date_lease.py): taken before anything is
+    # published or any model loads; a live holder raises DateInUse naming it.
+    lease = DateLease(root, run_date, run_id, spec.name, say=lambda msg: _say(True, msg))
+    lease.acquire()
+    try:
+        return _run_holding(spec, run_date, run_id, root, shards, earlier, started_at, lease,
+                            address=address, progress=progress, retry_errors=retry_errors,
+                            runner=runner, timeline=timeline)
+    finally:
+        lease.release()
+
+
+def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: list, earlier: list[dict[str, Any]],
+                 started_at: str, lease: DateLease, *, address: str | None, progress: bool,
+                 retry_errors: str, runner: str, timeline: dict[str, Any] | None) -> RunResult:
+    """``run_job`` once the run holds its date: publish what crashed runs staged, run the
+    stages, publish this run's rows (only while it still holds the date), record the run."""
 
     from pipeline.progress import RunProgress, ledger_total
 
@@ -347,6 +365,10 @@ def run_job(
             if run_requests.shared:
                 shared = {"shared_ids": run_requests.shared, "shared_id_examples": run_requests.shared_examples}
     commit = {"staged_files": 0, "files_written": 0}
+    if interrupted is None and not lease.held:
+        # This run stalled past the lease's life and another run took the date over: that
+        # run publishes what this one staged; publishing here too could publish a row twice.
+        interrupted = KeyboardInterrupt(f"another run took the date over: {lease.taken_by.run_id}")
     if interrupted is None:
         try:
             commit = commit_date(root, run_date, run_id, stale=stale)

@@ -7,7 +7,8 @@ that says where):
 - run records ``{root}.runs/D/{run_id}.json`` (``run_record_path``);
 - staged blocks ``{root}.runs/_staging/D/{run_id}/`` (``staging_dir``);
 - the request ledger ``{root}.runs/_ledger/D/{run_id}/`` (stages/ledger.py);
-- the temporary files of a local publish into ``run_date=D/`` (``scratch_dir``).
+- the temporary files of a local publish into ``run_date=D/`` (``scratch_dir``);
+- the lease naming the run that writes a date ``{root}.runs/_leases/D.json`` (``lease_path``).
 Outputs written before this layout kept these in ``{root}/_runs/``, ``{root}/_staging/``
 and ``{root}/_ledger/``: readers still look there (``run_record_candidates``,
 ``staging_dirs``, stages/ledger.py ``clear``); new runs never write there.
@@ -59,6 +60,12 @@ def scratch_dir(root: str) -> str:
     it in: ``{root}.runs/_scratch`` (stages/write.py), so the partition never holds a
     file that is not finished Parquet, even for the instant of a write."""
     return f"{runs_root(root)}/_scratch"
+
+
+def lease_path(root: str, run_date: str) -> str:
+    """The lease of ``run_date``: ``{root}.runs/_leases/{run_date}.json``, naming the one run
+    that writes the date now (pipeline/date_lease.py)."""
+    return f"{runs_root(root)}/_leases/{run_date}.json"
 
 
 def staging_dirs(root: str, run_date: str) -> list[str]:

@@ -37,6 +37,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -283,6 +284,13 @@ def submit(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
+    from pipeline.date_lease import DATE_IN_USE_EXIT, live_holder
+    from pipeline.runner import output_root
+
+    if holder := live_holder(output_root(job, run_date), run_date):  # the job would exit 75 on the cluster
+        typer.echo(f"error: {holder.describe(time.time())} writes {output_root(job, run_date)} for {run_date} "
+                   "now: one run of a date at a time. Wait for it to end, or submit another --date.", err=True)
+        raise typer.Exit(DATE_IN_USE_EXIT)
     client = _client(address)
     existing = _existing_status(client, sid)
     if existing is not None:

@@ -7,12 +7,13 @@ column in file outside of expected schema"). A run upgrades the date it commits
 (stages/partition.py ``commit_date``); this command does the other dates once, after an
 upgrade of longdoc. Each file is rewritten whole under its own name (atomically: a
 reader sees the old file or the new one), its rows and values unchanged and the new
-columns null. Run it when no job writes to the output (as for a date's commit, one
-writer at a time).
+columns null. A date that a run writes now (its lease, pipeline/date_lease.py) is left
+to that run, whose commit upgrades it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
@@ -23,6 +24,7 @@ def upgrade(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the files an upgrade would rewrite.")] = False,
 ) -> None:
     """Rewrite the output's files an earlier longdoc wrote with the current columns (new ones null)."""
+    from pipeline.date_lease import live_holder
     from pipeline.preflight import readable_problem
     from pipeline.report.load import list_output_files, outdated_files, output_root_hint
     from stages.partition import upgrade_date
@@ -38,11 +40,17 @@ def upgrade(
     if not total:
         typer.echo(f"{output_uri}: every file has the current columns; nothing to do")
         return
+    dates = len(by_date)
     for run_date, paths in sorted(by_date.items()):
+        if holder := live_holder(output_uri, run_date):  # its commit upgrades the date itself
+            typer.echo(f"{run_date}: {len(paths)} file(s) left: {holder.describe(time.time())} writes this "
+                       "date now, and upgrades its files when it publishes")
+            total, dates = total - len(paths), dates - 1
+            continue
         if dry_run:
             typer.echo(f"{run_date}: {len(paths)} file(s) to upgrade")
             continue
         upgrade_date(output_uri, run_date, paths)
         typer.echo(f"{run_date}: {len(paths)} file(s) upgraded")
     verb = "would rewrite" if dry_run else "rewrote"
-    typer.echo(f"{output_uri}: {verb} {total} file(s) of {len(by_date)} date(s)")
+    typer.echo(f"{output_uri}: {verb} {total} file(s) of {dates} date(s)")

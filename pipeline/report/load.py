@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.date_lease import lease_holder
 from pipeline.report.summary import summarize
 from schemas.output import OUTPUT_SCHEMA
 from stages.layout import LEGACY_RUNS, run_record_candidates, runs_root, staging_dirs
@@ -149,8 +152,6 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
 #: A run whose record still says it started (pipeline/runner.py writes it first, the full
 #: record last): running now, or its driver ended without writing one.
 UNRECORDED = "ended unrecorded"  # the status `report` gives such a run once a later one ran
-RUNNING_NOTE = ("no record of its end: still running, or its driver was ended (its Ray head node lost); "
-                "run the date again to finish it")
 
 
 def recorded_runs(uri: str) -> list[tuple[str, str]]:
@@ -191,19 +192,29 @@ def staged_tables(uri: str, run_date: str, run_id: str) -> Iterator[pa.Table]:
         yield read_file(fs, f)
 
 
-def _running(recorded: dict[str, Any], run_date: str,
+def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
              records: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]]) -> tuple[str, str]:
     """(status, note) of a run whose record still says ``running``: a later run of its date
     that recorded its end means this one's driver ended without writing it (``UNRECORDED``;
-    the later run took the date on, publishing what it had staged); otherwise it may still
-    be running (``RUNNING_NOTE``)."""
+    the later run took the date on, publishing what it had staged); so does a date whose
+    lease (pipeline/date_lease.py) no longer names it, or names it but lapsed. A run that
+    holds the lease is running: the note says where, and when it last renewed it."""
     started = recorded.get("started_at") or ""
     later = [rid for (d, rid), (s, _) in records.items()
              if d == run_date and (s.get("started_at") or "") > started and s.get("status") not in (None, "running")]
     if later:
         return UNRECORDED, (f"its driver ended without a record of its end (its Ray head node lost, or killed); "
                             f"the later run {later[-1]} went on with the date")
-    return "running", RUNNING_NOTE
+    holder = lease_holder(uri, run_date)
+    if holder is None or holder.run_id != run_id:
+        return UNRECORDED, ("its driver ended without a record of its end (its Ray head node lost, or killed); "
+                            "run the date again to finish it")
+    now = time.time()
+    ago = max(0, round(now - holder.seen_at))
+    if holder.gone(now, socket.gethostname()):
+        return UNRECORDED, (f"its driver ended without a record of its end (host {holder.host}, pid {holder.pid}, "
+                            f"last renewed the date's lease {ago} s ago); run the date again to finish it")
+    return "running", f"running on host {holder.host} (pid {holder.pid}); it renewed the date's lease {ago} s ago"
 
 
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
@@ -217,7 +228,7 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
         recorded, spec = records[(run_date, run_id)]
         status, running_note = recorded.get("status"), None
         if status == "running":  # its record says it started, and no more (pipeline/runner.py)
-            status, running_note = _running(recorded, run_date, records)
+            status, running_note = _running(uri, run_id, recorded, run_date, records)
         if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
             staged = staged_rows(uri, run_date, run_id)
             if not (staged or recorded.get("rows") or status in ("interrupted", "failed", "running", UNRECORDED)):

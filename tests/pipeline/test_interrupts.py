@@ -126,7 +126,9 @@ def test_a_driver_killed_without_a_word_is_named_by_its_first_record(tmp_path):
     killed = text.split("longdoc: run ", 1)[1].split()[0]
     assert _record(spec, text)["status"] == "running"
     report = subprocess.run([LONGDOC, "report", str(tmp_path / "out")], capture_output=True, text=True, timeout=WAIT_S)
-    assert report.returncode == 0 and f"({killed})" in report.stdout and "no record of its end" in report.stdout
+    # Its lease names a process that has ended: the driver is gone, not running.
+    assert report.returncode == 0 and f"({killed})" in report.stdout and "ended unrecorded" in report.stdout
+    assert "run the date again to finish it" in report.stdout, report.stdout
     rc, text = _run(spec, "local", None)
     assert rc == 0 and _record(spec, text)["status"] == "succeeded", text[-3000:]
     report = subprocess.run([LONGDOC, "report", str(tmp_path / "out")], capture_output=True, text=True, timeout=WAIT_S)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from ray_head import VENV_BIN, ray_head
 
+from pipeline.date_lease import DateLease
 from pipeline.ops.submit import build_entrypoint, resolve_run_date, submission_id_for
 
 DATE = "2026-02-03"
@@ -184,3 +185,18 @@ def test_cli_errors(head, tmp_path, tiny_model_dir):
     assert r.returncode == 2 and "NOT_SET_ANYWHERE_X" in r.stderr
     r = longdoc("status", "--address", "http://127.0.0.1:9")
     assert r.returncode == 1 and "cannot reach" in r.stderr
+
+
+def test_submit_of_a_date_a_run_writes_now_is_refused_before_the_cluster_is_asked(tmp_path, tiny_model_dir):
+    """`submit --suffix retry1` while the first job still runs: its driver would exit 75 on
+    the cluster; said here first (the address is a closed port: never contacted)."""
+    spec = _job_spec(tmp_path, tiny_model_dir)
+    root = str(tmp_path / "out" / "tinyjob")
+    lease = DateLease(root, DATE, "first-job", "tinyjob")  # this test's process: alive
+    lease.acquire()
+    try:
+        r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path),
+                    "--date", DATE, "--suffix", "retry1")
+    finally:
+        lease.release()
+    assert r.returncode == 75 and "run first-job" in r.stderr and "one run of a date at a time" in r.stderr, r.stderr

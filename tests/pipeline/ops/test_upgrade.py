@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.date_lease import DateLease
 from pipeline.ops.upgrade import upgrade
 from schemas.output import FILE_SCHEMA, SCHEMA_VERSION
 from stages.partition import commit_date
@@ -72,3 +73,21 @@ def test_upgrade_of_a_missing_output_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(typer.Exit):
         upgrade(str(tmp_path / "out"), dry_run=False)
     assert "no output files under" in capsys.readouterr().err
+
+
+def test_upgrade_leaves_a_date_that_a_run_writes_now_to_that_run(tmp_path):
+    """Rewriting a date's files beside a run that publishes into it could undo its publish;
+    the run's own commit upgrades its date."""
+    root = tmp_path / "out"
+    _date(root, "2026-01-01", older=True)
+    _date(root, "2026-01-02", older=True)
+    lease = DateLease(str(root), "2026-01-02", "nightly", "j")
+    lease.acquire()
+    try:
+        done = CliRunner().invoke(app, ["upgrade", str(root)])
+    finally:
+        lease.release()
+    assert done.exit_code == 0 and "2026-01-02: 1 file(s) left: run nightly" in done.output
+    assert "rewrote 1 file(s) of 1 date(s)" in done.output
+    assert NEW in pq.read_schema(next((root / "run_date=2026-01-01").glob("*.parquet"))).names
+    assert NEW not in pq.read_schema(next((root / "run_date=2026-01-02").glob("*.parquet"))).names

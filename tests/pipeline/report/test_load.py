@@ -5,11 +5,16 @@ per run with the recorded wall time when the run wrote one."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
+from dataclasses import asdict
 
+from pipeline.date_lease import Holder
 from pipeline.report.load import list_output_files, load_output, run_summaries
 from schemas.loading import spec_from_dict
 from schemas.output import FILE_SCHEMA, OUTPUT_SCHEMA, output_row, rows_to_table
-from stages.layout import run_record_path, staging_dir
+from stages.layout import lease_path, run_record_path, staging_dir
 from stages.partition import commit_date
 from stages.write import staged_file_name, write_bytes_atomic, write_table_atomic
 
@@ -165,9 +170,18 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
                            run_record_path(root, "2026-01-01", run_id))
 
     record("r1", "2026-01-01T02:00:00+00:00", status="running")
+
+    def lease(seen_at: float) -> None:  # what r1's driver (this process) last wrote
+        holder = Holder("r1", "job", socket.gethostname(), os.getpid(), "2026-01-01T02:00:00+00:00", seen_at, 1)
+        write_bytes_atomic(json.dumps(asdict(holder)).encode(), lease_path(root, "2026-01-01"))
+
+    lease(time.time())  # running: it holds the date and renews its lease
     res = CliRunner().invoke(app, ["report", root])
     assert res.exit_code == 0, res.output
-    assert "(r1)" in res.output and "running" in res.output and "no record of its end" in res.output
+    assert "(r1)" in res.output and "running on host" in res.output
+    lease(time.time() - 3600)  # its driver lost: the lease stays, not renewed
+    res = CliRunner().invoke(app, ["report", root])
+    assert "ended unrecorded" in res.output and "run the date again to finish it" in res.output
     _stage(root, _rows("r1", "2026-01-01", 2))  # what it staged; the next run publishes it
     commit_date(root, "2026-01-01", "r2")
     _stage(root, _rows("r2", "2026-01-01", 3)[2:])
