@@ -288,6 +288,11 @@ def run(
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
+    if s.get("interrupted_by") == "date taken over":  # pipeline/runner.py DateTakenOver
+        typer.echo(f"error: this run stopped and published nothing: {s.get('taken_over')}; the process "
+                   "holding the date publishes this run's staged rows, so there is nothing to rerun now",
+                   err=True)
+        raise typer.Exit(DATE_IN_USE_EXIT)
     if s.get("status") == "interrupted":
         signum = getattr(signal, s.get("interrupted_by") or "SIGINT", signal.SIGINT)
         typer.echo(f"interrupted ({s.get('interrupted_by')}): staged rows are kept; run the same date "

@@ -43,6 +43,11 @@ exactly one row in the output table (written now or by an earlier run of the dat
   earlier attempts' records: its summary lists them in ``earlier_attempts`` (start, end,
   wall time, rows, status) and ``wall_s_all_attempts`` sums their wall times with its own,
   the time the run id's rows cost.
+- One run writes a date at a time (pipeline/date_lease.py): ``run_job`` takes the date's
+  lease before it publishes anything or a model loads, and raises ``DateInUse`` naming a
+  live holder. A run whose lease another process took over (it stalled past the lease's
+  life) stops at its next block and publishes nothing, recorded as interrupted
+  (``interrupted_by: date taken over``, ``taken_over``: why, ``taken_over_by``: the run).
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -90,6 +95,11 @@ from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, wri
 log = logging.getLogger("longdoc")
 MISSING_BLOCK_ROWS = 10_000  # error rows of an aborted run staged per file
 LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
+
+
+class DateTakenOver(KeyboardInterrupt):
+    """The run lost its date's lease (pipeline/date_lease.py): it stops like an interrupted
+    run (staged rows kept) and publishes nothing; the process holding the date does."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -221,10 +231,11 @@ def run_job(
                             address=address, progress=progress, retry_errors=retry_errors,
                             runner=runner, timeline=timeline)
     finally:
-        lease.release()
+        with _interrupts_held():  # the run is recorded: a signal now must not undo its result
+            lease.release()
 
 
-def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: list, earlier: list[dict[str, Any]],
+def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: list[str], earlier: list[dict[str, Any]],
                  started_at: str, lease: DateLease, *, address: str | None, progress: bool,
                  retry_errors: str, runner: str, timeline: dict[str, Any] | None) -> RunResult:
     """``run_job`` once the run holds its date: publish what crashed runs staged, run the
@@ -311,6 +322,8 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             if guard is not None:
                 guard.progress()
             take(batch)
+            if lease.lost:  # another process took the date over: stop as if interrupted
+                raise DateTakenOver(lease.lost_reason)
 
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
@@ -365,10 +378,11 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             if run_requests.shared:
                 shared = {"shared_ids": run_requests.shared, "shared_id_examples": run_requests.shared_examples}
     commit = {"staged_files": 0, "files_written": 0}
-    if interrupted is None and not lease.held:
-        # This run stalled past the lease's life and another run took the date over: that
-        # run publishes what this one staged; publishing here too could publish a row twice.
-        interrupted = KeyboardInterrupt(f"another run took the date over: {lease.taken_by.run_id}")
+    if interrupted is None and not lease.confirm():
+        # Another process took the date over (this run stalled past the lease's life), or the
+        # lease could not be renewed: the holder publishes what this run staged; publishing
+        # here too could publish a row twice.
+        interrupted = DateTakenOver(lease.lost_reason)
     if interrupted is None:
         try:
             commit = commit_date(root, run_date, run_id, stale=stale)
@@ -388,7 +402,12 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         after = scan_date(root, run_date).counts()
         summary = run_summary(tally, wall_s=wall, date_counts=after, aborted=abort)
         if interrupted is not None:
-            summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
+            if isinstance(interrupted, DateTakenOver):
+                taker = lease.taken_by
+                summary.update(status="interrupted", interrupted_by="date taken over", taken_over=str(interrupted),
+                               taken_over_by=taker.run_id if taker is not None else None)
+            else:
+                summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
         summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=skipped, retried=retried,
                        superseded=len(replaced),
                        retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,

@@ -7,13 +7,14 @@ column in file outside of expected schema"). A run upgrades the date it commits
 (stages/partition.py ``commit_date``); this command does the other dates once, after an
 upgrade of longdoc. Each file is rewritten whole under its own name (atomically: a
 reader sees the old file or the new one), its rows and values unchanged and the new
-columns null. A date that a run writes now (its lease, pipeline/date_lease.py) is left
-to that run, whose commit upgrades it.
+columns null. Each date is rewritten holding its lease (pipeline/date_lease.py), as a
+run publishes; a date that a run writes now is left to that run, whose commit upgrades it.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Annotated
 
 import typer
@@ -24,7 +25,7 @@ def upgrade(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the files an upgrade would rewrite.")] = False,
 ) -> None:
     """Rewrite the output's files an earlier longdoc wrote with the current columns (new ones null)."""
-    from pipeline.date_lease import live_holder
+    from pipeline.date_lease import DateInUse, DateLease
     from pipeline.preflight import readable_problem
     from pipeline.report.load import list_output_files, outdated_files, output_root_hint
     from stages.partition import upgrade_date
@@ -42,15 +43,23 @@ def upgrade(
         return
     dates = len(by_date)
     for run_date, paths in sorted(by_date.items()):
-        if holder := live_holder(output_uri, run_date):  # its commit upgrades the date itself
-            typer.echo(f"{run_date}: {len(paths)} file(s) left: {holder.describe(time.time())} writes this "
-                       "date now, and upgrades its files when it publishes")
-            total, dates = total - len(paths), dates - 1
-            continue
         if dry_run:
             typer.echo(f"{run_date}: {len(paths)} file(s) to upgrade")
             continue
-        upgrade_date(output_uri, run_date, paths)
+        # A date's files are rewritten holding its lease, as a run publishes (one writer).
+        lease = DateLease(output_uri, run_date, f"upgrade-{uuid.uuid4().hex[:6]}", "longdoc upgrade",
+                          say=lambda msg: typer.echo(msg, err=True))
+        try:
+            lease.acquire()
+        except DateInUse as e:  # its commit upgrades the date itself
+            typer.echo(f"{run_date}: {len(paths)} file(s) left: {e.holder.describe(time.time()) if e.holder else e} "
+                       "writes this date now, and upgrades its files when it publishes")
+            total, dates = total - len(paths), dates - 1
+            continue
+        try:
+            upgrade_date(output_uri, run_date, paths)
+        finally:
+            lease.release()
         typer.echo(f"{run_date}: {len(paths)} file(s) upgraded")
     verb = "would rewrite" if dry_run else "rewrote"
     typer.echo(f"{output_uri}: {verb} {total} file(s) of {dates} date(s)")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -151,7 +150,7 @@ _ERROR_DETAILS = re.compile(r"'[^']*'|\"[^\"]*\"|\d+(?:\.\d+)?")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
 #: A run whose record still says it started (pipeline/runner.py writes it first, the full
 #: record last): running now, or its driver ended without writing one.
-UNRECORDED = "ended unrecorded"  # the status `report` gives such a run once a later one ran
+UNRECORDED = "ended unrecorded"  # the status `report` gives such a run once its driver is known to be gone
 
 
 def recorded_runs(uri: str) -> list[tuple[str, str]]:
@@ -194,27 +193,24 @@ def staged_tables(uri: str, run_date: str, run_id: str) -> Iterator[pa.Table]:
 
 def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
              records: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]]) -> tuple[str, str]:
-    """(status, note) of a run whose record still says ``running``: a later run of its date
-    that recorded its end means this one's driver ended without writing it (``UNRECORDED``;
-    the later run took the date on, publishing what it had staged); so does a date whose
-    lease (pipeline/date_lease.py) no longer names it, or names it but lapsed. A run that
-    holds the lease is running: the note says where, and when it last renewed it."""
+    """(status, note) of a run whose record still says ``running``. Its driver ended without
+    writing its end (``UNRECORDED``) when a later run of its date recorded its end, or when
+    the date's lease (pipeline/date_lease.py) names it but its holder is gone (or names
+    another run). A run holding the lease is running; with no lease at all (a longdoc
+    before leases wrote it, or the lease was removed) it may be either."""
     started = recorded.get("started_at") or ""
     later = [rid for (d, rid), (s, _) in records.items()
              if d == run_date and (s.get("started_at") or "") > started and s.get("status") not in (None, "running")]
+    ended = "its driver ended without a record of its end (its Ray head node lost, or killed)"
     if later:
-        return UNRECORDED, (f"its driver ended without a record of its end (its Ray head node lost, or killed); "
-                            f"the later run {later[-1]} went on with the date")
+        return UNRECORDED, f"{ended}; the later run {later[-1]} went on with the date"
     holder = lease_holder(uri, run_date)
-    if holder is None or holder.run_id != run_id:
-        return UNRECORDED, ("its driver ended without a record of its end (its Ray head node lost, or killed); "
-                            "run the date again to finish it")
+    if holder is None:
+        return "running", f"no record of its end: still running, or {ended}; run the date again to finish it"
     now = time.time()
-    ago = max(0, round(now - holder.seen_at))
-    if holder.gone(now, socket.gethostname()):
-        return UNRECORDED, (f"its driver ended without a record of its end (host {holder.host}, pid {holder.pid}, "
-                            f"last renewed the date's lease {ago} s ago); run the date again to finish it")
-    return "running", f"running on host {holder.host} (pid {holder.pid}); it renewed the date's lease {ago} s ago"
+    if holder.run_id != run_id or holder.gone(now):
+        return UNRECORDED, f"{ended}; run the date again to finish it"
+    return "running", f"running: {holder.describe(now)}"
 
 
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import socket
 import time
 from dataclasses import asdict
 
-from pipeline.date_lease import Holder
+from pipeline.date_lease import Holder, machine_id
 from pipeline.report.load import list_output_files, load_output, run_summaries
 from schemas.loading import spec_from_dict
 from schemas.output import FILE_SCHEMA, OUTPUT_SCHEMA, output_row, rows_to_table
@@ -172,13 +172,14 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
     record("r1", "2026-01-01T02:00:00+00:00", status="running")
 
     def lease(seen_at: float) -> None:  # what r1's driver (this process) last wrote
-        holder = Holder("r1", "job", socket.gethostname(), os.getpid(), "2026-01-01T02:00:00+00:00", seen_at, 1)
+        holder = Holder("r1", "job", socket.gethostname(), machine_id(), os.getpid(), "t", "2026-01-01T02:00:00+00:00",
+                        seen_at, 1)
         write_bytes_atomic(json.dumps(asdict(holder)).encode(), lease_path(root, "2026-01-01"))
 
     lease(time.time())  # running: it holds the date and renews its lease
     res = CliRunner().invoke(app, ["report", root])
     assert res.exit_code == 0, res.output
-    assert "(r1)" in res.output and "running on host" in res.output
+    assert "(r1)" in res.output and "running: run r1" in res.output
     lease(time.time() - 3600)  # its driver lost: the lease stays, not renewed
     res = CliRunner().invoke(app, ["report", root])
     assert "ended unrecorded" in res.output and "run the date again to finish it" in res.output
