@@ -233,7 +233,10 @@ def run(
                      "resources.actors is 1, else ray."),
     ] = Runner.auto,
 ) -> None:
-    """Run a job and print its summary."""
+    """Run a job and print its summary.
+
+    Exit status: 0 done; 1 the run aborted, or over --max-failed-fraction of the date's rows failed (a rerun retries the retryable ones); 2 a bad spec, option or input, refused before anything ran (fix it first); 75 another run writes this date, or took it over from this one (try later; nothing to redo); 130 / 143 interrupted by SIGINT / SIGTERM (rerun the date: it publishes what was staged).
+    """
     if verbose:
         import os
 
@@ -338,6 +341,8 @@ def _interrupts_raise():
 
     def handler(signum, _frame):
         if seen:
+            print(f"\n{signal.Signals(signum).name} again: exiting now, without the run's record; the rows "
+                  "staged so far are kept: run the same date again to publish them", file=sys.stderr, flush=True)
             _exit_now(128 + seen[0])
         seen.append(signum)
         raise RunInterrupted(signum)

@@ -101,13 +101,21 @@ class Holder:
         """Whether the holder runs on this machine (its process and clock can be asked)."""
         return self.machine == machine_id()
 
+    def state(self, now: float) -> str:
+        """One look's verdict (for commands that cannot watch): "ended" (on this machine its
+        process has ended; another machine's has not renewed for ``FOREIGN_STALE_S`` by this
+        clock: a live run is never judged gone for a clock's skew), "stalled" (on this machine
+        its process is there but has not renewed for ``STALE_S``: stopped or hung; the next
+        run of the date takes it over) or "running"."""
+        if not self.here():
+            return "ended" if now - self.seen_at > FOREIGN_STALE_S else "running"
+        if not _pid_running(self.pid):
+            return "ended"
+        return "stalled" if now - self.seen_at > STALE_S else "running"
+
     def gone(self, now: float) -> bool:
-        """One look's verdict (for commands that cannot watch): on this machine, its process
-        has ended or it has not renewed for ``STALE_S``; another machine's, only after
-        ``FOREIGN_STALE_S`` by this clock (a live run is never judged gone for a clock's skew)."""
-        if self.here():
-            return not _pid_running(self.pid) or now - self.seen_at > STALE_S
-        return now - self.seen_at > FOREIGN_STALE_S
+        """Whether the next run of the date may take it over (``state`` not "running")."""
+        return self.state(now) != "running"
 
     def describe(self, now: float) -> str:
         if self.here():
@@ -130,6 +138,16 @@ class DateInUse(RuntimeError):
             f"another run is writing {root} for {run_date}: {who}. One run of a date at a time: two would "
             f"do every request twice and could publish a row twice. Wait for it to end (`longdoc report "
             f"{root}` shows it), or run another --date. {stop}".rstrip())
+
+
+def _gone_note(holder: Holder | None, now: float) -> str:
+    """What a run that takes a date over says of its holder."""
+    if holder is None:
+        return "the date's lease could not be read and did not change while watched"
+    if holder.state(now) == "stalled":
+        return (f"{holder.describe(now)}: its process is still there but stopped renewing (stopped or hung?); "
+                "if it wakes it stops and publishes nothing")
+    return f"the date was held by a run that is gone ({holder.describe(now)})"
 
 
 def _parse(raw: bytes) -> Holder | None:
@@ -208,9 +226,7 @@ class DateLease:
                     continue
                 if verdict == "alive":
                     raise DateInUse(self.root, self.run_date, holder, self.uri, self.clock())
-                who = holder.describe(self.clock()) if holder is not None else "a lease this longdoc cannot read"
-                self.say(f"note: the lease of {self.run_date} was held by a run that is gone ({who}); "
-                         "this run takes the date over")
+                self.say(f"note: {_gone_note(holder, self.clock())}; this run takes {self.run_date} over")
             if self._take(expect=raw):
                 break
         self._thread = threading.Thread(target=self._renew_loop, name="longdoc-date-lease", daemon=True)

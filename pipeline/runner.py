@@ -291,7 +291,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
     t0 = time.perf_counter()  # after Ray's start; the models load after this, in both runners
     n_shards = len(shards)
     _say(progress, f"longdoc: run {run_id} date {run_date}: {n_shards} input file(s), "
-         f"{len(skip)} row(s) of the date already done, {retried} error row(s) to retry "
+         f"{len(skip)} row(s) of the date already written (this run skips those it asks again), {retried} error row(s) to retry "
          f"(--retry-errors {retry_errors}); output {root}"
          + ("; runner local: in this process, no Ray" if runner == "local" else "")
          + f"; {spec.resources.num_cpus:g} CPU(s) per generate actor")

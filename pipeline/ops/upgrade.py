@@ -24,7 +24,10 @@ def upgrade(
     output_uri: Annotated[str, typer.Argument(help="Output table root (the spec's output.uri).")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the files an upgrade would rewrite.")] = False,
 ) -> None:
-    """Rewrite the output's files an earlier longdoc wrote with the current columns (new ones null)."""
+    """Rewrite the output's files an earlier longdoc wrote with the current columns (new ones null).
+
+    Exits 75 when a date was left to the run writing it now (its commit upgrades it; or try later).
+    """
     from pipeline.date_lease import DateInUse, DateLease
     from pipeline.preflight import readable_problem
     from pipeline.report.load import list_output_files, outdated_files, output_root_hint
@@ -63,3 +66,7 @@ def upgrade(
         typer.echo(f"{run_date}: {len(paths)} file(s) upgraded")
     verb = "would rewrite" if dry_run else "rewrote"
     typer.echo(f"{output_uri}: {verb} {total} file(s) of {dates} date(s)")
+    if dates < len(by_date):  # a script must see that dates were left: try later, as `run` says
+        from pipeline.date_lease import DATE_IN_USE_EXIT
+
+        raise typer.Exit(DATE_IN_USE_EXIT)

@@ -201,15 +201,19 @@ def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
     started = recorded.get("started_at") or ""
     later = [rid for (d, rid), (s, _) in records.items()
              if d == run_date and (s.get("started_at") or "") > started and s.get("status") not in (None, "running")]
-    ended = "its driver ended without a record of its end (its Ray head node lost, or killed)"
+    ended = "its driver ended without a record of its end (killed, or its machine or Ray head node lost)"
     if later:
         return UNRECORDED, f"{ended}; the later run {later[-1]} went on with the date"
     holder = lease_holder(uri, run_date)
     if holder is None:
         return "running", f"no record of its end: still running, or {ended}; run the date again to finish it"
     now = time.time()
-    if holder.run_id != run_id or holder.gone(now):
+    state = holder.state(now) if holder.run_id == run_id else "ended"
+    if state == "ended":
         return UNRECORDED, f"{ended}; run the date again to finish it"
+    if state == "stalled":
+        return "running", (f"stalled: {holder.describe(now)}; its process is still there (stopped or hung?); "
+                           "the next run of the date takes it over")
     return "running", f"running: {holder.describe(now)}"
 
 

@@ -299,7 +299,7 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         ("acceptance_rate", "draft acceptance rate"),
         ("draft_tokens", "  of tokens drafted"),
         ("tokens_per_step", "tokens per decode step (1: speculation saved no step)"),
-        ("docs_per_s", f"docs/s ({summary.get('throughput_basis', 'wall')} time)"),
+        ("docs_per_s", f"docs/s ({summary.get('throughput_basis') or 'wall'} time)"),
         ("output_tokens_per_s", "output tokens/s"),
         ("p50_e2e_s", "p50 latency (s)"),
         ("p95_e2e_s", "p95 latency (s)"),

@@ -138,7 +138,8 @@ def test_a_gone_run_of_this_machine_is_taken_over_with_a_note(tmp_path, why):
     lease = DateLease(root, DATE, "r2", "job", say=said.append, **FAST)
     lease.acquire()
     assert lease_holder(root, DATE).run_id == "r2" and not lease.lost
-    assert len(said) == 1 and "held by a run that is gone" in said[0] and "run other" in said[0]
+    assert len(said) == 1 and "run other" in said[0] and "this run takes 2026-03-01 over" in said[0]
+    assert ("held by a run that is gone" if why == "ended" else "still there but stopped renewing") in said[0]
     lease.release()
 
 
@@ -320,6 +321,9 @@ def test_report_tells_a_running_run_from_one_whose_driver_is_gone(tmp_path):
     _foreign(root, run_id="r1")
     (only,) = run_summaries(root, load_output(root))
     assert only["status"] == "running" and "running: run r1" in only["note"]
+    _foreign(root, run_id="r1", seen_at=time.time() - 60)  # its process is there, not renewing
+    (only,) = run_summaries(root, load_output(root))
+    assert only["status"] == "running" and "stalled" in only["note"] and "stopped or hung" in only["note"]
     _foreign(root, run_id="r1", pid=_ended_pid())
     (only,) = run_summaries(root, load_output(root))
     assert only["status"] == "ended unrecorded" and "run the date again" in only["note"]

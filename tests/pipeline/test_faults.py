@@ -191,7 +191,7 @@ def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_m
     #    crashed run's blocks are published first; unfinished requests become error rows.
     proc, output, killed2, abort_s = _run_with_actor_kill(spec, head, out, "--set", "resources.max_retries=0")
     assert proc.returncode == 1 and "run aborted" in output, output[-4000:]
-    done_before = int(re.search(r"(\d+) row\(s\) of the date already done", output).group(1))
+    done_before = int(re.search(r"(\d+) row\(s\) of the date already written", output).group(1))
     assert len(before) <= done_before < N_DOCS, (len(before), done_before)
     rows = _written_rows(out)
     ids = [r["request_id"] for r in rows]

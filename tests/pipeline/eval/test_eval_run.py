@@ -112,7 +112,7 @@ def test_eval_command_end_to_end(tmp_path, tiny_model_dir, ray_session) -> None:
     ]  # fmt: skip
     res = CliRunner().invoke(app, rerun)
     assert res.exit_code == 0, res.output
-    assert "3 row(s) of the date already done" in res.output and "runner local" not in res.output
+    assert "3 row(s) of the date already written" in res.output and "runner local" not in res.output
     first_wall = summary["summary"][0]["wall_s_per_request"] * 3
     resumed = json.loads((d / "summary.json").read_text())["summary"][0]
     (record,) = (d / "runs").glob("truncate-64.runs/*/e1.json")

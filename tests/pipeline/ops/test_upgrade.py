@@ -87,7 +87,7 @@ def test_upgrade_leaves_a_date_that_a_run_writes_now_to_that_run(tmp_path):
         done = CliRunner().invoke(app, ["upgrade", str(root)])
     finally:
         lease.release()
-    assert done.exit_code == 0 and "2026-01-02: 1 file(s) left: run nightly" in done.output
+    assert done.exit_code == 75 and "2026-01-02: 1 file(s) left: run nightly" in done.output
     assert "rewrote 1 file(s) of 1 date(s)" in done.output
     assert NEW in pq.read_schema(next((root / "run_date=2026-01-01").glob("*.parquet"))).names
     assert NEW not in pq.read_schema(next((root / "run_date=2026-01-02").glob("*.parquet"))).names

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -171,16 +173,18 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
 
     record("r1", "2026-01-01T02:00:00+00:00", status="running")
 
-    def lease(seen_at: float) -> None:  # what r1's driver (this process) last wrote
-        holder = Holder("r1", "job", socket.gethostname(), machine_id(), os.getpid(), "t", "2026-01-01T02:00:00+00:00",
+    def lease(seen_at: float, pid: int) -> None:  # what r1's driver last wrote
+        holder = Holder("r1", "job", socket.gethostname(), machine_id(), pid, "t", "2026-01-01T02:00:00+00:00",
                         seen_at, 1)
         write_bytes_atomic(json.dumps(asdict(holder)).encode(), lease_path(root, "2026-01-01"))
 
-    lease(time.time())  # running: it holds the date and renews its lease
+    lease(time.time(), os.getpid())  # running: it holds the date and renews its lease
     res = CliRunner().invoke(app, ["report", root])
     assert res.exit_code == 0, res.output
     assert "(r1)" in res.output and "running: run r1" in res.output
-    lease(time.time() - 3600)  # its driver lost: the lease stays, not renewed
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    lease(time.time() - 3600, ended.pid)  # its driver killed: the lease stays, naming a process that ended
     res = CliRunner().invoke(app, ["report", root])
     assert "ended unrecorded" in res.output and "run the date again to finish it" in res.output
     _stage(root, _rows("r1", "2026-01-01", 2))  # what it staged; the next run publishes it
