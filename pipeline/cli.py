@@ -292,9 +292,10 @@ def run(
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
     if s.get("interrupted_by") == "date taken over":  # pipeline/runner.py DateTakenOver
-        typer.echo(f"error: this run stopped and published nothing: {s.get('taken_over')}; the process "
-                   "holding the date publishes this run's staged rows, so there is nothing to rerun now",
-                   err=True)
+        then = ("the process holding the date publishes this run's staged rows, so there is nothing to rerun now"
+                if s.get("taken_over_by") else
+                "its rows are staged: run the same date again once the storage answers, to publish them")
+        typer.echo(f"error: this run stopped and published nothing: {s.get('taken_over')}; {then}", err=True)
         raise typer.Exit(DATE_IN_USE_EXIT)
     if s.get("status") == "interrupted":
         signum = getattr(signal, s.get("interrupted_by") or "SIGINT", signal.SIGINT)
