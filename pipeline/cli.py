@@ -266,7 +266,7 @@ def run(
         typer.echo(f"note: {note}", err=True)
     from pipeline.date_lease import DATE_IN_USE_EXIT, DateInUse
     from pipeline.report.summary import format_summary
-    from pipeline.runner import RunInterrupted, run_job
+    from pipeline.runner import LEASE_LOST, LEASE_NOT_RENEWED, RunInterrupted, run_job
 
     restore = _interrupts_raise()
     try:
@@ -291,9 +291,9 @@ def run(
     typer.echo(format_summary(result.summary, title=f"{job.name} {result.run_date} ({result.run_id})"))
     typer.echo(f"output: {result.output_uri}")
     s = result.summary
-    if s.get("interrupted_by") == "date taken over":  # pipeline/runner.py DateTakenOver
+    if s.get("interrupted_by") in (LEASE_LOST, LEASE_NOT_RENEWED):  # pipeline/runner.py DateTakenOver
         then = ("the process holding the date publishes this run's staged rows, so there is nothing to rerun now"
-                if s.get("taken_over_by") else
+                if s["interrupted_by"] == LEASE_LOST else
                 "its rows are staged: run the same date again once the storage answers, to publish them")
         typer.echo(f"error: this run stopped and published nothing: {s.get('taken_over')}; {then}", err=True)
         raise typer.Exit(DATE_IN_USE_EXIT)

@@ -47,7 +47,8 @@ exactly one row in the output table (written now or by an earlier run of the dat
   lease before it publishes anything or a model loads, and raises ``DateInUse`` naming a
   live holder. A run whose lease another process took over (it stalled past the lease's
   life) stops at its next block and publishes nothing, recorded as interrupted
-  (``interrupted_by: date taken over``, ``taken_over``: why, ``taken_over_by``: the run).
+  (``interrupted_by: date taken over``, ``taken_over``: why, ``taken_over_by``: the run; or
+  ``lease not renewed`` when storage kept it from renewing: a rerun publishes its rows).
 - A generate pool that no node can take (a GPU or custom resource the cluster lacks)
   fails at once on the embedded Ray (``ValueError`` naming the resource, nothing
   written), and on a cluster after ``resources.schedule_timeout_s`` without a placed
@@ -95,6 +96,10 @@ from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, wri
 log = logging.getLogger("longdoc")
 MISSING_BLOCK_ROWS = 10_000  # error rows of an aborted run staged per file
 LEDGER_LOOK_S = 10.0  # how often the progress line looks for a complete ledger (one listing)
+
+
+#: ``interrupted_by`` of a run that lost its date to another process / could not renew its lease.
+LEASE_LOST, LEASE_NOT_RENEWED = "date taken over", "lease not renewed"
 
 
 class DateTakenOver(KeyboardInterrupt):
@@ -245,6 +250,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
 
     # Rows a crashed earlier run left staged are published first: staging then holds
     # only this run's blocks, and the skip set below sees every row ever written.
+    lease.ensure()  # still this process's date (an object store's takeover race): else DateInUse
     commit_date(root, run_date, run_id)
     clear_ledger(root, run_date)  # a crashed run's ledger describes another run's requests
     before = scan_date(root, run_date)
@@ -345,10 +351,13 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         # run's record counts every row the next run will publish under its id.
         from pipeline.report.load import staged_tables
 
-        for table in staged_tables(root, run_date, run_id):
-            fresh = table.filter(pc.invert(pc.is_in(table.column("request_id"), pa.array(sorted(seen_ids), pa.string()))))
-            if fresh.num_rows:
-                take(fresh)
+        try:
+            for table in staged_tables(root, run_date, run_id):
+                fresh = table.filter(pc.invert(pc.is_in(table.column("request_id"), pa.array(sorted(seen_ids), pa.string()))))
+                if fresh.num_rows:
+                    take(fresh)
+        except FileNotFoundError:  # the date's new holder published them meanwhile (DateTakenOver)
+            pass
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
     with _interrupts_held() as arrived:
@@ -404,8 +413,8 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         if interrupted is not None:
             if isinstance(interrupted, DateTakenOver):
                 taker = lease.taken_by
-                summary.update(status="interrupted", interrupted_by="date taken over", taken_over=str(interrupted),
-                               taken_over_by=taker.run_id if taker is not None else None)
+                summary.update(status="interrupted", interrupted_by=LEASE_LOST if lease.lost else LEASE_NOT_RENEWED,
+                               taken_over=str(interrupted), taken_over_by=taker.run_id if taker is not None else None)
             else:
                 summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
         summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=skipped, retried=retried,

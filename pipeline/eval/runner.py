@@ -206,8 +206,8 @@ def run_eval(
             failed[r.tag] = f"{type(e).__name__}: {e}"
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
             continue
-        if res.summary.get("interrupted_by") == "date taken over":  # another eval of this id writes it
-            failed[r.tag] = f"another process took its date over ({res.summary.get('taken_over')})"
+        if res.summary.get("taken_over"):  # its date's lease lost or not renewed (pipeline/date_lease.py)
+            failed[r.tag] = f"published nothing: {res.summary['taken_over']}; rerun with --eval-id {eval_id}"
             typer.echo(f"eval: run {r.tag} failed: {failed[r.tag]}", err=True)
             continue
         if res.summary.get("status") == "failed":  # Ray gave up: rows are retryable errors

@@ -11,8 +11,10 @@ one whose driver is gone; and the same on the S3-compatible server.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -40,15 +42,27 @@ from stages.write import write_bytes_atomic
 
 DATE = "2026-03-01"
 LONGDOC = str(Path(sys.executable).parent / "longdoc")
+ROOT = Path(__file__).resolve().parents[2]
 FAST = {"renew_s": 0.1, "stale_s": 0.8, "settle_s": 0.05}
 
 
 def _foreign(root: str, run_id: str = "other", machine: str | None = None, pid: int | None = None,
              seen_at: float | None = None, beat: int = 0, token: str = "their-token") -> None:
-    """A lease written by another process (on this machine, and this live process, unless said)."""
-    h = Holder(run_id, "job", "their-host", machine or machine_id(), pid or os.getpid(), token,
-               "2026-03-01T01:00:00+00:00", time.time() if seen_at is None else seen_at, beat)
+    """A lease file written by another process (on this machine, and this live process, unless said)."""
+    h = Holder(run_id=run_id, job="job", host="their-host", machine=machine or machine_id(), pid=pid or os.getpid(),
+               token=token, started_at="2026-03-01T01:00:00+00:00",
+               seen_at=time.time() if seen_at is None else seen_at, beat=beat)
     write_bytes_atomic(json.dumps(asdict(h)).encode(), lease_path(root, DATE))
+
+
+@pytest.fixture
+def no_locks(monkeypatch):
+    """A folder whose filesystem has no kernel locks (some FUSE and network mounts): the
+    date is held the object store's way, through the lease file alone."""
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
 
 
 class _Renewing:
@@ -85,6 +99,23 @@ def _ended_pid() -> int:
     return p.pid
 
 
+_HOLD = """
+import sys, time
+from pipeline.date_lease import DateLease
+DateLease(sys.argv[1], sys.argv[2], sys.argv[3], "nightly").acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holding_process(root: str, run_id: str) -> subprocess.Popen:
+    """Another `longdoc run` holding the date (a process of its own, as a second run meets it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONSAFEPATH": "1"}
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, root, DATE, run_id], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
 def test_a_free_date_is_taken_renewed_and_released(tmp_path):
     root = str(tmp_path / "out")
     lease = DateLease(root, DATE, "r1", "job", **FAST)
@@ -100,83 +131,32 @@ def test_a_free_date_is_taken_renewed_and_released(tmp_path):
     assert lease_holder(root, DATE) is None and not os.path.exists(lease_path(root, DATE))
 
 
-def test_a_live_run_of_this_machine_is_refused_at_once_by_name(tmp_path):
+def test_a_live_run_is_refused_at_once_by_name_and_a_killed_one_taken_over_at_once(tmp_path):
+    """The kernel's lock: a second run (even resuming the same run id) is refused while the
+    first process lives, stopped or not; once it is killed the next run takes the date."""
     root = str(tmp_path / "out")
-    _foreign(root)
-    t0 = time.monotonic()
-    with pytest.raises(DateInUse) as e:
-        DateLease(root, DATE, "r2", "job").acquire()
-    assert time.monotonic() - t0 < 5  # this machine: its process tells, no watching
-    msg = str(e.value)
-    assert "run other" in msg and f"pid {os.getpid()}" in msg and "their-host" in msg and "another --date" in msg
-    assert lease_holder(root, DATE).token == "their-token"  # untouched
-
-
-def test_a_second_process_resuming_the_same_run_id_is_refused_while_the_first_runs(tmp_path):
-    """`--run-id R` (or `eval --eval-id E`) started again while the first still runs."""
-    root = str(tmp_path / "out")
-    _foreign(root, run_id="r1")
-    with pytest.raises(DateInUse):
-        DateLease(root, DATE, "r1", "job").acquire()
-    _foreign(root, run_id="r1", pid=_ended_pid())  # the first attempt crashed: resumed at once
+    holder = _holding_process(root, "nightly")
+    try:
+        t0 = time.monotonic()
+        for run_id in ("r2", "nightly"):
+            with pytest.raises(DateInUse) as e:
+                DateLease(root, DATE, run_id, "job").acquire()
+            msg = str(e.value)
+            assert "run nightly" in msg and f"pid {holder.pid}" in msg and "another --date" in msg
+        assert time.monotonic() - t0 < 5  # no watching on a local folder
+        holder.send_signal(signal.SIGSTOP)  # stopped, and not renewing for a while
+        _foreign(root, run_id="nightly", pid=holder.pid, seen_at=time.time() - 60, token="theirs")
+        with pytest.raises(DateInUse) as e:
+            DateLease(root, DATE, "r3", "job").acquire()
+        assert f"end it (pid {holder.pid}" in str(e.value)
+        holder.kill()
+        holder.wait()
+    finally:
+        holder.kill()
     said: list[str] = []
-    lease = DateLease(root, DATE, "r1", "job", say=said.append, **FAST)
+    lease = DateLease(root, DATE, "r4", "job", say=said.append)
     lease.acquire()
-    assert lease_holder(root, DATE).token == lease.token and "gone" in said[0]
-    lease.release()
-
-
-@pytest.mark.parametrize("why", ["ended", "silent"])
-def test_a_gone_run_of_this_machine_is_taken_over_with_a_note(tmp_path, why):
-    """Its process ended (SIGKILL, a crash), or it lives (a pid reused) but has not renewed."""
-    root = str(tmp_path / "out")
-    if why == "ended":
-        _foreign(root, pid=_ended_pid())
-    else:
-        _foreign(root, seen_at=time.time() - 60)
-    said: list[str] = []
-    lease = DateLease(root, DATE, "r2", "job", say=said.append, **FAST)
-    lease.acquire()
-    assert lease_holder(root, DATE).run_id == "r2" and not lease.lost
-    assert len(said) == 1 and "run other" in said[0] and "this run takes 2026-03-01 over" in said[0]
-    assert ("held by a run that is gone" if why == "ended" else "still there but stopped renewing") in said[0]
-    lease.release()
-
-
-def test_another_machines_run_is_watched_refused_while_it_renews_taken_once_silent(tmp_path):
-    root = str(tmp_path / "out")
-    elsewhere = {"machine": "elsewhere", "pid": 1, "seen_at": time.time() + 3600}  # its clock is not ours
-    with _Renewing(root, **elsewhere), pytest.raises(DateInUse) as e:
-        DateLease(root, DATE, "r2", "job", **{**FAST, "stale_s": 5.0}).acquire()
-    assert "by that machine's clock" in str(e.value)
-    said: list[str] = []
-    t0 = time.monotonic()
-    lease = DateLease(root, DATE, "r3", "job", say=said.append, **FAST)
-    lease.acquire()  # silent now: taken after watching stale_s
-    assert FAST["stale_s"] <= time.monotonic() - t0 < 10
-    assert lease_holder(root, DATE).run_id == "r3"
-    assert "watching up to" in said[0] and "gone" in said[1]
-    lease.release()
-
-
-def test_a_lease_changing_hands_while_watched_is_judged_again(tmp_path):
-    """A gone run's lease, watched by two runs: the one that took it first is not overwritten."""
-    root = str(tmp_path / "out")
-    _foreign(root, machine="elsewhere", pid=1, token="gone-run")
-    with _Renewing(root, after_s=0.2, run_id="first-taker", machine="elsewhere-too", pid=2, token="taker"), \
-            pytest.raises(DateInUse) as e:
-        DateLease(root, DATE, "r2", "job", **{**FAST, "stale_s": 5.0}).acquire()
-    assert "run first-taker" in str(e.value)
-
-
-def test_a_lease_this_version_cannot_read_is_watched_then_taken(tmp_path):
-    root = str(tmp_path / "out")
-    Path(lease_path(root, DATE)).parent.mkdir(parents=True)
-    Path(lease_path(root, DATE)).write_text('{"run_id": "x", "jo')  # an unfinished write, or another format
-    said: list[str] = []
-    lease = DateLease(root, DATE, "r4", "job", say=said.append, **FAST)
-    lease.acquire()
-    assert lease_holder(root, DATE).run_id == "r4" and "cannot read" in said[0]
+    assert lease_holder(root, DATE).run_id == "r4" and "held by a run that is gone" in said[0]
     lease.release()
 
 
@@ -186,7 +166,7 @@ def test_two_runs_taking_a_free_date_at_once_leave_one_holder(tmp_path):
     results: dict[str, object] = {}
 
     def take(run_id: str) -> None:
-        lease = DateLease(root, DATE, run_id, "job", **{**FAST, "stale_s": 30.0})
+        lease = DateLease(root, DATE, run_id, "job")
         barrier.wait()
         try:
             lease.acquire()
@@ -205,15 +185,73 @@ def test_two_runs_taking_a_free_date_at_once_leave_one_holder(tmp_path):
     results[held[0]].release()
 
 
-def test_a_filesystem_without_hard_links_takes_a_free_date_by_write_and_read_back(tmp_path, monkeypatch):
-    def no_links(src, dst):
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
+def test_without_locks_a_live_process_here_is_refused_and_an_ended_one_taken_over(tmp_path, no_locks):
     root = str(tmp_path / "out")
-    lease = DateLease(root, DATE, "r1", "job", **FAST)
+    _foreign(root, seen_at=time.time() - 3600)  # this live process, silent for an hour: alive, never taken
+    with pytest.raises(DateInUse):
+        DateLease(root, DATE, "r2", "job", **FAST).acquire()
+    _foreign(root, pid=_ended_pid())
+    said: list[str] = []
+    lease = DateLease(root, DATE, "r2", "job", say=said.append, **FAST)
     lease.acquire()
-    assert lease_holder(root, DATE).token == lease.token
+    assert lease_holder(root, DATE).token == lease.token and "gone" in said[0]
+    with pytest.raises(DateInUse):  # the write-and-read-back path holds it too
+        DateLease(root, DATE, "r3", "job", **FAST).acquire()
+    lease.release()
+
+
+def test_another_machines_run_is_watched_refused_while_it_renews_taken_once_silent(tmp_path, no_locks):
+    root = str(tmp_path / "out")
+    elsewhere = {"machine": "elsewhere", "pid": 1, "seen_at": time.time() + 3600}  # its clock is not ours
+    with _Renewing(root, **elsewhere), pytest.raises(DateInUse) as e:
+        DateLease(root, DATE, "r2", "job", **{**FAST, "stale_s": 5.0}).acquire()
+    assert "by that machine's clock" in str(e.value)
+    said: list[str] = []
+    t0 = time.monotonic()
+    lease = DateLease(root, DATE, "r3", "job", say=said.append, **FAST)
+    lease.acquire()  # silent now: taken after watching stale_s
+    assert FAST["stale_s"] <= time.monotonic() - t0 < 10
+    assert lease_holder(root, DATE).run_id == "r3"
+    assert "watching up to" in said[0] and "gone" in said[1]
+    lease.release()
+
+
+def test_a_lease_changing_hands_while_watched_is_judged_again(tmp_path, no_locks):
+    """A gone run's lease, watched by two runs: the one that took it first is not overwritten."""
+    root = str(tmp_path / "out")
+    _foreign(root, machine="elsewhere", pid=1, token="gone-run")
+    with _Renewing(root, after_s=0.2, run_id="first-taker", machine="elsewhere-too", pid=2, token="taker"), \
+            pytest.raises(DateInUse) as e:
+        DateLease(root, DATE, "r2", "job", **{**FAST, "stale_s": 5.0}).acquire()
+    assert "run first-taker" in str(e.value)
+
+
+def test_a_lease_this_version_cannot_read_is_watched_refused_while_it_moves_taken_once_still(tmp_path, no_locks):
+    """A newer longdoc's lease, renewed: refused (never a loop); a torn one left still: taken."""
+    root = str(tmp_path / "out")
+    stop = threading.Event()
+
+    def newer_format() -> None:
+        n = 0
+        while not stop.wait(0.1):
+            n += 1
+            write_bytes_atomic(json.dumps({"holder": {"run": "x"}, "n": n}).encode(), lease_path(root, DATE))
+
+    write_bytes_atomic(b'{"holder": {}}', lease_path(root, DATE))
+    t = threading.Thread(target=newer_format)
+    t.start()
+    try:
+        with pytest.raises(DateInUse) as e:
+            DateLease(root, DATE, "r3", "job", **{**FAST, "stale_s": 5.0}).acquire()
+        assert "cannot read" in str(e.value)
+    finally:
+        stop.set()
+        t.join()
+    Path(lease_path(root, DATE)).write_text('{"run_id": "x", "jo')  # an unfinished write
+    said: list[str] = []
+    lease = DateLease(root, DATE, "r4", "job", say=said.append, **FAST)
+    lease.acquire()
+    assert lease_holder(root, DATE).run_id == "r4" and "cannot read" in said[0]
     lease.release()
 
 
@@ -221,9 +259,11 @@ def test_a_run_that_lost_its_lease_stops_renewing_and_leaves_the_new_holders_lea
     root = str(tmp_path / "out")
     lease = DateLease(root, DATE, "r1", "job", renew_s=3600, stale_s=30, settle_s=0)
     lease.acquire()
-    _foreign(root, run_id="r2")  # it stalled past stale_s and r2 took the date over
+    _foreign(root, run_id="r2")  # another process wrote over it (its lock file removed by hand)
     assert lease.renew() is False and lease.lost and lease.taken_by.run_id == "r2"
     assert not lease.confirm() and "run r2" in lease.lost_reason
+    with pytest.raises(DateInUse):
+        lease.ensure()
     lease.release()
     assert lease_holder(root, DATE).run_id == "r2"
 
@@ -251,11 +291,12 @@ def test_renewals_that_fail_for_half_the_lease_forbid_publishing_and_release_nev
 
 
 class _TakenOver(DateLease):
-    """A lease that another process takes over right after this run took it (a stalled
-    run); the taker's process has ended by the time the next run looks."""
+    """A lease that another process takes over once the run has published what it found
+    staged and started its stages (the run stalled); the taker's process has ended by the
+    time the next run looks."""
 
-    def acquire(self) -> None:
-        super().acquire()
+    def ensure(self) -> None:
+        super().ensure()
         _foreign(self.root, run_id="taker", pid=_ended_pid())
         self.renew()
 
@@ -298,9 +339,13 @@ def test_longdoc_run_of_a_held_date_exits_75_before_any_model_loads(tmp_path):
     path = tmp_path / "lease.yaml"
     path.write_text(json.dumps(spec.model_dump(mode="json")))
     root = str(tmp_path / "out")
+    holder = _holding_process(root, "nightly")
     t0 = time.monotonic()
-    with _Renewing(root, run_id="nightly", every_s=1.0):  # this test's own live process holds it
+    try:
         r = subprocess.run([LONGDOC, "run", str(path), "--date", DATE], capture_output=True, text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
     assert r.returncode == DATE_IN_USE_EXIT == 75, r.stderr[-2000:]
     assert "another run is writing" in r.stderr and "run nightly" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 60 and "loading the model" not in r.stderr
@@ -342,6 +387,26 @@ def test_the_lease_works_on_an_s3_compatible_store(monkeypatch):
             DateLease(root, DATE, "r2", "job", **FAST).acquire()
         lease.release()
         assert lease_holder(root, DATE) is None
+        # Two runs taking the free date at once: the store's create-if-absent lets one in.
+        barrier, results = threading.Barrier(2), {}
+
+        def take(run_id: str) -> None:
+            lease = DateLease(root, DATE, run_id, "job", **FAST)
+            barrier.wait()
+            try:
+                lease.acquire()
+                results[run_id] = lease
+            except DateInUse as e:
+                results[run_id] = e
+
+        threads = [threading.Thread(target=take, args=(r,)) for r in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        held = [v for v in results.values() if isinstance(v, DateLease)]
+        assert len(held) == 1 and sum(isinstance(v, DateInUse) for v in results.values()) == 1
+        held[0].release()
 
 
 def test_longdoc_run_that_lost_its_date_says_so_and_exits_75(tmp_path, monkeypatch):

@@ -174,8 +174,8 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
     record("r1", "2026-01-01T02:00:00+00:00", status="running")
 
     def lease(seen_at: float, pid: int) -> None:  # what r1's driver last wrote
-        holder = Holder("r1", "job", socket.gethostname(), machine_id(), pid, "t", "2026-01-01T02:00:00+00:00",
-                        seen_at, 1)
+        holder = Holder(run_id="r1", job="job", host=socket.gethostname(), machine=machine_id(), pid=pid, token="t",
+                        started_at="2026-01-01T02:00:00+00:00", seen_at=seen_at, beat=1)
         write_bytes_atomic(json.dumps(asdict(holder)).encode(), lease_path(root, "2026-01-01"))
 
     lease(time.time(), os.getpid())  # running: it holds the date and renews its lease
