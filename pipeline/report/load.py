@@ -204,7 +204,10 @@ def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
     ended = "its driver ended without a record of its end (killed, or its machine or Ray head node lost)"
     if later:
         return UNRECORDED, f"{ended}; the later run {later[-1]} went on with the date"
-    holder = lease_holder(uri, run_date)
+    try:
+        holder = lease_holder(uri, run_date)
+    except OSError:  # a lease this user cannot read: say what the record says
+        holder = None
     if holder is None:
         return "running", f"no record of its end: still running, or {ended}; run the date again to finish it"
     now = time.time()
