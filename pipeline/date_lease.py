@@ -253,11 +253,15 @@ class DateLease:
             if e.errno in _NO_LOCKS:
                 return False
             raise
+        try:
+            raw, holder = _look(self.fs, self.path)
+            if holder is not None and holder.token != self.token:  # a run the kernel saw end
+                self.say(f"note: {_gone_note(holder, self.clock())}; this run takes {self.run_date} over")
+            write_bytes_atomic(self._record(), self.uri)
+        except BaseException:
+            os.close(fd)  # not held after all: an in-process caller (eval) may try the date again
+            raise
         self._lock_fd = fd
-        raw, holder = _look(self.fs, self.path)
-        if holder is not None and holder.token != self.token:  # a run the kernel saw end
-            self.say(f"note: {_gone_note(holder, self.clock())}; this run takes {self.run_date} over")
-        write_bytes_atomic(self._record(), self.uri)
         self._renewed_at = self.monotonic()
         return True
 

@@ -116,6 +116,31 @@ def _holding_process(root: str, run_id: str) -> subprocess.Popen:
     return p
 
 
+def _one_of_two_takes_it(root: str) -> None:
+    """Two runs take the free date at the same instant: one holds it, the other is refused."""
+    barrier = threading.Barrier(2)
+    results: dict[str, DateLease | DateInUse] = {}
+
+    def take(run_id: str) -> None:
+        lease = DateLease(root, DATE, run_id, "job", **FAST)
+        barrier.wait()
+        try:
+            lease.acquire()
+            results[run_id] = lease
+        except DateInUse as e:
+            results[run_id] = e
+
+    threads = [threading.Thread(target=take, args=(r,)) for r in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = [r for r, v in results.items() if isinstance(v, DateLease)]
+    refused = [r for r, v in results.items() if isinstance(v, DateInUse)]
+    assert len(held) == 1 and len(refused) == 1 and lease_holder(root, DATE).run_id == held[0]
+    results[held[0]].release()
+
+
 def test_a_free_date_is_taken_renewed_and_released(tmp_path):
     root = str(tmp_path / "out")
     lease = DateLease(root, DATE, "r1", "job", **FAST)
@@ -160,29 +185,11 @@ def test_a_live_run_is_refused_at_once_by_name_and_a_killed_one_taken_over_at_on
     lease.release()
 
 
-def test_two_runs_taking_a_free_date_at_once_leave_one_holder(tmp_path):
-    root = str(tmp_path / "out")
-    barrier = threading.Barrier(2)
-    results: dict[str, object] = {}
-
-    def take(run_id: str) -> None:
-        lease = DateLease(root, DATE, run_id, "job")
-        barrier.wait()
-        try:
-            lease.acquire()
-            results[run_id] = lease
-        except DateInUse as e:
-            results[run_id] = e
-
-    threads = [threading.Thread(target=take, args=(r,)) for r in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    held = [r for r, v in results.items() if isinstance(v, DateLease)]
-    refused = [r for r, v in results.items() if isinstance(v, DateInUse)]
-    assert len(held) == 1 and len(refused) == 1 and lease_holder(root, DATE).run_id == held[0]
-    results[held[0]].release()
+@pytest.mark.parametrize("locks", [True, False])
+def test_two_runs_taking_a_free_date_at_once_leave_one_holder(tmp_path, request, locks):
+    if not locks:
+        request.getfixturevalue("no_locks")  # the write and read back decide
+    _one_of_two_takes_it(str(tmp_path / "out"))
 
 
 def test_without_locks_a_live_process_here_is_refused_and_an_ended_one_taken_over(tmp_path, no_locks):
@@ -387,26 +394,7 @@ def test_the_lease_works_on_an_s3_compatible_store(monkeypatch):
             DateLease(root, DATE, "r2", "job", **FAST).acquire()
         lease.release()
         assert lease_holder(root, DATE) is None
-        # Two runs taking the free date at once: the store's create-if-absent lets one in.
-        barrier, results = threading.Barrier(2), {}
-
-        def take(run_id: str) -> None:
-            lease = DateLease(root, DATE, run_id, "job", **FAST)
-            barrier.wait()
-            try:
-                lease.acquire()
-                results[run_id] = lease
-            except DateInUse as e:
-                results[run_id] = e
-
-        threads = [threading.Thread(target=take, args=(r,)) for r in ("a", "b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        held = [v for v in results.values() if isinstance(v, DateLease)]
-        assert len(held) == 1 and sum(isinstance(v, DateInUse) for v in results.values()) == 1
-        held[0].release()
+        _one_of_two_takes_it(root)  # the store's create-if-absent lets one in
 
 
 def test_longdoc_run_that_lost_its_date_says_so_and_exits_75(tmp_path, monkeypatch):
