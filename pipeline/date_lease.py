@@ -25,10 +25,13 @@ thread renews it every ``renew_s``. How a date is held depends on the storage:
   (its pid and start time); another machine's, or a lease this version cannot read, is
   watched for ``stale_s``: bytes changing = alive (two machines' clocks are never
   compared here); a lease that changes hands meanwhile is judged again. A takeover writes
-  only over the lease it judged gone. Left open, named: two runs taking over the same
-  gone lease within milliseconds of each other may both succeed; the loser finds out at its
-  next renewal (``lost``) and stops without publishing, but both may have published the
-  gone run's staged rows at their start.
+  only over the lease it judged gone. A mount whose kernel locks hold on one machine only
+  (NFS ``nolock``, some FUSE mounts) is judged the same way once the lock is granted, when
+  the lease names another machine. Left open, named: two runs taking over the same gone
+  lease within milliseconds of each other may both succeed (the loser finds out at its next
+  renewal and stops, but both may have published the gone run's staged rows at their
+  start); and a holder on another machine paused for over ``stale_s`` in the middle of its
+  final publish can be taken over (the publish does not re-check the lease between files).
 
 While the run goes, a renewal that finds another process's lease marks the lease ``lost``
 (the runner stops at its next block). ``confirm`` (a renewal now) decides whether the run
@@ -44,11 +47,12 @@ import fcntl
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
 import fsspec
@@ -71,6 +75,8 @@ FOREIGN_STALE_S = 600.0
 LEASE_VERSION = 1
 # flock failing because this filesystem has no locks (not because another process holds it).
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
+# os.link failing for want of hard links (some FUSE mounts), not because the name exists.
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EACCES}
 
 
 def machine_id() -> str:
@@ -175,8 +181,10 @@ def _parse(raw: bytes) -> Holder | None:
         if not isinstance(data, dict) or not isinstance(data.get("run_id"), str):
             return None
         holder = Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data})
-        float(holder.seen_at), int(holder.pid), int(holder.beat)  # noqa: B018 - types checked
-        return holder
+        start = None if holder.pid_start is None else int(holder.pid_start)
+        return replace(holder, run_id=str(holder.run_id), job=str(holder.job), host=str(holder.host),
+                       machine=str(holder.machine), token=str(holder.token), started_at=str(holder.started_at),
+                       pid=int(holder.pid), pid_start=start, seen_at=float(holder.seen_at), beat=int(holder.beat))
     except (ValueError, TypeError):
         return None
 
@@ -189,6 +197,47 @@ def _look(fs, path: str) -> tuple[bytes | None, Holder | None]:
     except FileNotFoundError:
         return None, None
     return raw, _parse(raw)
+
+
+def _create_local(path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if it does not exist; False if it does. A
+    finished file is linked in under the name (the link fails if the name exists, and no
+    reader sees half a lease); a filesystem without hard links gets an exclusive create."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".lease-")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # readable by the other users of a shared output
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in _NO_LINKS:
+                raise
+        try:
+            with open(path, "xb") as fh:
+                fh.write(data)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        os.remove(tmp)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _gone_note(holder: Holder | None, now: float) -> str:
@@ -255,9 +304,21 @@ class DateLease:
             raise
         try:
             raw, holder = _look(self.fs, self.path)
-            if holder is not None and holder.token != self.token:  # a run the kernel saw end
+            # A lease of another machine (or unreadable) under a lock this kernel granted: the
+            # mount's locks may be this machine's only (NFS `nolock`, some FUSE mounts), so the
+            # lease is judged as on an object store before it is written over.
+            if raw is not None and (holder is None or not holder.here()):
+                if self._judge(raw, holder) != "gone":
+                    raise DateInUse(self.root, self.run_date, _look(self.fs, self.path)[1], self.uri, self.clock())
+            if holder is not None and holder.token != self.token:
                 self.say(f"note: {_gone_note(holder, self.clock())}; this run takes {self.run_date} over")
-            write_bytes_atomic(self._record(), self.uri)
+            if raw is None:
+                if not _create_local(self.path, self._record()):  # another machine's run, this instant
+                    raise DateInUse(self.root, self.run_date, _look(self.fs, self.path)[1], self.uri, self.clock())
+            elif _look(self.fs, self.path)[0] != raw:
+                raise DateInUse(self.root, self.run_date, _look(self.fs, self.path)[1], self.uri, self.clock())
+            else:
+                write_bytes_atomic(self._record(), self.uri)
         except BaseException:
             os.close(fd)  # not held after all: an in-process caller (eval) may try the date again
             raise
@@ -311,12 +372,22 @@ class DateLease:
             return False  # it changed since it was judged: judge again
         if expect is not None:
             self.fs.rm(self.path)  # then taken like a free date (a racing taker's create fails)
-        try:
-            self.fs.pipe_file(self.path, self._record(), mode="create")  # S3: If-None-Match
-        except FileExistsError:
-            return False
-        except (TypeError, NotImplementedError, ValueError):  # a store without conditional writes
-            write_bytes_atomic(self._record(), self.uri)
+        if is_local(self.fs):  # a folder without kernel locks
+            if not _create_local(self.path, self._record()):
+                return False
+        else:
+            try:
+                self.fs.pipe_file(self.path, self._record(), mode="create")  # S3: If-None-Match
+            except FileExistsError:
+                return False
+            except (TypeError, NotImplementedError, ValueError):  # a store without conditional writes
+                write_bytes_atomic(self._record(), self.uri)
+            except OSError as e:  # 409/412 from a store that words it otherwise; 501: no such writes
+                if e.errno != errno.ENOSYS and _look(self.fs, self.path)[0] is not None:
+                    return False
+                if e.errno != errno.ENOSYS:
+                    raise
+                write_bytes_atomic(self._record(), self.uri)
         self.sleep(self.settle_s)
         now = _look(self.fs, self.path)[1]
         if now is None or now.token != self.token:

@@ -59,6 +59,9 @@ def upgrade(
                        "writes this date now, and upgrades its files when it publishes")
             total, dates = total - len(paths), dates - 1
             continue
+        except OSError as e:  # the lease's storage: said like run says it
+            typer.echo(f"error: storage: {type(e).__name__}: {e}; nothing of {run_date} was rewritten", err=True)
+            raise typer.Exit(1) from None
         try:
             upgrade_date(output_uri, run_date, paths)
         finally:

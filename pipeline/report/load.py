@@ -215,8 +215,8 @@ def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
     if state == "ended":
         return UNRECORDED, f"{ended}; run the date again to finish it"
     if state == "stalled":
-        return "running", (f"stalled: {holder.describe(now)}; its process is still there (stopped or hung?); "
-                           "the next run of the date takes it over")
+        return "running", (f"stalled: {holder.describe(now)}; its process is still there (stopped or hung?): "
+                           "end it, then run the date again")
     return "running", f"running: {holder.describe(now)}"
 
 

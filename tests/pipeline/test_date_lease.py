@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -100,29 +101,31 @@ def _ended_pid() -> int:
 
 
 _HOLD = """
-import sys, time
+import sys
 from pipeline.date_lease import DateLease
 DateLease(sys.argv[1], sys.argv[2], sys.argv[3], "nightly").acquire()
 print("held", flush=True)
-time.sleep(600)
+sys.stdin.read()  # held until the test closes its stdin, or the test process dies
 """
 
 
 def _holding_process(root: str, run_id: str) -> subprocess.Popen:
     """Another `longdoc run` holding the date (a process of its own, as a second run meets it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONSAFEPATH": "1"}
-    p = subprocess.Popen([sys.executable, "-c", _HOLD, root, DATE, run_id], stdout=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().strip() == "held"
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, root, DATE, run_id], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    ready, _, _ = select.select([p.stdout], [], [], 120)
+    assert ready and p.stdout.readline().strip() == "held", "the holding process did not take the date"
     return p
 
 
-def _one_of_two_takes_it(root: str) -> None:
+def _one_of_two_takes_it(root: str, settle_s: float = FAST["settle_s"]) -> None:
     """Two runs take the free date at the same instant: one holds it, the other is refused."""
     barrier = threading.Barrier(2)
     results: dict[str, DateLease | DateInUse] = {}
 
     def take(run_id: str) -> None:
-        lease = DateLease(root, DATE, run_id, "job", **FAST)
+        lease = DateLease(root, DATE, run_id, "job", **{**FAST, "settle_s": settle_s})
         barrier.wait()
         try:
             lease.acquire()
@@ -178,6 +181,7 @@ def test_a_live_run_is_refused_at_once_by_name_and_a_killed_one_taken_over_at_on
         holder.wait()
     finally:
         holder.kill()
+        holder.wait()
     said: list[str] = []
     lease = DateLease(root, DATE, "r4", "job", say=said.append)
     lease.acquire()
@@ -205,6 +209,28 @@ def test_without_locks_a_live_process_here_is_refused_and_an_ended_one_taken_ove
     with pytest.raises(DateInUse):  # the write-and-read-back path holds it too
         DateLease(root, DATE, "r3", "job", **FAST).acquire()
     lease.release()
+
+
+def test_a_mount_whose_locks_hold_on_one_machine_only_still_judges_another_machines_lease(tmp_path, monkeypatch):
+    """NFS with `nolock`, some FUSE mounts: flock succeeds on both machines."""
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: None)
+    root = str(tmp_path / "out")
+    with _Renewing(root, machine="elsewhere", pid=1), pytest.raises(DateInUse):
+        DateLease(root, DATE, "r2", "job", **{**FAST, "stale_s": 5.0}).acquire()
+    lease = DateLease(root, DATE, "r3", "job", **FAST)
+    lease.acquire()  # silent now: taken after the watch
+    assert lease_holder(root, DATE).token == lease.token
+    lease.release()
+
+
+def test_a_lease_of_another_format_is_read_by_its_values_or_not_at_all(tmp_path):
+    root = str(tmp_path / "out")
+    write_bytes_atomic(json.dumps({"run_id": "x", "pid": "7", "seen_at": "12.5", "beat": 3, "new": 1}).encode(),
+                       lease_path(root, DATE))
+    h = lease_holder(root, DATE)
+    assert (h.pid, h.seen_at, h.beat) == (7, 12.5, 3) and h.state(time.time()) == "ended"
+    write_bytes_atomic(json.dumps({"run_id": "x", "seen_at": "soon"}).encode(), lease_path(root, DATE))
+    assert lease_holder(root, DATE) is None
 
 
 def test_another_machines_run_is_watched_refused_while_it_renews_taken_once_silent(tmp_path, no_locks):
@@ -394,7 +420,7 @@ def test_the_lease_works_on_an_s3_compatible_store(monkeypatch):
             DateLease(root, DATE, "r2", "job", **FAST).acquire()
         lease.release()
         assert lease_holder(root, DATE) is None
-        _one_of_two_takes_it(root)  # the store's create-if-absent lets one in
+        _one_of_two_takes_it(root, settle_s=0.5)  # the store's create-if-absent (and the read back) let one in
 
 
 def test_longdoc_run_that_lost_its_date_says_so_and_exits_75(tmp_path, monkeypatch):
