@@ -30,8 +30,9 @@ thread renews it every ``renew_s``. How a date is held depends on the storage:
   the lease names another machine. Left open, named: two runs taking over the same gone
   lease within milliseconds of each other may both succeed (the loser finds out at its next
   renewal and stops, but both may have published the gone run's staged rows at their
-  start); and a holder on another machine paused for over ``stale_s`` in the middle of its
-  final publish can be taken over (the publish does not re-check the lease between files).
+  start); and a holder on another machine paused for over ``stale_s`` while it writes one
+  file of its publish (the publish confirms the lease before each file, stages/partition.py
+  ``commit_date``'s ``check``, not during one).
 
 While the run goes, a renewal that finds another process's lease marks the lease ``lost``
 (the runner stops at its next block). ``confirm`` (a renewal now) decides whether the run

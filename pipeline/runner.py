@@ -250,8 +250,9 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
 
     # Rows a crashed earlier run left staged are published first: staging then holds
     # only this run's blocks, and the skip set below sees every row ever written.
-    lease.ensure()  # still this process's date (an object store's takeover race): else DateInUse
-    commit_date(root, run_date, run_id)
+    # Still this process's date (an object store's takeover race), and before each file: else DateInUse.
+    lease.ensure()
+    commit_date(root, run_date, run_id, check=lease.ensure)
     clear_ledger(root, run_date)  # a crashed run's ledger describes another run's requests
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
@@ -387,6 +388,11 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             if run_requests.shared:
                 shared = {"shared_ids": run_requests.shared, "shared_id_examples": run_requests.shared_examples}
     commit = {"staged_files": 0, "files_written": 0}
+    def held() -> None:
+        """Before each file the publish writes: stop it (as an interrupt) once the date is not ours."""
+        if not lease.confirm():
+            raise DateTakenOver(lease.lost_reason)
+
     if interrupted is None and not lease.confirm():
         # Another process took the date over (this run stalled past the lease's life), or the
         # lease could not be renewed: the holder publishes what this run staged; publishing
@@ -394,7 +400,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         interrupted = DateTakenOver(lease.lost_reason)
     if interrupted is None:
         try:
-            commit = commit_date(root, run_date, run_id, stale=stale)
+            commit = commit_date(root, run_date, run_id, stale=stale, check=held)
             clear_ledger(root, run_date)
         except KeyboardInterrupt as e:
             # An interrupt while publishing: commit_date resumes where it stopped (rows

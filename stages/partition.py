@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import fsspec
@@ -253,8 +253,14 @@ def commit_date(
     run_id: str,
     target_bytes: int = TARGET_FILE_BYTES,
     stale: frozenset[str] = frozenset(),
+    check: Callable[[], None] | None = None,
 ) -> dict[str, int]:
     """Publish every staged row of ``run_date`` (see the module docstring for the steps).
+
+    ``check``: called before each file is written or removed; it raises when this process
+    may no longer publish the date (pipeline/date_lease.py: another process took it over).
+    The publish then stops between two single-file steps, as an interrupt does, and the
+    next commit finishes it.
 
     ``stale``: committed error rows to drop because a complete rerun retried them and
     its input no longer yields their request (e.g. a file that failed to read as a
@@ -264,6 +270,7 @@ def commit_date(
     ``added`` (new rows), ``dropped`` (stale rows removed), ``files_written``,
     ``upgraded`` (files of an older schema given the current columns).
     """
+    check = check or (lambda: None)
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
     scratch = _scratch(fs, root)
     staged = _staged_files(fs, root, run_date)
@@ -289,6 +296,7 @@ def commit_date(
             continue  # committed by an earlier, interrupted commit
         table = pa.concat_tables([old.filter(pc.invert(mask)), new_rows])
         out["dropped"] += len(ids - swapped)
+        check()
         if table.num_rows == 0:
             fs.rm_file(path)  # every row of the file was stale
             out["files_written"] += 1
@@ -298,13 +306,18 @@ def commit_date(
         out["files_written"] += 1
     # 2. New requests: compacted into few large files.
     new_ids = winners.keys() - committed.keys()
-    for written in _compact(fs, part, run_id, winners, new_ids, target_bytes, scratch):
+    for written in _compact(fs, part, run_id, winners, new_ids, target_bytes, scratch, check):
         out["added"] += written
         out["files_written"] += 1
     # The date's files an earlier version wrote get the current columns (module docstring).
     # (Files step 1 rewrote have them already; a file it emptied is gone.)
-    out["upgraded"] = upgrade_date(root, run_date, [p for p in files if fs.exists(p) and is_outdated(fs, p)])
+    outdated = [p for p in files if fs.exists(p) and is_outdated(fs, p)]
+    if outdated:
+        check()
+    out["upgraded"] = upgrade_date(root, run_date, outdated)
     # 3. Everything is published: the staged copies can go.
+    if staged:
+        check()
     for path in staged:
         fs.rm_file(path)
     for d in sorted({p.rsplit("/", 1)[0] for p in staged}, reverse=True):
@@ -320,7 +333,7 @@ def _staged_rows(fs, winners: dict[str, RowState], ids: set[str]) -> pa.Table:
 
 
 def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[str],
-             target_bytes: int, scratch: str | None) -> Iterator[int]:
+             target_bytes: int, scratch: str | None, check: Callable[[], None]) -> Iterator[int]:
     """Write the staged rows of ``ids`` into files of ~target_bytes; yield rows per file.
 
     Streamed: each staged file's rows go into the open compacted file's row-group buffer
@@ -337,9 +350,11 @@ def _compact(fs, part: str, run_id: str, winners: dict[str, RowState], ids: set[
         out.add(_take(fs, path, sel), sel)
         out.staged_bytes += fs.size(path)
         if out.staged_bytes >= target_bytes:
+            check()
             yield out.publish(fs, part, run_id, scratch)
             out = None
     if out is not None:
+        check()
         yield out.publish(fs, part, run_id, scratch)
 
 

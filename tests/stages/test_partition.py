@@ -276,3 +276,24 @@ def test_upgrade_date_rewrites_only_the_outdated_files_and_then_nothing(root):
     assert b.stat().st_mtime_ns == untouched and pq.read_schema(a).names == FILE_SCHEMA.names
     assert upgrade_date(str(root), DATE) == 0
     assert sorted(_visible(root)) == [f"q{i:03d}" for i in range(4)]
+
+
+def test_a_publish_whose_check_fails_stops_between_files_and_the_next_commit_finishes_it(root):
+    """A holder that lost its date (pipeline/date_lease.py) stops before its next file."""
+    _stage(root, "r1", _rows(range(0, 3)), _rows(range(3, 6)), _rows(range(6, 9)))
+    calls = []
+
+    class Lost(KeyboardInterrupt):
+        pass
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            raise Lost
+
+    with pytest.raises(Lost):
+        commit_date(str(root), DATE, "r1", target_bytes=1, check=check)
+    assert len(list((root / f"run_date={DATE}").glob("*.parquet"))) == 1  # one file, then it stopped
+    assert len(scan_date(str(root), DATE).rows) == 9  # a reader mid-way: each request once
+    out = commit_date(str(root), DATE, "r2", target_bytes=1)
+    assert out["files_written"] == 2 and len(_visible(root)) == 9 and not list(_staging(root).rglob("*.staged"))
