@@ -2,8 +2,9 @@
 
 Reads only what a run leaves: the rows under ``{output}/run_date=D/`` and the run records
 beside them (pipeline/report/load.py), so any output root works, local or in object
-storage, whatever machine wrote it. Output: one summary block per run (or JSON), then on
-request the newest date's answers and a PNG. Exit 2 when the root holds no output (the
+storage, whatever machine wrote it. Output: one summary block per run, then one line a
+date (pipeline/report/dates.py; `--dates` prints only that), or JSON; then on request the
+newest date's answers and a PNG. Exit 2 when the root holds no output (the
 message names the near miss: a missing folder, one date's folder, roots below it).
 """
 
@@ -23,14 +24,23 @@ def report(
     answers: Annotated[int, typer.Option(
         min=0, help="Also print the first N answers of the newest run date: document, question, "
         "answer or error, reference (with --json: {\"runs\": [...], \"answers\": [...]}).")] = 0,
+    dates: Annotated[bool, typer.Option(
+        "--dates", help="Print only the view by date: one line a date (status, rows, failed, latest run, "
+        "settings, cost, what to do next), the days a daily job missed, the totals "
+        "(with --json: {\"dates\": [...], \"totals\": {...}}).")] = False,
+    since: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Only the run dates from this one on (YYYY-MM-DD).")] = None,
 ) -> None:
-    """Summarise the Parquet output of one or more runs."""
+    """Summarise the Parquet output of one or more runs: each run, then one line a date."""
     from pipeline.preflight import readable_problem
     from pipeline.report.load import load_output, run_summaries
 
     problem = readable_problem("OUTPUT_URI", output_uri)
     if problem:
         typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+    if since is not None and not _is_date(since):
+        typer.echo(f"error: --since {since!r} is not a date: give it as YYYY-MM-DD, e.g. 2026-01-31", err=True)
         raise typer.Exit(2)
     table = load_output(output_uri)
     summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
@@ -39,6 +49,21 @@ def report(
 
         typer.echo(f"error: no rows and no run records under {output_uri}{output_root_hint(output_uri)}", err=True)
         raise typer.Exit(2)
+    if since is not None:
+        import pyarrow.compute as pc
+
+        table = table.filter(pc.greater_equal(table["run_date"], since))
+        summaries = [s for s in summaries if s["run_date"] >= since]
+        if not summaries:
+            typer.echo(f"error: no run of {output_uri} on or after {since}", err=True)
+            raise typer.Exit(2)
+    if dates:
+        from pipeline.report.dates import date_view, format_dates
+
+        view = date_view(output_uri, table, summaries)
+        typer.echo(json.dumps(view, indent=2, default=str) if as_json else format_dates(view))
+        _say_outdated(output_uri)
+        return
     if as_json and answers and table.num_rows:  # the runs and the answers, one JSON object
         from pipeline.report.answers import answer_rows
 
@@ -46,11 +71,13 @@ def report(
     elif as_json:
         typer.echo(json.dumps(summaries, indent=2, default=str))
     else:
+        from pipeline.report.dates import date_view, format_dates
         from pipeline.report.summary import format_summary
 
         for s in summaries:
             job = f"{s['job']} " if s.get("job") else ""
             typer.echo(format_summary(s, title=f"{job}{s['run_date']} ({s['run_id']})"))
+        typer.echo(format_dates(date_view(output_uri, table, summaries)))
     _say_outdated(output_uri)
     if answers and not as_json and table.num_rows:
         from pipeline.report.answers import format_answers
@@ -61,6 +88,16 @@ def report(
 
         plot_report(table, plot, summaries=[s for s in summaries if "rows_published" not in s], last=last)
         typer.echo(f"plot: {plot}")
+
+
+def _is_date(text: str) -> bool:
+    import datetime as dt
+
+    try:
+        dt.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) == 10
 
 
 def _say_outdated(output_uri: str) -> None:

@@ -7,9 +7,12 @@ is read, so an output of an earlier version, with ``_runs/`` inside, reads the s
 ``run_summaries`` returns one summary per run id, using the wall time recorded in the
 run's record when present (else device time, as stated in ``throughput_basis``); a run
 with a record and no published row is listed too when it has something to show
-(interrupted or failed, rows staged, or rows that later runs replaced; not a rerun that
-found nothing to do), with its record's figures, ``rows_published: 0`` and
-``rows_staged`` (its rows waiting for the next run of the date). Run
+(running, interrupted or failed, rows staged, rows that later runs replaced, or a rerun
+that found every request done: ``nothing_to_do``), with its record's figures,
+``rows_published: 0``, ``rows_staged`` (its rows waiting for the next run of the date, or
+a running run's rows so far) and a ``note`` saying why and what to do. Every summary
+carries ``started_at``/``finished_at`` and ``cost_spent_usd`` from the record (what the
+run spent, rows since replaced included). Run
 records are found where stages/layout.py ``run_record_candidates`` says: beside the
 output root (``{uri}.runs/D/{run_id}.json``), else in ``{uri}/_runs/D/`` (earlier versions).
 """
@@ -87,10 +90,11 @@ def _settings(spec: dict[str, Any], rows: pa.Table | None) -> dict[str, Any]:
             return ", ".join(values) if values else fallback
         return fallback
 
-    compression = spec.get("compression") or {}
-    return {"model": one("model", (spec.get("generation") or {}).get("model")),
+    compression, generation = spec.get("compression") or {}, spec.get("generation") or {}
+    return {"model": one("model", generation.get("model")),
             "method": one("compression", compression.get("method")),
-            "target_tokens": compression.get("target_tokens")}
+            "target_tokens": compression.get("target_tokens"),
+            "max_new_tokens": generation.get("max_new_tokens")}
 
 
 def read_run_record(uri: str, run_date: str, run_id: str) -> dict[str, Any] | None:
@@ -151,6 +155,8 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
 #: A run whose record still says it started (pipeline/runner.py writes it first, the full
 #: record last): running now, or its driver ended without writing one.
 UNRECORDED = "ended unrecorded"  # the status `report` gives such a run once its driver is known to be gone
+#: How the note of a run holding its date's lease starts (``_running``).
+_LIVE = "running: "
 
 
 def recorded_runs(uri: str) -> list[tuple[str, str]]:
@@ -217,7 +223,7 @@ def _running(uri: str, run_id: str, recorded: dict[str, Any], run_date: str,
     if state == "stalled":
         return "running", (f"stalled: {holder.describe(now)}; its process is still there (stopped or hung?): "
                            "end it, then run the date again")
-    return "running", f"running: {holder.describe(now)}"
+    return "running", f"{_LIVE}{holder.describe(now)}"
 
 
 def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
@@ -229,28 +235,48 @@ def run_summaries(uri: str, table: pa.Table) -> list[dict[str, Any]]:
     for run_date, run_id in runs:
         rec = {"run_date": run_date, "run_id": run_id}
         recorded, spec = records[(run_date, run_id)]
+        # When it ran, and what it spent (its record's cost covers rows later runs replaced).
+        when = {k: recorded.get(k) for k in ("started_at", "finished_at")}
         status, running_note = recorded.get("status"), None
         if status == "running":  # its record says it started, and no more (pipeline/runner.py)
             status, running_note = _running(uri, run_id, recorded, run_date, records)
         if (run_date, run_id) not in with_rows:  # its record's figures; its rows are not (or no longer) here
             staged = staged_rows(uri, run_date, run_id)
-            if not (staged or recorded.get("rows") or status in ("interrupted", "failed", "running", UNRECORDED)):
-                continue  # a rerun that found nothing left to do: nothing to show
             keys = summarize(OUTPUT_SCHEMA.empty_table()).keys()
-            rows_note = (f"{staged} row(s) staged, not yet published: run the date again (longdoc run SPEC "
-                         f"--date {run_date}) to publish them" if staged
-                         else "its rows were replaced by a later run of the date" if recorded.get("rows") else None)
+            figures = {k: recorded.get(k) for k in keys}
+            if running_note and running_note.startswith(_LIVE):  # its rows so far; the run publishes them itself
+                rows_note = f"{staged} row(s) done so far, staged: it publishes them when it ends"
+                figures["rows"] = staged
+            elif staged:
+                rows_note = (f"{staged} row(s) staged, not yet published: run the date again (longdoc run SPEC "
+                             f"--date {run_date}) to publish them")
+            elif recorded.get("rows"):
+                rows_note = "its rows were replaced by a later run of the date"
+            elif recorded.get("skipped") and status in ("succeeded", "partial"):
+                rows_note = f"nothing left to do: the date's {recorded['skipped']} request(s) were already done"
+                figures["nothing_to_do"] = True
+            elif status in ("interrupted", "failed"):
+                rows_note = f"no row was staged: run the date again (longdoc run SPEC --date {run_date})"
+            elif status in ("running", UNRECORDED):
+                rows_note = None  # the running note says it
+            else:
+                continue  # a run that had nothing to do and said so: nothing to show
             note = "; ".join(n for n in (running_note, rows_note) if n) or None
-            out.append({**rec, "job": recorded.get("job"), **_settings(spec, None),
-                        **{k: recorded.get(k) for k in keys}, "status": status,
+            out.append({**rec, "job": recorded.get("job"), **_settings(spec, None), **figures, **when,
+                        "status": status, "cost_spent_usd": recorded.get("cost_usd"),
                         "rows_published": 0, "rows_staged": staged, "note": note})
             continue
         mask = pc.and_(pc.equal(table["run_date"], run_date), pc.equal(table["run_id"], run_id))
         rows = table.filter(mask)
         # A run id resumed: its rows came from every attempt, and so did their time.
         s = summarize(rows, wall_s=recorded.get("wall_s_all_attempts", recorded.get("wall_s")))
+        replaced = (recorded.get("rows") or 0) - rows.num_rows
+        notes = [running_note] if running_note else []
+        if replaced > 0:  # e.g. its error row, fixed and redone by a later run
+            notes.append(f"{replaced} of its {recorded['rows']} row(s) were replaced by a later run of the date")
         # The run's own status (succeeded / partial / failed / interrupted), as it recorded it.
-        out.append({**rec, "job": rows.column("job")[0].as_py(), **_settings(spec, rows), **s,
+        out.append({**rec, "job": rows.column("job")[0].as_py(), **_settings(spec, rows), **s, **when,
                     "retried": recorded.get("retried"),  # what the run said; rows cannot tell
-                    "status": status, **({"note": running_note} if running_note else {})})
+                    "cost_spent_usd": recorded.get("cost_usd", s["cost_usd"]),
+                    "status": status, **({"note": "; ".join(notes)} if notes else {})})
     return out

@@ -329,7 +329,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         at = keys.index(("status", "status")) + 1
         keys[at:at] = [("note", "  why")]
     if "method" in summary:  # `report`: what the run read with, first
-        keys[0:0] = [("model", "model"), ("method", "compression"), ("target_tokens", "  budget (tokens)")]
+        keys[0:0] = [("model", "model"), ("method", "compression"), ("target_tokens", "  budget (tokens)"),
+                     ("max_new_tokens", "max new tokens")]
     if summary.get("answers_scored"):  # only where the input had references
         keys += [("answers_scored", "answers with a reference (failed rows count as wrong)"),
                  ("answers_contain", "  containing the reference"),
@@ -338,6 +339,8 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
         keys.remove(("cut_off", "  of them cut at max_new_tokens"))
     if not summary.get("cut_repeat"):  # generation.repeat_guard is off by default
         keys.remove(("cut_repeat", "  of them cut by the repeat guard"))
+    if summary.get("nothing_to_do"):  # a rerun that found every request done: its settings and why
+        keys = [k for k in keys if k[0] in ("model", "method", "target_tokens", "max_new_tokens", "status", "note")]
     width = max(len(label) for _, label in keys)
     lines = [f"== {title} =="]
     lines += [f"  {label.ljust(width)}  {_fmt(summary.get(k))}" for k, label in keys]

@@ -149,11 +149,26 @@ def test_a_run_without_published_rows_is_listed_from_its_record_with_its_staged_
     write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 0}}).encode(),
                        run_record_path(root, "2026-01-01", "r3"))
     assert [s["run_id"] for s in run_summaries(root, load_output(root))] == ["r1", "r2"]
+    # One that skipped the date's done requests is listed, briefly: an operator's latest run
+    # of the date was missing from `report` (a trial).
+    write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 0, "skipped": 2}}).encode(),
+                       run_record_path(root, "2026-01-01", "r4"))
+    (noop,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r4"]
+    assert noop["nothing_to_do"] and "the date's 2 request(s) were already done" in noop["note"]
+    block = CliRunner().invoke(app, ["report", root]).output.split("(r4) ==")[1].split("==")[0]
+    assert "already done" in block and "tokens in" not in block, block  # its settings, status and why only
     # A run whose rows a later run replaced (another spec for the same questions) says so.
     write_bytes_atomic(json.dumps({"summary": {"status": "succeeded", "rows": 2}}).encode(),
                        run_record_path(root, "2026-01-01", "r0"))
     (replaced,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r0"]
     assert replaced["note"] == "its rows were replaced by a later run of the date" and replaced["rows"] == 2
+    # ... and so does one of whose rows a later run replaced some (its error row, fixed):
+    # it said "partial" with no failed row and no reason.
+    write_bytes_atomic(json.dumps({"summary": {"status": "partial", "rows": 3, "failed": 1}}).encode(),
+                       run_record_path(root, "2026-01-01", "r1"))
+    (first,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r1"]
+    assert (first["rows"], first["failed"], first["status"]) == (2, 0, "partial")
+    assert first["note"] == "1 of its 3 row(s) were replaced by a later run of the date"
 
 
 def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
@@ -182,6 +197,16 @@ def test_a_run_whose_record_says_it_started_and_no_more_is_named(tmp_path):
     res = CliRunner().invoke(app, ["report", root])
     assert res.exit_code == 0, res.output
     assert "(r1)" in res.output and "running: run r1" in res.output
+    # Its rows so far are staged: counted as its rows, and the run publishes them itself
+    # (`report` told a trial to run the date again, which exits 75 while it runs).
+    _stage(root, _rows("r1", "2026-01-01", 2))
+    (running,) = run_summaries(root, load_output(root))
+    assert (running["status"], running["rows"], running["rows_staged"]) == ("running", 2, 2)
+    assert running["note"].endswith("2 row(s) done so far, staged: it publishes them when it ends"), running["note"]
+    assert "run the date again" not in CliRunner().invoke(app, ["report", root]).output
+    for f in (tmp_path / "out.runs" / "_staging").rglob("*"):
+        if f.is_file():
+            f.unlink()
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     lease(time.time() - 3600, ended.pid)  # its driver killed: the lease stays, naming a process that ended
