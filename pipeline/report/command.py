@@ -22,7 +22,7 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     last: Annotated[int, typer.Option(min=1, help="Plot at most the newest N runs.")] = 30,
     answers: Annotated[int, typer.Option(
-        min=0, help="Also print the first N answers of the newest run date: document, question, "
+        min=0, help="Also print the first N answers of the newest run date (or --date's): document, question, "
         "answer or error, reference (with --json: {\"runs\": [...], \"answers\": [...]}).")] = 0,
     dates: Annotated[bool, typer.Option(
         "--dates", help="Print only the view by date: one line a date (status, rows, failed, latest run, "
@@ -30,6 +30,8 @@ def report(
         "(with --json: {\"dates\": [...], \"totals\": {...}}).")] = False,
     since: Annotated[Optional[str], typer.Option(  # noqa: UP045
         help="Only the run dates from this one on (YYYY-MM-DD).")] = None,
+    date: Annotated[Optional[str], typer.Option(  # noqa: UP045
+        help="Only this run date (YYYY-MM-DD): its runs, its line, its answers.")] = None,
 ) -> None:
     """Summarise the Parquet output of one or more runs: each run, then one line a date."""
     from pipeline.preflight import readable_problem
@@ -39,9 +41,10 @@ def report(
     if problem:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
-    if since is not None and not _is_date(since):
-        typer.echo(f"error: --since {since!r} is not a date: give it as YYYY-MM-DD, e.g. 2026-01-31", err=True)
-        raise typer.Exit(2)
+    for name, value in (("--since", since), ("--date", date)):
+        if value is not None and not _is_date(value):
+            typer.echo(f"error: {name} {value!r} is not a date: give it as YYYY-MM-DD, e.g. 2026-01-31", err=True)
+            raise typer.Exit(2)
     table = load_output(output_uri)
     summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
     if not summaries:
@@ -49,13 +52,16 @@ def report(
 
         typer.echo(f"error: no rows and no run records under {output_uri}{output_root_hint(output_uri)}", err=True)
         raise typer.Exit(2)
-    if since is not None:
+    if since is not None or date is not None:
         import pyarrow.compute as pc
 
-        table = table.filter(pc.greater_equal(table["run_date"], since))
-        summaries = [s for s in summaries if s["run_date"] >= since]
+        first, last_date = date or since, date or "9999-12-31"
+        table = table.filter(pc.and_(pc.greater_equal(table["run_date"], first),
+                                     pc.less_equal(table["run_date"], last_date)))
+        summaries = [s for s in summaries if first <= s["run_date"] <= last_date]
         if not summaries:
-            typer.echo(f"error: no run of {output_uri} on or after {since}", err=True)
+            when = f"on {date}" if date else f"on or after {since}"
+            typer.echo(f"error: no run of {output_uri} {when}", err=True)
             raise typer.Exit(2)
     if dates:
         from pipeline.report.dates import date_view, format_dates

@@ -98,6 +98,11 @@ def test_the_command_prints_the_view_after_the_runs_or_alone_from_a_date_on(tmp_
     assert "(e2) ==" not in only.output and "rows published 2, failed 1" in only.output
     view = json.loads(CliRunner().invoke(app, ["report", root, "--dates", "--json"]).output)
     assert [d["status"] for d in view["dates"]] == ["succeeded", "partial", "no run", "interrupted", "partial"]
-    for since, says in (("March", "is not a date: give it as YYYY-MM-DD"), ("2027-01-01", "no run of")):
-        res = CliRunner().invoke(app, ["report", root, "--since", since])
+    for option, value, says in (("--since", "March", "is not a date: give it as YYYY-MM-DD"),
+                                ("--since", "2027-01-01", "no run of"), ("--date", "2026-03-03", "no run of")):
+        res = CliRunner().invoke(app, ["report", root, option, value])
         assert res.exit_code == 2 and says in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    # One date: its runs and its answers (a trial could not see an older night's errors).
+    one = CliRunner().invoke(app, ["report", root, "--date", "2026-03-02", "--answers", "5"])
+    assert one.exit_code == 0 and "(b) ==" in one.output and "(e2) ==" not in one.output, one.output
+    assert "is not valid JSON" in one.output.split("== by date")[1]
