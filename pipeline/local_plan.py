@@ -202,7 +202,7 @@ class LocalPlan:
     def _request_batches(self, root_uri: str) -> Iterator[list[dict[str, Any]]]:
         """Requests in input order, ``resources.batch_size`` at a time, a document's requests
         never split (``batch_end``); the plan's read -> limit -> requests; the input files are
-        read one by one as the batches need them."""
+        read one by one, and a large one block by block, as the batches need them."""
         spec, tl = self.spec, self.timeline
         read = ReadDocuments(spec, root_uri, self.output_root, self.run_id, self.run_date)
         expand = ExpandRequests(spec, self.run_id, self.run_date, self.skip)
@@ -211,19 +211,29 @@ class LocalPlan:
         for index, shard in enumerate(self.shards):
             if limit is not None and tl["documents"] >= limit:
                 break
+            # The file's document tables as the read stage hands them on (a large file in
+            # several: memory follows a block, not the file), one ahead: the read stage
+            # records a file's requests in the ledger before its last table is taken (what
+            # an abort or an interrupt names), so none of them reaches the engine first.
+            tables = read(pa.table({"shard": [shard], "index": [index]}))
             t0 = time.time()
-            docs = [row for table in read(pa.table({"shard": [shard], "index": [index]})) for row in table.to_pylist()]
-            if limit is not None:
-                docs = docs[: limit - tl["documents"]]
-            tl["documents"] += len(docs)
-            for doc in docs:
-                pending.extend(expand(doc))
+            ahead = next(tables, None)
             tl["read_s"] += time.time() - t0
-            while len(pending) >= size:
-                end = batch_end(pending, size)
-                tl["requests"] += end
-                yield pending[:end]
-                pending = pending[end:]
+            while ahead is not None:
+                table, t0 = ahead, time.time()
+                ahead = next(tables, None)
+                tl["read_s"] += time.time() - t0
+                docs = table.to_pylist()
+                if limit is not None:
+                    docs = docs[: max(0, limit - tl["documents"])]
+                tl["documents"] += len(docs)
+                for doc in docs:
+                    pending.extend(expand(doc))
+                while len(pending) >= size:
+                    end = batch_end(pending, size)
+                    tl["requests"] += end
+                    yield pending[:end]
+                    pending = pending[end:]
         if pending:
             tl["requests"] += len(pending)
             yield pending

@@ -9,9 +9,14 @@ the schemas (``python -c "import pipeline.plan_inputs"`` loads no torch; a test 
 
 Contract:
 - ``ReadDocuments(spec, root_uri, output_root, run_id, run_date)``: map_batches fn over
-  shard rows (``shard``, ``index``, pyarrow); yields one document table per shard that
-  has documents (a document that fails to read is a row with its error) and, once the
-  batch is read, records the batch's requests in the run's ledger (stages/ledger.py).
+  shard rows (``shard``, ``index``, pyarrow); yields each shard's documents as it reads
+  them (a document that fails to read is a row with its error), at most ``input.limit``
+  documents of a shard (no more of one file can be needed: the limit counts documents in
+  listing order; the rest of a large file is never fetched), and records the requests it
+  yielded in the run's ledger (stages/ledger.py): once the batch is read. A file with
+  over ``BLOCK_TEXT_BYTES`` of text is not held whole (a 630 MB export took ~2.3 GB of the
+  driver): its requests are recorded on their own first, then it is read again and handed
+  on in tables of about that much text, so memory follows the block, not the file.
 - ``ExpandRequests(spec, run_id, run_date, skip)``: flat_map fn, one document row -> its
   request rows (stages.requests.expand_requests), minus the request ids in ``skip``. The
   rows come from the requests ReadDocuments planned: each request id is hashed once.
@@ -21,13 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import fields
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
 
 from schemas.spec import JobSpec
-from stages.read import Document, document_table, read_shard
+from stages.read import Document, document_table, iter_shard
 from stages.requests import expand_requests, generation_fingerprint, plan_requests
+
+#: Text of one document table the read stage hands on: a file larger than this is streamed
+#: in several, so memory follows the block, not the file.
+BLOCK_TEXT_BYTES = 64 << 20
 
 
 class ReadDocuments:
@@ -47,18 +57,52 @@ class ReadDocuments:
         from stages.ledger import write_block
 
         indices = batch.column("index").to_pylist()
-        recorded: list[dict[str, Any]] = []
+        recorded: list[dict[str, Any]] = []  # the requests' identities, no text: small
+        streamed: list[int] = []  # shards too large to hold: recorded on their own
         for index, shard in zip(indices, batch.column("shard").to_pylist()):
-            # Each document's requests are planned (hashed) here, once: the ledger records
-            # them and ExpandRequests copies them after input.limit (stages.requests.plan_requests).
-            docs = [plan_requests(doc, self.spec, self.fingerprint)
-                    for doc in read_shard(shard, self.spec.input, self.root_uri)]
-            for doc_index, doc in enumerate(docs):
-                recorded += [{"shard": index, "doc": doc_index, "doc_id": doc.doc_id,
-                              "source_uri": doc.source_uri, **part} for part in doc.requests or ()]
+            docs: list[Document] | None = []
+            own: list[dict[str, Any]] = []
+            text_bytes = 0
+            for doc_index, doc in enumerate(self._documents(shard)):
+                own += [{"shard": index, "doc": doc_index, "doc_id": doc.doc_id,
+                         "source_uri": doc.source_uri, **part} for part in doc.requests or ()]
+                if docs is not None:
+                    docs.append(doc)
+                    text_bytes += len(doc.text or "")
+                    if text_bytes >= BLOCK_TEXT_BYTES:  # too large to hold: its requests only, for now
+                        docs = None
+            if docs is not None:
+                recorded += own
+                if docs:
+                    yield document_table(docs)
+                continue
+            # Its requests are in the ledger before any of its documents go on (what an abort
+            # or an interrupt names), then the file is read again and handed on block by block.
+            write_block(self.output_root, self.run_date, self.run_id, [index], own)
+            streamed.append(index)
+            docs, text_bytes = [], 0
+            for doc in self._documents(shard):
+                docs.append(doc)
+                text_bytes += len(doc.text or "")
+                if text_bytes >= BLOCK_TEXT_BYTES:
+                    yield document_table(docs)
+                    docs, text_bytes = [], 0
             if docs:
                 yield document_table(docs)
-        write_block(self.output_root, self.run_date, self.run_id, indices, recorded)
+        rest = [i for i in indices if i not in streamed]
+        if rest:
+            write_block(self.output_root, self.run_date, self.run_id, rest, recorded)
+
+    def _documents(self, shard: str) -> Iterator[Document]:
+        """The shard's documents, at most ``input.limit`` (module docstring), each with its
+        requests planned (hashed) here, once: the ledger records them and ExpandRequests
+        copies them after input.limit (stages.requests.plan_requests)."""
+        read = iter_shard(shard, self.spec.input, self.root_uri)
+        try:
+            for doc in islice(read, self.spec.input.limit):
+                yield plan_requests(doc, self.spec, self.fingerprint)
+        finally:
+            read.close()  # under input.limit: the file's handle now, not when collected
 
 
 class ExpandRequests:

@@ -149,6 +149,22 @@ def test_a_broken_compressed_file_refuses_only_an_input_of_it_alone(tmp_path):
     assert res.exit_code == 0 and "a.jsonl.gz is not a readable gzip file" in res.output  # named, not refused
 
 
+def test_a_file_that_is_not_parquet_refuses_only_an_input_of_it_alone(tmp_path):
+    """A lone part-000.parquet that was not Parquet passed `validate` with a note, where a lone
+    broken .gz is refused (a trial): alone it is refused alike; among others, a row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    (folder / "part-000.parquet").write_bytes(b"PAR1 but no footer")
+    spec = _spec(tmp_path, input={"uri": str(folder / "part-000.parquet"), "format": "parquet"})
+    _both(spec, ["part-000.parquet' is not a readable Parquet file", "fix: export it again"])
+    pq.write_table(pa.table({"id": ["d1"], "text": ["A document."], "question": ["What?"]}), folder / "part-001.parquet")
+    res = runner.invoke(app, ["validate", str(_spec(tmp_path, input={"uri": str(folder), "format": "parquet"}))])
+    assert res.exit_code == 0, res.output
+
+
 def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     """An answers string for three questions paired with the first one alone, and the
     others went unscored, without a word."""
@@ -288,6 +304,13 @@ def test_storage_failures_become_one_line_with_the_fix():
     assert denied.startswith("output.uri: 's3://b/o': permission denied to write") and "fix: grant" in denied
     missing = storage_problem("input.uri", "s3://b/i", FileNotFoundError("The specified bucket does not exist"))
     assert "not found" in missing and "create the bucket" in missing and "\n" not in missing
+    # A wrong secret or an unknown key is not a missing permission (what s3fs raised in a
+    # trial against an S3 server that checks keys; the fix said "grant the permissions").
+    for said in ("The request signature we calculated does not match the signature you provided. Check your "
+                 "key and signing method.", "The AWS Access Key Id you provided does not exist in our records."):
+        wrong = storage_problem("input.uri", "s3://b/i", PermissionError(said))
+        assert "does not accept these credentials" in wrong and "fix: check the access key id and secret" in wrong
+        assert "grant" not in wrong
 
 
 # ----------------------------------------------------------------------------- models
