@@ -175,6 +175,17 @@ class DateInUse(RuntimeError):
             f"shows it), or run another --date.{then}")
 
 
+class LinkedLease(ValueError):
+    """The date's lock file is a symbolic link: refused, never followed. Whoever can write
+    to the output's folders could otherwise make a run (perhaps root's) create or lock a
+    file anywhere (a security review planted one). A bad setup: ``run`` exits 2."""
+
+    def __init__(self, lock: str) -> None:
+        super().__init__(f"{lock} is a symbolic link: longdoc does not follow links in an output's lease folder "
+                         f"(someone who can write there could point it at any file); remove it (rm '{lock}') "
+                         "and check who else can write to the output's folders")
+
+
 def _parse(raw: bytes) -> Holder | None:
     """The holder a lease's bytes name; None when they cannot be read (torn, another format)."""
     try:
@@ -292,7 +303,13 @@ class DateLease:
         the lease; False when this filesystem has no locks (the caller takes the object
         store's way). Raises ``DateInUse`` when another process holds the lock."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
+        lock = f"{self.path}.lock"
+        try:  # the umask applies; never through a link (LinkedLease)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LinkedLease(lock) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -45,6 +45,16 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
+#: ``scheme://user:secret@host...``: credentials written into a URI.
+_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^/@]*@")
+
+
+def without_userinfo(text: str) -> str:
+    """``text`` with the credentials before an '@' of each URL in it replaced by ``***``, for a
+    message."""
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@", r"\1***@", text)
+
+
 def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
     """``uri`` if its scheme is supported and its ``{placeholders}`` are known, else ValueError.
 
@@ -63,6 +73,12 @@ def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
             )
         if not m.group(2):
             raise ValueError(f"{shown(uri)} is malformed: write {scheme}://... (two slashes)")
+        if _USERINFO_RE.match(uri):  # never echoed: the message shows it without them
+            raise ValueError(
+                f"holds credentials before '@' ({without_userinfo(uri)[:80]}): longdoc takes them from the "
+                "environment, a profile or a Secret, never from the spec, which is printed, kept in run records "
+                "and sent to a cluster; fix: remove them from the URI and export AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or the store's own) instead")
     names = _PLACEHOLDER_RE.findall(uri)
     unknown = [n for n in names if n not in placeholders]
     if unknown:

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from schemas.checks import shown
+from schemas.checks import shown, without_userinfo
 from schemas.errors import format_validation_error
 from schemas.spec import JobSpec
 
@@ -260,8 +260,22 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(f"job spec {name} must be a YAML mapping at the top level")
     # An error an override made is the override's, not the file's: the heading names both.
-    source = f"{path} with --set {', '.join(overrides)}" if overrides else str(path)
+    source = f"{path} with --set {', '.join(map(_shown_override, overrides))}" if overrides else str(path)
     return spec_from_dict(apply_overrides(data, overrides or []), source=source)
+
+
+#: Words that mark a value as a secret (``max_new_tokens`` is not one: "tokens" is not "token").
+_SECRET_WORDS = re.compile(r"secret|passw|\btoken\b|_token\b|credential|access[_-]?key|api[_-]?key|\bkey\s*:",
+                           re.IGNORECASE)
+
+
+def _shown_override(override: str) -> str:
+    """An override for a heading: a value under a key that names a secret as ``***``, and
+    credentials in a URL left out (the heading is printed, and a review's were)."""
+    key, eq, value = override.partition("=")
+    if eq and _SECRET_WORDS.search(f"{key} {value}"):
+        return f"{key}=***"
+    return f"{key}{eq}{without_userinfo(value)}"
 
 
 def _file_kind(mode: int) -> str:

@@ -44,11 +44,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from schemas.checks import without_userinfo
+
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-#: Paths never uploaded with ``--working-dir`` (virtualenvs and outputs can be GBs).
-WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache"]
+#: Paths never uploaded with ``--working-dir``: virtualenvs and outputs (they can be GBs),
+#: and files that hold credentials by their usual names (Ray keeps the package where anyone
+#: with the dashboard reads it: a review found `.env`, `id.pem` and `.aws/credentials` in it).
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache",
+                        ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", ".aws", ".ssh", ".gnupg", ".netrc",
+                        ".git-credentials", ".pgpass", ".docker", ".kube", "credentials", "credentials.json",
+                        "id_rsa*", "id_ed25519*", "id_ecdsa*"]
 _PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _JOBS_ADDRESS = re.compile(r"^https?://[^\s/?#]+(/[^\s]*)?\Z")
@@ -182,7 +189,7 @@ def check_jobs_address(address: str) -> str:
         hint = (f" (HOST:PORT is how `longdoc run --address` names a cluster's GCS; the Jobs API is the "
                 f"dashboard's URL, e.g. http://{host}:8265)" if "://" not in address and host else "")
         raise ValueError(
-            f"--address {address!r} is not the Jobs API's URL{hint}; allowed: http://HOST:PORT or "
+            f"--address {without_userinfo(address)!r} is not the Jobs API's URL{hint}; allowed: http://HOST:PORT or "
             "https://HOST:PORT, the Ray dashboard's address (port 8265 by default)"
         )
     return address
@@ -207,14 +214,15 @@ def _client(address: str | None) -> JobSubmissionClient:
     except AuthenticationError as e:
         # The cluster uses Ray token auth; never echo a token, only where to put it.
         typer.echo(
-            f"error: the Ray cluster at {address} refused the request "
+            f"error: the Ray cluster at {without_userinfo(address)} refused the request "
             f"({str(e).splitlines()[0]}). Set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
             "(or RAY_AUTH_TOKEN_PATH) to the cluster's token.",
             err=True,
         )
         raise typer.Exit(1) from None
     except (ConnectionError, RuntimeError, ValueError) as e:
-        typer.echo(f"error: cannot reach the Ray Jobs API at {address}: {e}", err=True)
+        typer.echo(f"error: cannot reach the Ray Jobs API at {without_userinfo(address)}: "
+                   f"{str(e).replace(address, without_userinfo(address))}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -409,7 +417,7 @@ def status(
             typer.echo("no longdoc jobs on this cluster")
         return
     if _existing_status(client, submission_id) is None:
-        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        typer.echo(f"error: no job {submission_id!r} on {without_userinfo(address or '')}", err=True)
         raise typer.Exit(1)
     info = client.get_job_info(submission_id)
     # runtime_env is left out on purpose: it may carry --env values.
@@ -432,7 +440,7 @@ def logs(
     """Print a job's driver logs; with --follow, stream them and exit with the job's status."""
     client = _client(address)
     if _existing_status(client, submission_id) is None:
-        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        typer.echo(f"error: no job {submission_id!r} on {without_userinfo(address or '')}", err=True)
         raise typer.Exit(1)
     if follow:
         raise typer.Exit(_follow_and_exit_code(client, submission_id))
@@ -452,7 +460,7 @@ def stop(
     client = _client(address)
     before = _existing_status(client, submission_id)
     if before is None:
-        typer.echo(f"error: no job {submission_id!r} on {address}", err=True)
+        typer.echo(f"error: no job {submission_id!r} on {without_userinfo(address or '')}", err=True)
         raise typer.Exit(1)
     if before in _ENDED:
         typer.echo(f"job {submission_id} already ended: {before}")

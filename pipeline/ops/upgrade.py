@@ -28,7 +28,7 @@ def upgrade(
 
     Exits 75 when a date was left to the run writing it now (its commit upgrades it; or try later).
     """
-    from pipeline.date_lease import DateInUse, DateLease
+    from pipeline.date_lease import DateInUse, DateLease, LinkedLease
     from pipeline.preflight import readable_problem
     from pipeline.report.load import list_output_files, outdated_files, output_root_hint
     from stages.partition import upgrade_date
@@ -62,6 +62,9 @@ def upgrade(
         except OSError as e:  # the lease's storage: said like run says it
             typer.echo(f"error: storage: {type(e).__name__}: {e}; nothing of {run_date} was rewritten", err=True)
             raise typer.Exit(1) from None
+        except LinkedLease as e:  # a link planted in the lease folder: never followed
+            typer.echo(f"error: {e}; nothing of {run_date} was rewritten", err=True)
+            raise typer.Exit(2) from None
         try:
             upgrade_date(output_uri, run_date, paths)
         finally:

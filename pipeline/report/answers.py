@@ -3,7 +3,8 @@
 The summary counts rows; this prints what they said: each row's document, question (or
 summary instruction), answer, and its reference or error. Rows come from the newest run
 date, in document order, so the same output prints the same lines. Analysts with many rows
-read the Parquet table instead (README, "Reading the output").
+read the Parquet table instead (README, "Reading the output"). What a document or a model
+wrote is printed with its control characters as escapes (pipeline/report/safe_text.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import textwrap
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.report.safe_text import printable
 from pipeline.report.summary import contains_reference
 
 #: Characters of one field before it is cut (a summary can be long; the table has it whole).
@@ -21,7 +23,7 @@ FIELD_CHARS = 600
 
 def _field(label: str, text: str) -> str:
     cut = text if len(text) <= FIELD_CHARS else text[:FIELD_CHARS].rstrip() + " [...]"
-    return textwrap.fill(" ".join(cut.split()), width=100, initial_indent=f"  {label}: ",
+    return textwrap.fill(printable(" ".join(cut.split())), width=100, initial_indent=f"  {label}: ",
                          subsequent_indent=" " * (len(label) + 4))
 
 
@@ -53,7 +55,8 @@ def format_answers(table: pa.Table, limit: int) -> str:
     more = " (--answers N for more)" if len(shown) < rows.num_rows else ""
     lines = [f"answers of {newest}: {len(shown)} of {rows.num_rows} row(s){more}"]
     for r in shown:
-        lines.append(f"[{r['doc_id']}] {' '.join((r.get('prompt') or '').split())}")
+        # The id as it is, escapes written out: a newline in it forged a report line.
+        lines.append(f"[{printable(r['doc_id'])}] {printable(' '.join((r.get('prompt') or '').split()))}")
         if r.get("error") is not None:
             lines.append(_field(f"error ({r.get('error_kind') or '-'})", r["error"]))
         else:  # an answer the token limit stopped may end mid-sentence: say so where it is read

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.report.load import UNRECORDED, date_errors
+from pipeline.report.safe_text import printable
 
 NO_RUN = "no run"
 #: Statuses after which the date needs another run (the rows staged, if any, are published by it).
@@ -68,6 +69,7 @@ def _next_step(uri: str, run_date: str, status: str, last: dict[str, Any], faile
         return f"rerun the date{why}" + (f": it publishes the {staged} staged row(s) first" if staged else "")
     if failed:
         (message, n, _), *_ = date_errors(uri, run_date, 1) or [("?", failed, 1)]
+        message = printable(" ".join(message.split()))  # it may quote a document's id
         if retryable:
             return f"rerun the date: it redoes the {retryable} retryable row(s); most frequent error ({n}): {message[:100]}"
         more = f" (and {failed - 1} more)" if failed > 1 else ""

@@ -158,7 +158,8 @@ def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
             f"resume: {k} was {was!r} in the saved run, now {now!r}; "
             f"resume with the same settings (changed: {sorted(changed)})"
         )
-    return torch.load(d / STATE_FILE, map_location="cpu", weights_only=False)
+    # Plain tensors, numbers and tuples only: a training folder is data, never code to run.
+    return torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 class StepLog:

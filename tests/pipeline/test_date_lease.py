@@ -32,6 +32,7 @@ from pipeline.date_lease import (
     DateInUse,
     DateLease,
     Holder,
+    LinkedLease,
     lease_holder,
     machine_id,
 )
@@ -157,6 +158,29 @@ def test_a_free_date_is_taken_renewed_and_released(tmp_path):
     assert not lease.lost and lease.confirm()
     lease.release()
     assert lease_holder(root, DATE) is None and not os.path.exists(lease_path(root, DATE))
+
+
+def test_a_lock_file_that_is_a_link_is_refused_never_followed(tmp_path):
+    """A security review planted `DATE.json.lock` -> a missing path: a run created an empty file
+    there (as root: anywhere). The lock is opened without following links; a link is refused
+    by name, and `longdoc run` exits 2 before anything loads."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    root = str(tmp_path / "out")
+    victim = tmp_path / "elsewhere" / "created_by_lock"
+    victim.parent.mkdir()
+    lock = Path(f"{lease_path(root, DATE)}.lock")
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(LinkedLease, match="is a symbolic link: longdoc does not follow links"):
+        DateLease(root, DATE, "r1", "job", **FAST).acquire()
+    assert not victim.exists()
+    path = tmp_path / "lease.yaml"
+    path.write_text(json.dumps(_spec(tmp_path).model_dump(mode="json")))
+    res = CliRunner().invoke(app, ["run", str(path), "--date", DATE, "--runner", "local"])
+    assert res.exit_code == 2 and "is a symbolic link" in res.output and not victim.exists(), res.output
 
 
 def test_a_live_run_is_refused_at_once_by_name_and_a_killed_one_taken_over_at_once(tmp_path):

@@ -208,3 +208,24 @@ def test_switching_methods_on_the_command_line_drops_the_files_settings_the_new_
     assert tail.keep == "tail"  # the same method: nothing dropped, the override applies
     with pytest.raises(SpecError, match="compression.keep"):  # the command line's own mistake is named
         load_spec(str(path), ["compression.method=select", "compression.keep=head_tail"])
+
+
+@pytest.mark.parametrize("field", ["input", "output"])
+def test_credentials_written_into_a_uri_are_refused_and_never_echoed(field):
+    """A review's `s3://KEY:SECRET@bucket/...` was accepted (s3fs cannot use it), then printed
+    in errors, in a rendered ConfigMap and in a submitted entrypoint."""
+    uri = "s3://AKIAURIFAKE0KEY00001:UriSecretFAKE000000000000000secret@docs/in/{job}"
+    with pytest.raises(SpecError) as e:
+        spec_from_dict({**MINIMAL, field: {**MINIMAL.get(field, {}), "uri": uri}})
+    said = str(e.value)
+    assert f"{field}.uri" in said and "holds credentials before '@' (s3://***@docs/in/" in said, said
+    assert "AKIAURIFAKE" not in said and "UriSecret" not in said
+
+    # ... nor repeated by the heading that names the overrides (a review's refused
+    # `--set input.storage_options={key: ..., secret: ...}` was)
+    from schemas.loading import _shown_override
+
+    assert _shown_override(f"{field}.uri={uri}") == f"{field}.uri=***"  # it says "Secret"
+    assert _shown_override(f"{field}.uri=s3://AKIA1:pw9@docs/x") == f"{field}.uri=s3://***@docs/x"
+    assert _shown_override("input.storage_options={key: AKIA0, secret: S3cr3t}") == "input.storage_options=***"
+    assert _shown_override("generation.max_new_tokens=64") == "generation.max_new_tokens=64"

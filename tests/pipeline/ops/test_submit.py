@@ -200,3 +200,28 @@ def test_submit_of_a_date_a_run_writes_now_is_refused_before_the_cluster_is_aske
     finally:
         lease.release()
     assert r.returncode == 75 and "run first-job" in r.stderr and "one run of a date at a time" in r.stderr, r.stderr
+
+
+def test_files_that_hold_credentials_are_never_uploaded_with_the_working_dir(tmp_path):
+    """A review's `submit --working-dir` uploaded `.env`, `id.pem` and `.aws/credentials` to
+    the cluster, where anyone with the dashboard reads the package. Ray's own matcher, over
+    the excludes submit hands it."""
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    from pipeline.ops.submit import WORKING_DIR_EXCLUDES
+
+    for name in ("s3.yaml", "docs/in.jsonl", ".env", ".env.prod", "id.pem", "tls.key", ".aws/credentials",
+                 ".ssh/id_ed25519", "id_rsa", ".netrc", ".git-credentials", ".kube/config", "out/x/run.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    excluded = _get_excludes(tmp_path, WORKING_DIR_EXCLUDES)
+    kept = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
+                  if p.is_file() and not any(excluded(q) for q in (p, *p.parents) if tmp_path in q.parents))
+    assert kept == ["docs/in.jsonl", "s3.yaml"], kept
+
+
+def test_an_address_with_credentials_is_shown_without_them(tmp_path):
+    """`--address http://user:pass@HOST` printed the password in its error."""
+    r = longdoc("status", "--address", "http://rayuser:RayPassFAKE01@127.0.0.1:9")
+    assert r.returncode == 1 and "cannot reach the Ray Jobs API at http://***@127.0.0.1:9" in r.stderr, r.stderr
+    assert "RayPassFAKE01" not in r.stderr + r.stdout

@@ -61,3 +61,21 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     assert data["answers"][1]["output_text"] == "It was written by Ada." and data["answers"][1]["reference"] == "Ada"
     assert [a["finish_reason"] for a in data["answers"]] == ["length", None]
     assert isinstance(json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output), list)  # as before
+
+
+def test_what_a_document_or_a_model_wrote_cannot_drive_the_terminal(tmp_path):
+    """A security review's hostile document set the terminal title, planted a hyperlink,
+    cleared the screen and forged a report line through `report --answers`: control
+    characters and bidi overrides are printed as escapes; other scripts stay as they are."""
+    from pipeline.report.safe_text import printable
+
+    root = str(tmp_path / "out")
+    _stage(root, [_row("2026-01-01", "d\nFAKE LINE: rows 999 ok", "What?\x1b]0;pwned\x07", "ALPHA\x1b[2J",
+                       output_text="\x1b]8;;http://evil.example/\x07click \u202eevil\u202c Zürich ﻿नमस्ते")])
+    commit_date(root, "2026-01-01", "r-2026-01-01")
+    out = CliRunner().invoke(app, ["report", root, "--answers", "1"]).output
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "[d\\nFAKE LINE: rows 999 ok] What?\\x1b]0;pwned\\x07" in out
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
+    assert "\\x1b]8;;http://evil.example/\\x07click \\u202eevil\\u202c Zürich" in out and "नमस्ते" in out
+    assert printable("tab\there") == "tab\\there" and printable("صباح\u200cالخير") == "صباح\u200cالخير"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,10 +111,21 @@ def test_save_every_writes_last_atomically_and_a_crash_between_renames_recovers(
     # A kill after `last -> last.old` and before `last.tmp -> last` leaves last.old complete.
     (out / resume.LAST).rename(out / resume.OLD)
     assert resume.find_checkpoint(out) == out / resume.OLD
-    state = resume.load_state(
-        out, json.loads((out / "autocompressor.json").read_text())["training"]
-    )
+    info = json.loads((out / "autocompressor.json").read_text())["training"]
+    state = resume.load_state(out, info)
     assert state["step"] == 5
+    # A training folder is data: a state file that would run code when unpickled is refused
+    # (a security review's probe ran its code through `--resume`).
+    marker = tmp_path / "ran"
+
+    class Probe:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    torch.save({**state, "step": Probe()}, out / resume.OLD / resume.STATE_FILE)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        resume.load_state(out, info)
+    assert not marker.exists()
 
 
 def test_step_log_drops_rows_after_the_resumed_step(tmp_path):
