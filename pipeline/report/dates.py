@@ -157,8 +157,9 @@ def format_dates(view: dict[str, Any]) -> str:
         ))
     widths = [max(len(r[i]) for r in table) for i in range(len(head) - 1)]
     right = {2, 3, 4, 5, 8}
-    out = [f"== by date: {', '.join(jobs) or 'output'}, {totals['dates']} date(s) {span}, "
-           f"{totals['runs']} run(s): {states} =="]
+    # The states are the dates' (a trial read "2 run(s): 1 succeeded" as a run that failed).
+    out = [f"== by date: {', '.join(jobs) or 'output'}, {totals['runs']} run(s) over {totals['dates']} date(s) "
+           f"{span}; the dates: {states} =="]
     for r in table:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))]
         out.append("  " + "  ".join(cells) + "  " + r[-1])

@@ -74,7 +74,7 @@ def test_each_date_says_its_state_its_latest_run_and_what_to_do(tmp_path):
 
     text = format_dates(view)
     lines = text.splitlines()
-    assert lines[0] == ("== by date: j, 5 date(s) 2026-03-01 .. 2026-03-05, 5 run(s): "
+    assert lines[0] == ("== by date: j, 5 run(s) over 5 date(s) 2026-03-01 .. 2026-03-05; the dates: "
                         "2 partial, 1 succeeded, 1 no run, 1 interrupted ==")
     assert any(ln.split()[:2] == ["2026-03-03", "no"] and ln.endswith("run the date") for ln in lines)
     assert "none 256/8*" in text  # the rows' method, the record's budget and "cost of every run 0.1200 USD, of the rows published 0.0600 USD" in text
@@ -92,9 +92,9 @@ def test_the_command_prints_the_view_after_the_runs_or_alone_from_a_date_on(tmp_
     _month(root)
     full = CliRunner().invoke(app, ["report", root])
     assert full.exit_code == 0, full.output
-    assert full.output.index("== j 2026-03-05 (e2) ==") < full.output.index("== by date: j, 5 date(s)")
+    assert full.output.index("== j 2026-03-05 (e2) ==") < full.output.index("== by date: j, 5 run(s) over 5 date(s)")
     only = CliRunner().invoke(app, ["report", root, "--dates", "--since", "2026-03-04"])
-    assert only.exit_code == 0 and only.output.startswith("== by date: j, 2 date(s) 2026-03-04 .. 2026-03-05")
+    assert only.exit_code == 0 and only.output.startswith("== by date: j, 3 run(s) over 2 date(s) 2026-03-04 .. 2026-03-05")
     assert "(e2) ==" not in only.output and "rows published 2, failed 1" in only.output
     view = json.loads(CliRunner().invoke(app, ["report", root, "--dates", "--json"]).output)
     assert [d["status"] for d in view["dates"]] == ["succeeded", "partial", "no run", "interrupted", "partial"]
