@@ -11,6 +11,8 @@ Contract:
   actors; 1 on a cluster).
 - ``crowded_note(spec, address)``: words for a run on this machine whose generate actors
   outnumber its cores (each engine holds a model copy and they share the cores), else None.
+- ``starved_io_note(spec, nodes)``: words for a run on a cluster whose model stages' actors
+  hold every CPU, so the read and write tasks wait, else None.
 - ``check_fits(spec, runner)``: every model stage fits this machine (``local``: its GPUs;
   ``ray``: the embedded Ray's nodes), else ValueError naming the field and the fix.
 - ``init_ray(address, spec)``: joins the cluster (refused at once where nothing answers at
@@ -73,6 +75,25 @@ def check_fits(spec: JobSpec, runner: str) -> None:
             here = f"{st.gpu_field}: 0 (on the CPU)" if have == 0 else f"{st.gpu_field} <= {have}"
             raise ValueError(f"{st.gpu_field}: {st.num_gpus:g} GPU(s) asked; this machine has {have}; allowed: "
                              f"{here} here, or a Ray cluster with GPUs (--address or $RAY_ADDRESS)")
+
+
+def starved_io_note(spec: JobSpec, nodes: list[dict]) -> str | None:
+    """A note (the run works, late) when the model stages' actors at their pools' smallest
+    hold every CPU of the cluster's alive ``nodes`` (ray.nodes()): Ray then runs the read and
+    write tasks (pipeline/plan.py ``IO_TASK_CPUS`` each) only while an actor lets go, so rows
+    are staged late and an interrupt keeps fewer (a trial's `resources.num_cpus` equal to its
+    node's 2 cores: Ray's "Cluster resources are not enough" warning, 93 s against 30 s)."""
+    from pipeline.plan import IO_TASK_CPUS, model_stages
+
+    total = sum(float((n.get("Resources") or {}).get("CPU", 0.0)) for n in nodes if n.get("Alive"))
+    held = sum(st.num_cpus * (st.actors if isinstance(st.actors, int) else st.actors[0])
+               for st in model_stages(spec))
+    if not total or held + IO_TASK_CPUS <= total:
+        return None
+    return (f"note: the model stages' actors hold {held:g} of the cluster's {total:g} CPU(s): Ray runs the "
+            f"read and write tasks ({IO_TASK_CPUS:g} CPU each) only while an actor lets go, so rows are staged "
+            "late (an interrupt keeps fewer) and Ray may warn that cluster resources are not enough; fix: a "
+            "smaller resources.num_cpus (leave a core for them), fewer actors, or more nodes")
 
 
 def crowded_note(spec: JobSpec, address: str | None) -> str | None:

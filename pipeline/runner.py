@@ -74,7 +74,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.date_lease import DateLease
-from pipeline.placement import actor_resources, check_fits, init_ray, with_actor_cpus
+from pipeline.placement import (
+    actor_resources,
+    check_fits,
+    init_ray,
+    starved_io_note,
+    with_actor_cpus,
+)
 from pipeline.report.summary import RunTally, package_versions, run_record_json, run_summary
 from schemas.output import (
     FILE_SCHEMA,
@@ -449,6 +455,8 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
 
     if init_ray(address, spec):  # keeps our interrupt handlers (_our_signal_handlers)
         check_fits(spec, "ray")
+    elif note := starved_io_note(spec, ray.nodes()):  # a cluster of the user's: its CPUs are theirs to set
+        _say(True, note)
     ctx = ray.data.DataContext.get_current()
     # Order only where it changes which rows exist: input.limit keeps the FIRST documents.
     # Elsewhere the rows' order is no contract (README: match by doc_id and prompt), and an
