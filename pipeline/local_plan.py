@@ -57,6 +57,7 @@ import pyarrow as pa
 
 from pipeline.plan import ModelStage, check_chain, model_stages, stage_chain
 from pipeline.plan_inputs import ExpandRequests, ReadDocuments
+from pipeline.progress import ticking
 from pipeline.ray_console import MODEL_STACK_ENV
 from schemas.output import error_cause
 from schemas.spec import JobSpec
@@ -117,7 +118,7 @@ class LocalPlan:
         chunks = self._request_batches(resolve_uri(spec.input.uri, self.run_date))
         self._reading = True
         # "reading the first input file": a large file or a slow store takes a while.
-        with _ticking(self.on_wait, self.tick_s):
+        with ticking(self.on_wait, self.tick_s):
             first = next(chunks, None)  # the first file read, so a rerun with nothing left loads no model
         self._reading = False
         if first is None:
@@ -128,7 +129,7 @@ class LocalPlan:
         # pool gets (pipeline/stage_actors.py: the stage imported in its constructor), so
         # the stage itself is its ``stage``. "loading the model" may take minutes (a big
         # model, a slow disk, the CPU kernels' first timing): the line keeps moving.
-        with _ticking(self.on_wait, self.tick_s), _starting(gen.name):
+        with ticking(self.on_wait, self.tick_s), _starting(gen.name):
             generate = gen.make(spec=spec_json).stage
         self._engine, self._service = generate.engine, generate.service
         tl["generate_init_s"] = time.time() - t0
@@ -271,29 +272,6 @@ def _starting(stage: str) -> Iterator[None]:
         yield
     except Exception as e:
         raise StageStartError(f"the {stage} stage could not start: {error_cause(e)}") from e
-
-
-@contextlib.contextmanager
-def _ticking(on_wait: Callable[[], None] | None, tick_s: float) -> Iterator[None]:
-    """Call ``on_wait`` now and every ``tick_s`` seconds from a daemon thread while the
-    block runs (a blocking read or model load, which cannot call it itself)."""
-    if on_wait is None:
-        yield
-        return
-    done = threading.Event()
-
-    def tick() -> None:
-        while not done.wait(tick_s):
-            on_wait()
-
-    on_wait()
-    thread = threading.Thread(target=tick, name="longdoc-progress-tick", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 class _GenerateCalls:

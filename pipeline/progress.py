@@ -24,11 +24,12 @@ Ray's own console output is kept quiet by pipeline/ray_console.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -61,6 +62,31 @@ def ledger_total(requests: Iterable[dict[str, Any]], skip: frozenset[str]) -> in
     """Rows a run writes: its requests (``Ledger.iter_requests``) not already done, each once;
     only their ids are held."""
     return len({r["request_id"] for r in requests} - skip)
+
+
+# ----------------------------------------------------------------------------- ticks
+@contextlib.contextmanager
+def ticking(on_wait: Callable[[], None] | None, tick_s: float) -> Iterator[None]:
+    """Call ``on_wait`` now and every ``tick_s`` seconds from a daemon thread while the
+    block runs (a blocking read or model load, which cannot call it itself)."""
+    if on_wait is None:
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(tick_s):
+            on_wait()
+
+    on_wait()
+    thread = threading.Thread(target=tick, name="longdoc-progress-tick", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
 
 
 # ----------------------------------------------------------------------------- the line
@@ -142,9 +168,13 @@ class RunProgress:
     def update(self, rows: int, failed: int, tokens: int) -> None:
         """Cumulative rows written, failed rows among them, output tokens so far."""
         self.rows, self.failed, self.tokens = rows, failed, tokens
-        now = self.clock()
         if self._first_rows is None and rows > 0:
-            self._first_rows = (now, rows)
+            self._first_rows = (self.clock(), rows)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Print or redraw the line for the counts held (``update``'s and ``tick``'s)."""
+        now = self.clock()
         if not self.enabled:
             return
         if self.tty:
@@ -166,8 +196,9 @@ class RunProgress:
 
     def tick(self) -> None:
         """The same counts again: while nothing is written, the line's elapsed time and
-        activity still move (redrawn on a terminal, else one line per interval)."""
-        self.update(self.rows, self.failed, self.tokens)
+        activity still move (redrawn on a terminal, else one line per interval). Safe from
+        another thread than ``update``'s: it never writes the counts back."""
+        self._refresh()
 
     def close(self) -> None:
         """Print the final state (ends the redrawn line on a terminal)."""

@@ -252,7 +252,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
     """``run_job`` once the run holds its date: publish what crashed runs staged, run the
     stages, publish this run's rows (only while it still holds the date), record the run."""
 
-    from pipeline.progress import RunProgress, ledger_total
+    from pipeline.progress import RunProgress, ledger_total, ticking
 
     # Rows a crashed earlier run left staged are published first: staging then holds
     # only this run's blocks, and the skip set below sees every row ever written.
@@ -274,22 +274,24 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             if ledger.complete(len(shards)):
                 bar.total = ledger_total(ledger.iter_requests(spec, shards, run_id, run_date), skip)
 
+    def on_wait() -> None:  # the total appears as soon as the ledger has it, before the first row
+        look_ledger()
+        bar.tick()
+
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     if runner == "ray":
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
-        if guard is not None:  # a pool no node can take says so on the line (pipeline/watchdog.py)
-            bar.activity = lambda: guard.waiting_note
+        # A pool no node can take says so on the line (pipeline/watchdog.py); before the first
+        # rows the line says what Ray is doing (a trial saw 15-30 s of silence there).
+        bar.activity = lambda: (guard.waiting_note if guard is not None else "") or (
+            "" if bar.rows else "Ray: reading the input, the actors loading the model")
     else:
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         from pipeline.local_plan import LocalPlan
 
         # In one process the engine is at hand: the line says what it holds between rows.
-        def on_wait() -> None:  # the total appears as soon as the ledger has it, before the first row
-            look_ledger()
-            bar.tick()
-
         local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=on_wait)
         batches, guard, bar.activity = local.batches, None, local.activity
         stop_engine = local.stop
@@ -331,12 +333,15 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         bar.update(tally.rows, tally.failed, int(tally.sums["output_tokens"]))
 
     def iterate() -> None:
-        for batch in batches():
-            if guard is not None:
-                guard.progress()
-            take(batch)
-            if lease.lost:  # another process took the date over: stop as if interrupted
-                raise DateTakenOver(lease.lost_reason)
+        # Ray's iteration blocks between batches: a thread keeps the line moving (the local
+        # plan ticks it itself while it waits on its engine).
+        with ticking(on_wait if runner == "ray" else None, 1.0):
+            for batch in batches():
+                if guard is not None:
+                    guard.progress()
+                take(batch)
+                if lease.lost:  # another process took the date over: stop as if interrupted
+                    raise DateTakenOver(lease.lost_reason)
 
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on

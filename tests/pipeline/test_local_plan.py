@@ -58,8 +58,17 @@ def _rows(uri: str) -> dict[str, dict]:
     return {r["request_id"]: r for r in load_output(uri).to_pylist()}
 
 
-def test_both_runners_write_the_same_rows(tmp_path, tiny_model_dir, ray_session):
-    ray_run = run_job(_spec(tmp_path, str(tiny_model_dir), "out-ray"), run_date=DATE, progress=False, runner="ray")
+def test_both_runners_write_the_same_rows(tmp_path, tiny_model_dir, ray_session, monkeypatch, capfd):
+    import pipeline.runner
+
+    monkeypatch.setenv("LONGDOC_PROGRESS_INTERVAL_S", "0.01")
+    monkeypatch.setattr(pipeline.runner, "LEDGER_LOOK_S", 0.0)
+    ray_run = run_job(_spec(tmp_path, str(tiny_model_dir), "out-ray"), run_date=DATE, progress=True, runner="ray")
+    # Before its first rows the Ray runner's line moves and says what Ray does, with the
+    # run's total once the read stage's ledger has it (a trial saw 15-30 s of silence).
+    lines = [ln.strip() for ln in capfd.readouterr().err.splitlines() if ln.strip().startswith("rows ")]
+    assert any(ln.startswith("rows 0") and "Ray: reading the input" in ln for ln in lines), lines
+    assert any(ln.startswith("rows 0/11 (0%)") for ln in lines), lines
     local_run = run_job(_spec(tmp_path, str(tiny_model_dir), "out-local"), run_date=DATE, progress=False,
                         runner="local")
     by_ray, by_local = _rows(ray_run.output_uri), _rows(local_run.output_uri)
