@@ -325,10 +325,12 @@ def run(
 def _say_errors(result, heading: str) -> None:
     """``heading``, the date's most frequent error messages, and where to see every row (stderr)."""
     from pipeline.report.load import date_errors
+    from pipeline.report.safe_text import printable
 
     typer.echo(f"{heading}; the date's most frequent errors:", err=True)
     for message, n, kinds in date_errors(result.output_uri, result.run_date):
-        typer.echo(f"  {n} x {message[:300]}" if kinds == 1 else f"  {n} x errors like: {message[:300]}", err=True)
+        said = printable(message[:300])  # it may quote a file name or an id from the input
+        typer.echo(f"  {n} x {said}" if kinds == 1 else f"  {n} x errors like: {said}", err=True)
     typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {result.summary['date_rows']})", err=True)
 
 

@@ -176,14 +176,15 @@ class DateInUse(RuntimeError):
 
 
 class LinkedLease(ValueError):
-    """The date's lock file is a symbolic link: refused, never followed. Whoever can write
-    to the output's folders could otherwise make a run (perhaps root's) create or lock a
-    file anywhere (a security review planted one). A bad setup: ``run`` exits 2."""
+    """The date's lock file, its lease folder or the output's ``.runs`` folder is a symbolic
+    link: refused, never followed. Whoever can write to the output's folders could otherwise
+    make a run (perhaps root's) create or lock a file anywhere (a security review planted
+    one). A bad setup: ``run`` exits 2."""
 
-    def __init__(self, lock: str) -> None:
-        super().__init__(f"{lock} is a symbolic link: longdoc does not follow links in an output's lease folder "
-                         f"(someone who can write there could point it at any file); remove it (rm '{lock}') "
-                         "and check who else can write to the output's folders")
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} is a symbolic link: longdoc does not follow links to its leases (someone who "
+                         f"can write there could point it at any file); remove it (rm '{path}') and check who "
+                         "else can write to the output's folders")
 
 
 def _parse(raw: bytes) -> Holder | None:
@@ -302,7 +303,11 @@ class DateLease:
         """Hold the date by the kernel lock of ``{lease}.lock`` and describe this process in
         the lease; False when this filesystem has no locks (the caller takes the object
         store's way). Raises ``DateInUse`` when another process holds the lock."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        leases = os.path.dirname(self.path)
+        for folder in (os.path.dirname(leases), leases):  # {output}.runs and its _leases
+            if os.path.islink(folder):
+                raise LinkedLease(folder)
+        os.makedirs(leases, exist_ok=True)
         lock = f"{self.path}.lock"
         try:  # the umask applies; never through a link (LinkedLease)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)

@@ -90,7 +90,8 @@ def starved_io_note(spec: JobSpec, nodes: list[dict]) -> str | None:
                for st in model_stages(spec))
     if not total or held + IO_TASK_CPUS <= total:
         return None
-    return (f"note: the model stages' actors hold {held:g} of the cluster's {total:g} CPU(s): Ray runs the "
+    return (f"note: the model stages' actors hold {held:g} of the {total:g} CPU(s) the cluster has now (an "
+            "autoscaler may add more): Ray runs the "
             f"read and write tasks ({IO_TASK_CPUS:g} CPU each) only while an actor lets go, so rows are staged "
             "late (an interrupt keeps fewer) and Ray may warn that cluster resources are not enough; fix: a "
             "smaller resources.num_cpus (leave a core for them), fewer actors, or more nodes")

@@ -15,8 +15,9 @@ Contract:
   listing order; the rest of a large file is never fetched), and records the requests it
   yielded in the run's ledger (stages/ledger.py): once the batch is read. A file with
   over ``BLOCK_TEXT_BYTES`` of text is not held whole (a 630 MB export took ~2.3 GB of the
-  driver): its requests are recorded on their own first, then it is read again and handed
-  on in tables of about that much text, so memory follows the block, not the file.
+  driver): its blocks go to a local spool file as it is read, its requests are recorded on
+  their own, then the spool is handed on block by block, so memory follows the block, not
+  the file, and what goes on is exactly what the ledger names.
 - ``ExpandRequests(spec, run_id, run_date, skip)``: flat_map fn, one document row -> its
   request rows (stages.requests.expand_requests), minus the request ids in ``skip``. The
   rows come from the requests ReadDocuments planned: each request id is hashed once.
@@ -24,6 +25,8 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import fields
 from itertools import islice
@@ -35,8 +38,8 @@ from schemas.spec import JobSpec
 from stages.read import Document, document_table, iter_shard
 from stages.requests import expand_requests, generation_fingerprint, plan_requests
 
-#: Text of one document table the read stage hands on: a file larger than this is streamed
-#: in several, so memory follows the block, not the file.
+#: Text (characters) of one document table the read stage hands on: a file with more is
+#: spooled and handed on in several, so memory follows the block, not the file.
 BLOCK_TEXT_BYTES = 64 << 20
 
 
@@ -60,35 +63,37 @@ class ReadDocuments:
         recorded: list[dict[str, Any]] = []  # the requests' identities, no text: small
         streamed: list[int] = []  # shards too large to hold: recorded on their own
         for index, shard in zip(indices, batch.column("shard").to_pylist()):
-            docs: list[Document] | None = []
+            docs: list[Document] = []
             own: list[dict[str, Any]] = []
             text_bytes = 0
-            for doc_index, doc in enumerate(self._documents(shard)):
-                own += [{"shard": index, "doc": doc_index, "doc_id": doc.doc_id,
-                         "source_uri": doc.source_uri, **part} for part in doc.requests or ()]
-                if docs is not None:
+            spool: _Spool | None = None  # a file too large to hold: its blocks on local disk
+            try:
+                for doc_index, doc in enumerate(self._documents(shard)):
+                    own += [{"shard": index, "doc": doc_index, "doc_id": doc.doc_id,
+                             "source_uri": doc.source_uri, **part} for part in doc.requests or ()]
                     docs.append(doc)
                     text_bytes += len(doc.text or "")
-                    if text_bytes >= BLOCK_TEXT_BYTES:  # too large to hold: its requests only, for now
-                        docs = None
-            if docs is not None:
-                recorded += own
+                    if text_bytes >= BLOCK_TEXT_BYTES:
+                        spool = spool or _Spool()
+                        spool.write(document_table(docs))
+                        docs, text_bytes = [], 0
+                if spool is None:
+                    recorded += own
+                    if docs:
+                        yield document_table(docs)
+                    continue
                 if docs:
-                    yield document_table(docs)
-                continue
-            # Its requests are in the ledger before any of its documents go on (what an abort
-            # or an interrupt names), then the file is read again and handed on block by block.
-            write_block(self.output_root, self.run_date, self.run_id, [index], own)
-            streamed.append(index)
-            docs, text_bytes = [], 0
-            for doc in self._documents(shard):
-                docs.append(doc)
-                text_bytes += len(doc.text or "")
-                if text_bytes >= BLOCK_TEXT_BYTES:
-                    yield document_table(docs)
-                    docs, text_bytes = [], 0
-            if docs:
-                yield document_table(docs)
+                    spool.write(document_table(docs))
+                # Its requests are in the ledger before any of its documents go on (what an
+                # abort or an interrupt names); the documents then come from the spool, the
+                # very ones recorded (a second read of the source could differ: a storage
+                # error on one read only, an object replaced between them).
+                write_block(self.output_root, self.run_date, self.run_id, [index], own)
+                streamed.append(index)
+                yield from spool.tables()
+            finally:
+                if spool is not None:
+                    spool.close()
         rest = [i for i in indices if i not in streamed]
         if rest:
             write_block(self.output_root, self.run_date, self.run_id, rest, recorded)
@@ -103,6 +108,45 @@ class ReadDocuments:
                 yield plan_requests(doc, self.spec, self.fingerprint)
         finally:
             read.close()  # under input.limit: the file's handle now, not when collected
+
+
+class _Spool:
+    """Document tables of one file on local disk (Arrow IPC in a temporary file), written
+    as the file is read and read back block by block: the file's text never whole in memory,
+    and its source read once. Removed by ``close``."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        import pyarrow.ipc
+
+        from stages.read import DOCUMENT_SCHEMA
+
+        fd, self.path = tempfile.mkstemp(prefix="longdoc-read-", suffix=".arrow")
+        self._sink = pa.OSFile(self.path, "wb")
+        os.close(fd)
+        self._writer: Any = pyarrow.ipc.new_file(self._sink, DOCUMENT_SCHEMA)
+
+    def write(self, table: pa.Table) -> None:
+        self._writer.write_table(table)
+
+    def tables(self) -> Iterator[pa.Table]:
+        import pyarrow.ipc
+
+        self._writer.close()
+        self._sink.close()
+        with pa.memory_map(self.path) as source:
+            reader = pyarrow.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield pa.Table.from_batches([reader.get_batch(i)])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(Exception):
+            self._sink.close()
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
 
 
 class ExpandRequests:

@@ -168,6 +168,10 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
             fs.info(path)
         except FileNotFoundError:
             pass  # list_shards below names the missing prefix as the run would
+        except PermissionError as e:  # S3 answers a HEAD of the prefix 403 under a policy that
+            # lets this role list the prefix and read below it only: the listing decides
+            if any(code in str(e) for code in _BAD_KEY):
+                return [storage_problem("input.uri", uri, e)]
         except Exception as e:  # noqa: BLE001 - every storage failure becomes one line
             return [storage_problem("input.uri", uri, e)]
     try:
@@ -261,6 +265,8 @@ def _first_records(path: str, fmt: str) -> tuple[set[str], int, list[str], list[
         with fs.open(bare, "rb", **read_options(fs)) as f:
             try:
                 pf = pq.ParquetFile(f)
+            except OSError:
+                raise  # storage, as the read stage says it (pyarrow's own errors are not OSError)
             except Exception as e:  # noqa: BLE001 - not Parquet: the read stage reports it as a row
                 return set(), 0, [f"not a readable Parquet file ({e})"], []
             first = next(pf.iter_batches(batch_size=PREFLIGHT_RECORDS), None)

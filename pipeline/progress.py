@@ -68,25 +68,37 @@ def ledger_total(requests: Iterable[dict[str, Any]], skip: frozenset[str]) -> in
 @contextlib.contextmanager
 def ticking(on_wait: Callable[[], None] | None, tick_s: float) -> Iterator[None]:
     """Call ``on_wait`` now and every ``tick_s`` seconds from a daemon thread while the
-    block runs (a blocking read or model load, which cannot call it itself)."""
+    block runs (a blocking read, a model load or Ray's iteration, which cannot call it
+    itself). ``on_wait`` only draws the line: an error in it (a storage hiccup while it
+    looks at the ledger) is said once and the ticks go on; the block's own work never
+    fails for it, and leaving the block waits at most a second for a tick in hand."""
     if on_wait is None:
         yield
         return
     done = threading.Event()
+    said: list[BaseException] = []
+
+    def safe() -> None:
+        try:
+            on_wait()
+        except Exception as e:  # noqa: BLE001 - the progress line must not end the run
+            if not said:
+                said.append(e)
+                print(f"note: the progress line could not update ({type(e).__name__}: {e}); the run goes on",
+                      file=sys.stderr, flush=True)
 
     def tick() -> None:
         while not done.wait(tick_s):
-            on_wait()
+            safe()
 
-    on_wait()
+    safe()
     thread = threading.Thread(target=tick, name="longdoc-progress-tick", daemon=True)
     thread.start()
     try:
         yield
     finally:
         done.set()
-        thread.join()
-
+        thread.join(timeout=1.0)  # a daemon: one still inside a slow look ends with the process
 
 
 # ----------------------------------------------------------------------------- the line

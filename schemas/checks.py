@@ -46,13 +46,13 @@ class FieldError(ValueError):
 
 
 #: ``scheme://user:secret@host...``: credentials written into a URI.
-_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^/@]*@")
+_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^@\s]*@")  # a secret may hold '/'
 
 
 def without_userinfo(text: str) -> str:
     """``text`` with the credentials before an '@' of each URL in it replaced by ``***``, for a
     message."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@", r"\1***@", text)
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/@\s]*:[^@\s]*|[^/@:\s]*)@", r"\1***@", text)
 
 
 def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:

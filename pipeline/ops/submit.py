@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "out", "__pycache__", "*.egg-info", ".pytest_cache",
                         ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", ".aws", ".ssh", ".gnupg", ".netrc",
                         ".git-credentials", ".pgpass", ".docker", ".kube", "credentials", "credentials.json",
+                        "*-credentials.json", "service-account*.json", ".s3cfg", ".boto", "*.keytab",
                         "id_rsa*", "id_ed25519*", "id_ecdsa*"]
 _PROJECT_PACKAGES = ("pipeline", "stages", "schemas")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -222,7 +223,7 @@ def _client(address: str | None) -> JobSubmissionClient:
         raise typer.Exit(1) from None
     except (ConnectionError, RuntimeError, ValueError) as e:
         typer.echo(f"error: cannot reach the Ray Jobs API at {without_userinfo(address)}: "
-                   f"{str(e).replace(address, without_userinfo(address))}", err=True)
+                   f"{without_userinfo(str(e))}", err=True)
         raise typer.Exit(1) from None
 
 

@@ -45,6 +45,10 @@ def report(
         if value is not None and not _is_date(value):
             typer.echo(f"error: {name} {value!r} is not a date: give it as YYYY-MM-DD, e.g. 2026-01-31", err=True)
             raise typer.Exit(2)
+    if since is not None and date is not None:
+        typer.echo("error: --since and --date together: give one (--date for one date, --since for the dates "
+                   "from one on)", err=True)
+        raise typer.Exit(2)
     table = load_output(output_uri)
     summaries = run_summaries(output_uri, table)  # with the recorded runs that have no row here
     if not summaries:
@@ -97,13 +101,15 @@ def report(
 
 
 def _is_date(text: str) -> bool:
+    """YYYY-MM-DD and a real day (fromisoformat alone takes 2026-W49-1 too)."""
     import datetime as dt
+    import re
 
     try:
         dt.date.fromisoformat(text)
     except ValueError:
         return False
-    return len(text) == 10
+    return re.fullmatch(r"\d{4}-\d{2}-\d{2}", text) is not None
 
 
 def _say_outdated(output_uri: str) -> None:

@@ -36,13 +36,15 @@ def _day(d: str) -> dt.date:
 
 def missing_dates(dates: list[str]) -> list[str]:
     """Days between the first and last of ``dates`` that have no run, when the dates are
-    a daily cadence (their median gap is one day); [] otherwise."""
+    a daily cadence (their median gap is one day) and, once they span a week, the job has
+    run on that day of the week (a weekday job's weekends are no gaps); [] otherwise."""
     days = sorted({_day(d) for d in dates})
     if len(days) < 3 or statistics.median((b - a).days for a, b in zip(days, days[1:])) != 1:
         return []
     seen = set(days)
-    span = (days[-1] - days[0]).days
-    return [str(days[0] + dt.timedelta(n)) for n in range(span) if days[0] + dt.timedelta(n) not in seen]
+    weekdays = {d.weekday() for d in days} if (days[-1] - days[0]).days >= 7 else set(range(7))
+    every = (days[0] + dt.timedelta(n) for n in range((days[-1] - days[0]).days))
+    return [str(d) for d in every if d not in seen and d.weekday() in weekdays]
 
 
 def _date_rows(table: pa.Table, run_date: str) -> tuple[int, int, int]:
@@ -57,8 +59,9 @@ def _date_rows(table: pa.Table, run_date: str) -> tuple[int, int, int]:
 def _next_step(uri: str, run_date: str, status: str, last: dict[str, Any], failed: int, retryable: int) -> str:
     """What the operator does next for the date, in one phrase (``RERUN`` said once below
     the table)."""
-    if status == "running":
-        return f"wait: {last.get('note') or 'running'}"
+    if status == "running":  # holding its lease: wait; without one the note says either may be true
+        note = last.get("note") or "running"
+        return f"wait: {note}" if note.startswith("running: ") else note
     if status == "stalled":
         return last.get("note") or "end the stalled run, then rerun the date"
     if status == NO_RUN:
@@ -106,8 +109,9 @@ def date_view(uri: str, table: pa.Table, summaries: list[dict[str, Any]]) -> dic
             "staged": last.get("rows_staged") or 0, "runs": len(runs), "last_run": last["run_id"],
             "job": last.get("job"), "method": last.get("method"), "target_tokens": last.get("target_tokens"),
             "max_new_tokens": last.get("max_new_tokens"),
+            # Runs whose record has no spec (an earlier longdoc's, or none) say nothing here.
             "settings_changed": len({(s.get("model"), s.get("method"), s.get("target_tokens"),
-                                      s.get("max_new_tokens")) for s in runs}) > 1,
+                                      s.get("max_new_tokens")) for s in runs if s.get("method") is not None}) > 1,
             "cost_usd": sum(c for c in spent if c) if any(spent) else None,
             "next": _next_step(uri, run_date, status, last, failed, retryable),
         })

@@ -177,6 +177,15 @@ def test_a_lock_file_that_is_a_link_is_refused_never_followed(tmp_path):
     with pytest.raises(LinkedLease, match="is a symbolic link: longdoc does not follow links"):
         DateLease(root, DATE, "r1", "job", **FAST).acquire()
     assert not victim.exists()
+    # ... and so is a linked lease folder (the lock's own flag guards its last name only)
+    other = tmp_path / "other"
+    other.mkdir()
+    linked = str(tmp_path / "linked")
+    Path(f"{linked}.runs").mkdir()
+    Path(f"{linked}.runs/_leases").symlink_to(other)
+    with pytest.raises(LinkedLease, match="_leases is a symbolic link"):
+        DateLease(linked, DATE, "r1", "job", **FAST).acquire()
+    assert not list(other.iterdir())
     path = tmp_path / "lease.yaml"
     path.write_text(json.dumps(_spec(tmp_path).model_dump(mode="json")))
     res = CliRunner().invoke(app, ["run", str(path), "--date", DATE, "--runner", "local"])

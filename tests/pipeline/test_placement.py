@@ -71,7 +71,7 @@ def test_actors_holding_every_cpu_of_a_cluster_are_noted(tmp_path):
     the generate actor let go (Ray's "Cluster resources are not enough"; 93 s against 30 s)."""
     node = {"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}}
     note = starved_io_note(_spec(tmp_path, "random:tiny", num_cpus=2), [node])
-    assert note is not None and note.startswith("note: the model stages' actors hold 2.5 of the cluster's 2 CPU(s)")
+    assert note is not None and note.startswith("note: the model stages' actors hold 2.5 of the 2 CPU(s) the cluster")
     assert starved_io_note(_spec(tmp_path, "random:tiny", num_cpus=1), [node]) is None  # room for the tasks
     bigger = [node, {"Alive": True, "Resources": {"CPU": 4.0}}, {"Alive": False, "Resources": {"CPU": 64.0}}]
     assert starved_io_note(_spec(tmp_path, "random:tiny", num_cpus=2), bigger) is None

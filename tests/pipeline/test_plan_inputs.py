@@ -152,3 +152,31 @@ def test_a_large_file_is_handed_on_in_blocks_in_its_order(tmp_path, monkeypatch)
     assert [d["doc_id"] for t in tables for d in t.to_pylist()] == [f"d{i}" for i in range(10)]
     ledger = read_ledger(str(tmp_path / "out"), "2026-01-01", "r1")
     assert ledger.complete(1) and len(ledger.requests(spec, [str(export)], "r1", "2026-01-01")) == 10
+
+
+def test_what_a_large_file_hands_on_is_what_its_ledger_names_even_when_its_read_breaks(tmp_path, monkeypatch):
+    """A review: a file read twice (once for the ledger, once for the documents) could hand on
+    other documents than the ledger names when one read broke (a storage error on one pass,
+    an object replaced between them): rows lost or doubled after a settings change. The
+    file is read once; its blocks wait in a local spool, removed once handed on."""
+    import gzip
+    import tempfile
+
+    import pipeline.plan_inputs
+    from stages.ledger import read_ledger
+
+    lines = "".join(json.dumps({"id": f"d{i}", "text": f"Record {i}. " * 200, "questions": ["Q?"]}) + "\n"
+                    for i in range(40))
+    whole = gzip.compress(lines.encode(), mtime=0)
+    export = tmp_path / "docs.jsonl.gz"
+    export.write_bytes(whole[: len(whole) * 3 // 4])  # breaks off: a storage error mid-read reads alike
+    monkeypatch.setattr(pipeline.plan_inputs, "BLOCK_TEXT_BYTES", 4000)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "spool"))
+    (tmp_path / "spool").mkdir()
+    spec = _qa_spec(tmp_path, str(export))
+    read = ReadDocuments(spec, str(export), str(tmp_path / "out"), "r1", "2026-01-01")
+    handed = [d for t in read(pa.table({"shard": [str(export)], "index": [0]})) for d in t.to_pylist()]
+    assert 5 < len(handed) < 40 and "not a readable gzip file" in handed[-1]["error"]
+    named = read_ledger(str(tmp_path / "out"), "2026-01-01", "r1").requests(spec, [str(export)], "r1", "2026-01-01")
+    assert [r["doc_id"] for r in named] == [d["doc_id"] for d in handed]
+    assert not list((tmp_path / "spool").iterdir())  # the spool is gone

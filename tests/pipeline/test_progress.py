@@ -226,3 +226,26 @@ def test_estimate_never_reads_the_input(tmp_path):
 def test_ledger_total_counts_each_new_request_once():
     reqs = [{"request_id": r} for r in ("a", "b", "b", "c")]  # "b": an input row repeated exactly
     assert ledger_total(reqs, frozenset({"c"})) == 2
+
+
+def test_a_tick_that_fails_is_said_once_and_the_ticks_go_on(capsys):
+    """A review: the Ray runner's tick thread looks at the ledger in storage every second; an
+    error there ended the thread with a traceback (the line stood still for the rest of the
+    run), and on its first call failed the run."""
+    import time
+
+    from pipeline.progress import ticking
+
+    calls: list[float] = []
+
+    def on_wait() -> None:
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise OSError("storage hiccup")
+
+    with ticking(on_wait, 0.01):
+        time.sleep(0.3)
+    assert len(calls) > 5
+    err = capsys.readouterr().err
+    assert err.count("note: the progress line could not update (OSError: storage hiccup)") == 1
+    assert "Traceback" not in err

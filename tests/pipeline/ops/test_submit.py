@@ -211,7 +211,8 @@ def test_files_that_hold_credentials_are_never_uploaded_with_the_working_dir(tmp
     from pipeline.ops.submit import WORKING_DIR_EXCLUDES
 
     for name in ("s3.yaml", "docs/in.jsonl", ".env", ".env.prod", "id.pem", "tls.key", ".aws/credentials",
-                 ".ssh/id_ed25519", "id_rsa", ".netrc", ".git-credentials", ".kube/config", "out/x/run.parquet"):
+                 ".ssh/id_ed25519", "id_rsa", ".netrc", ".git-credentials", ".kube/config", "out/x/run.parquet",
+                 ".s3cfg", "gcp/service-account-prod.json"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
     excluded = _get_excludes(tmp_path, WORKING_DIR_EXCLUDES)

@@ -85,6 +85,9 @@ def test_only_a_daily_cadence_has_missing_days():
     assert missing_dates(["2026-03-01", "2026-03-02", "2026-03-04", "2026-03-05"]) == ["2026-03-03"]
     assert missing_dates(["2026-03-02", "2026-03-09", "2026-03-16"]) == []  # weekly: no gap
     assert missing_dates(["2026-03-01", "2026-03-03"]) == []  # two dates say no cadence
+    # A weekday job's weekends are no gaps (a review: two weeks of weekday runs named them)
+    weekdays = [f"2026-03-{d:02d}" for d in (2, 3, 4, 5, 6, 9, 10, 11, 12, 13)]
+    assert missing_dates(weekdays) == [] and missing_dates(weekdays[:3] + weekdays[4:]) == ["2026-03-05"]
 
 
 def test_the_command_prints_the_view_after_the_runs_or_alone_from_a_date_on(tmp_path):
@@ -99,9 +102,12 @@ def test_the_command_prints_the_view_after_the_runs_or_alone_from_a_date_on(tmp_
     view = json.loads(CliRunner().invoke(app, ["report", root, "--dates", "--json"]).output)
     assert [d["status"] for d in view["dates"]] == ["succeeded", "partial", "no run", "interrupted", "partial"]
     for option, value, says in (("--since", "March", "is not a date: give it as YYYY-MM-DD"),
-                                ("--since", "2027-01-01", "no run of"), ("--date", "2026-03-03", "no run of")):
+                                ("--since", "2027-01-01", "no run of"), ("--date", "2026-03-03", "no run of"),
+                                ("--date", "2026-W10-1", "is not a date")):
         res = CliRunner().invoke(app, ["report", root, option, value])
         assert res.exit_code == 2 and says in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    both = CliRunner().invoke(app, ["report", root, "--since", "2026-03-05", "--date", "2026-03-01"])
+    assert both.exit_code == 2 and "--since and --date together" in both.output
     # One date: its runs and its answers (a trial could not see an older night's errors).
     one = CliRunner().invoke(app, ["report", root, "--date", "2026-03-02", "--answers", "5"])
     assert one.exit_code == 0 and "(b) ==" in one.output and "(e2) ==" not in one.output, one.output
