@@ -41,10 +41,15 @@ def report(
     if problem:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
+    from schemas.loading import SpecError, check_run_date
+
     for name, value in (("--since", since), ("--date", date)):
-        if value is not None and not _is_date(value):
+        try:
+            if value is not None:
+                check_run_date(value, name)
+        except SpecError:
             typer.echo(f"error: {name} {value!r} is not a date: give it as YYYY-MM-DD, e.g. 2026-01-31", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
     if since is not None and date is not None:
         typer.echo("error: --since and --date together: give one (--date for one date, --since for the dates "
                    "from one on)", err=True)
@@ -70,7 +75,7 @@ def report(
     if dates:
         from pipeline.report.dates import date_view, format_dates
 
-        view = date_view(output_uri, table, summaries)
+        view = date_view(table, summaries)
         typer.echo(json.dumps(view, indent=2, default=str) if as_json else format_dates(view))
         _say_outdated(output_uri)
         return
@@ -87,7 +92,7 @@ def report(
         for s in summaries:
             job = f"{s['job']} " if s.get("job") else ""
             typer.echo(format_summary(s, title=f"{job}{s['run_date']} ({s['run_id']})"))
-        typer.echo(format_dates(date_view(output_uri, table, summaries)))
+        typer.echo(format_dates(date_view(table, summaries)))
     _say_outdated(output_uri)
     if answers and not as_json and table.num_rows:
         from pipeline.report.answers import format_answers
@@ -98,18 +103,6 @@ def report(
 
         plot_report(table, plot, summaries=[s for s in summaries if "rows_published" not in s], last=last)
         typer.echo(f"plot: {plot}")
-
-
-def _is_date(text: str) -> bool:
-    """YYYY-MM-DD and a real day (fromisoformat alone takes 2026-W49-1 too)."""
-    import datetime as dt
-    import re
-
-    try:
-        dt.date.fromisoformat(text)
-    except ValueError:
-        return False
-    return re.fullmatch(r"\d{4}-\d{2}-\d{2}", text) is not None
 
 
 def _say_outdated(output_uri: str) -> None:

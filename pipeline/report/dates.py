@@ -3,8 +3,8 @@
 An operator of a nightly job asks per date, not per run: is it done, how many rows failed
 and why, which run wrote it last and with what settings, what did it cost, is anything
 still running, and which nights never ran. ``date_view`` answers from what ``report``
-already read (the committed rows and the run summaries of pipeline/report/load.py) plus
-each failing date's most frequent error; ``format_dates`` prints it.
+already read (the committed rows and the run summaries of pipeline/report/load.py), each
+failing date's most frequent error among them; ``format_dates`` prints it.
 
 A date's status is its latest run's (by start time): that run saw the whole date, so
 ``succeeded`` means every request has a row and none failed, ``partial`` that some failed.
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.report.load import UNRECORDED, date_errors
+from pipeline.report.load import UNRECORDED, frequent_errors
 from pipeline.report.safe_text import printable
 
 NO_RUN = "no run"
@@ -47,16 +47,16 @@ def missing_dates(dates: list[str]) -> list[str]:
     return [str(d) for d in every if d not in seen and d.weekday() in weekdays]
 
 
-def _date_rows(table: pa.Table, run_date: str) -> tuple[int, int, int]:
-    """(rows, failed, of them retryable) committed for ``run_date``."""
+def _date_rows(table: pa.Table, run_date: str) -> tuple[int, pa.Table, int]:
+    """(rows, the failed rows, of them retryable) committed for ``run_date``."""
     rows = table.filter(pc.equal(table["run_date"], run_date))
     failed = rows.filter(pc.is_valid(rows["error"]))
     # A row failed before error_kind existed counts as retryable (as in summary.py's RunTally).
     input_errors = int(pc.sum(pc.fill_null(pc.equal(failed["error_kind"], "input"), False)).as_py() or 0)
-    return rows.num_rows, failed.num_rows, failed.num_rows - input_errors
+    return rows.num_rows, failed, failed.num_rows - input_errors
 
 
-def _next_step(uri: str, run_date: str, status: str, last: dict[str, Any], failed: int, retryable: int) -> str:
+def _next_step(status: str, last: dict[str, Any], failed: pa.Table, retryable: int) -> str:
     """What the operator does next for the date, in one phrase (``RERUN`` said once below
     the table)."""
     if status == "running":  # holding its lease: wait; without one the note says either may be true
@@ -70,12 +70,12 @@ def _next_step(uri: str, run_date: str, status: str, last: dict[str, Any], faile
         staged = last.get("rows_staged") or 0
         why = f" (aborted: {str(last['abort_reason']).splitlines()[0][:80]})" if last.get("abort_reason") else ""
         return f"rerun the date{why}" + (f": it publishes the {staged} staged row(s) first" if staged else "")
-    if failed:
-        (message, n, _), *_ = date_errors(uri, run_date, 1) or [("?", failed, 1)]
+    if failed.num_rows:  # the rows report already read: the date's files are not read again
+        (message, n, _), *_ = frequent_errors(failed.column("error").to_pylist(), 1)
         message = printable(" ".join(message.split()))  # it may quote a document's id
         if retryable:
             return f"rerun the date: it redoes the {retryable} retryable row(s); most frequent error ({n}): {message[:100]}"
-        more = f" (and {failed - 1} more)" if failed > 1 else ""
+        more = f" (and {failed.num_rows - 1} more)" if failed.num_rows > 1 else ""
         return f"fix the input, then rerun the date: {message[:120]}{more}"
     return "-"
 
@@ -84,9 +84,9 @@ def _next_step(uri: str, run_date: str, status: str, last: dict[str, Any], faile
 RERUN = "longdoc run SPEC --date DATE"
 
 
-def date_view(uri: str, table: pa.Table, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def date_view(table: pa.Table, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """{"dates": one dict a date (newest last, with the days a daily job missed), "totals":
-    {...}}. ``table``: load_output(uri); ``summaries``: run_summaries(uri, table)."""
+    {...}}. ``table``: load_output(an output); ``summaries``: run_summaries of it."""
     by_date: dict[str, list[dict[str, Any]]] = {}
     for s in summaries:
         by_date.setdefault(s["run_date"], []).append(s)
@@ -95,14 +95,15 @@ def date_view(uri: str, table: pa.Table, summaries: list[dict[str, Any]]) -> dic
         runs = sorted(by_date.get(run_date, []), key=lambda s: (s.get("started_at") or "", s["run_id"]))
         if not runs:
             lines.append({"run_date": run_date, "status": NO_RUN, "runs": 0,
-                          "next": _next_step(uri, run_date, NO_RUN, {}, 0, 0)})
+                          "next": _next_step(NO_RUN, {}, table.slice(0, 0), 0)})
             continue
         live = [s for s in runs if s.get("status") == "running"]
         last = live[-1] if live else runs[-1]
         status = last.get("status") or "unknown"
         if live and (last.get("note") or "").startswith("stalled"):
             status = "stalled"
-        rows, failed, retryable = _date_rows(table, run_date)
+        rows, failed_rows, retryable = _date_rows(table, run_date)
+        failed = failed_rows.num_rows
         spent = [s.get("cost_spent_usd") for s in runs]
         lines.append({
             "run_date": run_date, "status": status, "rows": rows, "failed": failed,
@@ -113,7 +114,7 @@ def date_view(uri: str, table: pa.Table, summaries: list[dict[str, Any]]) -> dic
             "settings_changed": len({(s.get("model"), s.get("method"), s.get("target_tokens"),
                                       s.get("max_new_tokens")) for s in runs if s.get("method") is not None}) > 1,
             "cost_usd": sum(c for c in spent if c) if any(spent) else None,
-            "next": _next_step(uri, run_date, status, last, failed, retryable),
+            "next": _next_step(status, last, failed_rows, retryable),
         })
     costs = [d["cost_usd"] for d in lines if d.get("cost_usd")]
     counts: dict[str, int] = {}

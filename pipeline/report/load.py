@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fsspec
@@ -127,23 +127,29 @@ def output_root_hint(uri: str) -> str:
 
 
 def date_errors(uri: str, run_date: str, limit: int = 3) -> list[tuple[str, int, int]]:
-    """The most frequent errors among the published rows of ``run_date`` (at most ``limit``):
-    (a message, how many rows, how many distinct messages of its kind). A kind is the message
+    """The most frequent errors among the published rows of ``run_date`` (at most ``limit``),
+    read from its files: ``frequent_errors`` of their ``error`` column."""
+    from stages.write import partition_dir
+
+    fs, part = fsspec.core.url_to_fs(partition_dir(uri, run_date))
+    return frequent_errors((e for f in list_files(fs, part, ".parquet")
+                            for e in read_file(fs, f, ["error"]).column("error").to_pylist()), limit)
+
+
+def frequent_errors(errors: Iterable[str | None], limit: int = 3) -> list[tuple[str, int, int]]:
+    """The most frequent of ``errors`` (None: a row without one), at most ``limit``: (a
+    message, how many rows, how many distinct messages of its kind). A kind is the message
     with its quoted names and numbers left out, so nine documents too long for the context
     are one line, not nine: what a failed night says first."""
     from collections import Counter
 
-    from stages.write import partition_dir
-
-    fs, part = fsspec.core.url_to_fs(partition_dir(uri, run_date))
     counts: Counter[str] = Counter()
     example: dict[str, set[str]] = {}
-    for f in list_files(fs, part, ".parquet"):
-        for e in read_file(fs, f, ["error"]).column("error").to_pylist():
-            if e:
-                kind = _ERROR_DETAILS.sub("_", e)
-                counts[kind] += 1
-                example.setdefault(kind, set()).add(e)
+    for e in errors:
+        if e:
+            kind = _ERROR_DETAILS.sub("_", e)
+            counts[kind] += 1
+            example.setdefault(kind, set()).add(e)
     return [(min(example[k]), n, len(example[k])) for k, n in counts.most_common(limit)]
 
 

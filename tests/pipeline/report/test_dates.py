@@ -51,7 +51,7 @@ def test_each_date_says_its_state_its_latest_run_and_what_to_do(tmp_path):
     root = str(tmp_path / "out")
     _month(root)
     table = load_output(root)
-    view = date_view(root, table, run_summaries(root, table))
+    view = date_view(table, run_summaries(root, table))
     by_date = {d["run_date"]: d for d in view["dates"]}
     assert list(by_date) == ["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-04", "2026-03-05"]
     assert (by_date["2026-03-01"]["status"], by_date["2026-03-01"]["next"]) == ("succeeded", "-")
