@@ -198,9 +198,9 @@ def methods(
     from stages.compression import registry
     from stages.compression.base import WHERE
 
-    table = Table("method", "what it keeps", "where it runs", show_lines=True)
-    for m in registry().values():
-        table.add_row(m.name, m.summary, WHERE[m.runs_at])
+    table = Table("method", "what it keeps", "where it runs", "paper", show_lines=True)
+    for m in registry().values():  # the paper a method is named after, or what it is a baseline of
+        table.add_row(m.name, m.summary, WHERE[m.runs_at], m.paper or "-")
     Console(soft_wrap=False).print(table)
 
 
@@ -307,6 +307,10 @@ def run(
         then = ("fix what it says, then run the date again: its rows wait as retryable error rows"
                 if "could not start" in reason else "run it again to retry")
         typer.echo(f"error: run aborted ({reason}); {then}", err=True)
+        from stages.layout import run_record_path
+
+        record = run_record_path(result.output_uri, result.run_date, result.run_id)
+        typer.echo(f"(its traceback: `abort_traceback` in {record})", err=True)
         raise typer.Exit(1)
     if s["date_rows"] and s["date_failed_fraction"] > max_failed_fraction:
         _say_errors(result, f"error: {s['date_failed']} of {s['date_rows']} rows of {result.run_date} failed "

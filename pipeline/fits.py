@@ -23,11 +23,14 @@ stay the guard for the documents after the first.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING
 
 from schemas.spec import JobSpec
+
+log = logging.getLogger("longdoc")
 
 if TYPE_CHECKING:
     from stages.read import Document
@@ -120,6 +123,7 @@ def first_fit(spec: JobSpec, run_date: str | None) -> Fit | None:
         frame = frame_tokens_from_files(files, spec.task.resolved_instruction, question)
         counts = [len(e.ids) for e in tok.encode_batch([t for _, t in texts], add_special_tokens=False)]
     except Exception:  # noqa: BLE001 - storage: the preflight's to say; an odd template: the stages'
+        log.debug("validate's fit check skipped", exc_info=True)  # advice only: never a refusal
         return None
     return Fit(spec, context, frame, tuple((name, n) for (name, _), n in zip(texts, counts, strict=True)),
                prefills_whole(spec))

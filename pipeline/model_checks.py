@@ -59,15 +59,13 @@ def _reader_problems(spec: JobSpec) -> list[str]:
     from stages.finch.config import FINCH_MODEL_TYPES
 
     problems = []
-    for field, name in method_for(spec.compression).attention_readers(spec):
+    method_type = method_for(spec.compression)
+    for field, name in method_type.attention_readers(spec):
         kind = _model_type(name)
         if kind is None or kind in FINCH_MODEL_TYPES:
             continue
         method = spec.compression.method
-        fix = ("set compression.scorer to a model of those types (embedded:smollm2-135m-instruct: it reads, "
-               f"{shown(name)} only prefills the kept sentences)" if field == "generation.model" and method == "select"
-               else "use select with compression.scorer: embedded:smollm2-135m-instruct" if method != "select"
-               else "choose a scorer of those types (embedded:smollm2-135m-instruct)")
+        fix = method_type.reader_fix(spec, field, name)
         problems.append(f"{field}: {shown(name)} is a {kind!r} model; compression.method {method} reads with "
                         f"Finch's attention, which runs on {', '.join(FINCH_MODEL_TYPES)} models; fix: {fix}, "
                         "or another method (truncate, bm25, rag)")

@@ -163,8 +163,7 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         try:  # fast: an unreachable endpoint or a missing key fails in about a second
             fs, path = _fs(uri)
             # What the run does first, asked cheaply: one small request (a HEAD, a list of one
-            # key), where a full listing of a 20,000-file prefix took ~6 s before list_shards
-            # listed it again.
+            # key), not a full listing of a large prefix that list_shards lists again.
             fs.info(path)
         except FileNotFoundError:
             pass  # list_shards below names the missing prefix as the run would

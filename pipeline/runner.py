@@ -284,7 +284,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         # A pool no node can take says so on the line (pipeline/watchdog.py); before the first
-        # rows the line says what Ray is doing (a trial saw 15-30 s of silence there).
+        # rows the line says what Ray is doing (it was silent there while Ray started).
         bar.activity = lambda: (guard.waiting_note if guard is not None else "") or (
             "" if bar.rows else "Ray: reading the input, loading the model, decoding the first rows")
     else:

@@ -82,9 +82,9 @@ class GenerationSpec(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="auto: float32 on CPU; on a GPU bfloat16, but float32 for models under 1B parameters "
-        "(measured faster there on the decode engine of 2026-11-22, not re-measured since; exact: "
-        "greedy output with prompt lookup equals plain greedy in fp32, "
-        "while bf16 agreement is measured by `longdoc bench decode`).",
+        "(launch-bound there, so fp32 costs little and is exact: greedy output with prompt lookup equals "
+        "plain greedy in fp32; jobs/results/code-choices.md). bf16 agreement is measured by "
+        "`longdoc bench decode`.",
     )
     compile: Literal["auto", "inductor", "cudagraphs", "off"] = Field(
         default="auto",

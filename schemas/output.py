@@ -10,7 +10,7 @@ different runs and workers always union cleanly.
 
 Adding a column: append a field to ``OutputRow``, bump ``SCHEMA_VERSION``, record the
 version in ``tests/schemas/output_schema_snapshot.json``, and fill the value where it
-is measured (a figure: a keyword of ``output_row`` in stages/generate.py; a value the
+is measured (a figure: a keyword of ``output_row`` or ``set_figures`` in stages/generate.py; a value the
 request carries, ``from_request``: a field of its row type in schemas/rows.py, set by
 the stage that knows it, e.g. stages/requests.py). Files written before it hold null
 there: `longdoc upgrade` gives them the column, and only a rerun with other settings
@@ -139,7 +139,7 @@ class OutputRow(TypedDict):
     # --- version 6: what the reader read of the document ---
     kept_spans: Annotated[list[int] | None, Column("Document token positions the model conditioned on, as flattened half-open [start, end) pairs in document order ([s0, e0, s1, e1, ...], positions into the document's doc_tokens): the kept text of a text method, the positions of the kept keys/values (or re-prefilled tokens) of a prefill method that reports them, [0, doc_tokens] for none. Null when the method keeps no document positions (AutoCompressor summaries) or does not report them. The eval's evidence recall reads it (pipeline/eval/recall.py).", arrow=pa.list_(pa.int64()))]
     # --- version 7: the text the model read (output.keep_context) ---
-    context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (e.g. truncate, rag, bm25, in the order prefilled), the sentences a method prefilled after picking them (select), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (e.g. finch, autocompressor: kept_spans says what they kept).")]
+    context: Annotated[str | None, Column("The document text the model read, decoded from the tokens it was given: the kept text of a text method (e.g. truncate, rag, bm25, in the order prefilled), the tokens a method prefilled after picking them (select; finch in mode early_exit), the whole document for none. Null unless output.keep_context is on, on error, and for methods that keep keys/values or summary vectors instead of text (finch in its paper's mode kv, autocompressor: kept_spans says what they kept).")]
     # --- version 8: why generation stopped ---
     finish_reason: Annotated[str | None, Column("Why generation stopped: eos (the model ended its answer), stop (a generation.stop string; cut from output_text), repeat (generation.repeat_guard cut a loop), length (generation.max_new_tokens reached: the text may be cut off mid-sentence). Null on error.")]
     # --- version 9: the budget beside the method ---
@@ -193,7 +193,6 @@ FILE_SCHEMA: pa.Schema = pa.schema(
 """What every Parquet file holds: OUTPUT_SCHEMA minus the partition column."""
 COLUMN_DOCS: dict[str, str] = {name: col.doc for name, *_, col in _COLUMNS}
 OUTPUT_COLUMNS: list[str] = [name for name, *_ in _COLUMNS]
-FILE_COLUMNS: list[str] = FILE_SCHEMA.names
 
 # Exception classes (matched by name anywhere in the MRO, so schemas/ imports neither
 # Ray nor torch) that mean the request itself is bad. Everything else is retryable:
@@ -334,20 +333,29 @@ def output_row(
     (the generate stage's measurements; absent ones null). Raises ValueError naming an
     unknown figure and the allowed names, so a misspelt column cannot vanish silently.
     """
-    if unknown := sorted(set(figures) - set(FIGURE_COLUMNS)):
-        raise ValueError(
-            f"output_row: {', '.join(unknown)} not a figure column; allowed: {', '.join(FIGURE_COLUMNS)}"
-        )
     row: dict[str, Any] = dict.fromkeys(OUTPUT_COLUMNS)
     for name in REQUEST_COLUMNS:
         row[name] = request.get(name)
     for name, path in SPEC_COLUMNS.items():
         row[name] = attrgetter(path)(spec)
-    row.update(figures)
+    set_figures(row, **figures)  # type: ignore[arg-type]
     row["error"] = error
     row["error_kind"] = (error_kind or request.get("error_kind")) if error else None
     row["schema_version"] = SCHEMA_VERSION
     return row  # type: ignore[return-value]
+
+
+def set_figures(row: OutputRow, **figures: Any) -> OutputRow:
+    """Set ``FIGURE_COLUMNS`` of a built row by name (what the generate stage learns after
+    ``output_row``: the device, its seconds, the cost); returns ``row``. Raises ValueError
+    naming an unknown figure, as ``output_row`` does: ``rows_to_table`` drops unknown keys,
+    so a misspelt column set by item would vanish silently."""
+    if unknown := sorted(set(figures) - set(FIGURE_COLUMNS)):
+        raise ValueError(
+            f"output_row: {', '.join(unknown)} not a figure column; allowed: {', '.join(FIGURE_COLUMNS)}"
+        )
+    row.update(figures)  # type: ignore[typeddict-item]
+    return row
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema = OUTPUT_SCHEMA) -> pa.Table:

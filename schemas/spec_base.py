@@ -47,7 +47,7 @@ EMBEDDED_NAMES: dict[str, tuple[str, ...]] = {
 RANDOM_MODEL_SHAPES = ("tiny", "smollm2-135m", "llama-1b", "llama-8b")
 # Default document bounds, in one place (jobs/README.md, "Job specs", explains them). The
 # n-gram lookup index costs ~0.6 KB per document token (worst case, measured with
-# stages/decoding/drafting.NgramIndex at max_ngram=6) and the token ids travel
+# stages/decoding/drafters/ngram_index.py NgramIndex at max_ngram=6) and the token ids travel
 # between actors, so 200k tokens caps one row at ~130 MB of index. 8 MiB is ~10x
 # the bytes of a 200k-token English document: the token limit decides for real
 # text, while the byte limit stops a reader and the tokenizer before they hold a

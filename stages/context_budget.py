@@ -25,12 +25,15 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.compression.base import Budget  # defined beside the methods that declare budgets
 from stages.model_size import estimate_parameters, kv_bytes_per_token
+
+log = logging.getLogger("longdoc")
 
 #: SmolLM2-135M-Instruct's ``max_position_embeddings`` (the embedded default; its config
 #: is only on disk after the GGUF's first conversion, so it is written here and a test
@@ -161,8 +164,9 @@ def _frame_exact(spec: JobSpec, tokenizer_source: str) -> int:
     if files is not None:
         try:
             return frame_tokens_from_files(files, instruction, question)
-        except Exception:  # an unusual template or file: the slow path below is exact
-            pass
+        except Exception:  # noqa: BLE001 - an unusual template or file: the slow path below is exact
+            log.debug("the frame from %s's files failed; counting through transformers", tokenizer_source,
+                      exc_info=True)
     from stages.model_loading import load_tokenizer
     from stages.prompting import PromptBuilder
 

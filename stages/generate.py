@@ -50,7 +50,7 @@ from stages.decoding.service import EngineInterrupted, EngineService
 from stages.decoding.stops import cut_text
 from stages.model_loading import pick_device
 from stages.prompting import PromptBuilder
-from stages.rows import batch_to_rows, rows_to_batch
+from stages.rows import batch_to_rows, error_message, rows_to_batch
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ class GenerateStage:
         self._tokenizer_lock = threading.RLock()
         # The model loads and the engine is built (warmed up, its CPU kernel plan measured,
         # so the first batch's figures do not include it) on the engine's own thread, the
-        # one that then runs every step: torch's OpenMP work on two threads costs every CPU
-        # forward pass ~15% (service.py, with what it measured).
+        # one that then runs every step: torch's OpenMP work moved between threads slows
+        # every CPU forward pass (service.py says why).
         self.service = EngineService(self._load_and_build)
         self.engine = self.service.engine
         log.info("decode engine: %s", self.engine.describe())
@@ -126,15 +126,15 @@ class GenerateStage:
         for row, o in zip(rows, outputs, strict=True):
             if o is None:
                 continue
-            o["device"] = self.device_name
             # The row's own share of the device (its prefill + each step's time / rows in the
             # step); rows that never reached the engine cost nothing.
-            o["device_s"] = o.get("device_s") or 0.0
+            device_s = o.get("device_s") or 0.0
             # Plus the text stage's seconds (schemas/output.py cost_usd): rag's embedding is as
             # much the method's cost as finch's reading, which device_s holds. Not for an error
             # row: it has no compress_s, and its cost is what its columns say (device_s).
             text_s = _text_compress_s(row) if o["error"] is None else 0.0
-            o["cost_usd"] = out_schema.cost_usd(o["device_s"], self.spec.cost.usd_per_device_hour, text_s)
+            out_schema.set_figures(o, device=self.device_name, device_s=device_s,
+                                   cost_usd=out_schema.cost_usd(device_s, self.spec.cost.usd_per_device_hour, text_s))
         # A request an interrupt abandoned in the engine has no row (a rerun does it); the
         # rows finished before it are returned, so the interrupted run keeps them.
         return rows_to_batch([o for o in outputs if o is not None])  # type: ignore[arg-type]
@@ -170,8 +170,8 @@ class GenerateStage:
                 outs.append(None)
             elif done.result is None:
                 err = done.error or RuntimeError("the engine returned no result")
-                msg = f"generate: {type(err).__name__}: {err}"
                 kind = out_schema.INPUT if isinstance(err, KvBudgetExceeded) else out_schema.classify_error(err)
+                msg = error_message("generate", err, kind)
                 outs.append(self._output_row(row, None, error=msg, error_kind=kind))
             else:
                 outs.append(self._success_row(row, done.result, part))
@@ -204,10 +204,8 @@ class GenerateStage:
             row, res, context_tokens=context_tokens, prompt_tokens=prompt_tokens,
             extra_compress_s=res.compress_s, prefill_s=res.prefill_s,
         )
-        o["device_s"] = res.device_s
-        o["kept_spans"] = self._kept_spans(row, res)
-        o["context"] = self._context_text(res, part)
-        return o
+        return out_schema.set_figures(o, device_s=res.device_s, kept_spans=self._kept_spans(row, res),
+                                      context=self._context_text(res, part))
 
     def _context_text(self, res: RowResult, part) -> str | None:
         """The output's ``context`` (schemas/output.py) under ``output.keep_context``: the
@@ -216,7 +214,7 @@ class GenerateStage:
         vectors instead of text (kept_spans says what those kept)."""
         if not self.spec.output.keep_context:
             return None
-        if res.prefilled_positions is not None:  # a method prefill of picked text (select)
+        if res.prefilled_positions is not None:  # a method prefill of picked text (select, finch early_exit)
             ids = [part.context_ids[j] for j in res.prefilled_positions]
         elif self._full_prefill:  # the prompt as built: a text method's context, or the document
             ids = list(part.context_ids)

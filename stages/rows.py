@@ -13,12 +13,15 @@ untouched; a row that fails in a stage gets ``error = "<stage>: <message>"`` and
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import numpy as np
 
-from schemas.output import ERROR_KINDS, classify_error
+from schemas.output import ERROR_KINDS, RETRYABLE, classify_error
+
+log = logging.getLogger("longdoc")
 
 
 def batch_to_rows(batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -68,7 +71,28 @@ def fail(
     """
     if kind is not None and kind not in ERROR_KINDS:
         raise ValueError(f"error kind {kind!r} is not one of {', '.join(ERROR_KINDS)}")
-    msg = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
-    row["error"] = f"{stage}: {msg}"
-    row["error_kind"] = kind or classify_error(err)
+    kind = kind or classify_error(err)
+    row["error"] = error_message(stage, err, kind)
+    row["error_kind"] = kind
     return row
+
+
+#: (stage, exception type) pairs whose stack this process has logged (``error_message``).
+_TRACED: set[tuple[str, str]] = set()
+
+
+def error_message(stage: str, err: BaseException | str, kind: str) -> str:
+    """A failed row's ``error``: ``"{stage}: {Type}: {message}"`` (a string ``err`` as is).
+
+    A row keeps one line, so the stack of a retryable exception (an unexpected one: a
+    bug or the infrastructure; an input error's message says what to fix) is logged, once
+    per stage and exception type in this process (a night of rows failing alike logs one),
+    where the process's log goes (the console, or Ray's worker logs)."""
+    if isinstance(err, str):
+        return f"{stage}: {err}"
+    msg = f"{stage}: {type(err).__name__}: {err}"
+    if kind == RETRYABLE and (stage, type(err).__name__) not in _TRACED:
+        _TRACED.add((stage, type(err).__name__))
+        log.warning("a row failed in the %s stage (retryable; its stack, logged once per error type): %s",
+                    stage, msg, exc_info=err)
+    return msg

@@ -22,6 +22,7 @@ from schemas.output import INPUT
 from schemas.rows import TOKENIZE_ADDS, TOKENIZE_NEEDS, CompressedRow, TokenizedRow
 from schemas.spec import JobSpec
 from stages.compression import method_for
+from stages.compression.base import positions_of
 from stages.context_budget import model_context, over_context
 from stages.model_loading import load_tokenizer
 from stages.prompting import PromptBuilder
@@ -69,9 +70,9 @@ class TokenizeStage:
                 fail(row, "tokenize", over, kind=INPUT)
                 return
             if in_tokenize:
-                ctx = self.method.compress_ids(self.spec.compression, ids, self.edges)
-                row["context_ids"], row["context_tokens"] = ctx, len(ctx)
-                row["context_spans"] = self.method.compress_spans(self.spec.compression, ids, self.edges)
+                spans = self.method.compress_spans(self.spec.compression, ids, self.edges)
+                ctx = [ids[p] for p in positions_of(spans)]
+                row["context_ids"], row["context_tokens"], row["context_spans"] = ctx, len(ctx), spans
                 row["compress_s"] = time.perf_counter() - t0
         except Exception as e:
             fail(row, "tokenize", e)

@@ -47,7 +47,9 @@ from stages.storage import configure_object_stores
 
 configure_object_stores()  # throttling, 5xx and resets retried with bounded backoff
 
-TEXT_COLUMNS = ("output_text", "prompt", "reference", "source_uri", "model")
+#: The per-row payloads (texts, kept token positions) the driver's tally never reads: they
+#: stay in the staged files and do not travel back to the driver with a block's figures.
+TEXT_COLUMNS = ("output_text", "prompt", "reference", "source_uri", "model", "context", "kept_spans")
 STAGED_SUFFIX = ".staged"
 
 

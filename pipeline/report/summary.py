@@ -28,7 +28,7 @@ the rows' ratios: a row keeping a handful of tokens would dominate that mean.
 ``run_summary`` adds what `longdoc run` records for one run: ``status``
 (``succeeded``: the date has no error row; ``partial``: the run completed but some rows
 of the date failed; ``failed``: Ray aborted the run, its unfinished requests are
-retryable error rows), ``errors_by_kind`` (this run's rows) and the date as a whole
+retryable error rows; ``abort_reason`` its one-line cause, ``abort_traceback`` its stack), ``errors_by_kind`` (this run's rows) and the date as a whole
 (``date_rows``, ``date_failed``, ``date_failed_fraction``, ``date_errors_by_kind``: each
 request once, after retried rows replaced old ones). ``run_record_json`` is the bytes
 of the run record (``{output}.runs/{date}/{run_id}.json``, stages/layout.py
@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import json
 import platform
+import traceback
 from importlib import metadata
 from typing import Any
 
@@ -49,6 +50,7 @@ import pyarrow.compute as pc
 
 from schemas.output import ERROR_KINDS, compression_ratio, error_cause, reference_alternatives
 
+ABORT_TRACEBACK_CHARS = 8000  # a run record stays small; the innermost frames are kept
 VERSIONED_PACKAGES = ("longdoc", "torch", "transformers", "ray", "pyarrow", "fsspec")
 
 
@@ -254,8 +256,18 @@ def run_summary(
         date_errors_by_kind={k: date_counts.get(f"errors_{k}", 0) for k in ERROR_KINDS},
         status="failed" if aborted is not None else ("partial" if failed else "succeeded"),
         abort_reason=None if aborted is None else error_cause(aborted, 2000),
+        # Where the abort came from: a bug in the driver's own code is caught like Ray giving
+        # up (nothing lost: every unwritten request becomes a retryable error row), so its
+        # stack is kept here rather than hidden behind the one-line reason.
+        abort_traceback=None if aborted is None else abort_traceback(aborted),
     )
     return s
+
+
+def abort_traceback(err: BaseException, limit: int = ABORT_TRACEBACK_CHARS) -> str:
+    """The formatted traceback of ``err`` (with its causes), its last ``limit`` characters."""
+    text = "".join(traceback.format_exception(err))
+    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 def package_versions() -> dict[str, str | None]:

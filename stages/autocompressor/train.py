@@ -311,11 +311,19 @@ def fit(
 
 
 def pick_train_device(device: str) -> torch.device:
+    """``auto``: the accelerator torch sees, else the CPU; otherwise the named device, which a
+    step backend must run on and find visible (stages/decoding/backends knows the devices:
+    a new one is trained on once its backend is registered). ValueError naming the fix."""
     if device == "auto":
         return accelerator() or torch.device("cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device {device!r} not supported; allowed: auto, cpu, cuda, cuda:N")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+        backend = device_backend(dev)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device {device!r} not supported ({e}); allowed: auto, or a device such as cpu or cuda:0") from e
+    if not backend.is_available(dev):
+        raise ValueError(f"device {device!r}: no such device is visible to torch here; use auto or cpu")
+    return dev
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:

@@ -1,7 +1,8 @@
 """Compression methods, one module each, found by scanning this package.
 
 Contract: every module here except the interfaces (``INTERFACES``: ``base``, the
-method contract, and ``lm_scoring``, an optional eval interface) defines one
+method contract; ``chunks``, the chunking the retrieval methods share; ``lm_scoring``, an
+optional eval interface) defines one
 ``CompressionMethod`` subclass (stages/compression/base.py) and its settings model. ``registry()`` imports
 the modules (pkgutil, no hand-written list) and returns one instance per method,
 keyed by name, in display order; adding a method is adding a module (and its test).

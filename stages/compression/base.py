@@ -165,6 +165,12 @@ class CompressionMethod(ABC):
         preflight can refuse another architecture before any model loads. None by default."""
         return ()
 
+    def reader_fix(self, job: JobSpec, field: str, name: str) -> str:
+        """What to do when ``attention_readers``' model ``name`` (at spec ``field``) is of a
+        model type Finch's machinery does not run on (pipeline/model_checks.py says it before
+        any model loads)."""
+        return "choose a model of those types"
+
     def tokenizer_source(self, job: JobSpec) -> str:
         """Name or path of the generating model's tokenizer (documents are counted in it)."""
         return job.generation.model
@@ -186,15 +192,15 @@ class CompressionMethod(ABC):
         return (Budget("compression.target_tokens", int(target)),) if target else ()
 
     # ------------------------------------------------------------------ runs_at == "tokenize"
-    def compress_ids(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
-        """The context ids kept of ``doc_ids`` (a subsequence, at most the budget); no cut
-        inside a character (``edges``: the tokenizer's, stages/token_bytes.py)."""
+    def compress_spans(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
+        """Where the kept context sits in ``doc_ids``: flattened ``[start, end)`` pairs
+        (``spans_of``), at most the budget; no cut inside a character (``edges``: the
+        tokenizer's, stages/token_bytes.py). The one thing a tokenize method defines."""
         raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
 
-    def compress_spans(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
-        """Where ``compress_ids``' ids sit in ``doc_ids``: flattened ``[start, end)`` pairs
-        (``spans_of``); ``positions_of(spans)`` indexes ``doc_ids`` to the context ids."""
-        raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
+    def compress_ids(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
+        """The context ids kept of ``doc_ids`` (a subsequence): ``compress_spans``' tokens."""
+        return [doc_ids[p] for p in positions_of(self.compress_spans(config, doc_ids, edges))]
 
     # ------------------------------------------------------------------ runs_at == "text_stage"
     def stage_class(self) -> type:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from schemas.spec import JobSpec
+from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.compression.base import CompressionMethod, Loaded
 from stages.compression.lm_scoring import Condition, ConditionsContinuations
 from stages.finch.config import (  # noqa: F401 - re-exported: the settings' old home
@@ -72,6 +72,10 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
     def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
         """The generator reads (its kept keys and values are the answer's cache)."""
         return (("generation.model", job.generation.model),)
+
+    def reader_fix(self, job: JobSpec, field: str, name: str) -> str:
+        """The generator is the reader here: select with a small scorer keeps it."""
+        return f"use select with compression.scorer: {EMBEDDED_MODEL}"
 
     def reads_once_per_document(self, job: JobSpec) -> bool:
         """The engine hands a document's queued questions to one prefill call: reading

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas.spec import JobSpec
+from schemas.checks import shown
+from schemas.spec import EMBEDDED_MODEL, JobSpec
 from stages.compression.base import Loaded
 from stages.compression.finch import FinchMethod, prompt_similarity, warn_uncalibrated
 from stages.finch.config import SelectCompression
@@ -52,6 +53,13 @@ class SelectMethod(FinchMethod):
         """The scorer reads when one is set (the generator only prefills the kept text)."""
         scorer = self.config(job).scorer
         return (("compression.scorer", scorer),) if scorer is not None else super().attention_readers(job)
+
+    def reader_fix(self, job: JobSpec, field: str, name: str) -> str:
+        """A generator that cannot read gets a scorer that can; a scorer, another one."""
+        if field == "generation.model":
+            return (f"set compression.scorer to a model of those types ({EMBEDDED_MODEL}: it reads, "
+                    f"{shown(name)} only prefills the kept sentences)")
+        return f"choose a scorer of those types ({EMBEDDED_MODEL})"
 
     def prefill_group_rows(self, job: JobSpec) -> int | None:
         """With a small scorer, 16 documents per pass on every device: its passes are

@@ -70,8 +70,5 @@ class TruncateMethod(CompressionMethod):
     eval_budgeted = True
     fills_budget = True
 
-    def compress_ids(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
-        return truncate_ids(doc_ids, config.target_tokens, config.keep, edges)
-
     def compress_spans(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
         return truncate_spans(doc_ids, config.target_tokens, config.keep, edges)

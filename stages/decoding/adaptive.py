@@ -40,17 +40,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tuning:
-    """Engine knobs that are not user-facing (defaults measured, see pipeline/bench/decode.py)."""
+    """Engine knobs that are not user-facing (defaults measured with `longdoc bench decode`,
+    pipeline/bench/suite.py; results under jobs/results/)."""
 
-    prefer: str = "latest"  # drafting tie rule, see drafting.NgramIndex
     k_init: int = 8
     grow: int = 4
     k_floor: int = 1  # a rejection shrinks k to max(k_floor, accepted + 1)
     pause_below: float = 0.1
     pause_steps: int = 4
     min_gain: float = 1.05  # a wider step must promise this much more throughput
-    compact_min_holes: int = 64  # compact the cache once holes exceed this many slots
-    compact_fraction: float = 0.125  # ... and this fraction of the cache length
     # Every this many drafting steps, feed one width more than the models choose
     # (explore_width), so both keep learning: a model that never sees a wider step or an
     # accepted 1-gram draft never changes its mind.

@@ -105,9 +105,9 @@ MethodPrefill = Callable[..., CompressedPrefill]
 #: prefixes at once (requests of one document arrive together), taken from the slots.
 PREFIX_CACHE_SHARE = 1 / 8
 # The longest the running rows wait for a decode step while the engine fills first. Why:
-# Finch reading a 32,000-token document on a 2-core CPU held ten decoding rows for 5.5
-# minutes (2026-12-06 trial, jobs/results/usability/); 5 s still lets the sample QA night's
-# group prefills (2-5 s a document on that CPU) fill the slots before a step.
+# a long Finch reading on a small CPU held the decoding rows for minutes (a trial in
+# jobs/results/usability/2026-12-06-new-user-trials.md), while a few seconds still let a
+# QA night's group prefills fill the slots before a step.
 FILL_FIRST_MAX_WAIT_S = 5.0
 
 

@@ -136,8 +136,8 @@ class Scheduler:
                 if most > slots:
                     # Room for every row waiting now (at least twice the slots, so rows that
                     # trickle in do not relayout one by one): each relayout zero-fills and
-                    # copies the whole cache (first-touch pages: 8 -> 16 -> 32 -> 64 slots of
-                    # 1,536 tokens took 11.0 s of the sample job's 120 s on the 2-core Xeon).
+                    # copies the whole cache (first-touch pages), a cost that doubling slot
+                    # by slot paid at every step of the growth.
                     return Relayout(min(most, max(2 * slots, busy + len(self.queue))), capacity)
             return Wait()
         layout = self.budget.layout(need)

@@ -50,11 +50,6 @@ class HeadSet:
     heads: tuple[tuple[int, int], ...]
     info: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def last_layer(self) -> int:
-        """The deepest layer holding a selecting head (early exit runs up to it)."""
-        return max(layer for layer, _ in self.heads)
-
     def by_layer(self) -> dict[int, list[int]]:
         """layer -> its selecting query heads (ascending)."""
         out: dict[int, list[int]] = {}

@@ -102,13 +102,15 @@ from stages.finch.passes import (
 from stages.finch.schedule import chunk_spans, kept_after_chunks
 from stages.finch.shared import read_shared
 from stages.finch.spans import Boundaries, sentence_index, sentence_spans, snap_to_sentences
-from stages.finch.strategies import PassView, make_selector
+from stages.finch.strategies import PassView, Selector, make_selector
 from stages.finch.support import check_inputs, check_supported
 from stages.kv.model_parts import attention_modules, decoder, rotary_module
 from stages.kv.queries import QueryCapture
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:  # the spec model lives with its method; imported for types only
+    from transformers import PreTrainedModel
+
     from stages.finch.config import FinchCompression
 
 __all__ = ["FinchStep", "check_supported", "finch_prefill"]
@@ -129,7 +131,10 @@ class _Block:
     doc_index: torch.Tensor
 
 
-def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int, pad_id: int, device) -> _Block:
+def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int, pad_id: int,
+           device: torch.device) -> _Block:
+    """Chunk ``i`` of every row (``spans[row]``: its chunks' [start, end) in the document)
+    followed by the row's query, left-padded into one block (``_Block``)."""
     rows, chunk_lens, p_lens, starts = [], [], [], []
     for p, sp in zip(parts, spans, strict=True):
         s, e = sp[i] if i < len(sp) else (0, 0)
@@ -154,8 +159,10 @@ def _block(parts: list[PromptParts], spans: list[list[tuple[int, int]]], i: int,
     )
 
 
-def _pass_view(capture, cache, mask, blk, lp: int, cand_valid) -> PassView:
-    """What the selector sees of this pass (strategies.PassView)."""
+def _pass_view(capture: QueryCapture, cache: DynamicCache, mask: torch.Tensor, blk: _Block, lp: int,
+               cand_valid: torch.Tensor) -> PassView:
+    """What the selector sees of this pass (strategies.PassView). mask: [B, 1, T, S + T]
+    (the pass's step mask); cand_valid: [B, C], the kept entries and the chunk."""
     return PassView(
         queries=capture.queries,
         keys=[layer.keys for layer in cache.layers],
@@ -182,7 +189,7 @@ _AUTO = object()
 
 @torch.inference_mode()
 def finch_prefill(
-    model,
+    model: PreTrainedModel,
     parts: list[PromptParts],
     config: FinchCompression,
     pad_id: int,
@@ -280,7 +287,7 @@ def kept_text(parts: list[PromptParts], read: Reading, config: FinchCompression,
 
 @torch.inference_mode()
 def read_document(
-    model,
+    model: PreTrainedModel,
     parts: list[PromptParts],
     config: FinchCompression,
     pad_id: int,
@@ -314,8 +321,20 @@ def read_document(
     return replace(read, sentence_of=sentence_of)
 
 
-def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None, sentence_of=None) -> Reading:
-    """The paper's reading: each chunk is read after its row's kept entries."""
+def _read_kept(
+    model: PreTrainedModel,
+    parts: list[PromptParts],
+    config: FinchCompression,
+    pad_id: int,
+    selector: Selector,
+    trace: list[FinchStep] | None = None,
+    on_chunk: Callable[[], None] | None = None,
+    sentence_of: torch.Tensor | None = None,
+) -> Reading:
+    """The paper's reading: each chunk is read after its row's kept entries, with the row's
+    question appended (one pass of [B, T + P] per chunk; the cache holds at most prefix +
+    target + chunk + query slots per layer, asserted). ``sentence_of`` [B, N]: see
+    passes.select_and_compact."""
     early = config.mode == "early_exit"
     device = model.device
     base = decoder(model)
@@ -373,9 +392,11 @@ def _read_kept(model, parts, config, pad_id, selector, trace=None, on_chunk=None
     return Reading(cache, valid, prefix_len, kept, doc_index[0], kept_score, compress_s)
 
 
-def _head_text(parts, spans, kept_tokens, kept, scores, config) -> list[list[int]]:
+def _head_text(parts: list[PromptParts], spans: list[list[tuple[int, int]]], kept_tokens: list[list[int]],
+               kept: list[int], scores: list[dict[int, float]], config: FinchCompression) -> list[list[int]]:
     """evidence heads: whole sentences around the heads' picks (spans.snap_to_sentences),
-    laid out by order.lay_out. A document that fits the budget is read whole, in order,
+    laid out by order.lay_out. Per row: ``spans`` its sentences, ``kept_tokens`` the
+    reading's kept document indices, ``kept`` how many, ``scores`` index -> score. A document that fits the budget is read whole, in order,
     as when every row fits: a row's text must not depend on its batch."""
     out = []
     for k, sp, n, sc, p in zip(kept_tokens, spans, kept, scores, parts, strict=True):
@@ -387,8 +408,10 @@ def _head_text(parts, spans, kept_tokens, kept, scores, config) -> list[list[int
     return out
 
 
-def _fused_text(parts, spans, scores, config, similarity) -> list[list[int]]:
-    """evidence fused: sentences by the heads' and the embedder's evidence (fusion.py)."""
+def _fused_text(parts: list[PromptParts], spans: list[list[tuple[int, int]]], scores: list[dict[int, float]],
+                config: FinchCompression, similarity: Similarity) -> list[list[int]]:
+    """evidence fused: sentences by the heads' and the embedder's evidence (fusion.py);
+    arguments as ``_head_text``'s, ``similarity`` as finch_prefill takes it."""
     out: list[list[int] | None] = [None] * len(parts)
     todo = [r for r, p in enumerate(parts) if len(p.context_ids) > config.target_tokens]
     for r, p in enumerate(parts):
@@ -404,7 +427,7 @@ def _fused_text(parts, spans, scores, config, similarity) -> list[list[int]]:
     return [o if o is not None else [] for o in out]
 
 
-def _prefill_kept(model, parts: list[PromptParts], kept: list[list[int]], pad_id: int,
+def _prefill_kept(model: PreTrainedModel, parts: list[PromptParts], kept: list[list[int]], pad_id: int,
                   t0: float, compress_s: float) -> CompressedPrefill:
     """Early exit's second step: prefill ``prefix ; kept document tokens ; query`` through
     the whole model. kept[row]: document indices in the order they are prefilled (a

@@ -59,6 +59,8 @@ from stages.kv.rope import rotate_by, rotation
 from stages.prompting import PromptParts
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from stages.finch.config import FinchCompression
 
 
@@ -87,7 +89,7 @@ def _cut(x: torch.Tensor, lp: int, width: int, move: tuple[torch.Tensor, torch.T
 
 @torch.inference_mode()
 def read_shared(
-    model,
+    model: PreTrainedModel,
     parts: list[PromptParts],
     config: FinchCompression,
     pad_id: int,

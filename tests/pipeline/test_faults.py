@@ -191,6 +191,7 @@ def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_m
     #    crashed run's blocks are published first; unfinished requests become error rows.
     proc, output, killed2, abort_s = _run_with_actor_kill(spec, head, out, "--set", "resources.max_retries=0")
     assert proc.returncode == 1 and "run aborted" in output, output[-4000:]
+    assert "(its traceback: `abort_traceback` in " in output, output[-4000:]
     done_before = int(re.search(r"(\d+) row\(s\) of the date already written", output).group(1))
     assert len(before) <= done_before < N_DOCS, (len(before), done_before)
     rows = _written_rows(out)
@@ -203,6 +204,7 @@ def test_driver_crash_then_actor_kills_then_healing_rerun(head, tmp_path, tiny_m
     aborted = _summary(out)
     print(f"\nabort reason: {aborted['abort_reason'][:300]}\nerror row: {errors[0]['error'][:300]}")
     assert aborted["status"] == "failed" and aborted["date_errors_by_kind"]["retryable"] == len(errors)
+    assert aborted["abort_traceback"].startswith("Traceback (most recent call last):")
 
     # 3. Heal: the default rerun retries the retryable rows; an actor kill is absorbed.
     proc, output, killed3, heal_s = _run_with_actor_kill(spec, head, out)

@@ -115,6 +115,9 @@ def test_a_model_that_does_not_load_aborts_into_retryable_rows_that_a_rerun_heal
     # is a retryable row naming the reason (the runner's abort contract).
     assert failed.summary["status"] == "failed" and "config.json" in failed.summary["abort_reason"]
     assert failed.summary["abort_reason"].startswith("StageStartError: the generate stage could not start: ")
+    # ... and its stack is kept in the run's record (a driver bug would not hide behind the reason)
+    trace = failed.summary["abort_traceback"]
+    assert trace.startswith("Traceback (most recent call last):") and "StageStartError" in trace
     aborted = _rows(failed.output_uri)
     assert len(aborted) == 11 and all(r["error_kind"] == RETRYABLE and "run aborted" in r["error"]
                                       for r in aborted.values())

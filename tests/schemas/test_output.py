@@ -190,6 +190,11 @@ def test_output_row_rejects_a_column_it_does_not_fill():
         output.output_row(_spec(), REQUEST, output_txt="typo")
     with pytest.raises(ValueError, match="request_id not a figure column"):
         output.output_row(_spec(), REQUEST, request_id="copied from the request, never passed")
+    # figures set after the row is built are checked the same way, and set
+    row = output.output_row(_spec(), REQUEST)
+    with pytest.raises(ValueError, match="devcie not a figure column"):
+        output.set_figures(row, devcie="cpu")
+    assert output.set_figures(row, device="cpu", cost_usd=0.5) is row and row["device"] == "cpu"
 
 
 def test_an_errors_cause_is_the_exception_raised_last_and_the_stage_whose_actor_failed():

@@ -39,3 +39,21 @@ def test_fail_names_the_stage_and_takes_the_kind_from_the_raise_site():
     assert fail({}, "read", "file vanished")["error"] == "read: file vanished"
     with pytest.raises(ValueError, match="error kind 'final' is not one of input, retryable"):
         fail({}, "read", "x", kind="final")
+
+
+def test_a_retryable_failure_logs_its_stack_once_per_stage_and_type(caplog):
+    """A row keeps one line; the stack of an unexpected error is logged, once a type."""
+    def raised(err: BaseException) -> BaseException:
+        try:
+            raise err
+        except BaseException as e:  # noqa: BLE001 - the test wants the raised exception
+            return e
+
+    caplog.set_level("WARNING", logger="longdoc")
+    for _ in range(3):  # a night of rows failing alike: one stack
+        assert fail({}, "bm25-test", raised(IndexError("list index out of range")))["error_kind"] == RETRYABLE
+    fail({}, "bm25-test", raised(KeyError("k")))  # another type: its own
+    fail({}, "bm25-test", raised(ValueError("a bad document")), kind=INPUT)  # its message says the fix
+    traced = [r for r in caplog.records if "bm25-test" in r.getMessage()]
+    assert [r.exc_info[0] for r in traced] == [IndexError, KeyError]
+    assert "bm25-test: IndexError: list index out of range" in traced[0].getMessage()

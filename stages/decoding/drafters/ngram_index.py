@@ -17,12 +17,8 @@ sequence's own suffix is never in the index, and every hit has a continuation.
 Tie rule (several earlier occurrences of the same n-gram): ``prefer="latest"``
 uses the most recent occurrence, ``"earliest"`` the first one. Latest is the
 default: it follows the output's own recent text (a model that repeats itself
-repeats its latest phrasing). Measured on SmolLM2-135M greedy outputs for the 8
-sample-QA documents (64 tokens, 768-token documents, K=8, n-grams 3..1, every step
-drafting): QA accepted 126 of 862 drafts and needed 151 steps with latest, vs 114
-of 958 and 163 steps with earliest; summaries were a tie (181 accepted, 224 vs 223
-steps). With the adaptive engine, simulated speedups averaged 1.13x (latest) vs
-1.11x (earliest).
+repeats its latest phrasing); on the sample QA documents it accepted more drafts
+in fewer steps than earliest, and tied on summaries (jobs/results/code-choices.md).
 
 Cost: O(max_ngram - min_ngram + 1) dict operations per appended token and per
 proposal; building the index over a document is one pass. No per-step scan of the
@@ -59,8 +55,7 @@ class NgramIndex:
     def _index_of(self, toks: list[int]) -> dict[tuple[int, ...], int]:
         """The table ``extend(toks)`` builds from empty, with one pass of C loops per n (zip
         and dict) instead of Python's per token: the engine's thread builds it as a row
-        joins (a profile of the sample night: ~0.76 s for 39 documents token by token;
-        isolated, a 12,000-token sequence ~8 ms against ~11 ms)."""
+        joins, so its cost holds every running row's next step."""
         table: dict[tuple[int, ...], int] = {}
         size = len(toks)
         for n in range(self.min_ngram, min(self.max_ngram, size - 1) + 1):

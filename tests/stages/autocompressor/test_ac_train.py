@@ -11,7 +11,7 @@ import torch
 from ac_cases import N_KEYS, N_SYMBOLS, copy_task
 
 from stages.autocompressor.checkpoint import load_autocompressor, load_own
-from stages.autocompressor.train import TrainConfig, fit, make_trainable, train
+from stages.autocompressor.train import TrainConfig, fit, make_trainable, pick_train_device, train
 
 LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -122,3 +122,13 @@ def test_train_job_saves_a_small_directory_that_round_trips(tmp_path, tiny_model
         ValueError, match=r"summary_embeddings.safetensors: summary_scale is centered"
     ):
         load_own(out, "float32", torch.device("cpu"))
+
+
+def test_the_training_device_is_one_a_step_backend_runs_on_and_torch_sees():
+    assert pick_train_device("cpu") == torch.device("cpu")
+    assert pick_train_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match=r"device 'bogus!' not supported .*allowed: auto, or a device"):
+        pick_train_device("bogus!")
+    if not torch.cuda.is_available():  # named, but not on this machine: said before any model loads
+        with pytest.raises(ValueError, match="no such device is visible to torch here; use auto or cpu"):
+            pick_train_device("cuda:1")

@@ -114,6 +114,8 @@ def test_methods_command_prints_every_registered_method() -> None:
     table = CliRunner().invoke(app, ["methods"])  # a terminal table (rich), not Markdown
     assert table.exit_code == 0 and "|---|" not in table.output
     assert all(f" {name} " in table.output for name in method_names())
+    wide = CliRunner().invoke(app, ["methods"], env={"COLUMNS": "250"})
+    assert all((m.paper or " - ") in wide.output for m in registry().values()), wide.output
 
 
 def _isinstance_targets(tree: ast.AST) -> list[tuple[int, str]]:

