@@ -45,14 +45,15 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
-#: ``scheme://user:secret@host...``: credentials written into a URI.
-_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^@\s]*@")  # a secret may hold '/'
+#: ``scheme://user:secret@host...``: credentials written into a URI. A secret may hold '/'
+#: and a raw '@', so they run to the last '@' (a message masks too much rather than too little).
+_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:\S*@")
 
 
 def without_userinfo(text: str) -> str:
-    """``text`` with the credentials before an '@' of each URL in it replaced by ``***``, for a
-    message."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/@\s]*:[^@\s]*|[^/@:\s]*)@", r"\1***@", text)
+    """``text`` with the credentials before the last '@' of each URL in it replaced by ``***``,
+    for a message."""
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/@\s]*:\S*|[^/@:\s]*)@", r"\1***@", text)
 
 
 def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
@@ -63,22 +64,22 @@ def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
     """
     if not uri.strip():
         raise ValueError("is empty; allowed: a path or a URI with scheme " + ", ".join(URI_SCHEMES))
+    if _USERINFO_RE.match(uri):  # first, whatever the scheme: never echoed, shown without them
+        raise ValueError(
+            f"holds credentials before '@' ({without_userinfo(uri)[:80]}): longdoc takes them from the "
+            "environment, a profile or a Secret, never from the spec, which is printed, kept in run records "
+            "and sent to a cluster; fix: remove them from the URI and export AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or the store's own) instead")
     m = _SCHEME_RE.match(uri)
     if m and (len(m.group(1)) > 1 or m.group(2)):  # one letter and no '//' is a Windows drive
         scheme = m.group(1)
         if scheme not in URI_SCHEMES:
             raise ValueError(
-                f"{shown(uri)} has unsupported scheme {scheme + '://'!r}; allowed: "
+                f"{shown(without_userinfo(uri))} has unsupported scheme {scheme + '://'!r}; allowed: "
                 + ", ".join(s + "://" for s in URI_SCHEMES) + " or a plain path"
             )
         if not m.group(2):
             raise ValueError(f"{shown(uri)} is malformed: write {scheme}://... (two slashes)")
-        if _USERINFO_RE.match(uri):  # never echoed: the message shows it without them
-            raise ValueError(
-                f"holds credentials before '@' ({without_userinfo(uri)[:80]}): longdoc takes them from the "
-                "environment, a profile or a Secret, never from the spec, which is printed, kept in run records "
-                "and sent to a cluster; fix: remove them from the URI and export AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (or the store's own) instead")
     names = _PLACEHOLDER_RE.findall(uri)
     unknown = [n for n in names if n not in placeholders]
     if unknown:

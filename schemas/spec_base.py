@@ -80,7 +80,7 @@ def _number_field(annotation: Any) -> bool:
         origin = typing.get_origin(a)
         if origin is typing.Annotated:
             walk(typing.get_args(a)[0])
-        elif origin in (typing.Union, types.UnionType, tuple, list):
+        elif origin in (typing.Union, types.UnionType, tuple, list, dict):
             for arg in typing.get_args(a):
                 if arg is not Ellipsis:
                     walk(arg)
@@ -92,10 +92,14 @@ def _number_field(annotation: Any) -> bool:
 
 
 def _scalars(path: str, value: Any) -> Iterator[tuple[str, Any]]:
-    """``(path, value)`` for a value and, one level down, for the items of a list."""
+    """``(path, value)`` for a value and, one level down, for the items of a list or the
+    values of a mapping (``custom_resources``)."""
     if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield f"{path}[{i}]", item
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield f"{path}.{key}", item
     else:
         yield path, value
 
@@ -126,7 +130,7 @@ class _Strict(BaseModel):
             if not _number_field(info.annotation):
                 continue
             for path, value in _scalars(name, getattr(self, name)):
-                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+                if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
                     big = repr(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
                     raise FieldError(path, f"got {big}; allowed: {_lower_bound(info)}, <= {INT64_MAX} (64 bits)")
         return self
