@@ -109,7 +109,11 @@ def first_fit(spec: JobSpec, run_date: str | None) -> Fit | None:
         return None
     method = method_for(spec.compression)
     context = model_context(spec.generation.model)
-    files = tokenizer_files(method.tokenizer_source(spec))
+    try:
+        source = method.tokenizer_source(spec)
+    except ValueError:  # a checkpoint that cannot serve: the preflight's to say (its method's problems)
+        return None
+    files = tokenizer_files(source)
     if context is None or files is None:
         return None
     try:

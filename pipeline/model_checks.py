@@ -43,11 +43,15 @@ TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # spiece.model, sentencepiece.bpe.
 
 def model_problems(spec: JobSpec) -> list[str]:
     """Lines for the models ``spec`` loads that cannot be loaded from here (module contract)."""
-    # The AutoCompressor's checkpoint has its own layout; loading it checks it (a missing
-    # local one is the spec check's, schemas/loading.py).
-    problems = [p for field, name, key in named_models(spec) if key != "checkpoint"
+    # A checkpoint folder here has its own layout: its method reads it (``problems``); one
+    # that is no folder here is a hub id, found like a model (a missing local path with ./
+    # or / is the spec check's, schemas/loading.py).
+    from stages.compression import method_for
+
+    problems = [p for field, name, key in named_models(spec)
+                if (key != "checkpoint" or not Path(name.removeprefix("file://")).expanduser().exists())
                 and (p := model_problem(field, name, key))]
-    return problems or _reader_problems(spec)
+    return problems or method_for(spec.compression).problems(spec) or _reader_problems(spec)
 
 
 def _reader_problems(spec: JobSpec) -> list[str]:
@@ -100,7 +104,9 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
         return None  # shipped packages / built here; the spec already checked the names
     shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
     fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
-           f"job runs, or the shipped {shipped}")
+           f"job runs, or the shipped {shipped}" if kind != "checkpoint" else
+           "fix: a folder saved by `longdoc train-autocompressor`, a published AutoCompressor (a Hugging Face "
+           "id downloaded where the job runs), or no compression.checkpoint for the shipped one")
 
     path = Path(name.removeprefix("file://")).expanduser()
     if path.exists():

@@ -46,6 +46,7 @@ from typing import Annotated
 
 import typer
 
+from pipeline.bundled import bundled
 from pipeline.choices import choice, spec_choice
 from schemas.spec import TaskSpec
 from stages.finch.config import FinchCompression
@@ -157,6 +158,15 @@ def bench_compress(
     head_mode, scoring, mode = HeadMode(head_mode).value, Scoring(scoring).value, Mode(mode).value
     task, heads = Task(task).value, Heads(heads).value
     caps = [_cap(x) for x in max_scoring_layers.split(",")]
+    # Every list and the corpus are checked before the model loads (a minute on a big one).
+    doc_sizes, target_list = _counts("--sizes", sizes), _counts("--targets", targets)
+    sweep = _counts("--sweep-chunks", sweep_chunks, empty=True)
+    sweep_at = set(_counts("--sweep-sizes", sweep_sizes, empty=True))
+    if chunk < 1:
+        raise typer.BadParameter(f"--chunk {chunk}: allowed an integer >= 1")
+    corpus = bundled(corpus)
+    if not sorted(Path(corpus).glob("*.txt")):
+        raise typer.BadParameter(f"--corpus {corpus!r}: no .txt files there; pass a folder of long real text")
     instruction, question = (DEFAULT_QA_INSTRUCTION, QA_QUESTION) if task == "qa" else (DEFAULT_SUMMARY_INSTRUCTION, None)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -164,13 +174,12 @@ def bench_compress(
     lm, tok = load_causal_lm(model, device=device)
     builder = PromptBuilder(tok)
     window = int(lm.config.max_position_embeddings)
-    doc_sizes = [int(x) for x in sizes.split(",")]
-    target_list = [int(x) for x in targets.split(",")]
-    sweep = [int(x) for x in sweep_chunks.split(",") if x]
-    sweep_at = {int(x) for x in sweep_sizes.split(",") if x}
     pad = tok.pad_token_id
     bounds = sentence_boundaries(tok)  # for keep: sentences (the early-exit default)
-    all_ids = corpus_tokens(corpus, max(doc_sizes), builder)
+    try:
+        all_ids = corpus_tokens(corpus, max(doc_sizes), builder)
+    except ValueError as e:  # too little text for the largest size
+        raise typer.BadParameter(f"--corpus: {e}") from None
     # Warm up kernels and allocator once so the first row is not an outlier.
     warm = builder.build(all_ids[:600], instruction, question)
     prefill_full(lm, [warm.full_ids], pad)
@@ -210,6 +219,15 @@ def bench_compress(
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
+
+
+def _counts(option: str, text: str, empty: bool = False) -> list[int]:
+    """A comma list of integers >= 1 (``empty``: the list may be empty), or a BadParameter
+    naming the option and what it allows."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if any(not x.isdigit() or int(x) < 1 for x in items) or not (items or empty):
+        raise typer.BadParameter(f"{option} {text!r}: allowed a comma list of integers >= 1")
+    return [int(x) for x in items]
 
 
 def _cap(text: str) -> int | None:

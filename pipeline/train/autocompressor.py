@@ -11,6 +11,7 @@ from typing import Annotated, Optional, get_args
 
 import typer
 
+from pipeline.bundled import bundled
 from pipeline.choices import Dtype, choice
 from schemas.spec import EMBEDDED_MODEL
 from stages.autocompressor.config import SummaryForm, SummaryScale
@@ -19,14 +20,27 @@ Scale = choice("Scale", get_args(SummaryScale))
 Form = choice("Form", get_args(SummaryForm))
 
 
-def _format(rec: dict) -> str:
+def _format(rec: dict, steps: int) -> str:
+    """One progress line: a training record (step of ``steps``, loss, time left at this
+    step's pace) or the start's facts."""
     if "step" not in rec:
         return ", ".join(f"{k}={v}" for k, v in rec.items())
     ae = f"  ae_loss {rec['ae_loss']:.4f}" if "ae_loss" in rec else ""
+    left = max(steps - int(rec["step"]), 0) * float(rec["s_per_step"])
     return (
-        f"step {rec['step']:>6}  loss {rec['loss']:.4f}{ae}  lr {rec['lr']:.2e}  "
-        f"{rec['tokens_per_s']:,.0f} tok/s  {rec['s_per_step']:.2f} s/step"
+        f"step {rec['step']:>6}/{steps}  loss {rec['loss']:.4f}{ae}  lr {rec['lr']:.2e}  "
+        f"{rec['tokens_per_s']:,.0f} tok/s  {rec['s_per_step']:.2f} s/step  ~{_duration(left)} left"
     )
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as 42s, 7m05s or 3h12m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def train_autocompressor(
@@ -168,12 +182,21 @@ def train_autocompressor(
     if threads < 0:
         typer.echo(f"error: --threads must be >= 0, got {threads}", err=True)
         raise typer.Exit(2)
+    from pipeline.model_checks import model_problem
+
+    problem = model_problem("--base-model", base_model)  # before the load: a typo costs a second
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+    local = Path(base_model.removeprefix("file://")).expanduser()
+    if local.exists():  # the checkpoint names its base: absolute, so it loads from any folder
+        base_model = str(local.resolve())
     if threads:
         torch.set_num_threads(threads)
 
     cfg = TrainConfig(
         base_model=base_model,
-        data=tuple(data or ["jobs/corpus"]),
+        data=tuple(data or [bundled("jobs/corpus")]),
         out_dir=out,
         summary_length=summary_length,
         summary_scale=Scale(summary_scale).value,
@@ -202,11 +225,29 @@ def train_autocompressor(
         resume=resume,
         stop_after=stop_after,
     )
+    if warmup_steps >= steps:
+        typer.echo(f"note: --warmup-steps {warmup_steps} >= --steps {steps}: the learning rate never reaches "
+                   f"--lr {lr:g} (it is still warming up at the last step); lower --warmup-steps", err=True)
+    last_step = [0]
+
+    def on_log(rec: dict) -> None:
+        last_step[0] = int(rec.get("step", last_step[0]))
+        typer.echo(_format(rec, steps))
+
     try:
-        result = train(cfg, on_log=lambda rec: typer.echo(_format(rec)))
+        result = train(cfg, on_log=on_log)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        from stages.autocompressor.resume import saved_step
+
+        saved = saved_step(out)
+        kept = (f"the last save (step {saved}) is in {Path(out) / 'last'}: run the same command with --resume to "
+                "go on from it" if saved is not None else
+                "nothing was saved yet (--save-every N saves a resumable state every N steps)")
+        typer.echo(f"interrupted (the last step printed: {last_step[0]} of {steps}); {kept}", err=True)
+        raise typer.Exit(130) from None
     if result.history:
         typer.echo(f"wrote {plot_curve(log_csv, png, f'AutoCompressor on {base_model}')}")
     if result.out_dir is None:

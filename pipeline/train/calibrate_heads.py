@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from pipeline.bundled import bundled
 from schemas.spec import EMBEDDED_MODEL
 
 
@@ -60,7 +61,7 @@ def calibrate_heads_command(
     if threads > 0:
         torch.set_num_threads(threads)
     try:
-        texts = read_texts(corpus, exclude or [])
+        texts = read_texts(bundled(corpus), exclude or [])
         cfg = CalibrationConfig(prompts=prompts, haystack_tokens=haystack_tokens, top_k=top_k,
                                 seed=seed, max_depth=max_depth, paraphrased=paraphrased)
         lm, tok = load_causal_lm(model, device=pick_device(num_gpus))

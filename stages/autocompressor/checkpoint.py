@@ -39,77 +39,31 @@ from typing import Any
 
 import torch
 
-from schemas.spec import EMBEDDED_MODEL
+from stages.autocompressor.checkpoint_files import (  # noqa: F401 - re-exported: the files' questions' old home
+    CONFIG_FILE,
+    FORMAT,
+    SHIPPED,
+    SHIPPED_DIR,
+    SUMMARY_FORMS,
+    checkpoint_form,
+    checkpoint_problems,
+    is_own_checkpoint,
+    read_own_config,
+    resolve_checkpoint,
+    same_model,
+    shipped_checkpoint,
+    tokenizer_source,
+)
 from stages.autocompressor.model import ACConfig, AutoCompressor, scheme_for
 from stages.model_loading import load_causal_lm, load_tokenizer, resolve_dtype
 
 log = logging.getLogger(__name__)
 
-FORMAT = "longdoc-autocompressor"
-CONFIG_FILE = "autocompressor.json"
 SUMMARY_FILE = "summary_embeddings.safetensors"
 ADAPTER_DIR = "adapter"
 SUMMARY_KEY = "embed_summary.weight"  # the published checkpoints' parameter name
-SHIPPED_DIR = Path(__file__).parent / "checkpoints"
-SUMMARY_FORMS = ("vectors", "kv")  # model.ACConfig.summary_form; the first is the default
-SHIPPED: dict[str, dict[str, str]] = {
-    EMBEDDED_MODEL: {"vectors": "smollm2-135m-instruct", "kv": "smollm2-135m-instruct-kv"},
-}
 
 
-def shipped_checkpoint(model: str, form: str = "vectors") -> Path | None:
-    """The checkpoint of summary form ``form`` shipped for base model ``model``, or None."""
-    name = SHIPPED.get(model, {}).get(form)
-    return SHIPPED_DIR / name if name and is_own_checkpoint(SHIPPED_DIR / name) else None
-
-
-def checkpoint_form(checkpoint: str) -> str:
-    """The summary form of a checkpoint: ours say it (absent before the kv form: vectors);
-    the published princeton-nlp checkpoints are summary vectors."""
-    if is_own_checkpoint(checkpoint):
-        return str(read_own_config(checkpoint).get("summary_form", "vectors"))
-    return "vectors"
-
-
-def resolve_checkpoint(checkpoint: str | None, model: str, form: str | None = None) -> str:
-    """``checkpoint`` when given (ValueError when ``form`` is given and the checkpoint is of
-    another form), else the shipped one of ``form`` (default vectors) for ``model`` (the
-    generating model); ValueError naming ``compression.checkpoint`` when neither exists."""
-    if form is not None and form not in SUMMARY_FORMS:
-        raise ValueError(f"summary_form {form!r}; allowed: {', '.join(SUMMARY_FORMS)}")
-    if checkpoint:
-        got = checkpoint_form(checkpoint)
-        if form is not None and got != form:
-            raise ValueError(
-                f"compression.checkpoint {checkpoint!r} is of summary form {got!r}, but "
-                f"compression.summary_form is {form!r}; allowed: set summary_form to {got!r} "
-                "or leave it unset (the checkpoint's own form is used)"
-            )
-        return checkpoint
-    form = form or SUMMARY_FORMS[0]
-    shipped = shipped_checkpoint(model, form)
-    if shipped is None:
-        have = ", ".join(f"{m} ({f})" for m, forms in SHIPPED.items() for f in forms if shipped_checkpoint(m, f)) or "none"
-        raise ValueError(
-            f"compression.checkpoint is not set and no AutoCompressor checkpoint of summary form "
-            f"{form!r} ships for generation.model {model!r} (shipped for: {have}); allowed: set "
-            "compression.checkpoint to a directory saved by `longdoc train-autocompressor` "
-            "or a published princeton-nlp AutoCompressor"
-        )
-    return str(shipped)
-
-
-def is_own_checkpoint(path: str | Path) -> bool:
-    return (Path(path) / CONFIG_FILE).is_file()
-
-
-def tokenizer_source(checkpoint: str) -> str:
-    """Where the checkpoint's tokenizer comes from: our format names its base model;
-    a published checkpoint ships its own tokenizer."""
-    return read_own_config(checkpoint)["base_model"] if is_own_checkpoint(checkpoint) else checkpoint
-
-
-# ----------------------------------------------------------------------------- our format
 def save_autocompressor(
     ac: AutoCompressor, out_dir: str | Path, base_model: str, training: dict[str, Any] | None = None
 ) -> Path:
@@ -145,15 +99,6 @@ def save_autocompressor(
     }
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
     return out
-
-
-def read_own_config(path: str | Path) -> dict[str, Any]:
-    meta = json.loads((Path(path) / CONFIG_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(
-            f"{path}: {CONFIG_FILE} is not a {FORMAT} file (format={meta.get('format')!r})"
-        )
-    return meta
 
 
 def load_own(

@@ -130,6 +130,17 @@ def write_checkpoint(
     return last
 
 
+def saved_step(out_dir: str | Path) -> int | None:
+    """The step of ``out_dir``'s resumable checkpoint (``find_checkpoint``), or None."""
+    d = find_checkpoint(out_dir)
+    if d is None:
+        return None
+    import json
+
+    step = json.loads((d / "autocompressor.json").read_text()).get("training", {}).get("step")
+    return int(step) if isinstance(step, int) else None
+
+
 def find_checkpoint(out_dir: str | Path) -> Path | None:
     """The complete resumable checkpoint in ``out_dir`` (``last``, else ``last.old``), or None."""
     for name in (LAST, OLD):
@@ -151,7 +162,10 @@ def load_state(out_dir: str | Path, info: dict) -> dict[str, Any]:
     saved.setdefault("autoencode_weight", 0.0)
     saved.setdefault("summary_form", "vectors")
     saved.setdefault("kv_stride", 10)
-    changed = {k: (saved.get(k), info.get(k)) for k in FIXED if saved.get(k) != info.get(k)}
+    from stages.autocompressor.checkpoint_files import same_model
+
+    changed = {k: (saved.get(k), info.get(k)) for k in FIXED
+               if not (same_model(str(saved.get(k)), str(info.get(k))) if k == "base_model" else saved.get(k) == info.get(k))}
     if changed:
         k, (was, now) = next(iter(changed.items()))
         raise ValueError(

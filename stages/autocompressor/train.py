@@ -110,6 +110,14 @@ class TrainConfig:
             raise ValueError(
                 f"autoencode_weight must be in [0, 100] (0 = the paper's objective), got {self.autoencode_weight}"
             )
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number (the paper's Llama-2 LoRA run: 8e-4), got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_alpha < 1:
+            raise ValueError(f"lora_alpha must be >= 1, got {self.lora_alpha}")
         if self.lora_r < 0:
             raise ValueError(
                 f"lora_r must be >= 0 (0 = train only the summary embeddings), got {self.lora_r}"
@@ -343,6 +351,14 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
     torch.manual_seed(cfg.seed)
     device = pick_train_device(cfg.device)
     files = find_text_files(cfg.data)
+    # The output folder's state is checked before the model loads (a minute on a big model).
+    info = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    if not cfg.resume and resume.find_checkpoint(cfg.out_dir):
+        raise ValueError(
+            f"out_dir {cfg.out_dir!r} already holds a training checkpoint; pass resume "
+            "(--resume) to continue it or choose another out_dir"
+        )
+    state = resume.load_state(cfg.out_dir, info) if cfg.resume else None
     # Frozen base weights in the serving dtype (bf16 on GPU); the trainable LoRA and summary
     # parameters stay float32 (peft and the wrapper keep them so) under bf16 autocast.
     lm, tok = load_causal_lm(cfg.base_model, cfg.dtype, device)
@@ -372,13 +388,6 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
                 "device": str(device),
             }
         )
-    info = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    if not cfg.resume and resume.find_checkpoint(cfg.out_dir):
-        raise ValueError(
-            f"out_dir {cfg.out_dir!r} already holds a training checkpoint; pass resume "
-            "(--resume) to continue it or choose another out_dir"
-        )
-    state = resume.load_state(cfg.out_dir, info) if cfg.resume else None
     step_log = resume.StepLog(cfg.out_dir, state["step"] if state else 0)
 
     def save(st: dict) -> None:

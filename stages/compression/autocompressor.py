@@ -45,13 +45,20 @@ class AutoCompressorMethod(CompressionMethod):
     def checkpoint(self, job: JobSpec) -> str:
         """compression.checkpoint, or the one of ``summary_form`` shipped for generation.model
         (ValueError if none, or if the named checkpoint is of another form)."""
-        from stages.autocompressor.checkpoint import resolve_checkpoint
+        from stages.autocompressor.checkpoint_files import resolve_checkpoint
 
         config = self.config(job)
         return resolve_checkpoint(config.checkpoint, job.generation.model, config.summary_form)
 
+    def problems(self, job: JobSpec) -> list[str]:
+        """The checkpoint's own checks (stages/autocompressor/checkpoint.py ``checkpoint_problems``)."""
+        from stages.autocompressor.checkpoint_files import checkpoint_problems
+
+        config = self.config(job)
+        return checkpoint_problems(config.checkpoint, job.generation.model, config.summary_form)
+
     def tokenizer_source(self, job: JobSpec) -> str:
-        from stages.autocompressor.checkpoint import tokenizer_source
+        from stages.autocompressor.checkpoint_files import tokenizer_source
 
         return tokenizer_source(self.checkpoint(job))
 

@@ -165,6 +165,12 @@ class CompressionMethod(ABC):
         preflight can refuse another architecture before any model loads. None by default."""
         return ()
 
+    def problems(self, job: JobSpec) -> list[str]:
+        """What this method can tell is wrong with ``job`` on this machine before any model
+        loads (a checkpoint that is missing, unfinished or of another model), one line each
+        naming the field and the fix; pipeline/model_checks.py asks it. None by default."""
+        return []
+
     def reader_fix(self, job: JobSpec, field: str, name: str) -> str:
         """What to do when ``attention_readers``' model ``name`` (at spec ``field``) is of a
         model type Finch's machinery does not run on (pipeline/model_checks.py says it before

@@ -140,19 +140,24 @@ class FinchMethod(CompressionMethod, ConditionsContinuations):
 
 def warn_uncalibrated(model, name: str, config: FinchCompression) -> bool:
     """Say (once per load) that ``model`` has no calibrated retrieval heads and what that
-    costs in mode early_exit; True when it said so. ``config`` resolved."""
-    if config.scoring != "heads" or config.mode != "early_exit" or config.max_scoring_layers is not None:
+    costs (mode early_exit: the reading; mode kv: a vote of every head, less focused);
+    True when it said so. ``config`` resolved."""
+    if config.scoring != "heads" or config.heads_from:
         return False
+    if config.mode == "early_exit" and config.max_scoring_layers is not None:
+        return False  # the layers read are capped: the cost said below is not paid
     from stages.finch.heads import find_heads
 
     if find_heads(model) is not None:
         return False
     layers = int(model.config.get_text_config().num_hidden_layers)
+    cost = ("each document is read through the whole model before its kept tokens are prefilled again (more "
+            "prefill than method none); compression.max_scoring_layers caps the layers read instead"
+            if config.mode == "early_exit" else
+            "the choice is every head's vote, not the few heads that find facts")
     log.warning(
-        "finch: %s has no calibrated retrieval heads, so every head of all %d layers selects and each "
-        "document is read through the whole model before its kept tokens are prefilled again (more "
-        "prefill than method none). `longdoc calibrate-heads --model %s` finds the heads once per "
-        "model; compression.max_scoring_layers caps the layers read instead.", name, layers, name,
+        "finch: %s has no calibrated retrieval heads, so every head of all %d layers selects: %s. "
+        "`longdoc calibrate-heads --model %s` finds the heads once per model.", name, layers, cost, name,
     )  # fmt: skip
     return True
 

@@ -397,3 +397,22 @@ def test_models_found_here_pass_and_a_cluster_run_leaves_them_to_its_nodes(tmp_p
     spec = _spec(tmp_path, generation={"model": "someone/on-the-cluster"})
     res = runner.invoke(app, ["run", str(spec), "--date", DATE, "--quiet", "--address", "ray://head:10001"])
     assert isinstance(res.exception, _Reached), res.output
+
+
+def test_an_autocompressor_checkpoint_that_cannot_serve_is_refused_in_one_line(tmp_path, monkeypatch, empty_hf_cache):
+    """Its method's own checks (stages/autocompressor/checkpoint.py), before any model loads."""
+    unfinished = tmp_path / "ac-unfinished"
+    (unfinished / "last").mkdir(parents=True)
+    _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": str(unfinished)}),
+          [f"compression.checkpoint '{unfinished}' is an unfinished training run", "--resume"])
+    # the shipped checkpoint is of form vectors and kv; asking a folder for the other form
+    neither = tmp_path / "ac-neither"
+    neither.mkdir()
+    _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": str(neither)}),
+          ["is neither a folder saved by `longdoc train-autocompressor`"])
+    # a name that is no folder here is a hub id: found like a model, or refused like one
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": "ac/nope"}),
+          ["compression.checkpoint: 'ac/nope' is not a local folder and not in the Hugging Face cache",
+           "a folder saved by `longdoc train-autocompressor`"])

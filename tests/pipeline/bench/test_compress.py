@@ -49,8 +49,13 @@ def test_bench_compress_runs_finch_at_each_layer_cap_and_as_if_uncalibrated(tiny
     ("--max-scoring-layers", "0", "none or a layer count >= 1"),
     ("--max-scoring-layers", "eight", "none or a layer count >= 1"),
     ("--heads", "some", "'some' is not one of 'calibrated', 'all'"),
+    # before the model loads: the lists, the corpus
+    ("--sizes", "abc", "--sizes 'abc': allowed a comma list of integers >= 1"),
+    ("--targets", "-5", "--targets '-5': allowed a comma list of integers >= 1"),
+    ("--corpus", "/no/such/folder", "--corpus '/no/such/folder': no .txt files there"),
 ])
 def test_bench_compress_rejects_bad_finch_options(tiny_model_dir, option, value, allowed):
     res = CliRunner().invoke(_app(), ["compress", "--model", str(tiny_model_dir), option, value])
+    assert "Traceback" not in res.output
     said = " ".join(res.output.replace("│", " ").split())  # the message as one line, out of its box
     assert res.exit_code != 0 and allowed in said

@@ -128,3 +128,4 @@ def test_published_opt_layout_gives_soft_tokens_no_position(tmp_path, tokenizer)
 def test_rejects_a_plain_model(tiny_model_dir):
     with pytest.raises(ValueError, match="summary_length"):
         load_autocompressor(str(tiny_model_dir), "float32", torch.device("cpu"))
+

@@ -162,9 +162,13 @@ def test_an_uncalibrated_model_is_named_once_at_load_with_what_it_costs(tmp_path
     [record] = caplog.records
     assert "tiny has no calibrated retrieval heads" in record.getMessage()
     assert "all 2 layers" in record.getMessage() and "max_scoring_layers" in record.getMessage()
-    # Capped, in mode kv (every layer's cache is read anyway), or calibrated: nothing to say.
+    # Capped (the reading's cost is not paid) or calibrated: nothing to say. In mode kv every
+    # layer is read anyway, but the choice is every head's vote: said, with that cost.
     assert not warn_uncalibrated(model, "tiny", heads_config(max_scoring_layers=1))
-    assert not warn_uncalibrated(model, "tiny", heads_config(mode="kv"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stages.compression.finch"):
+        assert warn_uncalibrated(model, "tiny", heads_config(mode="kv"))
+    assert "every head's vote" in caplog.records[0].getMessage() and "calibrate-heads" in caplog.records[0].getMessage()
     save_heads(HeadSet("tiny", model_fingerprint(model), ((0, HEAD),)))
     forget(model)
     assert not warn_uncalibrated(model, "tiny", heads_config())
