@@ -12,12 +12,16 @@ import typer
 from pipeline.choices import RetryErrors, Runner
 from schemas.loading import SpecError, check_environment, check_run_date, check_run_id, load_spec
 
+# Plain help and errors (rich_markup_mode=None): rich's boxes cut long option names to fit an
+# 80-column terminal ("--autoencode-wei…"); click's layout wraps the help text instead.
 app = typer.Typer(
     help="Batch long-document LLM jobs: compressed context, speculative decoding, Parquet out.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-bench_app = typer.Typer(help="Benchmarks that print side-by-side ratios.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print side-by-side ratios.", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 
 SetOpt = Annotated[
