@@ -63,6 +63,7 @@ class GenerateStage:
 
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
+        self._traced: set[str] = set()  # exception types whose stack this stage logged (stages/rows.py)
         res = self.spec.resources
         self.device = pick_device(res.num_gpus)
         # Before the model loads: the step backend's process settings (CPU: torch's threads
@@ -171,7 +172,7 @@ class GenerateStage:
             elif done.result is None:
                 err = done.error or RuntimeError("the engine returned no result")
                 kind = out_schema.INPUT if isinstance(err, KvBudgetExceeded) else out_schema.classify_error(err)
-                msg = error_message("generate", err, kind)
+                msg = error_message("generate", err, kind, self._traced)
                 outs.append(self._output_row(row, None, error=msg, error_kind=kind))
             else:
                 outs.append(self._success_row(row, done.result, part))

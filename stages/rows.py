@@ -61,38 +61,37 @@ def _plain(v: Any) -> Any:
 
 
 def fail(
-    row: dict[str, Any], stage: str, err: BaseException | str, kind: str | None = None
+    row: dict[str, Any], stage: str, err: BaseException | str, kind: str | None = None,
+    traced: set[str] | None = None,
 ) -> dict[str, Any]:
     """Mark a row failed with a readable message naming the stage, and its ``error_kind``.
 
     ``kind``: schemas.output.INPUT (final: the request itself is bad) or RETRYABLE
     (infrastructure); the raise site knows best, so pass it there. Without it the
-    kind comes from ``schemas.output.classify_error(err)``.
+    kind comes from ``schemas.output.classify_error(err)``. ``traced``: see
+    ``error_message``.
     """
     if kind is not None and kind not in ERROR_KINDS:
         raise ValueError(f"error kind {kind!r} is not one of {', '.join(ERROR_KINDS)}")
     kind = kind or classify_error(err)
-    row["error"] = error_message(stage, err, kind)
+    row["error"] = error_message(stage, err, kind, traced)
     row["error_kind"] = kind
     return row
 
 
-#: (stage, exception type) pairs whose stack this process has logged (``error_message``).
-_TRACED: set[tuple[str, str]] = set()
-
-
-def error_message(stage: str, err: BaseException | str, kind: str) -> str:
+def error_message(stage: str, err: BaseException | str, kind: str, traced: set[str] | None = None) -> str:
     """A failed row's ``error``: ``"{stage}: {Type}: {message}"`` (a string ``err`` as is).
 
     A row keeps one line, so the stack of a retryable exception (an unexpected one: a
-    bug or the infrastructure; an input error's message says what to fix) is logged, once
-    per stage and exception type in this process (a night of rows failing alike logs one),
-    where the process's log goes (the console, or Ray's worker logs)."""
+    bug or the infrastructure; an input error's message says what to fix) is logged where
+    the process's log goes (the console, or Ray's worker logs), once per exception type
+    that ``traced`` has not seen: the set of type names the calling stage object owns (a
+    night of rows failing alike logs one stack). None: nothing is logged."""
     if isinstance(err, str):
         return f"{stage}: {err}"
     msg = f"{stage}: {type(err).__name__}: {err}"
-    if kind == RETRYABLE and (stage, type(err).__name__) not in _TRACED:
-        _TRACED.add((stage, type(err).__name__))
+    if kind == RETRYABLE and traced is not None and type(err).__name__ not in traced:
+        traced.add(type(err).__name__)
         log.warning("a row failed in the %s stage (retryable; its stack, logged once per error type): %s",
                     stage, msg, exc_info=err)
     return msg

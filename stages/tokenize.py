@@ -37,6 +37,7 @@ class TokenizeStage:
 
     def __init__(self, spec: dict) -> None:
         self.spec = JobSpec.model_validate(spec)
+        self._traced: set[str] = set()  # exception types whose stack this stage logged (stages/rows.py)
         self.method = method_for(self.spec.compression)
         self.tokenizer = load_tokenizer(self.method.tokenizer_source(self.spec))
         # Only a method that cuts ids here needs the tokenizer's character edges (~0.15 s).
@@ -75,7 +76,7 @@ class TokenizeStage:
                 row["context_ids"], row["context_tokens"], row["context_spans"] = ctx, len(ctx), spans
                 row["compress_s"] = time.perf_counter() - t0
         except Exception as e:
-            fail(row, "tokenize", e)
+            fail(row, "tokenize", e, traced=self._traced)
 
     def _over_context(self, row: TokenizedRow, n_tokens: int) -> str | None:
         if not self.context or self.prompts is None:

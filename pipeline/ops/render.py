@@ -47,13 +47,14 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from typing import Annotated, Any
 
 import typer
 import yaml
 
 from pipeline.choices import choice
-from pipeline.ops.schedule import check_cron, check_timezone
+from pipeline.ops.schedule import check_cron, check_timezone, dst_problems, fires_within
 from schemas.spec import JobSpec
 from stages.compression import method_for
 
@@ -156,10 +157,15 @@ def _check(opts: RenderOptions) -> None:
         raise ValueError(f"--kind {opts.kind!r} is not supported; allowed: {', '.join(KINDS)}")
     check_cron(opts.schedule, "--schedule")
     check_timezone(opts.timezone, "--timezone")
-    for name, value in (("--ttl-seconds", opts.ttl_seconds), ("--deadline-seconds", opts.deadline_seconds),
-                        ("--backoff-limit", opts.backoff_limit)):
-        if not 0 <= value <= _INT32_MAX:  # Kubernetes stores these as 32-bit integers
-            raise ValueError(f"{name} {value}: allowed: a whole number from 0 to {_INT32_MAX}")
+    for name, value, low in (("--ttl-seconds", opts.ttl_seconds, 0), ("--deadline-seconds", opts.deadline_seconds, 1),
+                             ("--backoff-limit", opts.backoff_limit, 0)):
+        # Kubernetes stores these as 32-bit integers; KubeRay refuses a deadline of 0 after apply.
+        if not low <= value <= _INT32_MAX:
+            raise ValueError(f"{name} {value}: allowed: a whole number from {low} to {_INT32_MAX}")
+    if opts.kind == "raycronjob" and not fires_within(opts.schedule, datetime.now()):
+        # robfig/cron gives up on it and KubeRay v1.6 then starts a job at once, and again
+        raise ValueError(f"--schedule {opts.schedule!r} never fires (no such date within five years); "
+                         "allowed: a schedule with a real date, e.g. '30 3 * * *'")
     if opts.kind == "raycronjob" and opts.run_date:  # every night would redo that one date
         raise ValueError(f"--date {opts.run_date} with --kind raycronjob: every night would run that same date; "
                          "leave --date out (each night runs the day it starts; --date-offset-days -1 = the day before)")
@@ -360,7 +366,9 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
 
     - a local path (input, output, model): the pod reads and writes its own disk, not this one;
     - an object-store URI and no ``--secret`` (nor ``--service-account``): the pods have no credentials;
-    - an image without a registry: the nodes pull it from Docker Hub unless it was preloaded.
+    - an image without a registry: the nodes pull it from Docker Hub unless it was preloaded;
+    - a RayCronJob: KubeRay's feature gate, the zone prefix v1.7 refuses, and the nights a
+      clock change skips or repeats (pipeline/ops/schedule.py ``dst_problems``).
     """
     out = []
     paths = [("input.uri", job.input.uri), ("output.uri", job.output.uri)]
@@ -376,6 +384,16 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
         out.append(f"{remote[0]!r} is object storage and no --secret is given: the pods will have no "
                    "credentials; pass --secret NAME (a Secret holding AWS_ACCESS_KEY_ID, "
                    "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or --service-account with workload identity")
+    if opts.kind == "raycronjob":
+        out.append("KubeRay runs a RayCronJob only with its RayCronJob feature gate on (alpha in v1.6, off by "
+                   "default: the operator's --feature-gates=RayCronJob=true, or the Helm chart's featureGates "
+                   "list); without it the manifest applies and never fires")
+        if opts.timezone != "UTC":
+            out.append(f"the schedule carries the zone as 'CRON_TZ={opts.timezone}', which KubeRay v1.6 reads; "
+                       "v1.7 refuses it (its spec.timeZone replaces it): render for v1.6, or set spec.timeZone "
+                       "and drop the prefix by hand on v1.7")
+        out += [f"{p}; pick a time outside the clock change, e.g. --schedule '30 3 * * *'"
+                for p in dst_problems(opts.schedule, opts.timezone, date.today())]
     first = opts.image.split("/", 1)[0]
     if "/" not in opts.image or not ("." in first or ":" in first or first == "localhost"):
         out.append(f"image {opts.image!r} names no registry: the nodes pull it from Docker Hub unless it "

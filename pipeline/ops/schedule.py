@@ -8,11 +8,17 @@ names, or one of the ``@yearly @annually @monthly @weekly @daily @midnight @hour
 macros. Anything else raises a ValueError naming ``option``, the value, the bad field
 and its allowed range. A ``CRON_TZ=``/``TZ=`` prefix is refused: the zone comes from
 its own option. ``check_timezone(tz, option)`` accepts IANA names known to zoneinfo.
+``next_fires(expr, start, n)`` gives the schedule's next times (naive wall-clock times);
+``fires_within(expr, start, years)`` says whether it fires at all (robfig/cron gives up
+after five years and KubeRay v1.6 then starts a job at once); ``dst_problems(expr, tz,
+start)`` names the nights a zone's clock change skips or repeats (robfig/cron runs a time
+the clock skips never, and one it repeats twice).
 """
 
 from __future__ import annotations
 
 import re
+from datetime import date, datetime, timedelta
 
 MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 _MONTHS = {m: i for i, m in enumerate(
@@ -81,7 +87,9 @@ def check_timezone(tz: str, option: str = "--timezone") -> str:
     """Return ``tz`` if it is an IANA zone name known here (zoneinfo), else ValueError."""
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-    if not tz or tz != tz.strip() or tz.startswith(("/", ".")) or ".." in tz:
+    # "localtime" and "posixrules" are files in the zone database, not zones a cluster's
+    # container is sure to resolve alike.
+    if not tz or tz != tz.strip() or tz.startswith(("/", ".")) or ".." in tz or tz in ("localtime", "posixrules"):
         raise ValueError(f"{option} {tz!r} is not an IANA time zone name like Europe/Zurich or UTC")
     try:
         ZoneInfo(tz)
@@ -91,3 +99,95 @@ def check_timezone(tz: str, option: str = "--timezone") -> str:
             "Europe/Zurich, America/New_York (zoneinfo)"
         ) from None
     return tz
+
+
+#: The macros as the five fields they stand for (robfig/cron's parser).
+_MACRO_FIELDS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+                 "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+def expand(expr: str) -> tuple[list[set[int]], bool, bool]:
+    """A schedule ``check_cron`` accepted as the set of values of each field (minute, hour,
+    day of month, month, day of week; 7 read as Sunday), and whether the day-of-month and
+    day-of-week fields are ``*``/``?`` (cron: a day matches when both restricted fields'
+    either one does, else the restricted one)."""
+    s = check_cron(expr)
+    parts = _MACRO_FIELDS.get(s, s).split(" ")
+    sets: list[set[int]] = []
+    for part, (_, lo, hi, names) in zip(parts, FIELDS):
+        values: set[int] = set()
+        for item in part.split(","):
+            base, _, step = item.partition("/")
+            if base in ("*", "?"):
+                a, b = lo, hi
+            else:
+                bounds = [int(x) if _NUM.match(x) else names[x.upper()] for x in base.split("-")]
+                a, b = bounds[0], bounds[-1] if len(bounds) == 2 or not step else hi
+            values.update(range(a, b + 1, int(step) if step else 1))
+        sets.append(values)
+    return sets, parts[2] in ("*", "?"), parts[4] in ("*", "?")
+
+
+def _day_matches(day: date, sets: list[set[int]], any_dom: bool, any_dow: bool) -> bool:
+    if day.month not in sets[3]:
+        return False
+    dom, dow = day.day in sets[2], (day.isoweekday() % 7) in sets[4]
+    if any_dom or any_dow:
+        return dom and dow
+    return dom or dow
+
+
+def next_fires(expr: str, start: datetime, n: int, days: int = 5 * 366) -> list[datetime]:
+    """The schedule's first ``n`` times after ``start`` (naive wall-clock times), looking at
+    most ``days`` days ahead."""
+    sets, any_dom, any_dow = expand(expr)
+    out: list[datetime] = []
+    for d in range(days + 1):
+        day = start.date() + timedelta(days=d)
+        if not _day_matches(day, sets, any_dom, any_dow):
+            continue
+        for hour in sorted(sets[1]):
+            for minute in sorted(sets[0]):
+                t = datetime(day.year, day.month, day.day, hour, minute)
+                if t > start:
+                    out.append(t)
+                    if len(out) == n:
+                        return out
+    return out
+
+
+def fires_within(expr: str, start: datetime, years: int = 5) -> bool:
+    """Whether the schedule fires within ``years`` years of ``start`` (``0 2 31 2 *`` never does)."""
+    return bool(next_fires(expr, start, 1, days=years * 366))
+
+
+def dst_problems(expr: str, tz: str, start: date, days: int = 400) -> list[str]:
+    """One line per kind of clock change in ``tz`` over ``days`` days from ``start`` that hits
+    a time the schedule fires at: a skipped time (the night never runs) or a repeated one (it
+    runs twice). [] for zones without clock changes or schedules clear of them."""
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(tz)
+    sets, any_dom, any_dow = expand(expr)
+    skipped: list[str] = []
+    repeated: list[str] = []
+    for d in range(days):
+        day = start + timedelta(days=d)
+        noon = datetime(day.year, day.month, day.day, 12, tzinfo=zone)
+        if noon.utcoffset() == (noon - timedelta(days=1)).utcoffset() or not _day_matches(day, sets, any_dom, any_dow):
+            continue  # no clock change that day (or the schedule does not fire on it)
+        for hour in sorted(sets[1]):
+            for minute in sorted(sets[0]):
+                wall = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
+                there = wall.astimezone(ZoneInfo("UTC")).astimezone(zone)
+                if there.replace(tzinfo=None) != wall.replace(tzinfo=None):
+                    skipped.append(f"{day} {hour:02d}:{minute:02d}")
+                elif wall.replace(fold=1).utcoffset() != wall.utcoffset():
+                    repeated.append(f"{day} {hour:02d}:{minute:02d}")
+    out = []
+    if skipped:
+        out.append(f"{tz} skips {skipped[0]} (the clock jumps forward): that night does not run")
+    if repeated:
+        out.append(f"{tz} repeats {repeated[0]} (the clock goes back): that night runs twice (the second run "
+                   "finds the date held, exits 75 and the RayJob fails)")
+    return out

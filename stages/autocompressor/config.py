@@ -19,6 +19,11 @@ from schemas.compression import CompressionSpec
 SummaryScale = Literal["none", "embedding_rms", "centered"]
 #: Which AutoCompressor: summary vectors or kept keys/values (ACConfig.summary_form).
 SummaryForm = Literal["vectors", "kv"]
+#: Document tokens per segment when compression.segment_tokens is unset, by the checkpoint's
+#: form: what each shipped checkpoint was trained near and measured at
+#: (jobs/results/autocompressor/README.md). A segment far longer than training saw packs more
+#: text into the same summary vectors than they learned to hold.
+SEGMENT_TOKENS: dict[str, int] = {"vectors": 512, "kv": 1024}
 
 
 class AutoCompressorCompression(CompressionSpec):
@@ -31,8 +36,11 @@ class AutoCompressorCompression(CompressionSpec):
         "or a published princeton-nlp AutoCompressor id/path. Unset: the checkpoint shipped for "
         "generation.model (the embedded SmolLM2-135M has one; other models must set this).",
     )
-    segment_tokens: int = Field(
-        default=1024, ge=16, description="Document tokens per compressed segment."
+    segment_tokens: int | None = Field(
+        default=None, ge=16,
+        description="Document tokens per compressed segment. Unset: the checkpoint's form decides "
+        "(SEGMENT_TOKENS: 512 for summary vectors, whose shipped checkpoint was trained on segments of "
+        "64-448 tokens and measured at 512; 1024 for kv, as trained and measured).",
     )
     target_tokens: int | None = Field(
         default=None,

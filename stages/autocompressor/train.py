@@ -170,7 +170,12 @@ def make_trainable(
         present = {name.rsplit(".", 1)[-1] for name, _ in lm.named_modules()}
         targets = [t for t in lora_targets if t in present]
         if not targets:
-            raise ValueError(f"none of the LoRA targets {list(lora_targets)} exist in the model")
+            linear = sorted({name.rsplit(".", 1)[-1] for name, m in lm.named_modules()
+                             if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"})
+            raise ValueError(
+                f"none of the LoRA targets {list(lora_targets)} exist in the model; its projections are named "
+                f"{', '.join(linear[:12]) or 'otherwise'}: pass --lora-targets with those (e.g. --lora-targets "
+                f"{','.join(linear[:2]) or 'NAME'}), or --lora-r 0 to train only the summary embeddings")
         lora = LoraConfig(
             r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets
         )

@@ -92,6 +92,7 @@ class Bm25Stage:
 
         job = JobSpec.model_validate(spec)
         self.config: Bm25Compression = Bm25Method().config(job)
+        self._traced: set[str] = set()  # exception types whose stack this stage logged (stages/rows.py)
         self.tokenizer = load_tokenizer(job.generation.model)
         self.edges = CharacterEdges.of(self.tokenizer)
 
@@ -114,7 +115,7 @@ class Bm25Stage:
                 figures = res.figures()
                 row.update({c: figures[c] for c in Bm25Method.adds if c in figures})
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
-                fail(row, "bm25", e)
+                fail(row, "bm25", e, traced=self._traced)
         return rows_to_batch(rows)
 
 

@@ -281,6 +281,7 @@ class RagStage:
 
         job = JobSpec.model_validate(spec)
         self.config: RagCompression = RagMethod().config(job)
+        self._traced: set[str] = set()  # exception types whose stack this stage logged (stages/rows.py)
         self.device = pick_device(job.resources.compress_num_gpus)
         self.tokenizer = load_tokenizer(job.generation.model)
         self.edges = CharacterEdges.of(self.tokenizer)
@@ -312,7 +313,7 @@ class RagStage:
                     row.update(res.figures())  # type: ignore[typeddict-item]
                     self._warn_truncated(res)
                 else:
-                    fail(row, "rag", res)
+                    fail(row, "rag", res, traced=self._traced)
         return rows_to_batch(rows)
 
     def _warn_truncated(self, res: RetrievalResult) -> None:

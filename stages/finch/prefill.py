@@ -20,11 +20,12 @@ Algorithm (Corallo & Papotti, TACL 2024, with every choice pinned):
    The pass is the model's normal forward (SDPA), with one pre-hook per attention
    module projecting P's rows to queries (stages/kv/queries.py).
 3. Score the kept entries and the chunk's entries by P's attention (strategies.py):
-   scoring="heads" (default) sums the calibrated retrieval heads' attention, each
-   head normalised over the document, pooled over ``pool_window`` tokens, into one
-   selection shared by all layers (evidence.py, heads.py); scoring="paper" sums
-   every head of each layer (softmax with the pass's causal mask, each prompt row
-   weighted by its number of attended slots; head_mode="kv_group": per KV head).
+   scoring="paper" (the default) sums every head of each layer (softmax with the
+   pass's causal mask, each prompt row weighted by its number of attended slots;
+   head_mode="kv_group": per KV head); scoring="heads" (our variant) sums the
+   calibrated retrieval heads' attention, each head normalised over the document,
+   pooled over ``pool_window`` tokens, into one selection shared by all layers
+   (evidence.py, heads.py).
 4. Keep the top ``kept_i`` of them (schedule.py: ``floor(T * n_i / N)``, ending at
    exactly T), drop P's entries, restore document order and rotate the kept keys
    to contiguous positions (compaction.py, stages/kv/rope.py).

@@ -6,8 +6,11 @@ holds (about) ``n_i / sigma`` document entries, where ``n_i`` is the number of
 document tokens read so far; the selection at each step ranks the old kept entries
 and the new chunk together, so an old entry can be evicted by a better new one.
 The authors' code rounds sigma up to an integer and floors per chunk, which lands
-a little under the target. We keep the same linear schedule with exact
-arithmetic instead:
+a little under the target, and counts the prompt inside the target (sigma from
+target - |prompt|); here ``target_tokens`` counts document entries only (the prompt's
+entries come on top), so at one target this keeps the prompt's length and the rounding
+more document entries than that code: compare budgets with that in mind. We keep the
+same linear schedule with exact arithmetic:
 
     kept_i = floor(T * n_i / N),   T = min(target, N)
 

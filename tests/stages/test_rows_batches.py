@@ -41,8 +41,9 @@ def test_fail_names_the_stage_and_takes_the_kind_from_the_raise_site():
         fail({}, "read", "x", kind="final")
 
 
-def test_a_retryable_failure_logs_its_stack_once_per_stage_and_type(caplog):
-    """A row keeps one line; the stack of an unexpected error is logged, once a type."""
+def test_a_retryable_failure_logs_its_stack_once_per_type_the_stage_has_seen(caplog):
+    """A row keeps one line; the stack of an unexpected error is logged, once a type per stage
+    object (the set it owns), and not at all without one."""
     def raised(err: BaseException) -> BaseException:
         try:
             raise err
@@ -50,10 +51,13 @@ def test_a_retryable_failure_logs_its_stack_once_per_stage_and_type(caplog):
             return e
 
     caplog.set_level("WARNING", logger="longdoc")
+    traced: set[str] = set()
     for _ in range(3):  # a night of rows failing alike: one stack
-        assert fail({}, "bm25-test", raised(IndexError("list index out of range")))["error_kind"] == RETRYABLE
-    fail({}, "bm25-test", raised(KeyError("k")))  # another type: its own
-    fail({}, "bm25-test", raised(ValueError("a bad document")), kind=INPUT)  # its message says the fix
-    traced = [r for r in caplog.records if "bm25-test" in r.getMessage()]
-    assert [r.exc_info[0] for r in traced] == [IndexError, KeyError]
-    assert "bm25-test: IndexError: list index out of range" in traced[0].getMessage()
+        row = fail({}, "bm25-test", raised(IndexError("list index out of range")), traced=traced)
+        assert row["error_kind"] == RETRYABLE
+    fail({}, "bm25-test", raised(KeyError("k")), traced=traced)  # another type: its own
+    fail({}, "bm25-test", raised(ValueError("a bad document")), kind=INPUT, traced=traced)  # its message says the fix
+    fail({}, "bm25-test", raised(OSError("no stage object")))  # no set: not logged
+    logged = [r for r in caplog.records if "bm25-test" in r.getMessage()]
+    assert [r.exc_info[0] for r in logged] == [IndexError, KeyError] and traced == {"IndexError", "KeyError"}
+    assert "bm25-test: IndexError: list index out of range" in logged[0].getMessage()

@@ -4,7 +4,10 @@ Prompt lookup decoding (Saxena, 2023; the n-gram drafter of vLLM and transformer
 ``prompt_lookup_num_tokens``): summaries and answers copy phrases of their document,
 so the tokens that followed the output's last ``n`` tokens earlier in the ORIGINAL
 document + prompt + output so far are a good guess at what comes next. Longest
-suffix first (``max_ngram`` down to ``min_ngram``); the most recent occurrence wins.
+suffix first (``max_ngram`` down to ``min_ngram``). Unlike transformers' generator, which
+takes the earliest match and cuts a draft at EOS, the most recent occurrence wins here
+(ngram_index.py says why; jobs/results/code-choices.md has the measurement): the drafts
+differ, the text does not (verification decides every token).
 The matched length ``n`` is the draft's level (a longer match is accepted more often).
 Per row: one NgramIndex (ngram_index.py), dropped when the row finishes.
 """

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import date, datetime
+
 import pytest
 
-from pipeline.ops.schedule import check_cron, check_timezone
+from pipeline.ops.schedule import check_cron, check_timezone, dst_problems, fires_within, next_fires
 
 
 @pytest.mark.parametrize(("expr", "want"), [
@@ -49,7 +51,31 @@ def test_known_time_zones(tz):
     assert check_timezone(tz) == tz
 
 
-@pytest.mark.parametrize("tz", ["Mars/Olympus_Mons", "Europe/Zürich", "", " UTC", "../../etc/passwd", "/etc/localtime"])
+@pytest.mark.parametrize("tz", ["Mars/Olympus_Mons", "Europe/Zürich", "", " UTC", "../../etc/passwd", "/etc/localtime",
+                                "localtime", "posixrules"])
 def test_unknown_time_zones_name_the_option(tz):
     with pytest.raises(ValueError, match="--timezone"):
         check_timezone(tz)
+
+
+def test_the_next_times_follow_each_field_and_the_day_rule():
+    assert next_fires("0 2 * * *", datetime(2026, 12, 7, 11), 2) == [datetime(2026, 12, 8, 2), datetime(2026, 12, 9, 2)]
+    assert next_fires("*/15 9-17 * * MON-FRI", datetime(2026, 12, 11, 17, 50), 1) == [datetime(2026, 12, 14, 9)]
+    # both day fields restricted: either matches (the 13th, a Sunday, and every Monday)
+    assert next_fires("0 0 13 * 1", datetime(2026, 12, 7, 1), 2) == [datetime(2026, 12, 13), datetime(2026, 12, 14)]
+    assert next_fires("@weekly", datetime(2026, 12, 7), 1) == [datetime(2026, 12, 13)]  # Sunday 00:00
+
+
+def test_a_schedule_with_no_real_date_never_fires():
+    assert not fires_within("0 2 31 2 *", datetime(2026, 12, 7))  # February 31st
+    assert fires_within("0 2 29 2 *", datetime(2026, 12, 7))  # leap days come within five years
+
+
+def test_clock_changes_that_skip_or_repeat_a_nightly_time_are_named():
+    skip, twice = dst_problems("0 2 * * *", "Europe/Berlin", date(2026, 12, 7))
+    assert skip.startswith("Europe/Berlin skips 2027-03-28 02:00") and "does not run" in skip
+    assert twice.startswith("Europe/Berlin repeats 2027-10-31 02:00") and "runs twice" in twice
+    assert dst_problems("30 3 * * *", "Europe/Berlin", date(2026, 12, 7)) == []
+    assert dst_problems("0 2 * * *", "UTC", date(2026, 12, 7)) == []
+    (ny,) = dst_problems("0 1 * * *", "America/New_York", date(2026, 12, 7))
+    assert ny.startswith("America/New_York repeats 2027-11-07 01:00")

@@ -292,3 +292,24 @@ def test_render_warns_about_local_paths_missing_secrets_and_registryless_images(
                                   "--set", "output.uri=s3://b/out/{job}", "--secret", "s3-creds",
                                   "--image", "registry.example.com/longdoc:0.1.0"])
     assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_a_nightly_manifest_names_the_feature_gate_the_zone_prefix_and_the_clock_changes():
+    """What applies cleanly and then fails at night: said on stderr, the manifest still rendered."""
+    base = ["render", str(SAMPLE), "--kind", "raycronjob", "--set", "input.uri=s3://b/in/",
+            "--set", "output.uri=s3://b/out/{job}", "--secret", "s3-creds", "--image", "registry.example.com/longdoc:1"]
+    r = CliRunner().invoke(_app, [*base, "--schedule", "0 2 * * *", "--timezone", "Europe/Berlin"])
+    assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout)), r.stderr
+    assert "--feature-gates=RayCronJob=true" in r.stderr and "v1.7 refuses it" in r.stderr
+    assert "Europe/Berlin skips" in r.stderr and "Europe/Berlin repeats" in r.stderr and "'30 3 * * *'" in r.stderr
+    r = CliRunner().invoke(_app, [*base, "--schedule", "30 3 * * *", "--timezone", "Europe/Berlin"])
+    assert "skips" not in r.stderr and "repeats" not in r.stderr and "feature gate" in r.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--kind", "raycronjob", "--schedule", "0 2 31 2 *"], "--schedule '0 2 31 2 *' never fires"),
+    (["--deadline-seconds", "0"], "--deadline-seconds 0: allowed: a whole number from 1 to"),
+])
+def test_what_kuberay_would_refuse_or_fire_at_once_is_refused_here(args, said):
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), *args])
+    assert r.exit_code == 2 and said in r.stderr and not r.stdout, r.stderr

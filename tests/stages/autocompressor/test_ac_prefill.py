@@ -103,3 +103,15 @@ def test_embedded_model_batched_equals_per_row(embedded_model):
     for i, p in enumerate(parts):
         single = autocompressor_prefill(ac, [p], cfg, tok.pad_token_id)
         assert decode_plain(lm, single.state, decode_cfg)[0].tokens == out[i].tokens
+
+
+def test_an_unset_segment_length_is_the_one_the_checkpoints_form_was_trained_near(make_ac):
+    """segment_tokens unset: 512 for summary vectors (SEGMENT_TOKENS), so 1,030 document tokens
+    are three segments of summaries, not the two a 1,024-token segment gives."""
+    ac = make_ac(k=4)
+    doc = [(i * 7) % 90 + 5 for i in range(1030)]
+    parts = [PromptParts([1, 10], doc, [20, 21])]
+    unset = autocompressor_prefill(ac, parts, AutoCompressorCompression(checkpoint="unused"), PAD)
+    assert unset.context_tokens == [3 * 4]
+    wide = autocompressor_prefill(ac, parts, AutoCompressorCompression(checkpoint="unused", segment_tokens=1024), PAD)
+    assert wide.context_tokens == [2 * 4]

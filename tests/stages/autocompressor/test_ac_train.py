@@ -132,3 +132,12 @@ def test_the_training_device_is_one_a_step_backend_runs_on_and_torch_sees():
     if not torch.cuda.is_available():  # named, but not on this machine: said before any model loads
         with pytest.raises(ValueError, match="no such device is visible to torch here; use auto or cpu"):
             pick_train_device("cuda:1")
+
+
+def test_lora_targets_the_model_lacks_are_refused_with_its_projection_names(make_lm):
+    with pytest.raises(ValueError) as e:
+        make_trainable(make_lm(32), summary_length=4, lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                       lora_targets=("c_attn",))
+    said = str(e.value)
+    assert "none of the LoRA targets ['c_attn'] exist in the model" in said
+    assert "q_proj" in said and "pass --lora-targets with those" in said and "--lora-r 0" in said

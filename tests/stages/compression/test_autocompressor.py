@@ -30,7 +30,7 @@ def test_declaration_and_settings():
     assert isinstance(method, AutoCompressorMethod)
     assert method.runs_at == "prefill" and method.reads_any_length and method.needs_checkpoint
     cfg = AutoCompressorCompression()
-    assert (cfg.checkpoint, cfg.segment_tokens, cfg.target_tokens, cfg.soft_prompt_at) == (None, 1024, None, "start")
+    assert (cfg.checkpoint, cfg.segment_tokens, cfg.target_tokens, cfg.soft_prompt_at) == (None, None, None, "start")
     with pytest.raises(ValueError, match="segment_tokens"):
         AutoCompressorCompression(segment_tokens=8)
     with pytest.raises(ValueError, match="soft_prompt_at"):
