@@ -335,7 +335,13 @@ def _f(v, digits: int = 1) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """The console block: per side medians, the ratios and the target lines."""
+    """The console block: per side medians (``table_lines``), the ratios and the target lines
+    (``verdict_lines``)."""
+    return table_lines(result) + verdict_lines(result)
+
+
+def table_lines(result: dict) -> list[str]:
+    """The console's title and table of per side medians (with the QA line under its head)."""
     lines = [f"# bench job: {result['settings']['spec_name']} on {result['device']['name']} "
              f"({result['settings']['docs_label']}, {result['settings']['max_new_tokens']} new tokens, "
              f"{result['settings']['dtype']}; medians of {result['settings']['runs']} run(s))"]
@@ -349,6 +355,13 @@ def summary_lines(result: dict) -> list[str]:
                      f"{_f(s['docs_per_hour_steady'], 0):>10} {_f(s['usd_per_1k_docs_wall'], 3):>8} "
                      f"{_f(s['latency_p50_s'], 2):>7} {_f(s['latency_p95_s'], 2):>7} {_f(s['peak_rss_gb'], 2):>7} "
                      f"{_f(s['peak_gpu_gb'], 2):>7} {_f(s['failed'], 0):>6}")
+    return lines
+
+
+def verdict_lines(result: dict) -> list[str]:
+    """The lines under the table: ratios, bounds, agreement, time, targets and noise notes
+    (the Markdown's "Ratios and targets" section, without the table it has above)."""
+    lines: list[str] = []
     for side, r in result["ratios"].items():
         for key, label in (("vs_peer", "peer"), ("vs_first", "side")):
             if key in r:
@@ -425,7 +438,7 @@ def markdown(result: dict) -> str:
                    f"{_f(m['peak_rss_gb'], 2)} | {_f(m['peak_pss_gb'], 2)} | {_f(m['peak_gpu_gb'], 2)} | "
                    f"{_f(m['failed'], 0)} |")
     out += ["", "## Ratios and targets", ""]
-    out += [f"- {line}" for line in summary_lines(result)[2 + len(result["summary"]):]]
+    out += [f"- {line}" for line in verdict_lines(result)]
     if result.get("peer_probe"):
         out += ["", "## Peer batch sizes (probe: the first documents, every candidate)", "",
                 "| peer | batch | docs | seconds | docs/s | warm-up s | status |", "|---|---:|---:|---:|---:|---:|---|"]

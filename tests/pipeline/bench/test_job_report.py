@@ -188,3 +188,17 @@ def test_a_machine_that_slows_during_the_command_is_judged_by_its_rounds():
     assert t["value"] == pytest.approx(127.0 / 88.0) and t["pass"] is False  # the median round: 1.44x
     assert any(line.startswith("rounds longdoc / peer: 1.44x, 1.64x, 1.44x") for line in summary_lines(r))
     assert "rounds" not in _result()["ratios"]["longdoc"]["vs_peer"]  # one run: the medians alone
+
+
+def test_the_markdown_ratios_section_starts_after_the_table_of_a_qa_job():
+    """A QA job's table has a "(docs = rows written ...)" line under its head; the section
+    took a fixed count of lines off the console block and began with the peer's table row."""
+    r = _result()
+    r["settings"]["docs_label"] = "10 requests (documents of q.jsonl)"
+    assert "(docs = rows written, one per document and question)" in summary_lines(r)
+    md = markdown(r)
+    section = md.split("## Ratios and targets\n\n")[1].split("\n\n")[0].splitlines()
+    assert section[0].startswith("- ratio longdoc / peer: documents/hour 2.00x")
+    assert not any(line.startswith(("- peer ", "- longdoc ", "- (docs", "- side ")) for line in section)
+    plain = _result()  # no QA line: the same section
+    assert markdown(plain).split("## Ratios and targets\n\n")[1].split("\n\n")[0].splitlines() == section
