@@ -248,7 +248,10 @@ def read_rows(out_root: Path, date: str) -> list[dict]:
     cols = ["request_id", "doc_id", "prompt", "output_text", "output_tokens", "prompt_tokens", "context_tokens", "e2e_s",
             "error", "prefill_s", "decode_s", "ttft_s", "compress_s", "draft_tokens", "accepted_tokens",
             "decode_steps"]
-    return ds.dataset(str(part), format="parquet").to_table(columns=cols).to_pylist()
+    dataset = ds.dataset(str(part), format="parquet")
+    # The prefix cache's column (schema version 5 on): row_totals sums it; older outputs lack it.
+    cols += [c for c in ("cached_prompt_tokens",) if c in dataset.schema.names]
+    return dataset.to_table(columns=cols).to_pylist()
 
 
 def row_totals(rows: list[dict]) -> dict:

@@ -33,3 +33,27 @@ def test_a_sides_row_totals_count_successful_rows_and_the_prefix_caches_tokens()
     t = row_totals(rows)
     assert t["cached_prompt_tokens"] == 90 and t["output_tokens"] == 30 and t["rows_prefill_s"] == 3.0
     assert t["acceptance"] == 0.25 and t["mean_ttft_s"] == 1.5
+
+
+def test_rows_read_back_carry_the_prefix_caches_tokens(tmp_path):
+    """The result JSON said cached_prompt_tokens 0 of rows that had 1051 each: the reader
+    of the rows did not read that column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.bench.job_sides import read_rows, row_totals
+
+    cols = {"request_id": ["a", "b"], "doc_id": ["d", "d"], "prompt": ["q", "q"], "output_text": ["x", "y"],
+            "output_tokens": [3, 4], "prompt_tokens": [1100, 1100], "context_tokens": [1024, 1024],
+            "e2e_s": [1.0, 1.0], "error": pa.array([None, None], pa.string()), "prefill_s": [0.5, 0.1],
+            "decode_s": [0.5, 0.5], "ttft_s": [0.5, 0.1], "compress_s": [0.0, 0.0], "draft_tokens": [0, 0],
+            "accepted_tokens": [0, 0], "decode_steps": [3, 4]}
+    part = tmp_path / "run_date=2026-12-07"
+    part.mkdir()
+    pq.write_table(pa.table({**cols, "cached_prompt_tokens": [0, 1051]}), part / "part-0.parquet")
+    rows = read_rows(tmp_path, "2026-12-07")
+    assert row_totals(rows)["cached_prompt_tokens"] == 1051
+    old = tmp_path / "old"  # an output written before the column existed: read, counted 0
+    (old / "run_date=2026-12-07").mkdir(parents=True)
+    pq.write_table(pa.table(cols), old / "run_date=2026-12-07" / "part-0.parquet")
+    assert row_totals(read_rows(old, "2026-12-07"))["cached_prompt_tokens"] == 0
