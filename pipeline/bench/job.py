@@ -209,6 +209,16 @@ def _stop_on_sigterm():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
+def _runs_at(method: str) -> str | None:
+    """Where a compression method reads (stages/compression: "tokenize", "text_stage" or
+    "prefill", the engine's own prefill): the report's time line says whether its reading is
+    part of the engine's prefill."""
+    from stages.compression import registry
+
+    m = registry().get(method)
+    return m.runs_at if m is not None else None
+
+
 def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_side: dict[str, list[dict]],
             last_rows: dict[str, list[dict]], load_start: tuple[float, ...], created: str, model: str, usd: float,
             partial: bool) -> dict:
@@ -219,7 +229,8 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
     run_peers = [n for n in runs_by_side if n in p.peers]
     sides = {name: {"kind": "longdoc", "what": f"longdoc ({runner_name(s, name, p.specs[name])}), "
                     f"compression {p.methods[name]}, speculation {p.speculative[name]}",
-                    "method": p.methods[name], "speculative": p.speculative[name], "peer": p.peer_of[name],
+                    "method": p.methods[name], "method_runs_at": _runs_at(p.methods[name]),
+                    "speculative": p.speculative[name], "peer": p.peer_of[name],
                     "overrides": list(next(v.overrides for v in s.variants if v.name == name)),
                     "engines": engines(s, name, p.specs[name])}
              for name in longdoc_sides}

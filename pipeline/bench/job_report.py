@@ -215,6 +215,7 @@ def prefill_bounds(result: dict) -> None:
             wall = summary.get(vs[other], {}).get("wall_s") if vs else None
             if wall:
                 vs["prefill_s"] = statistics.median(prefill)
+                vs["prefill_runs"] = len(prefill)
                 vs["prefill_engines"] = engines
                 vs["prefill_bound"] = wall / (vs["prefill_s"] / engines)
                 if starts:
@@ -334,6 +335,35 @@ def _f(v, digits: int = 1) -> str:
     return str(v)
 
 
+#: Where a method's reading happens, for the time line (stages/compression/base.py RunsAt).
+_READS_AT = {"tokenize": "tokenize stage, before the engine", "text_stage": "text stage, before the engine"}
+
+
+def time_line(side: str, runs: list[dict], side_info: dict) -> str | None:
+    """Where the engine's time went in the side's last run: the method's reading, the engine's
+    prefill, and its decode steps, each figure what it says. The engine's ``stall_s`` is
+    prefill time spent while other rows were decoding (stages/decoding/engine.py
+    ``_account_prefill``): a part of the prefill, not of the decode steps. The rows'
+    ``compress_s`` is a part of the engine's prefill only for a method that reads there
+    (``runs_at`` "prefill": Finch, AutoCompressor); a text method (truncate, rag, bm25) spends
+    it in the tokenize or text stage, before the engine."""
+    w = runs[-1].get("where") if runs else None
+    if not isinstance(w, dict) or w.get("engine_prefill_s") is None:
+        return None
+    read, prefill = w.get("rows_compress_s") or 0.0, w["engine_prefill_s"]
+    runs_at, method = side_info.get("method_runs_at"), side_info.get("method")
+    waited = f"decoding rows waited through {_f(w.get('engine_stall_s'))} s of it"
+    if runs_at == "prefill":
+        inside = "" if method == "none" else f"the method's reading {_f(read)} s of it; "
+        parts = [f"engine prefill {_f(prefill)} s ({inside}{waited})"]
+    else:
+        where = _READS_AT.get(runs_at, "where it ran not recorded")
+        parts = [f"method reading {_f(read)} s ({where})", f"engine prefill {_f(prefill)} s ({waited})"]
+    parts.append(f"decode steps {_f(w.get('engine_step_s'))} s")
+    label = f"run {runs[-1].get('run', len(runs))} of {len(runs)}, the last"
+    return f"time {side} ({label}): " + ", ".join(parts)
+
+
 def summary_lines(result: dict) -> list[str]:
     """The console block: per side medians (``table_lines``), the ratios and the target lines
     (``verdict_lines``)."""
@@ -378,8 +408,10 @@ def verdict_lines(result: dict) -> list[str]:
                 shared = f" over {v['prefill_engines']} engines" if v.get("prefill_engines", 1) > 1 else ""
                 start = f"; {_f(v['start_bound'], 2)}x with its start too ({_f(v['start_s'], 1)} s before " \
                         f"its first row)" if v.get("start_bound") else ""
+                n = v.get("prefill_runs", 1)
                 lines.append(f"bound {side} / {v[label]}: at most {_f(v['prefill_bound'], 2)}x if all but its "
-                             f"prompts' prefill ({_f(v['prefill_s'], 1)} s{shared}) were free{start}")
+                             f"prompts' prefill ({_f(v['prefill_s'], 1)} s{shared}) were free{start} "
+                             f"({'its one run' if n == 1 else f'medians of its {n} runs'})")
     for side, a in result.get("agreement", {}).items():
         cut = f", {a['text_prefix']} more stopped earlier by a stop rule the peer lacks (the start of its text)" \
             if a.get("text_prefix") else ""
@@ -390,12 +422,8 @@ def verdict_lines(result: dict) -> list[str]:
     for side, a in result.get("agreement_sides", {}).items():
         lines.append(f"agreement {side} vs {first}: {a['text_equal']}/{a['compared']} rows with equal text")
     for side, runs in result.get("runs_by_side", {}).items():
-        w = runs[-1].get("where") if runs else None
-        if isinstance(w, dict) and w.get("engine_prefill_s") is not None:
-            read = w.get("rows_compress_s") or 0.0
-            lines.append(f"time {side}: method reading {_f(read)} s, model prefill {_f(w['engine_prefill_s'] - read)} s, "
-                         f"decode steps {_f(w.get('engine_step_s'))} s, of which prefill stalled decoding "
-                         f"{_f(w.get('engine_stall_s'))} s (last run)")
+        if line := time_line(side, runs, result["sides"].get(side, {})):
+            lines.append(line)
     unmeasured = [t["name"] for t in result["targets"] if t["pass"] is None and t["value"] is None]
     for t in result["targets"]:
         if t["name"] not in unmeasured:

@@ -238,3 +238,12 @@ def test_side_agreement_matches_each_question_of_a_document_by_its_prompt(tmp_pa
     other = side("b", ["x", "y", "z", "q"], [3, 1, 0, 2])  # another order of the rows
     agreement = side_agreement(first, other)
     assert agreement["compared"] == 4 and agreement["text_equal"] == 3 and agreement["differs"] == ["d1"]
+
+
+def test_a_sides_method_says_where_it_reads_for_the_time_line():
+    """The time line took a text method's compress_s (spent in the tokenize stage) off the
+    engine's prefill: each side now records where its method reads."""
+    from pipeline.bench.job import _runs_at
+
+    assert _runs_at("truncate") == "tokenize" and _runs_at("finch") == "prefill" and _runs_at("none") == "prefill"
+    assert _runs_at("bm25") == "text_stage" and _runs_at("no-such-method") is None

@@ -125,7 +125,8 @@ def test_prefill_bound_is_the_peers_wall_over_longdocs_prompt_reading():
     vs = r["ratios"]["longdoc"]["vs_peer"]
     # Even with decode, Ray and start-up free, reading the prompts alone caps it at 1.5x.
     assert vs["prefill_bound"] == pytest.approx(1.5) and vs["prefill_s"] == 60.0
-    assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (60.0 s) were free" in summary_lines(r)
+    assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (60.0 s) were free (its one run)" \
+        in summary_lines(r)
     assert "prefill_bound" not in _result()["ratios"]["longdoc"]["vs_peer"]  # no figures, no bound
 
 
@@ -140,7 +141,7 @@ def test_a_sides_start_before_its_first_row_tightens_the_whole_process_bound():
     assert vs["prefill_bound"] == pytest.approx(31 / 3) and vs["start_s"] == 28.0
     assert vs["start_bound"] == pytest.approx(1.0)
     assert "bound pld / greedy: at most 10.33x if all but its prompts' prefill (3.0 s) were free; 1.00x with its " \
-           "start too (28.0 s before its first row)" in summary_lines(r)
+           "start too (28.0 s before its first row) (its one run)" in summary_lines(r)
     assert "start_bound" not in r["ratios"]["greedy"].get("vs_first", {})  # the first side has no vs_first
 
 
@@ -153,7 +154,7 @@ def test_a_pool_of_engines_shares_its_prefill_in_the_bound():
     # 120 s of the rows' prefill on two engines is at least 60 s of wall time, not 120 s.
     assert vs["prefill_bound"] == pytest.approx(1.5) and vs["prefill_engines"] == 2
     assert "bound longdoc / peer: at most 1.50x if all but its prompts' prefill (120.0 s over 2 engines) " \
-           "were free" in summary_lines(r)
+           "were free (its one run)" in summary_lines(r)
 
 
 def test_a_compressed_side_is_bounded_by_its_prefill_against_the_first_side():
@@ -169,8 +170,8 @@ def test_a_compressed_side_is_bounded_by_its_prefill_against_the_first_side():
     assert first["prefill_bound"] == pytest.approx(1.5) and first["prefill_s"] == 48.0
     assert r["ratios"]["finch-1k"]["vs_peer"]["prefill_bound"] == pytest.approx(3.0)
     lines = summary_lines(r)
-    assert "bound finch-1k / none: at most 1.50x if all but its prompts' prefill (48.0 s) were free" in lines
-    assert "bound finch-1k / peer: at most 3.00x if all but its prompts' prefill (48.0 s) were free" in lines
+    assert "bound finch-1k / none: at most 1.50x if all but its prompts' prefill (48.0 s) were free (its one run)" in lines
+    assert "bound finch-1k / peer: at most 3.00x if all but its prompts' prefill (48.0 s) were free (its one run)" in lines
     assert "prefill_bound" not in r["ratios"]["none"].get("vs_first", {})  # the first side has no first side
 
 
@@ -202,3 +203,41 @@ def test_the_markdown_ratios_section_starts_after_the_table_of_a_qa_job():
     assert not any(line.startswith(("- peer ", "- longdoc ", "- (docs", "- side ")) for line in section)
     plain = _result()  # no QA line: the same section
     assert markdown(plain).split("## Ratios and targets\n\n")[1].split("\n\n")[0].splitlines() == section
+
+
+def _where(prefill=13.3, step=34.0, stall=12.2, compress=0.0):
+    return {"engine_prefill_s": prefill, "engine_step_s": step, "engine_stall_s": stall, "rows_compress_s": compress,
+            "rows_prefill_s": prefill}
+
+
+def test_the_time_line_says_the_stall_is_part_of_the_prefill_and_where_the_method_read():
+    """A trial's line read "decode steps 3.1 s, of which prefill stalled decoding 27.7 s": the
+    stall is prefill time while other rows decoded (engine.py _account_prefill), not a part of
+    the decode steps; and a text method's compress_s (tokenize stage) was taken off the
+    engine's prefill, which never held it."""
+    r = _result()
+    r["sides"]["longdoc"]["method_runs_at"] = "tokenize"
+    r["runs_by_side"]["longdoc"][0]["where"] = _where(prefill=38.6, step=3.1, stall=27.7, compress=2.0)
+    [line] = [x for x in summary_lines(r) if x.startswith("time longdoc")]
+    assert line == ("time longdoc (run 1 of 1, the last): method reading 2.0 s (tokenize stage, before the engine), "
+                    "engine prefill 38.6 s (decoding rows waited through 27.7 s of it), decode steps 3.1 s")
+    assert "of which" not in line
+    # A method reading inside the engine (Finch): its reading is a part of the engine's prefill.
+    r["sides"]["longdoc"].update(method="finch", method_runs_at="prefill")
+    [line] = [x for x in summary_lines(r) if x.startswith("time longdoc")]
+    assert "engine prefill 38.6 s (the method's reading 2.0 s of it; decoding rows waited through 27.7 s of it), " \
+           "decode steps 3.1 s" in line
+
+
+def test_the_bound_and_time_lines_say_which_runs_they_come_from():
+    """The bound took the median prefill, the time line beside it the last run, unsaid."""
+    r = _result()
+    r["runs_by_side"]["longdoc"] = [dict(r["runs_by_side"]["longdoc"][0], run=k, where=_where(prefill=p))
+                                    for k, p in ((1, 10.0), (2, 30.0), (3, 20.0))]
+    r["sides"]["longdoc"]["method_runs_at"] = "tokenize"
+    finish(r)
+    lines = summary_lines(r)
+    [bound] = [x for x in lines if x.startswith("bound longdoc")]
+    assert "prompts' prefill (20.0 s) were free" in bound and bound.endswith("(medians of its 3 runs)")
+    [time] = [x for x in lines if x.startswith("time longdoc")]
+    assert time.startswith("time longdoc (run 3 of 3, the last): ") and "engine prefill 20.0 s" in time
