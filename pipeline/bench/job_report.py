@@ -23,9 +23,10 @@ noise on the machine hits every side); ``ratios`` divide each longdoc side's med
 documents/hour by the peer's (and by the first longdoc side's) and, with two runs or more,
 give each round's ratio to the peer (``rounds``: run k of the side over run k of the peer,
 measured minutes apart); ``targets`` are the PASS/FAIL lines of the project's targets that
-apply to the device, judged against the peer by the lower of the medians' ratio and the
-median round's ratio: a machine that slows down during the command makes the medians of
-sides measured at different times disagree, and the medians' ratio then overstated what
+apply to the device (NOT JUDGED where a side's runs differ too much to be a measurement),
+judged against the peer by the lower of the medians' ratio and the median round's ratio:
+a machine that slows down during the command makes the medians of sides measured at
+different times disagree, and the medians' ratio then overstated what
 the rounds reached (measured: jobs/results/code-choices.md, "pipeline/bench/job_report.py").
 
 Files: ``<out>/job-<device>-<spec name>-<model>[-synthetic-<n>x<tokens>].{json,md}``.
@@ -109,18 +110,25 @@ def medians(runs: list[dict]) -> dict:
 SPREAD_NOTED = 0.2
 
 
+def spread_sides(result: dict) -> dict[str, tuple[float, float]]:
+    """Sides whose runs' wall times differ by more than ``SPREAD_NOTED``: side -> (min, max)."""
+    out = {}
+    for side, runs in result.get("runs_by_side", {}).items():
+        walls = [r["wall_s"] for r in runs if r.get("wall_s")]
+        if len(walls) > 1 and max(walls) > (1 + SPREAD_NOTED) * min(walls):
+            out[side] = (min(walls), max(walls))
+    return out
+
+
 def noise_notes(result: dict) -> list[str]:
     """Where the machine was not quiet enough for the ratios to be a measurement: a side
     whose runs' wall times differ by more than ``SPREAD_NOTED``, a load average above the
     CPU count at the start or the end (a trial's bench printed 0.74x from runs of 54 s and
     218 s of the same setting, and nothing said so)."""
     notes = []
-    for side, runs in result.get("runs_by_side", {}).items():
-        walls = [r["wall_s"] for r in runs if r.get("wall_s")]
-        if len(walls) > 1 and max(walls) > (1 + SPREAD_NOTED) * min(walls):
-            notes.append(f"side {side}'s runs differ by {max(walls) / min(walls) - 1:.0%} ({_f(min(walls))} s to "
-                         f"{_f(max(walls))} s): its figures and ratios are not a measurement; run again on a quiet "
-                         "machine, or with more --runs")
+    for side, (lo, hi) in spread_sides(result).items():
+        notes.append(f"side {side}'s runs differ by {hi / lo - 1:.0%} ({_f(lo)} s to {_f(hi)} s): its figures and "
+                     "ratios are not a measurement; run again on a quiet machine, or with more --runs")
     host = result.get("host", {})
     loads = [*host.get("load_avg_start", [])[:1], *host.get("load_avg_end", [])[:1]]
     if busy := busy_note(loads, host.get("cpus")):
@@ -235,30 +243,48 @@ def targets(device_type: str, sides: dict, summary: dict, rat: dict) -> list[dic
     def dph(side: str | None) -> float | None:
         return summary.get(side, {}).get("docs_per_hour_wall") if side else None
 
-    def line(name: str, value: float | None, target: float) -> dict:
-        return {"name": name, "value": value, "pass": _passed(value, target)}
+    def line(name: str, value: float | None, target: float, *compared: str | None) -> dict:
+        return {"name": name, "value": value, "pass": _passed(value, target), "sides": [x for x in compared if x]}
 
     out = []
     if device_type == "cpu":
         for side in longdoc:
             r = judged(rat.get(side, {}).get("vs_peer", {}))
-            out.append(line(f"{side}: documents/hour >= {CPU_TARGET}x the peer's (whole process, CPU)", r, CPU_TARGET))
+            out.append(line(f"{side}: documents/hour >= {CPU_TARGET}x the peer's (whole process, CPU)", r, CPU_TARGET,
+                            side, sides[side].get("peer")))
         return out
     full = next((x for x in longdoc if sides[x].get("method") == "none"), None)
     for side in (x for x in longdoc if sides[x].get("method") == "finch"):
         if full is not None:
             out.append(line(f"{side}: documents/hour >= {GPU_FINCH_OVER_NONE}x {full}'s (whole process, GPU)",
-                            _ratio(dph(side), dph(full)), GPU_FINCH_OVER_NONE))
+                            _ratio(dph(side), dph(full)), GPU_FINCH_OVER_NONE, side, full))
         r = judged(rat.get(side, {}).get("vs_peer", {}))
         out.append(line(f"{side}: documents/hour >= {GPU_FINCH_OVER_PEER}x the peer's (whole process, GPU)",
-                        r, GPU_FINCH_OVER_PEER))
+                        r, GPU_FINCH_OVER_PEER, side, sides[side].get("peer")))
     for side in (x for x in longdoc if sides[x].get("speculative") not in (None, "none")):
         base = next((x for x in longdoc if sides[x].get("speculative") == "none"
                      and sides[x].get("method") == sides[side].get("method")), None)
         if base is not None:
             out.append(line(f"{side}: documents/hour >= {GPU_PLD_OVER_GREEDY}x {base}'s (speculation in a queue, GPU)",
-                            _ratio(dph(side), dph(base)), GPU_PLD_OVER_GREEDY))
+                            _ratio(dph(side), dph(base)), GPU_PLD_OVER_GREEDY, side, base))
     return out
+
+
+def judge_noise(result: dict) -> None:
+    """A target whose sides' runs differ by more than ``SPREAD_NOTED`` is not judged: the noise
+    note under it says those figures and ratios are not a measurement, so a PASS or FAIL beside
+    it would claim what the note denies (a trial printed "PASS ... 2.03x" above "side peer's
+    runs differ by 93%"). Its ``pass`` is None and ``not_judged`` says why; every target gets
+    a ``verdict``: PASS, FAIL, NOT MEASURED (a side it needs did not run) or NOT JUDGED."""
+    spread = spread_sides(result)
+    for t in result["targets"]:
+        noisy = [x for x in t.get("sides", []) if x in spread]
+        if noisy and t["value"] is not None:
+            t["pass"] = None
+            t["not_judged"] = "noise: " + "; ".join(
+                f"side {x}'s runs differ by {spread[x][1] / spread[x][0] - 1:.0%}" for x in noisy)
+        t["verdict"] = "NOT JUDGED" if t.get("not_judged") else \
+            {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
 
 
 def _passed(value: float | None, target: float) -> bool | None:
@@ -315,6 +341,7 @@ def finish(result: dict) -> None:
     result["ratios"] = ratios(result["summary"], longdoc, peer_of, result.get("runs_by_side"))
     prefill_bounds(result)
     result["targets"] = targets(result["device"]["type"], sides, result["summary"], result["ratios"])
+    judge_noise(result)
 
 
 def write_results(result: dict, out_dir: str | Path, merge: bool = False) -> tuple[Path, Path, dict]:
@@ -427,7 +454,8 @@ def verdict_lines(result: dict) -> list[str]:
     unmeasured = [t["name"] for t in result["targets"] if t["pass"] is None and t["value"] is None]
     for t in result["targets"]:
         if t["name"] not in unmeasured:
-            verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
+            verdict = f"NOT JUDGED ({t['not_judged']})" if t.get("not_judged") else \
+                {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
             lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
     if unmeasured:
         lines.append(f"NOT MEASURED (their sides did not run): {'; '.join(unmeasured)}")
