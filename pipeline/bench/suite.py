@@ -216,10 +216,12 @@ def _notes(s: Settings, device: torch.device) -> list[str]:
     return notes
 
 
-def _system_record(run: Run, prefill_s: float | None, new_tokens: int, drafts: bool) -> dict:
+def _system_record(run: Run, prefill_s: float | None, drafts: bool) -> dict:
     pre = run.prefill_s if run.prefill_s is not None else prefill_s
     decode_s = run.seconds - pre if pre is not None else None
-    steps = run.steps or (new_tokens - 1)
+    # Every batch's steps (Run.steps, added up by _merge_runs): the old fallback of new_tokens - 1
+    # for transformers' systems counted one batch of the several run at B=1 (ms/step 4x at --min-rows 4).
+    steps = run.steps
     rec = {
         "status": "ok", "tokens": run.generated, "seconds": run.seconds, "prefill_s": pre,
         "tok_s": run.generated / run.seconds if run.seconds > 0 else None,
@@ -263,7 +265,7 @@ def _one_size(s: Settings, model, tok, engine, prompts, b: int, device, clock) -
     for x in SYSTEMS:
         if x in runs:
             extra = {k: v for k, v in first["systems"][x].items() if k in ("first_call_s", "peak_memory_GB")}
-            rec["systems"][x] = _system_record(runs[x], rec["hf_prefill_s"], s.new_tokens,
+            rec["systems"][x] = _system_record(runs[x], rec["hf_prefill_s"],
                                                drafts=OURS.get(x) is not None) | extra
         else:
             rec["systems"][x] = next((r["systems"][x] for r in recs if r["systems"][x]["status"] == "error"),
@@ -318,7 +320,7 @@ def _one_batch(s: Settings, model, tok, engine, prompts, device, clock, warm: bo
     rec["prefill_s"] = next((runs[x].prefill_s for x in OURS if x in runs), None)
     rec["hf_prefill_s"] = hf_prefill
     for system, run in runs.items():
-        rec["systems"][system] = _system_record(run, hf_prefill, n, drafts=OURS.get(system) is not None) | extra[system]
+        rec["systems"][system] = _system_record(run, hf_prefill, drafts=OURS.get(system) is not None) | extra[system]
     rec["systems"] = {x: rec["systems"][x] for x in SYSTEMS}  # one key order in every file
     return rec, runs
 

@@ -68,7 +68,10 @@ class Run:
     tokens: list[list[int]]  # generated ids per row
     seconds: float  # the whole call: prefill + decode
     prefill_s: float | None = None  # of that, the prefill (where the system exposes it)
-    steps: int = 0  # decode forward passes after the prefill (longdoc systems)
+    # Decode forward passes after the prefill: longdoc systems count theirs; transformers' the
+    # tokens after the first of its longest row (one pass each; hf-pld's verify passes are fewer).
+    # Per call, so consecutive batches add up (suite._merge_runs).
+    steps: int = 0
     row_steps: int = 0  # the same summed over rows (a row leaves the batch when it finishes)
     drafted: int = 0  # prompt lookup: draft tokens fed, all rows
     accepted: int = 0  # prompt lookup: draft tokens accepted, all rows
@@ -194,7 +197,7 @@ def run_hf(
     for row in seq[:, width:].tolist():
         cut = len(row) if ignore_eos else next((i + 1 for i, x in enumerate(row) if x == eos_id), len(row))
         outs.append(row[:cut])
-    return Run(tokens=outs, seconds=t1 - t0)
+    return Run(tokens=outs, seconds=t1 - t0, steps=max(0, max(map(len, outs), default=0) - 1))
 
 
 def hf_prefill_seconds(model, prompts: list[list[int]], pad_id: int, clock: Clock) -> float:

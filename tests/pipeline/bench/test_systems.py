@@ -30,3 +30,21 @@ def test_cpu_clock_is_process_time_at_one_thread():
         assert Clock(torch.device("cpu")).name == "perf_counter"
     finally:
         torch.set_num_threads(before)
+
+
+def test_transformers_runs_count_their_steps_so_batches_add_up(tiny_model, tokenizer):
+    """At B=1 the decode bench runs --min-rows batches and adds them up; transformers' runs
+    counted no steps, the record fell back to new_tokens - 1 (one batch's) and its ms/step came
+    out 4x too high at --min-rows 4."""
+    from pipeline.bench.suite import _merge_runs, _system_record
+    from pipeline.bench.systems import run_hf
+
+    clock = Clock(torch.device("cpu"))
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    runs = [run_hf(tiny_model, [p], 6, tokenizer.pad_token_id, tokenizer.eos_token_id, clock, ignore_eos=True)
+            for p in prompts]
+    assert [r.steps for r in runs] == [5, 5]  # 6 tokens: the first from the prefill, 5 decode passes
+    merged = _merge_runs(runs)
+    rec = _system_record(merged, prefill_s=0.0, drafts=False)
+    assert rec["steps"] == 10
+    assert rec["ms_per_step"] == 1e3 * merged.seconds / 10
