@@ -197,15 +197,24 @@ def _nightly_lines(result: dict) -> list[str]:
     s = result["settings"]
     if not any(r.get("nightly") for r in result["results"]):
         return []
-    lines = ["", f"## Nightly job (derived): documents/hour; $ per 1,000 documents at "
-             f"${s.get('usd_per_device_hour', 0):g}/device-hour ({s['prompt_tokens']}-token documents, "
-             f"{s['new_tokens']} new tokens each)", "",
+    price = s.get("usd_per_device_hour") or 0
+    # No price given (the decode bench has no spec: CostSpec's default is 0): every cell said
+    # "$0.000", as if the night were free; say there is no price instead.
+    at = f"at ${price:g}/device-hour" if price else "not priced (no --usd-per-device-hour given)"
+    lines = ["", f"## Nightly job (derived): documents/hour; $ per 1,000 documents {at} "
+             f"({s['prompt_tokens']}-token documents, {s['new_tokens']} new tokens each)", "",
              "| batch | " + " | ".join(SYSTEMS) + " |", "|---" * (len(SYSTEMS) + 1) + "|"]
     for rec in result["results"]:
         ni = rec.get("nightly", {})
-        cells = [f"{ni[x]['docs_per_hour']:,.0f}; ${ni[x]['usd_per_1k_docs']:.3f}" if x in ni else "–" for x in SYSTEMS]
+        cells = [f"{ni[x]['docs_per_hour']:,.0f}; {_usd(ni[x]['usd_per_1k_docs']) if price else '$ –'}"
+                 if x in ni else "–" for x in SYSTEMS]
         lines.append(f"| {_label(rec)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _usd(v: float) -> str:
+    """Dollars with three significant digits below $1 (a cheap night is not "$0.000")."""
+    return f"${v:,.2f}" if v >= 1 else f"${v:.3g}"
 
 
 def _verdict(passed: bool | None) -> str:

@@ -80,3 +80,16 @@ def test_a_chosen_dtype_gets_files_of_its_own(tmp_path):
     auto = result_paths(result, tmp_path)[0].name
     result["settings"]["dtype"] = "bfloat16"
     assert result_paths(result, tmp_path)[0].name == auto.replace(".json", "-bfloat16.json")
+
+
+def test_the_nightly_table_without_a_price_says_so_instead_of_zero_dollars():
+    """The decode bench has no spec: its price defaults to 0, and every cell said "$0.000"."""
+    free = _result("2026-11-23T10:00:00Z", [1])
+    free["settings"]["usd_per_device_hour"] = 0.0
+    free["results"][0]["nightly"]["longdoc"]["usd_per_1k_docs"] = 0.0
+    text = markdown(free)
+    assert "$0.000" not in text and "not priced (no --usd-per-device-hour given)" in text
+    assert "| 1 | 3,600; $ – | – |" in text
+    cheap = _result("2026-11-23T10:00:00Z", [1])
+    cheap["results"][0]["nightly"]["longdoc"]["usd_per_1k_docs"] = 0.000123
+    assert "| 1 | 3,600; $0.000123 | – |" in markdown(cheap)
