@@ -282,6 +282,8 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
         run_peers = list(p.peers) if "peer" in s.sides else []
         for peer in run_peers:
             probes[peer] = probe_peer(s, p, peer)
+            if probes[peer].get("note") and probes[peer]["candidates"]:
+                echo(f"# {peer} probe: {probes[peer]['note']}")
             for c in probes[peer]["candidates"]:
                 echo(f"# {peer} probe: batch {c['batch_size']}: "
                      + (f"{c['docs_per_s']:.3f} docs/s" if c.get("status") == "ok" else c.get("status", "?")))

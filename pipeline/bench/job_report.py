@@ -503,6 +503,7 @@ def markdown(result: dict) -> str:
                 out.append(f"| {peer} | {c['batch_size']} | {c.get('docs')} | {_f(c.get('seconds'), 2)} | "
                            f"{_f(c.get('docs_per_s'), 3)} | {_f(c.get('warm_up_s'), 1)} | {c.get('status')} |")
             out.append(f"| {peer} | best: {pr.get('best')} | | | | | |")
+        out += [""] + [f"{peer}: {pr['note']}." for peer, pr in result["peer_probe"].items() if pr.get("note")]
     if noise := noise_notes(result):
         out += [""] + [f"**Note:** {n}." for n in noise]
     out += ["", "## Every run", "", "| run | side | wall s | steady s | docs | failed | load avg |",

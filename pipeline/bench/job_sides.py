@@ -419,6 +419,7 @@ def probe_peer(s: JobBenchSettings, p: Prepared, peer: str) -> dict:
     d = p.tmp / peer / "probe"
     d.mkdir(parents=True, exist_ok=True)
     n = min(p.requests, s.probe_docs or max(sizes))
+    sizes, note = probe_sizes(sizes, n)
     argv = _peer_argv(p, peer) + ["--probe", ",".join(map(str, sizes)), "--probe-docs", str(n),
                                   "--timing", str(d / "timing.json")]
     m = run_measured(argv, _env(), ROOT, d / "log.txt")
@@ -427,4 +428,19 @@ def probe_peer(s: JobBenchSettings, p: Prepared, peer: str) -> dict:
     t = json.loads((d / "timing.json").read_text())
     if t["best"] is None:
         raise RuntimeError(f"peer probe {peer}: no candidate batch size ran: {t['candidates']}")
-    return {"candidates": t["candidates"], "best": t["best"], "probe_wall_s": m.wall_s, "probe_docs": n}
+    return {"candidates": t["candidates"], "best": t["best"], "probe_wall_s": m.wall_s, "probe_docs": n,
+            **({"note": note} if note else {})}
+
+
+def probe_sizes(sizes: tuple[int, ...], docs: int) -> tuple[tuple[int, ...], str | None]:
+    """The candidates a probe on ``docs`` documents can tell apart, and a note when some were
+    clamped: a batch larger than the documents runs them all in one batch, the same work as
+    batch ``docs`` (check_settings refuses a --probe-docs below a candidate; this is the job
+    with fewer documents than a candidate, where a batch that large cannot occur in its runs
+    either)."""
+    big = [b for b in sizes if b > docs]
+    if not big:
+        return tuple(sizes), None
+    kept = tuple(dict.fromkeys(min(b, docs) for b in sizes))
+    return kept, (f"batch size {','.join(map(str, big))} above the {docs} documents probed (all the job has): "
+                  f"timed as batch {docs}, the most its runs can batch")

@@ -155,6 +155,9 @@ def test_a_bench_cut_short_keeps_the_sides_it_finished(tmp_path):
         ([SPEC, "--peer-batch-sizes", "0,8"], "--peer-batch-sizes '0,8': allowed"),
         ([SPEC, "--peer-batch-sizes", "8,8"], "--peer-batch-sizes '8,8': allowed"),
         ([SPEC, "--docs", "0"], "--docs 0: allowed"),
+        # a candidate above the documents probed: the same work as a smaller one, noise picks
+        ([SPEC, "--peer-batch-sizes", "4,12", "--probe-docs", "4"], "--peer-batch-sizes 4,12 --probe-docs 4: batch "
+         "size 12 would be timed on 4 documents, the same work as batch 4; give --probe-docs 12 or more"),
         ([SPEC, "--synthetic-docs", "10"], "--synthetic-docs and --doc-tokens go together"),
         ([SPEC, "--variant", "x:generation.model=random:tiny"], "'generation.model' cannot differ between sides"),
         ([SPEC, "--variant", "x:input.limit=3"], "'input.limit' cannot differ"),

@@ -57,3 +57,17 @@ def test_rows_read_back_carry_the_prefix_caches_tokens(tmp_path):
     (old / "run_date=2026-12-07").mkdir(parents=True)
     pq.write_table(pa.table(cols), old / "run_date=2026-12-07" / "part-0.parquet")
     assert row_totals(read_rows(old, "2026-12-07"))["cached_prompt_tokens"] == 0
+
+
+def test_a_probe_clamps_candidates_above_the_jobs_documents_with_a_note():
+    """A trial's job of 9 requests probed batches 8 and 16 on the same 9 documents (44.00 s and
+    44.32 s: noise picked between them)."""
+    from pipeline.bench.job_sides import probe_sizes
+
+    sizes, note = probe_sizes((1, 4, 8, 16), 9)
+    assert sizes == (1, 4, 8, 9)
+    assert note == "batch size 16 above the 9 documents probed (all the job has): timed as batch 9, the most its " \
+                   "runs can batch"
+    assert probe_sizes((1, 4, 8, 16), 4) == ((1, 4), "batch size 8,16 above the 4 documents probed (all the job "
+                                                     "has): timed as batch 4, the most its runs can batch")
+    assert probe_sizes((1, 4), 9) == ((1, 4), None)
