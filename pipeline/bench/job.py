@@ -93,6 +93,7 @@ from pipeline.bench.job_sides import (
     runner_name,
 )
 from pipeline.choices import Runner
+from pipeline.host_load import cpu_identity, cpu_label
 
 Opt = Optional  # noqa: UP045 - typer needs Optional
 
@@ -242,7 +243,7 @@ def _result(s: JobBenchSettings, p: Prepared, probes: dict[str, dict], runs_by_s
         "versions": {**_git(), **_versions()},
         "device": {"type": p.device_type, "name": p.device_name,
                    "file_name": "cpu" if p.on_host else p.device_name},
-        "host": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load_start],
+        "host": {"cpus": os.cpu_count(), "cpu": cpu_identity(), "load_avg_start": [round(x, 2) for x in load_start],
                  "load_avg_end": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"spec": s.spec, "spec_name": p.spec_name, "set": list(s.overrides),
                      "variants": {v.name: list(v.overrides) for v in s.variants}, "model": model,
@@ -277,7 +278,9 @@ def run_bench(s: JobBenchSettings, echo=print) -> tuple[dict, Path, Path]:
         p = prepare(s, specs, tmp)
         first_spec = specs[0]
         usd = s.usd_per_device_hour if s.usd_per_device_hour is not None else first_spec.cost.usd_per_device_hour
-        echo(f"# bench job: {p.docs_label}; device {p.device_name}; dtype {dtype_label(p)}; temp {tmp}")
+        cpu = cpu_label(cpu_identity()) if p.on_host else None
+        echo(f"# bench job: {p.docs_label}; device {p.device_name}{f' ({cpu})' if cpu else ''}; "
+             f"dtype {dtype_label(p)}; temp {tmp}")
         probes: dict[str, dict] = {}
         run_peers = list(p.peers) if "peer" in s.sides else []
         for peer in run_peers:

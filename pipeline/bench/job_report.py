@@ -39,7 +39,7 @@ import re
 import statistics
 from pathlib import Path
 
-from pipeline.host_load import busy_note
+from pipeline.host_load import busy_note, cpu_label
 from schemas.output import cost_usd
 
 LAYOUT_VERSION = 1
@@ -354,6 +354,12 @@ def write_results(result: dict, out_dir: str | Path, merge: bool = False) -> tup
     return js, md, result
 
 
+def _cpu(host: dict) -> str:
+    """": GenuineIntel family 6 model 143 ...; avx2 avx512f ..." of the host's CPU, or ""."""
+    label = cpu_label(host.get("cpu") or {})
+    return f": {label}" if label else ""
+
+
 def _f(v, digits: int = 1) -> str:
     if v is None:
         return "–"
@@ -472,7 +478,7 @@ def markdown(result: dict) -> str:
         *([f"**Partial** ({result['partial']}): the command ended before its last side.  "] if result.get("partial") else []),
         f"Created {result['created_utc']} at commit {v.get('longdoc_commit')}; load average "
         f"{result['host']['load_avg_start']} at the start, {result['host']['load_avg_end']} at the end "
-        f"({result['host']['cpus']} CPUs).  ",
+        f"({result['host']['cpus']} CPUs{_cpu(result['host'])}).  ",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "longdoc_commit") + ".",
         "",
         f"Settings: {s['docs_label']}, {s['max_new_tokens']} new tokens, model `{s['model']}` in {s['dtype']}"

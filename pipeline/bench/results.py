@@ -32,6 +32,8 @@ import json
 import re
 from pathlib import Path
 
+from pipeline.host_load import cpu_label
+
 #: The compared systems, in table order (names are part of the JSON layout).
 SYSTEMS = ("longdoc", "longdoc-pld", "longdoc-suffix", "hf-dynamic", "hf-static-compiled", "hf-pld")
 
@@ -117,7 +119,8 @@ def markdown(result: dict) -> str:
         + (f", warmed up (steps compiled) in {result['warm_up_s']:.1f} s." if result.get("warm_up_s") is not None else "."),
         f"Memory bandwidth: {_f(d['bandwidth_measured_GBps'], 0)} GB/s measured (copy, read + write)"
         + (f", {_f(d['bandwidth_nominal_GBps'], 0)} GB/s nominal" if d.get("bandwidth_nominal_GBps") else "")
-        + f"; {m['weight_bytes_per_step'] / 1e9:.3f} GB of weights per step. Clock: {d['clock']}.",
+        + f"; {m['weight_bytes_per_step'] / 1e9:.3f} GB of weights per step. Clock: {d['clock']}."
+        + (f" CPU: {cpu}." if (cpu := cpu_label(d.get("cpu") or {})) else ""),
         "",
         f"Command: `{result['command']}`",
         "",

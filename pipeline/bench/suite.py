@@ -61,6 +61,7 @@ from pipeline.bench.systems import (
     run_hf,
     run_longdoc,
 )
+from pipeline.host_load import cpu_identity, cpu_label
 from schemas.spec import CostSpec
 
 #: Our systems and the drafter each runs (None: plain greedy).
@@ -167,6 +168,9 @@ def _header(s: Settings, device: torch.device, model, clock: Clock) -> dict:
             "bandwidth_measured_GBps": measured / 1e9,
             "bandwidth_nominal_GBps": nominal / 1e9 if nominal else None,
             "clock": clock.name,
+            # vendor, family/model and ISA features ({} off Linux): the brand string alone
+            # says "Intel(R) Xeon(R) Processor" under KVM, whichever generation it is
+            **({"cpu": cpu_identity()} if _on_host(device) else {}),
         },
         "versions": {
             "torch": torch.__version__, "transformers": transformers.__version__,
@@ -427,7 +431,9 @@ def run_systems(s: Settings, on_batch: Callable[[dict], None] | None = None) -> 
     clock = Clock(device)
     t = time.perf_counter()
     model, tok = load_causal_lm(s.model, s.dtype, device)
-    print(f"# bench decode: {s.model} on {device} loaded in {time.perf_counter() - t:.1f}s", flush=True)
+    cpu = cpu_label(cpu_identity()) if _on_host(device) else None
+    print(f"# bench decode: {s.model} on {device}{f' ({cpu})' if cpu else ''} loaded in "
+          f"{time.perf_counter() - t:.1f}s", flush=True)
     result = _header(s, device, model, clock)
     bandwidth = result["device"]["bandwidth_measured_GBps"] * 1e9
     engine = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.host_load import busy_note, load_now
+from pipeline.host_load import busy_note, cpu_identity, cpu_label, load_now
 
 
 def test_a_load_above_the_cpus_at_the_start_or_the_end_is_said():
@@ -12,3 +12,30 @@ def test_a_load_above_the_cpus_at_the_start_or_the_end_is_said():
     assert busy_note([1.9, 2.0], 2) is None  # at most one per CPU: quiet enough
     assert busy_note([9.0], None) is None  # unknown CPU count: nothing said
     assert load_now() >= 0.0
+
+
+_SAPPHIRE = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 8
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+vendor_id\t: OtherVendor
+"""
+
+
+def test_the_cpu_is_named_by_vendor_model_and_isa_features_not_its_brand_string_alone():
+    """Under KVM the brand string is "Intel(R) Xeon(R) Processor" whatever the generation: the
+    files said that and "2 CPUs", nothing of AVX-512 or AMX."""
+    ident = cpu_identity(_SAPPHIRE)
+    assert ident == {"vendor": "GenuineIntel", "family": 6, "model": 143, "stepping": 8,
+                     "features": ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]}
+    assert cpu_label(ident) == "GenuineIntel family 6 model 143 stepping 8; avx2 avx512f avx512_bf16 amx_tile amx_bf16"
+    amd = cpu_identity("vendor_id : AuthenticAMD\ncpu family : 23\nmodel : 49\nflags : sse2 avx2\n")
+    assert cpu_label(amd) == "AuthenticAMD family 23 model 49; avx2"
+    assert cpu_label(cpu_identity("vendor_id : X\nflags : sse2\n")) == "X; none of avx2/avx512f/avx512_bf16/amx_tile/amx_bf16"
+    assert cpu_identity("") == {} and cpu_label({}) is None  # no /proc/cpuinfo fields (not Linux): absent
+    assert isinstance(cpu_identity(), dict)  # this machine's, whatever it is

@@ -266,3 +266,10 @@ def test_a_target_is_not_judged_where_the_noise_note_says_its_figures_are_not_a_
     # Quiet runs: judged as before, with the verdict in the file.
     quiet = _result()
     assert quiet["targets"][0]["verdict"] == "PASS" and quiet["targets"][0]["sides"] == ["longdoc", "peer"]
+
+
+def test_the_markdown_header_names_the_cpus_vendor_model_and_isa_features():
+    r = _result()
+    r["host"]["cpu"] = {"vendor": "GenuineIntel", "family": 6, "model": 143, "features": ["avx2", "avx512f", "amx_tile"]}
+    assert "(2 CPUs: GenuineIntel family 6 model 143; avx2 avx512f amx_tile).  " in markdown(r)
+    assert "(2 CPUs).  " in markdown(_result())  # a result without it (older files, not Linux)

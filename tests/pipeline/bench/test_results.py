@@ -93,3 +93,11 @@ def test_the_nightly_table_without_a_price_says_so_instead_of_zero_dollars():
     cheap = _result("2026-11-23T10:00:00Z", [1])
     cheap["results"][0]["nightly"]["longdoc"]["usd_per_1k_docs"] = 0.000123
     assert "| 1 | 3,600; $0.000123 | – |" in markdown(cheap)
+
+
+def test_the_header_names_a_host_cpus_vendor_model_and_isa_features():
+    r = _result("2026-11-23T10:00:00Z", [1])
+    assert "CPU:" not in markdown(r)  # a GPU's file: no host CPU recorded
+    r["device"]["cpu"] = {"vendor": "GenuineIntel", "family": 6, "model": 167, "features": ["avx2", "avx512f"]}
+    assert "CPU: GenuineIntel family 6 model 167; avx2 avx512f." in markdown(r)
+    assert result_paths(r, "out")[0].name == "decode-nvidia-h100-80gb-hbm3-random-llama-8b.json"  # names unchanged
