@@ -45,15 +45,16 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
-#: ``scheme://user:secret@host...``: credentials written into a URI. A secret may hold '/'
-#: and a raw '@', so they run to the last '@' (a message masks too much rather than too little).
-_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:\S*@")
+#: ``scheme://user:secret@host...``: credentials written into a URI. A user may hold '@' (an
+#: e-mail address) and a secret '/' and '@', so they run to the last '@' (a message masks too
+#: much rather than too little).
+_USERINFO_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/\s]*:\S*@")
 
 
 def without_userinfo(text: str) -> str:
     """``text`` with the credentials before the last '@' of each URL in it replaced by ``***``,
     for a message."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/@\s]*:\S*|[^/@:\s]*)@", r"\1***@", text)
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)(?:[^/\s]*:\S*|[^/:\s]*)@", r"\1***@", text)
 
 
 def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:

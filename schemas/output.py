@@ -352,7 +352,7 @@ def set_figures(row: OutputRow, **figures: Any) -> OutputRow:
     so a misspelt column set by item would vanish silently."""
     if unknown := sorted(set(figures) - set(FIGURE_COLUMNS)):
         raise ValueError(
-            f"output_row: {', '.join(unknown)} not a figure column; allowed: {', '.join(FIGURE_COLUMNS)}"
+            f"{', '.join(unknown)} not a figure column of the output row; allowed: {', '.join(FIGURE_COLUMNS)}"
         )
     row.update(figures)  # type: ignore[typeddict-item]
     return row

@@ -225,7 +225,7 @@ def _counts(option: str, text: str, empty: bool = False) -> list[int]:
     """A comma list of integers >= 1 (``empty``: the list may be empty), or a BadParameter
     naming the option and what it allows."""
     items = [x.strip() for x in text.split(",") if x.strip()]
-    if any(not x.isdigit() or int(x) < 1 for x in items) or not (items or empty):
+    if any(not (x.isascii() and x.isdigit()) or int(x) < 1 for x in items) or not (items or empty):
         raise typer.BadParameter(f"{option} {text!r}: allowed a comma list of integers >= 1")
     return [int(x) for x in items]
 

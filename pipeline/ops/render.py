@@ -54,7 +54,13 @@ import typer
 import yaml
 
 from pipeline.choices import choice
-from pipeline.ops.schedule import check_cron, check_timezone, dst_problems, fires_within
+from pipeline.ops.schedule import (
+    check_cron,
+    check_timezone,
+    clear_schedule,
+    dst_problems,
+    fires_within,
+)
 from schemas.spec import JobSpec
 from stages.compression import method_for
 
@@ -392,8 +398,10 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
             out.append(f"the schedule carries the zone as 'CRON_TZ={opts.timezone}', which KubeRay v1.6 reads; "
                        "v1.7 refuses it (its spec.timeZone replaces it): render for v1.6, or set spec.timeZone "
                        "and drop the prefix by hand on v1.7")
-        out += [f"{p}; pick a time outside the clock change, e.g. --schedule '30 3 * * *'"
-                for p in dst_problems(opts.schedule, opts.timezone, date.today())]
+        problems = dst_problems(opts.schedule, opts.timezone, date.today())
+        clear = clear_schedule(opts.schedule, opts.timezone, date.today()) if problems else None
+        out += [f"{p}; pick a time clear of the clock change" + (f", e.g. --schedule '{clear}'" if clear else "")
+                for p in problems]
     first = opts.image.split("/", 1)[0]
     if "/" not in opts.image or not ("." in first or ":" in first or first == "localhost"):
         out.append(f"image {opts.image!r} names no registry: the nodes pull it from Docker Hub unless it "

@@ -108,9 +108,10 @@ _MACRO_FIELDS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "
 
 def expand(expr: str) -> tuple[list[set[int]], bool, bool]:
     """A schedule ``check_cron`` accepted as the set of values of each field (minute, hour,
-    day of month, month, day of week; 7 read as Sunday), and whether the day-of-month and
-    day-of-week fields are ``*``/``?`` (cron: a day matches when both restricted fields'
-    either one does, else the restricted one)."""
+    day of month, month, day of week, 0 = Sunday), and whether the day-of-month and
+    day-of-week fields are unrestricted as robfig/cron reads them: an item ``*`` or ``?``
+    without a step above 1 (``*/1``, ``1,*`` too) marks the field so; a day then matches
+    when both fields do, else when either restricted one does."""
     s = check_cron(expr)
     parts = _MACRO_FIELDS.get(s, s).split(" ")
     sets: list[set[int]] = []
@@ -125,7 +126,16 @@ def expand(expr: str) -> tuple[list[set[int]], bool, bool]:
                 a, b = bounds[0], bounds[-1] if len(bounds) == 2 or not step else hi
             values.update(range(a, b + 1, int(step) if step else 1))
         sets.append(values)
-    return sets, parts[2] in ("*", "?"), parts[4] in ("*", "?")
+    return sets, _starred(parts[2]), _starred(parts[4])
+
+
+def _starred(field: str) -> bool:
+    """robfig/cron's star bit: some item is ``*``/``?`` with no step above 1."""
+    for item in field.split(","):
+        base, _, step = item.partition("/")
+        if base in ("*", "?") and (not step or int(step) <= 1):
+            return True
+    return False
 
 
 def _day_matches(day: date, sets: list[set[int]], any_dom: bool, any_dow: bool) -> bool:
@@ -171,18 +181,24 @@ def dst_problems(expr: str, tz: str, start: date, days: int = 400) -> list[str]:
     sets, any_dom, any_dow = expand(expr)
     skipped: list[str] = []
     repeated: list[str] = []
+    changed = []  # days whose noon offset differs from the day before's: a change between
     for d in range(days):
         day = start + timedelta(days=d)
         noon = datetime(day.year, day.month, day.day, 12, tzinfo=zone)
-        if noon.utcoffset() == (noon - timedelta(days=1)).utcoffset() or not _day_matches(day, sets, any_dom, any_dow):
-            continue  # no clock change that day (or the schedule does not fire on it)
+        if noon.utcoffset() != (noon - timedelta(days=1)).utcoffset():
+            changed.append(day)
+    # A change between two noons falls on either day (at 24:00 it repeats the evening before).
+    near = sorted({x for c in changed for x in (c - timedelta(days=1), c)})
+    for day in near:
+        if not _day_matches(day, sets, any_dom, any_dow):
+            continue
         for hour in sorted(sets[1]):
             for minute in sorted(sets[0]):
                 wall = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
                 there = wall.astimezone(ZoneInfo("UTC")).astimezone(zone)
                 if there.replace(tzinfo=None) != wall.replace(tzinfo=None):
                     skipped.append(f"{day} {hour:02d}:{minute:02d}")
-                elif wall.replace(fold=1).utcoffset() != wall.utcoffset():
+                elif wall.replace(fold=1).utcoffset() != wall.replace(fold=0).utcoffset():
                     repeated.append(f"{day} {hour:02d}:{minute:02d}")
     out = []
     if skipped:
@@ -191,3 +207,18 @@ def dst_problems(expr: str, tz: str, start: date, days: int = 400) -> list[str]:
         out.append(f"{tz} repeats {repeated[0]} (the clock goes back): that night runs twice (the second run "
                    "finds the date held, exits 75 and the RayJob fails)")
     return out
+
+
+#: Nightly times tried, in order, for a schedule clear of a zone's clock changes.
+_CLEAR_TIMES = ("30 3", "30 4", "30 5", "0 12")
+
+
+def clear_schedule(expr: str, tz: str, start: date) -> str | None:
+    """``expr`` at the first of ``_CLEAR_TIMES`` that no clock change of ``tz`` hits (its day
+    fields kept), or None when none is clear."""
+    days = _MACRO_FIELDS.get(check_cron(expr), check_cron(expr)).split(" ")[2:]
+    for time in _CLEAR_TIMES:
+        candidate = " ".join([time, *days])
+        if not dst_problems(candidate, tz, start):
+            return candidate
+    return None

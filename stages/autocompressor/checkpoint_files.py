@@ -79,16 +79,18 @@ def checkpoint_problems(checkpoint: str | None, model: str, form: str | None = N
     field = f"compression.checkpoint {chosen!r}"
     if is_own_checkpoint(path):
         base = str(read_own_config(path).get("base_model", ""))
-        if not _model_here(base):
+        if same_model(base, model):
+            return []  # generation.model's own checks say whether it loads from here
+        if not _model_here(base) and (model.endswith("/" + base) or not _hub_like(base)):
+            # generation.model names the same folder by another path: the checkpoint loads its
+            # base from the path it holds, which is not found from here
             return [f"{field}: its base model {base!r} is not on this machine (not a folder from here: a "
-                    "relative path is read from the folder longdoc runs in; nor in the Hugging Face cache); fix: "
-                    f"run from the folder it was trained in, or write the model's absolute path into "
-                    f"{path / CONFIG_FILE}'s base_model"]
-        if not same_model(base, model):
-            return [f"{field} was trained on {base!r}, but generation.model is {model!r}: the checkpoint's "
-                    f"model is the one that generates, and the rows would name another; fix: --set "
-                    f"generation.model={base}"]
-        return []
+                    "relative path is read from the folder longdoc runs in; nor in the Hugging Face cache), "
+                    "and the checkpoint loads its base from there; fix: run from the folder it was trained "
+                    f"in, or write the model's absolute path (or hub id) into {path / CONFIG_FILE}'s base_model"]
+        return [f"{field} was trained on {base!r}, but generation.model is {model!r}: the checkpoint's "
+                f"model is the one that generates, and the rows would name another; fix: --set "
+                f"generation.model={base}"]
     if (path / "last").is_dir():
         return [f"{field} is an unfinished training run (only its resumable state, in last/); fix: finish it "
                 f"with `longdoc train-autocompressor --out {chosen} --resume` (its other settings as before), "
@@ -112,7 +114,12 @@ def _model_here(name: str) -> bool:
         return True
     from huggingface_hub import try_to_load_from_cache
 
-    return name.count("/") == 1 and isinstance(try_to_load_from_cache(name, "config.json"), str)
+    return _hub_like(name) and isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _hub_like(name: str) -> bool:
+    """Whether ``name`` reads as a Hugging Face id (``org/name``), not as a path."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and "://" not in name
 
 
 def same_model(a: str, b: str) -> bool:

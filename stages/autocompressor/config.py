@@ -7,7 +7,7 @@ where the algorithm lives, so the algorithm never imports the registry back.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -62,3 +62,20 @@ class AutoCompressorCompression(CompressionSpec):
         "document text would sit, after the chat-template prefix. Summary vectors only: a "
         "checkpoint of summary form kv always keeps its slots where the document sits.",
     )
+
+    def segment_tokens_for(self, form: str) -> int:
+        """Document tokens per segment for a checkpoint of summary form ``form``: the setting,
+        else ``SEGMENT_TOKENS[form]``."""
+        return self.segment_tokens or SEGMENT_TOKENS[form]
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        """The settings with the segment length a run uses written in when it is unset (the
+        checkpoint's form decides it): a kv job's request ids stay those of the 1024 it always
+        ran with, and a later change of SEGMENT_TOKENS changes the ids of the rows it changes."""
+        from stages.autocompressor.checkpoint_files import checkpoint_form
+
+        settings = super().fingerprint_settings()
+        if self.segment_tokens is None:
+            form = self.summary_form or (checkpoint_form(self.checkpoint) if self.checkpoint else "vectors")
+            settings["segment_tokens"] = SEGMENT_TOKENS[form]
+        return settings

@@ -27,7 +27,6 @@ import torch
 from transformers import DynamicCache
 
 from stages.autocompressor.checkpoint import load_autocompressor
-from stages.autocompressor.config import SEGMENT_TOKENS
 from stages.autocompressor.model import AutoCompressor, position_ids
 from stages.decoding.state import CompressedPrefill, PrefillState, forward_step
 from stages.prompting import PromptParts
@@ -117,7 +116,7 @@ def autocompressor_prefill(
         raise ValueError("autocompressor_prefill needs at least one row")
     t0 = time.perf_counter()
     bos = ac_model.lm.config.bos_token_id if ac_model.config.bos_first_segment else None
-    segment = config.segment_tokens or SEGMENT_TOKENS[ac_model.config.summary_form]
+    segment = config.segment_tokens_for(ac_model.config.summary_form)
     rows = [document_segments(p.context_ids, segment, config.target_tokens, bos) for p in parts]
     if ac_model.config.summary_form == "kv":  # kept keys/values instead of soft prompts
         from stages.autocompressor.kv_form import kv_prefill

@@ -51,7 +51,7 @@ class AutoCompressorMethod(CompressionMethod):
         return resolve_checkpoint(config.checkpoint, job.generation.model, config.summary_form)
 
     def problems(self, job: JobSpec) -> list[str]:
-        """The checkpoint's own checks (stages/autocompressor/checkpoint.py ``checkpoint_problems``)."""
+        """The checkpoint's own checks (stages/autocompressor/checkpoint_files.py ``checkpoint_problems``)."""
         from stages.autocompressor.checkpoint_files import checkpoint_problems
 
         config = self.config(job)

@@ -400,12 +400,12 @@ def test_models_found_here_pass_and_a_cluster_run_leaves_them_to_its_nodes(tmp_p
 
 
 def test_an_autocompressor_checkpoint_that_cannot_serve_is_refused_in_one_line(tmp_path, monkeypatch, empty_hf_cache):
-    """Its method's own checks (stages/autocompressor/checkpoint.py), before any model loads."""
+    """Its method's own checks (stages/autocompressor/checkpoint_files.py), before any model loads."""
     unfinished = tmp_path / "ac-unfinished"
     (unfinished / "last").mkdir(parents=True)
     _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": str(unfinished)}),
           [f"compression.checkpoint '{unfinished}' is an unfinished training run", "--resume"])
-    # the shipped checkpoint is of form vectors and kv; asking a folder for the other form
+    # a folder that holds no checkpoint at all
     neither = tmp_path / "ac-neither"
     neither.mkdir()
     _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": str(neither)}),

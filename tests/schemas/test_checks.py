@@ -126,3 +126,11 @@ def test_field_error_names_its_field_and_is_a_value_error():
     assert isinstance(err, ValueError)
     assert (err.field, err.message) == ("task.questions", "got []; allowed: at least 1")
     assert str(err) == "task.questions: got []; allowed: at least 1"
+
+
+def test_a_user_name_holding_an_at_sign_does_not_unmask_the_secret():
+    """An e-mail address as the user: the credentials run to the last '@', whatever the scheme."""
+    for uri in ("s3://me@corp.com:s3cr3t@host/x", "https://me@corp.com:s3cr3t@host/x"):
+        with pytest.raises(ValueError, match="holds credentials") as e:
+            check_uri(uri, INPUT_PLACEHOLDERS)
+        assert "s3cr3t" not in str(e.value) and "corp.com" not in str(e.value)

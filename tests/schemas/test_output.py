@@ -186,7 +186,7 @@ def test_output_row_builds_error_rows_and_keeps_an_upstream_kind():
 
 
 def test_output_row_rejects_a_column_it_does_not_fill():
-    with pytest.raises(ValueError, match=r"output_txt not a figure column; allowed: output_text"):
+    with pytest.raises(ValueError, match=r"output_txt not a figure column of the output row; allowed: output_text"):
         output.output_row(_spec(), REQUEST, output_txt="typo")
     with pytest.raises(ValueError, match="request_id not a figure column"):
         output.output_row(_spec(), REQUEST, request_id="copied from the request, never passed")

@@ -314,7 +314,7 @@ def test_kv_autocompressor_keeps_every_fourth_token_of_each_segment(method_env, 
     stage = GenerateStage(_slots_spec(method_env, "autocompressor-kv"))
     rows = batch_to_rows(stage(five["autocompressor"]))
     cfg = stage.spec.compression  # the chat prefix and question are not counted
-    segments = [document_segments(list(r["doc_ids"]), cfg.segment_tokens, cfg.target_tokens)
+    segments = [document_segments(list(r["doc_ids"]), cfg.segment_tokens_for("kv"), cfg.target_tokens)
                 for r in batch_to_rows(five["autocompressor"])]
     assert [r["context_tokens"] for r in rows] == [sum(len(kept_offsets(len(s), 4)) for s in segs) for segs in segments]
 

@@ -6,7 +6,14 @@ from datetime import date, datetime
 
 import pytest
 
-from pipeline.ops.schedule import check_cron, check_timezone, dst_problems, fires_within, next_fires
+from pipeline.ops.schedule import (
+    check_cron,
+    check_timezone,
+    clear_schedule,
+    dst_problems,
+    fires_within,
+    next_fires,
+)
 
 
 @pytest.mark.parametrize(("expr", "want"), [
@@ -79,3 +86,21 @@ def test_clock_changes_that_skip_or_repeat_a_nightly_time_are_named():
     assert dst_problems("0 2 * * *", "UTC", date(2026, 12, 7)) == []
     (ny,) = dst_problems("0 1 * * *", "America/New_York", date(2026, 12, 7))
     assert ny.startswith("America/New_York repeats 2027-11-07 01:00")
+
+
+def test_a_star_with_step_one_leaves_the_day_fields_anded_as_robfig_cron_does():
+    """``*/1`` (or ``1,*``) in day-of-month keeps cron's star flag: Mondays only, not every day."""
+    assert next_fires("0 3 */1 * 1", datetime(2026, 12, 7), 2) == [datetime(2026, 12, 7, 3), datetime(2026, 12, 14, 3)]
+    assert next_fires("0 3 1,* * 1", datetime(2026, 12, 7), 1) == [datetime(2026, 12, 7, 3)]
+
+
+def test_a_clock_going_back_at_midnight_repeats_the_evening_before():
+    (repeat,) = dst_problems("30 23 * * *", "America/Santiago", date(2025, 1, 1))
+    assert repeat.startswith("America/Santiago repeats 2025-04-05 23:30")
+
+
+def test_the_suggested_time_is_clear_of_the_zones_own_changes():
+    """03:30 is clear in Berlin, not in Helsinki (its changes fall at 03:00 and 04:00)."""
+    assert clear_schedule("0 2 * * *", "Europe/Berlin", date(2026, 1, 1)) == "30 3 * * *"
+    assert clear_schedule("0 2 * * *", "Europe/Helsinki", date(2026, 1, 1)) == "30 4 * * *"
+    assert dst_problems("30 4 * * *", "Europe/Helsinki", date(2026, 1, 1)) == []

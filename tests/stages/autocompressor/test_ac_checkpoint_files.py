@@ -25,8 +25,13 @@ def test_a_checkpoint_that_cannot_serve_the_job_is_named_before_any_model_loads(
     meta = json.loads((Path(ckpt) / CONFIG_FILE).read_text())
     (moved / CONFIG_FILE).write_text(json.dumps({**meta, "base_model": "models/tiny-llama"}))
     monkeypatch.chdir(tmp_path)
-    (gone,) = checkpoint_problems(str(moved), "models/tiny-llama")
+    (gone,) = checkpoint_problems(str(moved), "/elsewhere/models/tiny-llama")  # the same model, named absolutely
     assert "its base model 'models/tiny-llama' is not on this machine" in gone and "absolute path" in gone
+    # a base named by a hub id not downloaded yet: the generator's own checks decide (it may download)
+    (moved / CONFIG_FILE).write_text(json.dumps({**meta, "base_model": "someorg/some-model"}))
+    assert checkpoint_problems(str(moved), "someorg/some-model") == []
+    (hub,) = checkpoint_problems(str(moved), "otherorg/other-model")
+    assert "was trained on 'someorg/some-model', but generation.model is 'otherorg/other-model'" in hub
     unfinished = tmp_path / "unfinished"
     (unfinished / "last").mkdir(parents=True)
     (half,) = checkpoint_problems(str(unfinished), model)

@@ -115,3 +115,15 @@ def test_an_unset_segment_length_is_the_one_the_checkpoints_form_was_trained_nea
     assert unset.context_tokens == [3 * 4]
     wide = autocompressor_prefill(ac, parts, AutoCompressorCompression(checkpoint="unused", segment_tokens=1024), PAD)
     assert wide.context_tokens == [2 * 4]
+
+
+def test_the_request_fingerprint_holds_the_segment_length_a_run_uses(method_env):
+    """Unset, the form decides it, and the fingerprint says so: a kv job keeps the request ids
+    of the 1024 it always ran with; a vectors job's ids change with its segments."""
+    kv = AutoCompressorCompression(summary_form="kv")
+    assert kv.fingerprint_settings()["segment_tokens"] == 1024
+    assert kv.fingerprint_settings() == AutoCompressorCompression(summary_form="kv", segment_tokens=1024).fingerprint_settings()
+    assert AutoCompressorCompression().fingerprint_settings()["segment_tokens"] == 512  # the shipped vectors
+    # a named checkpoint's own form decides (the tiny kv checkpoint)
+    named = AutoCompressorCompression(checkpoint=method_env.variants["autocompressor-kv"]["checkpoint"])
+    assert named.fingerprint_settings()["segment_tokens"] == 1024 and named.segment_tokens_for("kv") == 1024
