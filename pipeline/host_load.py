@@ -41,20 +41,7 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
     ``CPU_FEATURES`` its flags have, from /proc/cpuinfo (``cpuinfo``: that file's text). A
     brand string alone says "Intel(R) Xeon(R) Processor" under KVM, whichever generation it
     is. {} where there is no /proc/cpuinfo (not Linux) or it has no such fields."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return {}
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block describes them all
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    fields = _first_processor(cpuinfo)
     out: dict = {}
     if fields.get("vendor_id"):
         out["vendor"] = fields["vendor_id"]
@@ -65,6 +52,32 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
         flags = set(fields["flags"].split())
         out["features"] = [x for x in CPU_FEATURES if x in flags]
     return out
+
+
+def cpu_name(cpuinfo: str | None = None) -> str | None:
+    """The CPU's brand string ("model name" in /proc/cpuinfo; ``cpuinfo``: that file's text),
+    None where there is none."""
+    return _first_processor(cpuinfo).get("model name") or None
+
+
+def _first_processor(cpuinfo: str | None) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (``cpuinfo``: its text; read when None),
+    {} where there is no such file: the first block describes them all."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 def cpu_label(ident: dict) -> str | None:

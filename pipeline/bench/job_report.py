@@ -283,8 +283,12 @@ def judge_noise(result: dict) -> None:
             t["pass"] = None
             t["not_judged"] = "noise: " + "; ".join(
                 f"side {x}'s runs differ by {spread[x][1] / spread[x][0] - 1:.0%}" for x in noisy)
-        t["verdict"] = "NOT JUDGED" if t.get("not_judged") else \
-            {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
+        t["verdict"] = _verdict(t)
+
+
+def _verdict(t: dict) -> str:
+    """A target's verdict: NOT JUDGED (``not_judged`` set), else PASS, FAIL or NOT MEASURED."""
+    return "NOT JUDGED" if t.get("not_judged") else {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
 
 
 def _passed(value: float | None, target: float) -> bool | None:
@@ -460,9 +464,8 @@ def verdict_lines(result: dict) -> list[str]:
     unmeasured = [t["name"] for t in result["targets"] if t["pass"] is None and t["value"] is None]
     for t in result["targets"]:
         if t["name"] not in unmeasured:
-            verdict = f"NOT JUDGED ({t['not_judged']})" if t.get("not_judged") else \
-                {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[t["pass"]]
-            lines.append(f"{verdict} {t['name']}: {_f(t['value'], 2)}x")
+            why = f" ({t['not_judged']})" if t.get("not_judged") else ""
+            lines.append(f"{_verdict(t)}{why} {t['name']}: {_f(t['value'], 2)}x")
     if unmeasured:
         lines.append(f"NOT MEASURED (their sides did not run): {'; '.join(unmeasured)}")
     lines += [f"NOTE {n}" for n in noise_notes(result)]

@@ -30,16 +30,11 @@ def device_name(device: torch.device) -> str:
     own = device_backend(device).hardware_name(device)
     if own is not None:
         return own
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     import platform
 
-    return platform.processor() or "cpu"
+    from pipeline.host_load import cpu_name
+
+    return cpu_name() or platform.processor() or "cpu"
 
 
 def nominal_bandwidth(device: torch.device, name: str) -> float | None:

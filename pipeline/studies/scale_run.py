@@ -61,6 +61,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.host_load import cpu_name
 from pipeline.studies.proc_watch import Watch, comm, descendants, end, still_alive
 from stages.layout import run_record_dirs, staging_dir
 
@@ -293,8 +294,7 @@ def kill_and_rerun(spec: Path, work: Path, args: argparse.Namespace) -> dict[str
 
 # ----------------------------------------------------------------------------- report
 def machine() -> dict[str, Any]:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())
+    model = cpu_name() or platform.processor()
     mem_kb = _status_kb_meminfo("MemTotal")
     return {"host": platform.node(), "cpu": model, "cpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)), "mem_gb": round(mem_kb / 2**20, 1) if mem_kb else None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.host_load import busy_note, cpu_identity, cpu_label, load_now
+from pipeline.host_load import busy_note, cpu_identity, cpu_label, cpu_name, load_now
 
 
 def test_a_load_above_the_cpus_at_the_start_or_the_end_is_said():
@@ -39,3 +39,9 @@ def test_the_cpu_is_named_by_vendor_model_and_isa_features_not_its_brand_string_
     assert cpu_label(cpu_identity("vendor_id : X\nflags : sse2\n")) == "X; none of avx2/avx512f/avx512_bf16/amx_tile/amx_bf16"
     assert cpu_identity("") == {} and cpu_label({}) is None  # no /proc/cpuinfo fields (not Linux): absent
     assert isinstance(cpu_identity(), dict)  # this machine's, whatever it is
+
+
+def test_the_brand_string_is_the_first_processors_model_name():
+    text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert cpu_name(text) == "Intel(R) Xeon(R) Processor"
+    assert cpu_name("processor\t: 0\nflags\t\t: avx2\n") is None
