@@ -17,9 +17,14 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.bench.job_report import side_figures
 from pipeline.bench.job_settings import JobBenchSettings
+
+if TYPE_CHECKING:
+    from schemas.compression import CompressionSpec
+    from stages.compression.base import CompressionMethod
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().with_name("peer.py")
@@ -99,7 +104,7 @@ def prepare(s: JobBenchSettings, specs, tmp: Path) -> Prepared:
     if not records:
         raise ValueError(f"{s.spec}: the input has no readable documents ({bad} failed to read)")
     docs_label = f"{len(records)} requests ({docs_label})"
-    # One peer per distinct context: truncate -> the same cut; any other method -> the whole document.
+    # One peer per distinct context: a cut the peer can make (truncate's) -> that cut; else the whole document.
     peers: dict[str, dict] = {}
     peer_of: dict[str, str | None] = {}
     methods, same_context, speculative, keys = {}, {}, {}, {}
@@ -381,19 +386,22 @@ def run_peer(s: JobBenchSettings, p: Prepared, peer: str, k: int, batch: int, us
     return fig, rows
 
 
-def _peer_context(c) -> tuple[tuple, bool]:
+def _peer_context(c: CompressionSpec, method: CompressionMethod | None = None) -> tuple[tuple, bool]:
     """(the peer's context key, whether the peer reads the very context the method keeps).
 
-    A method that cuts at tokenize time (no model) -> the same head/tail cut of
-    ``target_tokens`` (key ("truncate", target, keep)); any other -> the whole document
-    (key ("full",)), the same context only for the method whose prefill is the plain
-    full prefill (it keeps the whole document)."""
+    ``method``: the registered method of ``c`` unless given. A method whose cut the peer
+    reproduces (``CompressionMethod.peer_cut``: truncate) -> that cut (key ("truncate",
+    target, keep)); any other -> the whole document (key ("full",)), the same context only
+    for the method whose prefill is the plain full prefill (it keeps the whole document).
+    Asked of the method, not of where it runs: a tokenize-time method that keeps other
+    tokens than truncate's (sentences, say) is not the peer's head/tail cut."""
     from stages.compression import method_for
     from stages.compression.base import CompressionMethod
 
-    method = method_for(c)
-    if method.runs_at == "tokenize":
-        return ("truncate", c.target_tokens, getattr(c, "keep", "head_tail")), True
+    method = method if method is not None else method_for(c)
+    cut = method.peer_cut(c)
+    if cut is not None:
+        return ("truncate", *cut), True
     whole = method.runs_at == "prefill" and type(method).load is CompressionMethod.load
     return ("full",), whole
 

@@ -177,6 +177,14 @@ class CompressionMethod(ABC):
         any model loads)."""
         return "choose a model of those types"
 
+    def peer_cut(self, config: Any) -> tuple[int, str] | None:
+        """The context of ``config`` that the bench job's plain-transformers peer
+        (pipeline/bench/peer.py ``--truncate-tokens N --keep K``: the document's head, tail or
+        both ends) reproduces token for token, as ``(N, K)``; None (the default): the peer
+        cannot keep what this method keeps, so it reads the whole document and the bench
+        does not call the two contexts the same."""
+        return None
+
     def tokenizer_source(self, job: JobSpec) -> str:
         """Name or path of the generating model's tokenizer (documents are counted in it)."""
         return job.generation.model

@@ -70,5 +70,8 @@ class TruncateMethod(CompressionMethod):
     eval_budgeted = True
     fills_budget = True
 
+    def peer_cut(self, config: TruncateCompression) -> tuple[int, str]:
+        return config.target_tokens, config.keep  # the peer's --truncate-tokens/--keep: the same cut
+
     def compress_spans(self, config: TruncateCompression, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
         return truncate_spans(doc_ids, config.target_tokens, config.keep, edges)

@@ -71,3 +71,30 @@ def test_a_probe_clamps_candidates_above_the_jobs_documents_with_a_note():
     assert probe_sizes((1, 4, 8, 16), 4) == ((1, 4), "batch size 8,16 above the 4 documents probed (all the job "
                                                      "has): timed as batch 4, the most its runs can batch")
     assert probe_sizes((1, 4), 9) == ((1, 4), None)
+
+
+def test_the_peer_makes_a_methods_cut_only_where_the_method_says_it_can():
+    """The peer's context was picked by where a method runs: any tokenize-time method was
+    taken for truncate, so a new one (keeping sentences, say) got the peer a head/tail cut
+    and the bench called the two contexts the same. The method says it (peer_cut)."""
+    from pipeline.bench.job_sides import _peer_context
+    from stages.compression import registry
+    from stages.compression.base import CONTEXT_COLUMNS, CompressionMethod
+    from stages.compression.truncate import TruncateCompression
+
+    class KeepsSentences(CompressionMethod):  # a tokenize method the peer cannot imitate
+        name = "keeps-sentences"
+        spec_model = TruncateCompression
+        summary = "whole sentences"
+        runs_at = "tokenize"
+        adds = CONTEXT_COLUMNS
+
+        def compress_spans(self, config, doc_ids, edges):
+            return [0, 1]
+
+    config = TruncateCompression(target_tokens=64, keep="head")
+    assert _peer_context(config, KeepsSentences()) == (("full",), False)
+    assert _peer_context(config) == (("truncate", 64, "head"), True)  # truncate itself: the same cut
+    for m in registry().values():  # only a method declaring a cut gets one
+        key, _ = _peer_context(config, m)
+        assert (key[0] == "truncate") == (m.peer_cut(config) is not None), m.name
