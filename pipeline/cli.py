@@ -190,7 +190,9 @@ def _preflight(job, run_date: str | None, address: str | None = None) -> None:
 def methods(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table (for docs).")] = False,
 ) -> None:
-    """List the compression methods found in stages/compression/ (a table; --markdown for Markdown)."""
+    """List the compression methods found in stages/compression/ and the drafters of
+    generation.speculative.method found in stages/decoding/drafters/ (tables; --markdown: the
+    methods' Markdown table)."""
     from stages.compression import methods_table
 
     if markdown:
@@ -205,7 +207,17 @@ def methods(
     table = Table("method", "what it keeps", "where it runs", "paper", show_lines=True)
     for m in registry().values():  # the paper a method is named after, or what it is a baseline of
         table.add_row(m.name, m.summary, WHERE[m.runs_at], m.paper or "-")
-    Console(soft_wrap=False).print(table)
+    console = Console(soft_wrap=False)
+    console.print(table)
+    from stages.decoding.drafters import NONE
+    from stages.decoding.drafters import registry as drafters
+
+    # The drafters are found like the methods: a new module shows here with no edit elsewhere.
+    speculative = Table("generation.speculative.method", "where its drafts come from", show_lines=True)
+    speculative.add_row(NONE, "no drafts: plain decoding")
+    for name, cls in drafters().items():
+        speculative.add_row(name, cls.summary)
+    console.print(speculative)
 
 
 @app.command()

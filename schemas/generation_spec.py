@@ -30,9 +30,8 @@ def speculative_methods() -> tuple[str, ...]:
 class SpeculativeSpec(_Strict):
     method: str = Field(
         default="prompt_lookup",
-        description="prompt_lookup: draft tokens copied from n-gram matches in the document, "
-        "prompt and output so far; suffix: drafts from the prompt and from the outputs earlier "
-        "rows of the run generated (SuffixDecoding); both verified in one forward pass. "
+        description="A drafter's name (stages/decoding/drafters/, one module each; `longdoc methods` "
+        "lists them with where their drafts come from), its drafts verified in one forward pass; "
         "none: plain decoding.",
     )
     # Defaults measured with the adaptive engine (`longdoc bench decode --suite cpu-targets`):

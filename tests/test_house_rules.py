@@ -100,3 +100,24 @@ def test_test_files_have_unique_basenames():
             clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
         seen.setdefault(path.name, path)
     assert not clashes, "same test file name twice (rename one): " + "; ".join(clashes)
+
+
+def test_job_specs_and_docs_enumerate_no_registered_names():
+    """A comment such as ``# none | truncate | rag | ...`` in a spec users copy goes stale
+    the day a method or drafter is added (one module each, found by a registry): the
+    registry lists them (`longdoc methods`), the comment points there."""
+    from stages.compression import method_names
+    from stages.decoding.drafters import drafter_names
+
+    registered = set(method_names()) | set(drafter_names())
+    run = re.compile(r"`?[\w-]+`?(?:\s*\|\s*`?[\w-]+`?){2,}")  # a | b | c ...
+    found = []
+    for path in sorted([*(ROOT / "jobs").rglob("*.yaml"), *(ROOT / "jobs").rglob("*.md")]):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("|"):  # a Markdown table row, not an enumeration
+                continue
+            for match in run.finditer(line):
+                names = {n.strip("` ") for n in match.group().split("|")}
+                if len(names & registered) >= 2:
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {match.group()}")
+    assert found == [], f"these list registered names by hand; point to `longdoc methods` instead: {found}"

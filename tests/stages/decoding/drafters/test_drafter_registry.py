@@ -7,7 +7,9 @@ import sys
 import textwrap
 
 import pytest
+from typer.testing import CliRunner
 
+from pipeline.cli import app
 from schemas.generation_spec import SpeculativeSpec, speculative_methods
 from stages.decoding import drafters
 from stages.decoding.config import DecodeConfig
@@ -56,6 +58,9 @@ def test_adding_a_drafter_is_adding_a_module(tmp_path, monkeypatch):
     registry.cache_clear()
     try:
         assert "repeat_last" in registry() and SpeculativeSpec(method="repeat_last").method == "repeat_last"
+        # ... and `longdoc methods` shows it with its summary: the one place users find drafters
+        shown = CliRunner().invoke(app, ["methods"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0 and "repeat_last" in shown.output and "the last token again" in shown.output
     finally:
         registry.cache_clear()
         sys.modules.pop("stages.decoding.drafters.repeat_last", None)
@@ -69,3 +74,14 @@ def test_a_drafter_must_implement_propose_and_drafts_carry_a_level():
     with pytest.raises(TypeError, match="propose"):
         Incomplete(DecodeConfig(max_new_tokens=4, eos_ids=frozenset()))
     assert Draft.none() == Draft([], 0) and Draft([5], ("outputs", 2)).level == ("outputs", 2)
+
+
+def test_the_drafters_are_listed_by_the_registry_not_by_hand():
+    """The spec's description and the job docs listed `prompt_lookup` and `suffix` by hand: a
+    new drafter was accepted but named nowhere a user reads. They point to `longdoc methods`."""
+    description = SpeculativeSpec.model_fields["method"].description or ""
+    assert [name for name in registry() if name in description] == []
+    assert "longdoc methods" in description
+    shown = CliRunner().invoke(app, ["methods"], env={"COLUMNS": "200"})
+    assert all(f" {name} " in shown.output for name in drafter_names()), shown.output
+    assert all(cls.summary.split(" (")[0] in shown.output for cls in registry().values())
