@@ -28,7 +28,7 @@ from stages.model_loading import load_tokenizer
 from stages.prompting import PromptBuilder
 from stages.read import doc_tokens_error
 from stages.rows import batch_to_rows, fail, rows_to_batch
-from stages.token_bytes import NO_EDGES, CharacterEdges
+from stages.token_bytes import NO_EDGES
 
 
 class TokenizeStage:
@@ -40,8 +40,8 @@ class TokenizeStage:
         self._traced: set[str] = set()  # exception types whose stack this stage logged (stages/rows.py)
         self.method = method_for(self.spec.compression)
         self.tokenizer = load_tokenizer(self.method.tokenizer_source(self.spec))
-        # Only a method that cuts ids here needs the tokenizer's character edges (~0.15 s).
-        self.edges = CharacterEdges.of(self.tokenizer) if self.method.runs_at == "tokenize" else NO_EDGES
+        # Only a method that cuts ids here reads the tokenizer's edges (~0.15 s): what it asks for.
+        self.edges = self.method.tokenizer_edges(self.tokenizer) if self.method.runs_at == "tokenize" else NO_EDGES
         # A method that prefills documents whole (none): a document over the model's context
         # fails here, at once, not after waiting for the generate stage (which checks again).
         self.context = model_context(self.spec.generation.model) if self.method.prefills_whole(self.spec) else None

@@ -55,10 +55,9 @@ def text_context(method: CompressionMethod, job: JobSpec) -> Callable[[list[int]
     """(doc_ids, query) -> the ids ``method``'s text compression keeps (see the contract)."""
     if method.runs_at == "tokenize":
         from stages.model_loading import load_tokenizer
-        from stages.token_bytes import CharacterEdges
 
         config = method.config(job)
-        edges = CharacterEdges.of(load_tokenizer(method.tokenizer_source(job)))
+        edges = method.tokenizer_edges(load_tokenizer(method.tokenizer_source(job)))
         return lambda ids, query: method.compress_ids(config, ids, edges)
     if method.runs_at == "prefill":
         return lambda ids, query: list(ids)

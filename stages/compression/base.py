@@ -206,10 +206,20 @@ class CompressionMethod(ABC):
         return (Budget("compression.target_tokens", int(target)),) if target else ()
 
     # ------------------------------------------------------------------ runs_at == "tokenize"
+    def tokenizer_edges(self, tokenizer: Any) -> CharacterEdges:
+        """What ``compress_spans`` reads of the tokenizer, built once per tokenize actor (and
+        once per eval run): its character edges (``CharacterEdges.of``, ~0.15 s). A method that
+        needs more of the tokenizer (where sentences or paragraphs end) returns a
+        ``CharacterEdges`` subclass carrying it: the tokenize stage and the eval pass it on
+        untouched, so such a method is still one module."""
+        from stages.token_bytes import CharacterEdges
+
+        return CharacterEdges.of(tokenizer)
+
     def compress_spans(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:
         """Where the kept context sits in ``doc_ids``: flattened ``[start, end)`` pairs
-        (``spans_of``), at most the budget; no cut inside a character (``edges``: the
-        tokenizer's, stages/token_bytes.py). The one thing a tokenize method defines."""
+        (``spans_of``), at most the budget; no cut inside a character (``edges``: this
+        method's ``tokenizer_edges``, stages/token_bytes.py). The one thing a tokenize method defines."""
         raise NotImplementedError(f"{self.name} runs at {self.runs_at}, not in tokenize")
 
     def compress_ids(self, config: Any, doc_ids: list[int], edges: CharacterEdges) -> list[int]:

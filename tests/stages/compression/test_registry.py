@@ -139,3 +139,19 @@ def test_no_branching_on_method_types_outside_the_registry() -> None:
             hits += [(0, m) for m in re.findall(r"\.method\s*==\s*['\"](\w+)['\"]", source) if m in registry()]
             found += [f"{path.relative_to(ROOT)}:{line} {name}" for line, name in hits]
     assert found == []
+
+
+def test_a_tokenize_method_reads_the_tokenizer_through_its_own_hook(tokenizer) -> None:
+    """Adding a tokenize-time method that keeps whole sentences (lead: each paragraph's first)
+    took edits to the tokenize stage, the eval and the base class: compress_spans got the
+    tokenizer's character edges and nothing else of it, built outside the method. Now the
+    method builds what it reads (tokenizer_edges) and nothing outside the package does."""
+    from stages.token_bytes import CharacterEdges
+
+    builders = [
+        str(p.relative_to(ROOT)) for top in ("stages", "pipeline") for p in sorted((ROOT / top).rglob("*.py"))
+        if "CharacterEdges.of(" in p.read_text()
+        and not p.is_relative_to(ROOT / "stages" / "compression") and p != ROOT / "stages" / "token_bytes.py"
+    ]
+    assert builders == [], f"ask the method (CompressionMethod.tokenizer_edges) instead: {builders}"
+    assert registry()["truncate"].tokenizer_edges(tokenizer) == CharacterEdges.of(tokenizer)  # the default
