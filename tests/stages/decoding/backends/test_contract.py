@@ -3,7 +3,8 @@
 Each backend runs on the device it claims where this machine has one (CUDA's GPU parts skip
 cleanly without a GPU); the CPU-native backend runs its kernel's portable path, so it is
 tested on every CPU. What needs no device (CUDA's compile plan, shapes and buckets) is tested
-everywhere. Adding a backend is adding its module; ``_CASES`` then needs its device here.
+everywhere. Adding a backend is adding its module: ``_make`` puts it on the device it
+declares (``device_type``), so this file needs no edit for it.
 """
 
 from __future__ import annotations
@@ -35,14 +36,19 @@ NO_EOS = frozenset({-1})
 
 
 def _make(name: str, model: torch.nn.Module) -> StepBackend:
-    """The backend ``name`` on the device it claims, or a clean skip where this machine has none."""
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("the CUDA backend's device parts need a GPU (its shapes are tested on CPU below)")
-        return CudaBackend(model.cuda(), "cuda", "auto")
+    """The backend ``name`` on the device it claims, or a clean skip where this machine has none.
+
+    Read from the backend's own declaration (``device_type``), not its name: an accelerator's
+    backend runs on its device with ``compile: auto`` (its graphs, where it captures them),
+    a host backend on the CPU eagerly; a new backend module is tested here with no edit."""
+    cls = registry()[name]
     if name == "cpu-native":
         return CpuNativeBackend(model, "cpu", portable=True)  # the kernel's portable path: any CPU
-    cls = registry()[name]
+    if cls.device_type is not None:
+        if cls.device_count() == 0:
+            pytest.skip(f"the {name} backend's device parts need a {cls.device_type} device "
+                        "(what needs none, e.g. its shapes, is tested below)")
+        return cls(model.to(cls.device_type), cls.device_type, "auto")
     return cls(model, "cpu", "off")
 
 
