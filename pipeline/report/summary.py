@@ -233,11 +233,6 @@ def summarize(table: pa.Table, wall_s: float | None = None) -> dict[str, Any]:
     return {**RunTally().add(table).summary(wall_s), **score_answers(table)}
 
 
-def errors_by_kind(table: pa.Table) -> dict[str, int]:
-    """Failed rows per error_kind (a row failed before error_kind existed counts as retryable)."""
-    return dict(RunTally().add(table).errors)
-
-
 def run_summary(
     tally: RunTally, wall_s: float | None, date_counts: dict[str, int], aborted: BaseException | None
 ) -> dict[str, Any]:
