@@ -2,10 +2,10 @@
 
 Why: on one machine with one generate actor, Ray's processes (GCS, raylet, workers,
 the streaming executor, the tokenize actor) do none of the model's work and compete
-with it for the cores. Measured on the 2-core Xeon (jobs/results/bench-job, the sample
-job, fp32): through Ray 0.77x of a plain transformers script's documents per hour,
-in one process 1.00x; Ray's start alone puts the first row ~14 s into the run
-against ~5.5 s. ``longdoc run --runner local`` (and ``auto`` without a cluster,
+with it for the cores: on a 2-core CPU the same stages in one process ran the sample job
+at the documents per hour of a plain transformers script, through Ray well below it, and
+Ray's start delays the first row (figures: jobs/results/README.md, "CPU: the same night
+on an Intel Xeon with AMX"). ``longdoc run --runner local`` (and ``auto`` without a cluster,
 pipeline/cli.py) runs this instead of pipeline/plan.py's Ray Data plan.
 
 Contract: ``LocalPlan(spec, run_id, run_date, output_root, skip, shards)``;

@@ -16,7 +16,7 @@ small bucket lists (``bucket``), the span from ``span_buckets``, and batch, widt
 span are symbolic sizes to the compiler (``_mark``), so it compiles a few graphs per
 cache capacity S whatever the bucket lists; with ``mode="reduce-overhead"`` a CUDA
 graph is recorded once per concrete (batch, width, span) and replayed after
-(``compile_counter`` in the tests counts compilations). The ``cudagraphs`` backend
+(tests/stages/decoding/test_slot_step.py ``CompileCounter`` counts compilations). The ``cudagraphs`` backend
 compiles nothing: it captures the eager step once per concrete shape
 (backends/cuda_graphs.py). On CPU the step is eager and
 every size is exact (no padding rows or slots to compute).

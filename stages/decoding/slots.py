@@ -277,7 +277,7 @@ class RowWriter(Cache):
 
     Contract: the model sees a batch of one row whose past is the slot's first
     ``start`` slots (``start`` = the slot's length when the writer was made, then
-    advanced by ``commit(t)``); each layer writes the chunk's keys/values at
+    advanced by ``commit(tokens, next_pos)``); each layer writes the chunk's keys/values at
     ``start + 0..T-1`` and attends over ``start + T`` slots. The owner's
     ``length``/``pos`` change only on ``commit`` (the engine calls it after the
     chunk's forward), so a decode step of other rows in between sees nothing of it.

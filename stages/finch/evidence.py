@@ -70,7 +70,7 @@ def group_heads(per_head: torch.Tensor, heads: list[int], n_query: int, n_kv: in
 
     per_head: [B, len(heads), C], scores of query heads ``heads`` of one layer.
     groups = 1: their sum, [B, 1, C]. groups = n_kv: [B, n_kv, C], per KV group the
-    heads of that group (zeros for a group without any: ``combine`` fills it).
+    heads of that group (zeros for a group without any: ``fill_empty_groups`` fills it).
     """
     if groups == 1:
         return per_head.sum(dim=1, keepdim=True)

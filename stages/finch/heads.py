@@ -94,8 +94,8 @@ def selecting_heads(
 
     Why a cap: early exit reads each document through the layers up to the deepest
     selecting head. Uncalibrated, that is every layer, and the kept tokens are then
-    prefilled again: more prefill than no compression at all (H200, random Llama-3-8B,
-    8k-token documents: 41.7 s against 34.3 s). GemFilter (Shi et al. 2024) selects with
+    prefilled again: more prefill than no compression at all on a GPU with an 8B model
+    (jobs/results/2026-11-26-finch-depth-cpu.md has the figures). GemFilter (Shi et al. 2024) selects with
     one early layer, e.g. layer index 13 of Llama-3.1-8B's 32.
     """
     heads = calibrated.heads if calibrated is not None else all_heads(model)

@@ -1,9 +1,9 @@
 """Which models Finch can compress, and the checks that say so up front.
 
 Finch needs (1) RoPE whose angle is linear in the position (keys are moved by a
-fixed rotation, see rope.py), (2) attention modules with ``q_proj`` and
+fixed rotation, see stages/kv/rope.py), (2) attention modules with ``q_proj`` and
 ``head_dim`` that receive ``hidden_states`` and ``position_embeddings`` (the
-query capture, scoring.py) and (3) a plain key/value cache per layer. The
+query capture, stages/kv/queries.py) and (3) a plain key/value cache per layer. The
 Llama family (Llama 2/3, SmolLM, TinyLlama, ...), Mistral and Qwen2 in
 transformers satisfy all three; others raise a ValueError naming the architecture.
 """
