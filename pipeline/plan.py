@@ -85,7 +85,7 @@ class ModelStage:
     ``make``: the stage class, made with ``{"spec": spec_json}``; ``batch_size``: rows per
     call; ``actors``: the Ray pool size; ``in_flight``: calls one instance takes at once;
     ``num_cpus``/``num_gpus``/``resources``: what one instance needs (Ray schedules by it;
-    the fit checks of pipeline/runner.py refuse what no machine offers)."""
+    pipeline/placement.py ``check_fits`` refuses what no machine offers)."""
 
     name: str
     make: Any
@@ -236,7 +236,7 @@ def _build_plan(
             num_cpus=stage.num_cpus,
             num_gpus=stage.num_gpus,
             # Pins the actors to the nodes that offer these (labelled GPU pools, a node with
-            # the model's local disk); the embedded Ray offers them itself (runner.init_ray).
+            # the model's local disk); the embedded Ray offers them itself (placement.init_ray).
             resources=stage.resources or None,
             batch_format="numpy",
             # Finite (Ray Data's default is -1: an actor that dies on every batch would be

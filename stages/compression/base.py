@@ -264,7 +264,7 @@ class CompressionMethod(ABC):
     def reads_once_per_document(self, job: JobSpec) -> bool:
         """True: this method's prefill reads a document once for all the rows given to one
         call (Finch's chunk reading), so the engine hands it a document's queued requests
-        together (engine.Request.doc_key)."""
+        together (stages/decoding/request.py ``Request.doc_key``)."""
         return False
 
     def kv_tokens(self, job: JobSpec, parts: PromptParts) -> int | None:
