@@ -13,7 +13,7 @@ Contract:
   (rounded up to ``CAPACITY_STEP``), as many as the budget holds, at most
   ``MAX_SLOTS``; None when not even one such slot fits (the row can never run).
   With ``fixed_slots`` (``resources.decode_slots`` as a number) the slot count is the
-  user's and the budget only caps ``capacity`` from below at the need.
+  user's, ``capacity`` is the need rounded up, and the budget plays no part (never None).
 - ``budget_bytes_for(free_bytes, fraction, explicit_gb, reserve)``: the auto budget,
   ``fraction`` of ``free_bytes`` minus ``reserve``. The step backend says what is free
   (backends/: the device memory free after the weights on CUDA, the available RAM on
