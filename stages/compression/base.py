@@ -15,7 +15,7 @@ Where a method runs (``runs_at``):
 - ``"prefill"``: a prefill strategy inside the generate actor (``load``), because it
   needs the generating model's own weights (infra/README.md, "Architecture").
 Text compression (tokenize, text_stage) adds ``context_ids``/``context_tokens``/
-``compress_s`` to the row (schemas/rows.CompressedRow); a prefill strategy reports
+``compress_s``/``context_spans`` to the row (``CONTEXT_COLUMNS``, schemas/rows.CompressedRow); a prefill strategy reports
 its ``context_tokens``/``compress_s`` through ``CompressedPrefill``.
 Eval-only behaviour is not part of this contract: a method that conditions the eval's
 LM scoring its own way implements the optional ``ConditionsContinuations``
@@ -162,13 +162,13 @@ class CompressionMethod(ABC):
     def attention_readers(self, job: JobSpec) -> tuple[tuple[str, str], ...]:
         """(spec field, model name) of each model whose attention this method reads with
         Finch's machinery (stages/finch/support.py: a few architectures only), so the
-        preflight can refuse another architecture before any model loads. None by default."""
+        preflight can refuse another architecture before any model loads. None (``()``) by default."""
         return ()
 
     def problems(self, job: JobSpec) -> list[str]:
         """What this method can tell is wrong with ``job`` on this machine before any model
         loads (a checkpoint that is missing, unfinished or of another model), one line each
-        naming the field and the fix; pipeline/model_checks.py asks it. None by default."""
+        naming the field and the fix; pipeline/model_checks.py asks it. None (``[]``) by default."""
         return []
 
     def reader_fix(self, job: JobSpec, field: str, name: str) -> str:

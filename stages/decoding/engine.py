@@ -209,7 +209,7 @@ class Engine:
         compiled engine rarely changes shape). ``chunk_tokens``: the engine's own prefill
         chunk and the prompt tokens after which an iteration stops starting chunks and
         runs its decode step (default: the backend's, 2048 on CPU, 4096 on CUDA). ``group_rows``:
-        requests a method prefill takes at once (default: the backend's). ``compile/``compile_backend``/``min_span``: the step
+        requests a method prefill takes at once (default: the backend's). ``compile``/``compile_backend``/``min_span``: the step
         backend's (backends.backend_for), or ``backend`` itself. ``prefix_cache``:
         prefill each prompt's part before the question once and reuse it for the requests
         that share it (prefix_cache.py), within ``PREFIX_CACHE_SHARE`` of the KV budget
