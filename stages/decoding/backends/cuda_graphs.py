@@ -96,7 +96,7 @@ class CapturedSteps:
         # (handle, stream), so a new stream per capture would leave one behind for each
         # stream of torch's pool (up to 32 of them, tens of MB each on recent GPUs).
         self._side = torch.cuda.Stream()
-        self.captures = 0  # graphs captured over this object's life (tests, logs)
+        self.captures = 0  # graphs captured over this object's life (read by the tests)
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self.cache.layout_version != self._layout:  # slots re-laid out: old addresses
