@@ -15,7 +15,8 @@ Contract:
   over the document tokens) that falls on the answer span. Uniform attention scores
   len(answer) / len(doc).
 - ``calibrate_heads(model, tokenizer, texts, config, name)``: the ``top_k`` heads by
-  that share (over all prompts, echoed and paraphrased), as a HeadSet keyed by
+  that share (over all prompts, echoed and paraphrased) among the layers below
+  ``max_depth`` of the model's depth (``pick_heads``), as a HeadSet keyed by
   ``model_fingerprint``, with the figures in ``info`` (``heads_share_by_style``: the
   chosen heads' summed share on each question style). One full forward per prompt: about a minute on CPU for SmolLM2-135M.
 """
