@@ -7,7 +7,7 @@ calibrated retrieval heads (and the embedder) choose whole sentences, and the
 generator prefills only those.
 
 Contract: ``load_scorer(job, config, dtype, device)`` loads the scorer model named by
-``config.scorer`` and returns a ``Scorer``; ``Scorer.prefill(model, tokenizer, parts,
+``config.scorer`` and returns a ``Scorer``; ``Scorer.prefill(model, gen_tokenizer, parts,
 boundaries, similarity)`` takes B generator prompts (``PromptParts`` in the generator's
 tokens) and returns the generator's ``CompressedPrefill`` of
 ``prefix ; kept sentences ; query``, where:
