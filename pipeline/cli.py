@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -354,20 +355,33 @@ def _say_errors(result, heading: str) -> None:
     typer.echo(f"  (every row: longdoc report {result.output_uri} --answers {result.summary['date_rows']})", err=True)
 
 
+#: A second signal this soon after the first is the same stop sent twice, not a second
+#: Ctrl-C: GNU ``timeout`` sends SIGTERM to its child and then to the child's process group
+#: (the child again), microseconds apart, so ``timeout 3600 longdoc run`` always took the
+#: "again: exiting now" path and ended without the run's record. A person pressing Ctrl-C
+#: twice this fast gets the clean stop of the first and can press again.
+SAME_SIGNAL_S = 0.5
+
+
 def _interrupts_raise():
     """SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (the runner records the
-    run as interrupted); a second one exits at once (staged rows are already durable).
+    run as interrupted); a second one at least ``SAME_SIGNAL_S`` after the first exits at
+    once (staged rows are already durable), one sooner is ignored (the first's duplicate).
     Returns a function restoring the previous handlers."""
     from pipeline.runner import RunInterrupted
 
     seen: list[int] = []
+    first_at: list[float] = []
 
     def handler(signum, _frame):
+        if seen and time.monotonic() - first_at[0] < SAME_SIGNAL_S:
+            return
         if seen:
             print(f"\n{signal.Signals(signum).name} again: exiting now, without the run's record; the rows "
                   "staged so far are kept: run the same date again to publish them", file=sys.stderr, flush=True)
             _exit_now(128 + seen[0])
         seen.append(signum)
+        first_at.append(time.monotonic())
         raise RunInterrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

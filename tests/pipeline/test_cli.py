@@ -221,3 +221,42 @@ def test_validate_names_the_files_a_folder_input_holds_that_its_format_does_not_
     (docs / "b.pdf").unlink()
     (docs / "c.pdf").unlink()
     assert "skipped" not in runner.invoke(app, ["validate", str(spec)]).output.strip().splitlines()[-1]
+
+
+# A process installing run's interrupt handlers, then signalled as a test says: it prints
+# what the handlers did, and exits 0 unless a handler exited it first.
+_SIGNALLED = """
+import os, signal, sys, time
+from pipeline.cli import _interrupts_raise
+from pipeline.runner import RunInterrupted
+_interrupts_raise()
+gap = float(sys.argv[1])
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)
+except RunInterrupted:
+    print("interrupted", flush=True)
+time.sleep(gap)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("still running", flush=True)
+"""
+
+
+def test_a_signal_sent_twice_at_once_is_one_stop_a_later_one_exits(tmp_path):
+    """pipeline/cli.py ``_interrupts_raise``: GNU ``timeout`` sends SIGTERM to the run and
+    then to its process group, so the run got it twice within microseconds and took the
+    'again: exiting now' path, ending without its record. A second signal within
+    ``SAME_SIGNAL_S`` (0.5 s) is the first one's duplicate; one 1 s later still exits at
+    once (143)."""
+    repo = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "signalled.py"
+    script.write_text(_SIGNALLED)
+    env = {"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"}
+    twice = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, env=env, timeout=120)
+    # the first sleep (1 s) ends by the exception, so the second signal comes ~0 s after it
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout.split() == ["interrupted", "still", "running"] and "again" not in twice.stderr
+    later = subprocess.run([sys.executable, str(script), "1.0"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert later.returncode == 143 and "SIGTERM again: exiting now" in later.stderr, (later.stdout, later.stderr)
