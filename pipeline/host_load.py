@@ -4,6 +4,8 @@
 Contract: ``busy_note(loads, cpus)``: words for a load average above the CPU count at any
 of ``loads`` (e.g. the 1-minute load at the start and at the end), else None. A trial read
 an eval's time columns taken beside another job as a method's cost (4.5x instead of 1.3x).
+``shared_threads_note(load, cpus, threads)``: words for a CPU run starting with several
+threads per generate actor on a machine already busier than its CPUs, else None.
 ``cpu_identity()``/``cpu_label(ident)``: the host CPU's vendor, family/model/stepping and
 ISA features (``CPU_FEATURES``) from /proc/cpuinfo, {} elsewhere, and one line of it; the
 bench files record it beside the brand string, which says "Intel(R) Xeon(R) Processor"
@@ -29,6 +31,20 @@ def busy_note(loads: list[float], cpus: int | None) -> str | None:
         return None
     return (f"the load average ({', '.join(f'{x:.2f}' for x in loads)} at the start and end) was above this "
             f"machine's {cpus} CPUs: other work shared them")
+
+
+def shared_threads_note(load: float, cpus: int | None, threads: float) -> str | None:
+    """Words for a run about to decode on CPU with ``threads`` (> 1) torch threads while the
+    1-minute ``load`` is already above the machine's ``cpus``, else None. Why: every
+    parallel region of a forward pass waits for its slowest thread, and on a busy machine
+    one of them is often off its core: a 24-document job on a 2-core machine at load ~5
+    prefilled in 79 s with 2 threads and in 7.3 s with 1 (0.19 against 1.5 rows/s over 200
+    documents; the soak trial of 2026-12-07)."""
+    if not cpus or threads <= 1 or load <= cpus:
+        return None
+    return (f"note: the load average ({load:.2f}) is already above this machine's {cpus} CPUs: with "
+            f"{threads:g} threads per generate actor each forward pass waits for the thread other work holds "
+            "off its core (measured up to 10x slower); on a shared machine --set resources.num_cpus=1")
 
 
 #: The ISA features that decide which CPU kernels run here (the packed and causal kernels'

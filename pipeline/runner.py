@@ -74,6 +74,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.date_lease import DateLease
+from pipeline.host_load import load_now, shared_threads_note
 from pipeline.placement import (
     actor_resources,
     check_fits,
@@ -310,6 +311,10 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
          f"(--retry-errors {retry_errors}); output {root}"
          + ("; runner local: in this process, no Ray" if runner == "local" else "")
          + f"; {spec.resources.num_cpus:g} CPU(s) per generate actor")
+    if runner == "local" and not spec.resources.num_gpus:  # a cluster's nodes' load is not this one's
+        note = shared_threads_note(load_now(), os.cpu_count(), spec.resources.num_cpus)
+        if note:
+            _say(progress, note)
     tally = RunTally()  # the run's aggregates, folded block by block: not the rows
     seen_ids: set[str] = set()  # request ids written by this run: a repeat is dropped
     duplicates = 0

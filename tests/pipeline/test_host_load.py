@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from pipeline.host_load import busy_note, cpu_identity, cpu_label, cpu_name, load_now
+from pipeline.host_load import (
+    busy_note,
+    cpu_identity,
+    cpu_label,
+    cpu_name,
+    load_now,
+    shared_threads_note,
+)
 
 
 def test_a_load_above_the_cpus_at_the_start_or_the_end_is_said():
@@ -45,3 +52,14 @@ def test_the_brand_string_is_the_first_processors_model_name():
     text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
     assert cpu_name(text) == "Intel(R) Xeon(R) Processor"
     assert cpu_name("processor\t: 0\nflags\t\t: avx2\n") is None
+
+
+def test_a_cpu_run_with_several_threads_on_a_busy_machine_is_told_to_use_one():
+    """A run on a 2-core machine at load ~5 with 2 threads prefilled 10x slower than with 1
+    (the soak trial): the run's first lines say so, with the setting to change; a quiet
+    machine, one thread, or no CPU count says nothing."""
+    note = shared_threads_note(4.94, 2, 2.0)
+    assert note is not None and "4.94" in note and "2 CPUs" in note and "--set resources.num_cpus=1" in note
+    assert shared_threads_note(1.5, 2, 2.0) is None
+    assert shared_threads_note(4.94, 2, 1.0) is None
+    assert shared_threads_note(4.94, None, 2.0) is None
