@@ -37,14 +37,13 @@ def shared_threads_note(load: float, cpus: int | None, threads: float) -> str | 
     """Words for a run about to decode on CPU with ``threads`` (> 1) torch threads while the
     1-minute ``load`` is already above the machine's ``cpus``, else None. Why: every
     parallel region of a forward pass waits for its slowest thread, and on a busy machine
-    one of them is often off its core: a 24-document job on a 2-core machine at load ~5
-    prefilled in 79 s with 2 threads and in 7.3 s with 1 (0.19 against 1.5 rows/s over 200
-    documents; the soak trial of 2026-12-07)."""
+    one of them is often off its core (measured: jobs/results/code-choices.md, section
+    ``pipeline/host_load.py`` ``shared_threads_note``)."""
     if not cpus or threads <= 1 or load <= cpus:
         return None
     return (f"note: the load average ({load:.2f}) is already above this machine's {cpus} CPUs: with "
             f"{threads:g} threads per generate actor each forward pass waits for the thread other work holds "
-            "off its core (measured up to 10x slower); on a shared machine --set resources.num_cpus=1")
+            "off its core; on a shared machine --set resources.num_cpus=1")
 
 
 #: The ISA features that decide which CPU kernels run here (the packed and causal kernels'
