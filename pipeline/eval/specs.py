@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.eval.table import QuestionMeta
-from stages.compression import registry
+from stages.compression import method_names, registry
 
-METHODS = tuple(registry())
+METHODS = method_names()
 BUDGETED = tuple(m.name for m in registry().values() if m.eval_budgeted)
 UNBUDGETED = tuple(m for m in METHODS if m not in BUDGETED)
 NEEDS_CHECKPOINT = tuple(m.name for m in registry().values() if m.needs_checkpoint)

@@ -39,9 +39,9 @@ from typing import Any
 from pipeline.eval.metrics import METRICS, score
 from pipeline.eval.recall import RECALL_COLUMNS, EvidenceIndex, recall_figures
 from schemas.output import compression_ratio, reference_alternatives
-from stages.compression import registry
+from stages.compression import method_names
 
-METHOD_ORDER = tuple(registry())  # the registry's display order (stages/compression/)
+METHOD_ORDER = method_names()  # the registry's display order (stages/compression/)
 COST_COLUMNS = ("compression_ratio", "context_tokens", "compress_s", "device_s", "e2e_s")
 NLL_COLUMNS = ("nll", "gap_recovered")  # pipeline/eval/nll.py (task "nll" rows)
 SUMMARY_COLUMNS = (

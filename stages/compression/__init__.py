@@ -74,6 +74,7 @@ def _check(method: CompressionMethod, where: str) -> None:
 
 
 def method_names() -> tuple[str, ...]:
+    """The registered methods' names, in the registry's display order."""
     return tuple(registry())
 
 
