@@ -132,3 +132,38 @@ def test_an_aborted_run_stages_its_error_rows_in_blocks(tmp_path, monkeypatch):
     assert "output_text" not in figures.column_names
     assert set(figures.column("error_kind").to_pylist()) == {RETRYABLE}
     assert len(set(figures.column("request_id").to_pylist())) == 20
+
+
+def test_no_placeholder_for_an_unread_file_past_the_limit(tmp_path):
+    """The limit reached in a file read, a later file the read stage never reached has no
+    documents of this run: no placeholder (a retryable error row for a file the limit
+    leaves out would be retried night after night)."""
+    spec = _spec(tmp_path, limit=2)
+    root = str(tmp_path / "out")
+    write_block(root, DATE, "r1", [0], _record(spec, 0, 2))
+    reqs = read_ledger(root, DATE, "r1").requests(spec, SHARDS, "r1", DATE)
+    assert [r["doc_id"] for r in reqs] == ["0-0", "0-1"]
+
+
+def test_a_complete_run_says_what_it_read_for_the_rows_it_supersedes(tmp_path):
+    """``run_requests``: None until every file is covered; then the request ids, their
+    (doc_id, prompt) keys, the files read whole (none under input.limit: a file's input-error
+    row the run never reached must not be superseded) and the ids named in two files."""
+    for limit in (None, 5):
+        spec = _spec(tmp_path, limit=limit)
+        root = str(tmp_path / f"out-{limit}")
+        write_block(root, DATE, "r1", [0], _record(spec, 0, 2))
+        assert read_ledger(root, DATE, "r1").run_requests(spec, SHARDS, "r1", DATE) is None  # files 1, 2 unread
+        # File 1 names document "0-1" again (files are read apart: the run can only say so).
+        again = [{"shard": 1, "doc": 0, **{k: req[k] for k in (
+            "request_id", "doc_id", "source_uri", "prompt", "question", "reference")}}
+            for req in expand_requests(Document("0-1", SHARDS[1], "other text"), spec, "r1", DATE,
+                                       generation_fingerprint(spec))]
+        write_block(root, DATE, "r1", [1, 2], again)
+        ledger = read_ledger(root, DATE, "r1")
+        run = ledger.run_requests(spec, SHARDS, "r1", DATE)
+        reqs = ledger.requests(spec, SHARDS, "r1", DATE)
+        assert run.ids == {r["request_id"] for r in reqs} and len(run.ids) == 3
+        assert run.keys == {(r["doc_id"], r["prompt"]) for r in reqs}
+        assert run.files == (frozenset(SHARDS) if limit is None else frozenset())
+        assert run.shared == 1 and run.shared_examples == {"0-1": [SHARDS[0], SHARDS[1]]}
