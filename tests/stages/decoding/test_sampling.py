@@ -88,3 +88,12 @@ def test_generators_are_per_row_and_reproducible():
     assert again == first[0]
     # sample_from never returns a token of probability 0.
     assert {sample_from(torch.tensor([0.0, 0.0, 1.0]), b[0]) for _ in range(10)} == {2}
+
+
+def test_top_p_one_keeps_every_token_even_past_the_float_sum_of_one():
+    """top_p >= 1 is no filter: a token whose mass comes after the float32 running sum has
+    reached 1.0 (here p = 1e-13, summed after p ~ 1) keeps its probability."""
+    logits = torch.tensor([0.0, -30.0, -30.0])
+    probs = target_probs(logits, 1.0, 1.0)
+    assert (probs > 0).all()
+    torch.testing.assert_close(probs, torch.softmax(logits, dim=-1))

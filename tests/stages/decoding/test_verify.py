@@ -41,3 +41,16 @@ def test_uniforms_are_uniform_and_keyed():
     assert torch.equal(uniforms(seeds[1:2], pos[1:2, 100:200], 0), u[1:2, 100:200])  # keyed, no state
     with pytest.raises(AssertionError):
         torch.testing.assert_close(u[0], u[1])  # seeds differ
+
+
+def test_a_draw_scales_by_the_row_mass_and_never_picks_a_zero_probability_token():
+    """The inverse CDF is taken against the row's own total mass: float32 probabilities sum to a
+    little under or over 1, and a uniform above the total would fall off the end, onto the last
+    token whatever its probability. A row of mass 0.75 shows it plainly."""
+    from stages.decoding.verify import sampled
+
+    probs = torch.tensor([0.25, 0.25, 0.25, 0.0], dtype=torch.float64).expand(1, 4000, 4).contiguous()
+    drawn = sampled(probs, torch.tensor([11]), torch.arange(4000)[None])
+    counts = torch.bincount(drawn[0], minlength=4)
+    assert counts[3] == 0
+    assert (counts[:3] - 4000 / 3).abs().max() < 150  # ~5 sigma
