@@ -37,3 +37,10 @@ def test_bad_values_raise() -> None:
         chunk_spans(10, 0)
     with pytest.raises(ValueError, match="target_tokens"):
         kept_after_chunks(10, 0, 4)
+
+
+def test_the_kept_count_is_the_floor_of_the_linear_share() -> None:
+    """kept_i = floor(T * n_i / N) (the module docstring): 3 of 10 tokens in chunks of 4
+    keep 1.2 -> 1, 2.4 -> 2, then 3; rounding up would keep more than the share early."""
+    assert kept_after_chunks(10, 3, 4) == [1, 2, 3]
+    assert kept_after_chunks(4000, 512, 256)[:3] == [32, 65, 98]  # 32.768, 65.536, 98.304
