@@ -77,7 +77,8 @@ def test_each_date_says_its_state_its_latest_run_and_what_to_do(tmp_path):
     assert lines[0] == ("== by date: j, 5 run(s) over 5 date(s) 2026-03-01 .. 2026-03-05; the dates: "
                         "2 partial, 1 succeeded, 1 no run, 1 interrupted ==")
     assert any(ln.split()[:2] == ["2026-03-03", "no"] and ln.endswith("run the date") for ln in lines)
-    assert "none 256/8*" in text  # the rows' method, the record's budget and "cost of every run 0.1200 USD, of the rows published 0.0600 USD" in text
+    assert "none 256/8*" in text  # the rows' method, the record's budget and max new tokens; * changed
+    assert "cost of every run 0.1200 USD, of the rows published 0.0600 USD" in text
     assert "longdoc run SPEC --date DATE" in text
 
 
@@ -88,6 +89,33 @@ def test_only_a_daily_cadence_has_missing_days():
     # A weekday job's weekends are no gaps (a review: two weeks of weekday runs named them)
     weekdays = [f"2026-03-{d:02d}" for d in (2, 3, 4, 5, 6, 9, 10, 11, 12, 13)]
     assert missing_dates(weekdays) == [] and missing_dates(weekdays[:3] + weekdays[4:]) == ["2026-03-05"]
+    assert missing_dates(weekdays[:6]) == []  # Monday to Monday: a week seen, the weekend is none
+    # The last day before the last run is a gap like any other.
+    assert missing_dates(["2026-03-01", "2026-03-02", "2026-03-03", "2026-03-05"]) == ["2026-03-04"]
+
+
+def test_a_date_takes_its_latest_run_by_start_and_a_run_holding_the_lease_over_any():
+    """The run that decides a date's line: the latest by start time (not by run id), and a run
+    still holding the date's lease whatever started after it; a stalled one says so."""
+    from schemas.output import rows_to_table
+
+    def run(run_date, run_id, started, status, note=None):
+        return {"run_date": run_date, "run_id": run_id, "started_at": started, "status": status, "note": note}
+
+    summaries = [
+        run("2026-03-01", "z", "2026-03-01T01:00:00", "succeeded"),
+        run("2026-03-01", "a", "2026-03-01T03:00:00", "partial"),
+        run("2026-03-02", "r1", "2026-03-02T01:00:00", "running", "running: pid 7 on host-1 since 01:00"),
+        run("2026-03-02", "r2", "2026-03-02T02:00:00", "failed"),
+        run("2026-03-03", "s", "2026-03-03T01:00:00", "running", "stalled: pid 9 on host-1, no progress for 2 h"),
+    ]
+    view = date_view(rows_to_table([]), summaries)
+    by_date = {d["run_date"]: d for d in view["dates"]}
+    assert (by_date["2026-03-01"]["last_run"], by_date["2026-03-01"]["status"]) == ("a", "partial")
+    held = by_date["2026-03-02"]
+    assert (held["last_run"], held["status"], held["next"]) == ("r1", "running", "wait: running: pid 7 on host-1 since 01:00")
+    stalled = by_date["2026-03-03"]
+    assert (stalled["status"], stalled["next"]) == ("stalled", "stalled: pid 9 on host-1, no progress for 2 h")
 
 
 def test_the_command_prints_the_view_after_the_runs_or_alone_from_a_date_on(tmp_path):
