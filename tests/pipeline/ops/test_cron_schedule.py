@@ -71,6 +71,11 @@ def test_the_next_times_follow_each_field_and_the_day_rule():
     # both day fields restricted: either matches (the 13th, a Sunday, and every Monday)
     assert next_fires("0 0 13 * 1", datetime(2026, 12, 7, 1), 2) == [datetime(2026, 12, 13), datetime(2026, 12, 14)]
     assert next_fires("@weekly", datetime(2026, 12, 7), 1) == [datetime(2026, 12, 13)]  # Sunday 00:00
+    # strictly after the start: a start on a fire time gives the next one
+    assert next_fires("0 2 * * *", datetime(2026, 12, 8, 2), 1) == [datetime(2026, 12, 9, 2)]
+    # N/S runs from N to the field's top in steps of S (robfig/cron), not N alone
+    assert next_fires("5/20 * * * *", datetime(2026, 12, 7), 3) == [
+        datetime(2026, 12, 7, 0, 5), datetime(2026, 12, 7, 0, 25), datetime(2026, 12, 7, 0, 45)]
 
 
 def test_a_schedule_with_no_real_date_never_fires():
