@@ -102,6 +102,13 @@ def test_the_tally_folded_block_by_block_equals_the_summary_of_all_rows(wall_s):
     ok = [r for r in rows if r["error"] is None]
     assert folded["tokens_out"] == sum(r["output_tokens"] for r in ok)
     assert folded["p50_e2e_s"] == pytest.approx(statistics.median(r["e2e_s"] for r in ok if r["e2e_s"] is not None))
+    e2e = sorted(r["e2e_s"] for r in ok if r["e2e_s"] is not None)
+    at = 0.95 * (len(e2e) - 1)  # the 95th percentile, interpolated between the two nearest rows
+    assert folded["p95_e2e_s"] == pytest.approx(e2e[int(at)] + (at - int(at)) * (e2e[int(at) + 1] - e2e[int(at)]))
+    basis = wall_s or sum(r["device_s"] for r in rows)  # the wall time when known, else device seconds
+    assert folded["throughput_basis"] == ("wall" if wall_s else "device")
+    assert folded["docs_per_s"] == pytest.approx(7 / basis)
+    assert folded["output_tokens_per_s"] == pytest.approx(folded["tokens_out"] / basis)
     sized = [r for r in ok if r["context_tokens"] is not None]
     assert folded["compression_ratio"] == pytest.approx(
         sum(r["doc_tokens"] for r in sized) / sum(r["context_tokens"] for r in sized))
