@@ -69,3 +69,27 @@ def test_documents_over_max_doc_tokens_and_empty_files_are_named_before_the_run(
 
     assert "1 of its first 3 document(s) will be error rows" in first_records_note(spec, None)
     assert "c-empty.txt is empty" in first_records_note(spec, None)
+
+
+def test_the_note_counts_a_document_over_max_doc_tokens_as_the_tokenize_stage_fails_it(tmp_path):
+    """At the limit a document passes, one token over it is an error row: the note and the
+    stage's check (stages/read.py doc_tokens_error) draw the line at the same token."""
+    from pipeline.fits import Fit
+    from stages.read import doc_tokens_error
+
+    spec = spec_from_dict({"name": "fit", "input": {"uri": str(tmp_path / "docs"), "max_doc_tokens": 100},
+                           "output": {"uri": str(tmp_path / "out")}, "compression": {"method": "finch"}})
+    fit = Fit(spec, 8192, 50, (("at.txt", 100), ("over.txt", 101)), whole=False)
+    assert [doc_tokens_error(n, spec.input, name) is not None for name, n in fit.tokens] == [False, True]
+    assert ("1 of the first 2 document(s) are over input.max_doc_tokens 100 and will be error rows "
+            "(the first: 'over.txt', 101 tokens)") in fit.note()
+
+
+def test_truncate_names_the_longest_of_the_documents_it_cuts(tmp_path):
+    from pipeline.fits import Fit
+
+    spec = spec_from_dict({"name": "fit", "input": {"uri": str(tmp_path / "docs")},
+                           "output": {"uri": str(tmp_path / "out")},
+                           "compression": {"method": "truncate", "target_tokens": 512}})
+    note = Fit(spec, 8192, 50, (("short.txt", 300), ("a.txt", 600), ("b.txt", 1024)), whole=False).note()
+    assert "512 tokens of 2 of the first 3 document(s) (keep head_tail: 50.0% of the longest, 'b.txt', 1024 tokens)" in note
