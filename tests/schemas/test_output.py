@@ -40,6 +40,7 @@ def test_figure_definitions():
     assert output.acceptance_rate(3, 4) == 0.75
     assert output.acceptance_rate(0, 0) is None
     assert output.cost_usd(3600, 2.5) == 2.5
+    assert output.cost_usd(1800, 2.5, text_compress_s=1800) == 2.5  # a text method's compress_s is charged
     assert output.mean_accepted_per_step(10, 4) == 2.0
 
 
