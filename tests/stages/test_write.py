@@ -127,3 +127,17 @@ def test_write_stage_stages_a_block_once_under_a_deterministic_name(tmp_path):
     assert not {"output_text", "context", "kept_spans"} & set(figures.column_names)
     assert {"request_id", "error", "output_tokens", "e2e_s"} <= set(figures.column_names)
 
+
+
+def test_a_failed_rename_leaves_no_temporary_file_and_an_empty_block_stages_nothing(tmp_path):
+    """The temporary file goes whatever step fails, the rename included (here the target is a
+    folder: os.replace refuses it); an empty block has nothing to stage."""
+    target = tmp_path / "d" / "f.parquet"
+    target.mkdir(parents=True)
+    (target / "keep").write_bytes(b"")
+    with pytest.raises(OSError):
+        write_bytes_atomic(b"payload", str(target))
+    assert os.listdir(tmp_path / "d") == ["f.parquet"] and os.listdir(target) == ["keep"]
+    stage = WriteStage(str(tmp_path / "out"), "2026-01-01", "run-1")
+    assert stage(rows_to_batch([])).num_rows == 0
+    assert not (tmp_path / "out.runs").exists()
