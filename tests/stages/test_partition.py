@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, SCHEMA_VERSION
+from schemas.output import FILE_SCHEMA, INPUT, RETRYABLE, SCHEMA_VERSION, rows_to_table
 from stages.layout import runs_root
 from stages.partition import commit_date, is_outdated, read_file, scan_date, upgrade_date
 from stages.rows import rows_to_batch
@@ -297,3 +297,26 @@ def test_a_publish_whose_check_fails_stops_between_files_and_the_next_commit_fin
     assert len(scan_date(str(root), DATE).rows) == 9  # a reader mid-way: each request once
     out = commit_date(str(root), DATE, "r2", target_bytes=1)
     assert out["files_written"] == 2 and len(_visible(root)) == 9 and not list(_staging(root).rglob("*.staged"))
+
+
+def test_a_request_staged_by_two_runs_publishes_the_success_else_the_later_error(root):
+    """A straggler task of a killed driver (run r1) may have staged a request the rerun (r2)
+    staged too: a success beats an error whichever came later, and between two errors the
+    later path wins (deterministic)."""
+    _stage(root, "r1", _rows(range(0, 1)), _rows(range(1, 2), "generate: OSError (r1)", RETRYABLE))
+    _stage(root, "r2", _rows(range(0, 1), "generate: OSError (r2)", RETRYABLE),
+           _rows(range(1, 2), "generate: OSError (r2)", RETRYABLE))
+    commit_date(str(root), DATE, "r2")
+    rows = _visible(root)
+    assert (rows["q000"]["error"], rows["q000"]["output_text"]) == (None, "answer 0 by r1")
+    assert rows["q001"]["error"] == "generate: OSError (r2)"
+
+
+def test_an_error_row_written_before_error_kind_counts_as_retryable(root):
+    """A file of an earlier longdoc has no error_kind: its failed rows are retried by default
+    (schemas/output.py is_retried), so the date's counts call them retryable."""
+    part = root / f"run_date={DATE}"
+    part.mkdir(parents=True)
+    old = rows_to_table(_rows(range(0, 2), "generate: OSError"), FILE_SCHEMA).drop_columns(["error_kind"])
+    pq.write_table(old, part / "part-old.parquet")
+    assert scan_date(str(root), DATE).counts() == {"rows": 2, "failed": 2, "errors_input": 0, "errors_retryable": 2}
