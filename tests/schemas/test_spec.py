@@ -40,6 +40,16 @@ def test_spec_is_frozen():
         ({"resources": {"num_cpus": 0}}, "resources.num_cpus"),
         ({"generation": {"speculative": {"min_ngram": 4, "max_ngram": 2}}}, "generation.speculative"),
         ({"name": "has space"}, "name"),
+        # {job} becomes a folder: a leading '.' hides it, and ".." would climb out of the root
+        ({"name": ".hidden"}, "name"),
+        ({"name": ".."}, "name"),
+        ({"generation": {"compile": "cudagraphs"}}, "generation.compile"),  # no GPU by default
+        # an empty question_field names no field: qa then has no questions at all
+        ({"task": {"kind": "qa"}, "input": {"uri": "x", "format": "jsonl", "question_field": ""}}, "task.questions"),
+        ({"task": {"kind": "qa", "questions": ["Who?"]}, "input": {"uri": "x", "format": "jsonl", "answer_field": "a"}},
+         "input.answer_field: 'a' pairs answers with the questions of input.question_field"),
+        ({"input": {"uri": "x", "format": "jsonl", "answer_field": "a"}},
+         "input.answer_field: got 'a', but task.kind summarize reads no questions or answers"),
     ],
 )
 def test_bad_values_name_the_field(patch, path_in_message):
@@ -95,6 +105,9 @@ def test_qa_needs_questions():
         spec_from_dict({**MINIMAL, "task": {"kind": "qa"}})
     ok = spec_from_dict({**MINIMAL, "task": {"kind": "qa", "questions": ["Who?"]}})
     assert ok.task.questions == ("Who?",)
+    from schemas.spec import DEFAULT_QA_INSTRUCTION
+
+    assert ok.task.resolved_instruction == DEFAULT_QA_INSTRUCTION  # not the summary's
 
 
 @pytest.mark.parametrize(
