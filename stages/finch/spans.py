@@ -115,7 +115,11 @@ def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = Fa
     spans, start = [], 0
     tail = b""  # the last few bytes (token_bytes rules)
     words = _Words()
-    soft = clean = -1  # the last token after which a cut is a clause's end / inside no character
+    # The last token after which a cut ends a clause / ends a word in the piece's second half /
+    # is inside no character: a cut prefers them in that order (the module contract). A word's
+    # end is tracked apart from a clause's: one slot for both let every later word end win
+    # over the comma before it.
+    soft = word = clean = -1
     for i, tok in enumerate(ids):
         nxt = ids[i + 1] if i + 1 < len(ids) else None
         wrapped = (
@@ -136,19 +140,22 @@ def sentence_spans(ids: list[int], boundaries: Boundaries, join_lines: bool = Fa
                 ends = True
             if not ends and nxt is not None and not _mid_character(after):
                 clean = i
-                if data.rstrip().endswith(_SOFT_ENDS) or (after[:1].isspace() and i + 1 - start > MAX_SENTENCE // 2):
+                if data.rstrip().endswith(_SOFT_ENDS):
                     soft = i
+                elif after[:1].isspace() and i + 1 - start > MAX_SENTENCE // 2:
+                    word = i
             if not ends and i + 1 - start >= MAX_SENTENCE and nxt is not None:
-                cut = soft if soft >= start + MAX_SENTENCE // 2 else clean if clean >= start else -1
+                half = start + MAX_SENTENCE // 2
+                cut = soft if soft >= half else word if word >= half else clean if clean >= start else -1
                 if cut >= 0:
                     spans.append((start, cut + 1))
                     start = cut + 1
-                    soft = clean = -1
+                    soft = word = clean = -1
                     continue
         if ends:
             spans.append((start, i + 1))
             start = i + 1
-            soft = clean = -1
+            soft = word = clean = -1
     if start < len(ids):
         spans.append((start, len(ids)))
     return spans

@@ -21,6 +21,16 @@ def test_sentence_spans_tile_the_document():
     assert sentence_spans([5, DOT, 6, 7, DOT, NL, 5], B) == [(0, 5), (5, 6), (6, 7)]
 
 
+def test_a_wrapped_line_joins_prose_but_not_a_line_that_is_a_break_itself():
+    """join_lines: a single newline before a token that breaks again (a line that is only
+    ":\n", say: no whitespace first) ends its sentence; before prose it joins."""
+    colon_nl = 4  # a break that does not open with whitespace
+    b = Boundaries(breaks=frozenset({NL, colon_nl}), ends=frozenset({DOT}), opens=frozenset({SPACED}),
+                   newlines=frozenset({NL}))
+    assert sentence_spans([5, NL, 6, DOT], b, join_lines=True) == [(0, 4)]  # wrapped prose
+    assert sentence_spans([5, NL, colon_nl, 6], b, join_lines=True) == [(0, 2), (2, 3), (3, 4)]
+
+
 def test_the_answer_after_the_cue_is_kept_with_it():
     # Sentences: [0, 10) the cue + answer, [10, 20) and [20, 30) filler.
     spans = [(0, 10), (10, 20), (20, 30)]
@@ -40,6 +50,8 @@ def test_exact_budget_and_order():
         assert len(out) == min(budget, 30) and out == sorted(set(out))
     # Density first: 3 of 5 tokens of (4, 9) beats 1 of 4 of (0, 4) and 1 of 21.
     assert snap_to_sentences(kept, spans, 5) == [4, 5, 6, 7, 8]
+    # The share, not the count: 2 of 2 tokens of (0, 2) go before 3 of 10 of (2, 12).
+    assert snap_to_sentences([0, 1, 2, 3, 4], [(0, 2), (2, 12)], 10) == list(range(10))
 
 
 def test_scores_rank_sentences_by_their_best_token():
@@ -112,6 +124,9 @@ def test_abbreviations_dates_initials_and_enumerators_do_not_end_sentences(token
     assert _sentences(tokenizer, text) == [
         "Porting to Python 3.", " It works.", "\n", "1. Build it.", "\n", "2. Run it.", " It is equal to x.",
         " It raises e.g.", "\n", "next"]
+    # A full stop followed by a word in lower case ends nothing ("Ann." is no abbreviation here).
+    assert _sentences(tokenizer, "See the Ann. report for details. Then go.") == [
+        "See the Ann. report for details.", " Then go."]
 
 
 def test_no_sentence_grows_past_the_cap_and_no_cut_splits_a_character(tokenizer):
@@ -129,3 +144,9 @@ def test_no_sentence_grows_past_the_cap_and_no_cut_splits_a_character(tokenizer)
     # The prose pieces end at a clause (after a comma) or before a word, never inside one.
     pieces = _sentences(tokenizer, "so yeah we talked about the thing, and then he said " * 12)
     assert all(p.endswith(",") or nxt.startswith(" ") for p, nxt in zip(pieces, pieces[1:], strict=False))
+    # A comma in the second half of the piece is there every time: each cut is made after it.
+    assert all(p.endswith(",") for p in pieces[:-1]), pieces
+    # Without a clause's end, before the last word of the piece's second half: words of several
+    # tokens each put the cap inside one.
+    pieces = _sentences(tokenizer, "we talked about uncharacteristically extraordinary thingamajigs " * 20)
+    assert len(pieces) > 1 and all(nxt.startswith(" ") for nxt in pieces[1:]), pieces
