@@ -241,3 +241,19 @@ def test_a_dates_errors_are_counted_by_kind_with_an_example(tmp_path):
     (too_long, n, kinds), (boom, one, single) = date_errors(root, "2026-01-01")
     assert (n, kinds) == (4, 4) and too_long == "generate: document 'doc-0.md' needs 9000 prompt tokens, more than 8192"
     assert (boom, one, single) == ("generate: boom", 1, 1)
+    # as many kinds as the limit allows, most frequent first
+    assert [e[0] for e in date_errors(root, "2026-01-01", limit=2)] == [too_long, boom]
+    assert [e[0] for e in date_errors(root, "2026-01-01", limit=1)] == [too_long]
+
+
+def test_recorded_runs_are_the_dates_run_records_not_the_leases_beside_them(tmp_path):
+    """``{root}.runs/`` holds a date's run records and, beside them, ``_leases/D.json``,
+    ``_staging``, ``_ledger``: only the date folders name runs."""
+    from pipeline.report.load import recorded_runs
+    from stages.layout import lease_path, run_record_path
+    from stages.write import write_bytes_atomic
+
+    root = str(tmp_path / "out")
+    write_bytes_atomic(b"{}", run_record_path(root, "2026-01-01", "r1"))
+    write_bytes_atomic(b'{"run_id": "r2"}', lease_path(root, "2026-01-02"))
+    assert recorded_runs(root) == [("2026-01-01", "r1")]
