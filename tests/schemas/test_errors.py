@@ -113,3 +113,5 @@ def test_many_problems_are_listed_up_to_the_limit_then_counted():
     listed = lines(text)
     assert len(listed) == MAX_PROBLEMS + 1
     assert listed[-1] == "  ... and 5 more problem(s) not listed; fix these first"
+    one_more = lines(said({**MINIMAL, "generation": {f"k{i}": 1 for i in range(MAX_PROBLEMS + 1)}}))
+    assert one_more[-1] == "  ... and 1 more problem(s) not listed; fix these first"
