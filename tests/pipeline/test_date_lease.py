@@ -438,6 +438,16 @@ def test_report_tells_a_running_run_from_one_whose_driver_is_gone(tmp_path):
     _foreign(root, run_id="r1", pid=_ended_pid())
     (only,) = run_summaries(root, load_output(root))
     assert only["status"] == "ended unrecorded" and "run the date again" in only["note"]
+    # A live lease naming another run: this one's driver is gone whatever that process does.
+    _foreign(root, run_id="r2")
+    (only,) = run_summaries(root, load_output(root))
+    assert only["status"] == "ended unrecorded" and "run the date again" in only["note"]
+    # A run of the date that ENDED before this one started says nothing about it: still live.
+    _foreign(root, run_id="r1")
+    write_bytes_atomic(json.dumps({"summary": {"started_at": "2026-03-01T01:00:00+00:00", "status": "succeeded"}}
+                                  ).encode(), run_record_path(root, DATE, "r0"))
+    (r1,) = [s for s in run_summaries(root, load_output(root)) if s["run_id"] == "r1"]
+    assert r1["status"] == "running" and "running: run r1" in r1["note"]
 
 
 def test_the_lease_works_on_an_s3_compatible_store(monkeypatch):
