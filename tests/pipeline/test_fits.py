@@ -93,3 +93,19 @@ def test_truncate_names_the_longest_of_the_documents_it_cuts(tmp_path):
                            "compression": {"method": "truncate", "target_tokens": 512}})
     note = Fit(spec, 8192, 50, (("short.txt", 300), ("a.txt", 600), ("b.txt", 1024)), whole=False).note()
     assert "512 tokens of 2 of the first 3 document(s) (keep head_tail: 50.0% of the longest, 'b.txt', 1024 tokens)" in note
+
+
+def test_a_document_that_exactly_fills_the_context_fits(tmp_path):
+    """Method none: a document whose prompt and answer exactly fill the context is no error
+    row (stages/context_budget.py over_context draws the line there); one token more is."""
+    from pipeline.fits import Fit
+    from stages.context_budget import over_context
+
+    spec = spec_from_dict({"name": "fit", "input": {"uri": str(tmp_path / "docs")},
+                           "output": {"uri": str(tmp_path / "out")}, "generation": {"max_new_tokens": 100}})
+    room = 1000 - 50 - 100
+    assert over_context("a", room + 50, 100, 1000) is None and over_context("b", room + 51, 100, 1000)
+    fits = Fit(spec, 1000, 50, (("a.txt", room), ("b.txt", 10)), whole=True)
+    assert fits.refusal() is None and fits.note() == ""
+    assert "1 of the first 2 document(s) are too long" in Fit(
+        spec, 1000, 50, (("a.txt", room + 1), ("b.txt", 10)), whole=True).note()
