@@ -51,6 +51,18 @@ configure_object_stores()  # throttling, 5xx and resets retried with bounded bac
 TEXT_SUFFIXES = FORMAT_SUFFIXES["text"]
 _BLOCK = 1 << 20  # JSONL read size: one block in memory besides the current line
 UTF8_BOM = b"\xef\xbb\xbf"
+#: Byte order marks of UTF-16 (Windows "Unicode" exports, PowerShell's ``>``): such a file
+#: is not Latin-1, and the fix to name is converting from UTF-16.
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def not_utf8_fix(head: bytes) -> str:
+    """The fix for bytes that are not UTF-8, judged by ``head`` (the first bytes of the
+    file): converting from UTF-16 when it starts with a UTF-16 byte order mark, else from
+    Latin-1 (the usual other encoding of a hand-made export)."""
+    if head.startswith(UTF16_BOMS):
+        return "the file is UTF-16 (it starts with a UTF-16 byte order mark); fix: save it as UTF-8 (iconv -f utf-16 -t utf-8)"
+    return "fix: save the file as UTF-8 (from Latin-1: iconv -f latin1 -t utf-8)"
 _PARQUET_BATCH_ROWS = 64
 
 
@@ -181,8 +193,8 @@ def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docume
     try:
         text = data.decode("utf-8-sig")  # a byte order mark is not text
     except UnicodeDecodeError as e:
-        yield _bad(doc_id, path, f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason}); fix: save "
-                   "it as UTF-8 (from Latin-1: iconv -f latin1 -t utf-8)")
+        yield _bad(doc_id, path, f"read: {path} is not valid UTF-8 (byte {e.start}: {e.reason}); "
+                   f"{not_utf8_fix(data)}")
         return
     if not text.strip():
         yield _bad(doc_id, path, f"read: {path} is empty")
@@ -243,8 +255,7 @@ def parse_line(lineno: int, raw: bytes) -> tuple[Any, str | None]:
     try:
         return json.loads(raw.decode("utf-8")), None
     except UnicodeDecodeError as e:
-        return None, (f"not valid UTF-8 (byte {e.start}); fix: save the file as UTF-8 (from Latin-1: "
-                      "iconv -f latin1 -t utf-8)")
+        return None, f"not valid UTF-8 (byte {e.start}); {not_utf8_fix(raw if lineno == 1 else b'')}"
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg})"
 

@@ -342,6 +342,20 @@ def test_a_byte_order_mark_is_not_part_of_the_first_record_or_a_text(tmp_path):
     assert "is not valid UTF-8 (byte 24); fix: save the file as UTF-8 (from Latin-1: iconv" in latin.error
 
 
+def test_a_utf16_file_is_named_as_utf16_not_latin1(tmp_path):
+    """A UTF-16 export (Windows "Unicode", PowerShell's ``>``) was told to convert from Latin-1,
+    which iconv does without complaint and leaves the file still unreadable."""
+    p = tmp_path / "docs.jsonl"
+    p.write_bytes('{"id": "a", "text": "First."}\n'.encode("utf-16"))
+    first = read_shard(str(p), InputSpec(uri=str(p), format="jsonl"), str(p))[0]
+    assert first.doc_id == f"{p}:1" and "is not valid UTF-8 (byte 0); the file is UTF-16" in first.error
+    assert "iconv -f utf-16 -t utf-8" in first.error and "latin1" not in first.error
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "note.txt").write_bytes("A note.".encode("utf-16"))
+    (text,) = _read_all(InputSpec(uri=str(tmp_path / "t"), format="text"))
+    assert "iconv -f utf-16 -t utf-8" in text.error and "note.txt" in text.error
+
+
 def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
     """A .jsonl.gz failed as 'not valid UTF-8'; Spark's _temporary/ and editors' dot files were
     read as documents."""
