@@ -441,7 +441,8 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     pair, or one of the two is absent). Answers pair with questions by position, one each (a
     list inside the list holds one question's acceptable answers: schemas/output.py
     ``reference_text``; so does the list given for a single question that is not in a list):
-    a count that differs would score the wrong questions. The run makes such a record error
+    a count that differs would score the wrong questions; an answer that is an object, or a
+    list within its acceptable answers, has no text to score. The run makes such a record error
     rows; `validate` refuses a spec only when all its first records break it
     (pipeline/preflight.py: a field of another shape, not a stray record)."""
     qf, af = inp.question_field, inp.answer_field
@@ -449,12 +450,25 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     raw_a = rec.get(af) if af else None
     if raw_q is None or raw_a is None:
         return None
-    nq, na = len(_as_list(raw_q)), len(given_answers(raw_q, raw_a))
+    given = given_answers(raw_q, raw_a)
+    for i, answer in enumerate(given):
+        # An object (or a list nested deeper than one question's alternatives) has no text to
+        # score against: its Python repr ("{'x': 1}") became the reference, every row "ok".
+        alternatives = answer if isinstance(answer, (list, tuple)) else [answer]
+        odd = next((a for a in alternatives if isinstance(a, (dict, list, tuple))), None)
+        if odd is not None:
+            return (f"answer {i + 1} of field {af!r} is {_json_kind(odd)} ({json.dumps(odd, default=str)[:60]}); "
+                    "fix: an answer is a string, a number, null, or a list of acceptable answers to one question")
+    nq, na = len(_as_list(raw_q)), len(given)
     if nq == na:
         return None
     return (f"field {af!r} has {na} answer(s) for {nq} question(s) in {qf!r}; fix: one answer per question, "
             "in order (null for a question without one; a list of acceptable answers for one question goes "
             "inside the list)")
+
+
+def _json_kind(value: Any) -> str:
+    return "an object" if isinstance(value, dict) else "a list inside a list of acceptable answers"
 
 
 def given_answers(raw_q: Any, raw_a: Any) -> list:

@@ -165,6 +165,15 @@ def test_a_file_that_is_not_parquet_refuses_only_an_input_of_it_alone(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+def test_answers_that_are_objects_are_refused(tmp_path):
+    """Every answer an object ({"text": ..., "start": ...}, a SQuAD-style export) passed
+    validate and each reference became the object's Python repr."""
+    spec = _spec(tmp_path, input={"question_field": "q", "answer_field": "a"})
+    rec = {"id": "d1", "text": "A short document.", "q": ["Who?"], "a": [{"text": "Ada", "start": 0}]}
+    (tmp_path / "docs.jsonl").write_text(json.dumps(rec) + "\n")
+    _both(spec, ["input.answer_field", "line 1: answer 1 of field 'a' is an object", "fix: an answer is a string"])
+
+
 def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     """An answers string for three questions paired with the first one alone, and the
     others went unscored, without a word."""

@@ -295,6 +295,19 @@ def test_answers_that_do_not_pair_with_the_questions_fail_the_record_wherever_it
     assert ok.error is None and ok.answers == ["Ada | Ada L.", None]
 
 
+def test_an_answer_that_is_an_object_fails_the_record_naming_it(tmp_path):
+    """{"x": 1} as an answer became the reference "{'x': 1}" and the row was "ok": nothing
+    could ever be scored against it."""
+    recs = [{"id": "obj", "text": "Red.", "questions": ["Code?"], "answers": {"x": 1}},
+            {"id": "deep", "text": "Blue.", "questions": ["Hue?", "Sky?"], "answers": ["blue", [["b"], "c"]]},
+            {"id": "ok", "text": "Ada.", "questions": ["Who?", "Age?"], "answers": [["Ada", "Ada L."], 36]}]
+    obj, deep, ok = _jsonl_docs(tmp_path, recs, question_field="questions", answer_field="answers")
+    assert obj.error_kind == "input" and obj.questions == ["Code?"]
+    assert "d.jsonl:1: answer 1 of field 'answers' is an object ({\"x\": 1}); fix: an answer is a string" in obj.error
+    assert "answer 2 of field 'answers' is a list inside a list of acceptable answers" in deep.error
+    assert ok.error is None and ok.answers == ["Ada | Ada L.", "36"]
+
+
 def test_a_question_that_is_not_a_non_empty_string_fails_the_record_naming_it(tmp_path):
     """[42, null, ""] were asked as "42", "None" and "", each answered and "ok"."""
     recs = [{"id": "n", "text": "Numbers.", "questions": ["Fine?", 42, None, " ", {"q": "x"}]}]
