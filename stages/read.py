@@ -258,6 +258,9 @@ def parse_line(lineno: int, raw: bytes) -> tuple[Any, str | None]:
         return None, f"not valid UTF-8 (byte {e.start}); {not_utf8_fix(raw if lineno == 1 else b'')}"
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg})"
+    except RecursionError:  # escaped as the whole file's error, naming no line and no fix
+        return None, ("JSON nested deeper than Python's reader allows (about 1,000 levels of [ or {); fix: "
+                      "flatten the field that nests, or drop it")
 
 
 #: Bytes an object store's file fetches per request (s3fs and gcsfs default to 50 MB):

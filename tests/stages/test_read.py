@@ -369,6 +369,15 @@ def test_a_utf16_file_is_named_as_utf16_not_latin1(tmp_path):
     assert "iconv -f utf-16 -t utf-8" in text.error and "note.txt" in text.error
 
 
+def test_a_line_nested_too_deep_is_an_error_row_naming_it(tmp_path):
+    """A record with 100,000 nested brackets raised RecursionError out of the reader: validate
+    printed it as the whole file's error, naming no line and no fix."""
+    deep = '{"id": "c", "text": "T.", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    good, bad, after = _jsonl_docs(tmp_path, [{"id": "a", "text": "A."}, deep, {"id": "b", "text": "B."}])
+    assert (good.error, after.error) == (None, None) and bad.doc_id.endswith("d.jsonl:2")
+    assert "d.jsonl:2 is JSON nested deeper than Python's reader allows" in bad.error and "fix: flatten" in bad.error
+
+
 def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
     """A .jsonl.gz failed as 'not valid UTF-8'; Spark's _temporary/ and editors' dot files were
     read as documents."""
