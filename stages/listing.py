@@ -62,6 +62,7 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
         return [_unstrip(fs, root)]
     suffixes = FORMAT_SUFFIXES[inp.format]
     paths = []
+    others: dict[str, int] = {}  # what the folder holds instead, named when nothing matched
     for folder, dirs, files in fs.walk(root, detail=True):
         _drop_hidden(dirs)
         for name, info in files.items():
@@ -69,13 +70,27 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
             if not hidden(name) and path.lower().endswith(suffixes):
                 _check_regular(path, info)
                 paths.append(path)
+            elif not hidden(name):
+                suffix = os.path.splitext(name)[1].lower()
+                others[suffix] = others.get(suffix, 0) + 1
     if not paths:
         raise ValueError(
             f"input.uri {uri!r} has no {inp.format} files (looked for {', '.join(suffixes)} "
-            "in the folder and below)"
+            f"in the folder and below){_no_match_fix(inp.format, others)}"
         )
     paths.sort()
     return [_unstrip(fs, p) for p in paths]
+
+
+def _no_match_fix(fmt: str, others: dict[str, int]) -> str:
+    """What a folder without a file of format ``fmt`` holds instead (``others``: count by
+    suffix) and the fix: the format that reads them when one does, else the data's folder."""
+    if not others:
+        return "; it holds no files (names starting with . or _ are left out); fix: point input.uri at the data"
+    held = ", ".join(f"{n} {suffix or 'without a suffix'}" for suffix, n in sorted(others.items()))
+    readers = sorted({f for f, sufs in FORMAT_SUFFIXES.items() for suffix in others if suffix and suffix in sufs})
+    switch = f"set input.format: {' or '.join(readers)} to read them, or " if readers else ""
+    return f"; it holds {held}; fix: {switch}point input.uri at the folder of the {fmt} files"
 
 
 def skipped_suffixes(inp: InputSpec, run_date: str) -> dict[str, int]:

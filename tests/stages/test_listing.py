@@ -16,6 +16,21 @@ def test_missing_uri_and_empty_folder(tmp_path):
         list_shards(InputSpec(uri=str(tmp_path)), "2026-01-01")
 
 
+def test_a_folder_without_the_formats_files_names_what_it_holds_and_the_fix(tmp_path):
+    """A folder of .txt and .csv files under format jsonl was refused naming only the suffixes
+    looked for: no word of what was there, nor of the fix."""
+    (tmp_path / "a.txt").write_text("hi")
+    (tmp_path / "b.csv").write_text("id,text")
+    (tmp_path / "_SUCCESS").write_text("")
+    with pytest.raises(ValueError) as e:
+        list_shards(InputSpec(uri=str(tmp_path), format="jsonl"), "2026-01-01")
+    assert "has no jsonl files (looked for .jsonl" in str(e.value)
+    assert "it holds 1 .csv, 1 .txt; fix: set input.format: text to read them, or point input.uri" in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="it holds no files .*; fix: point input.uri at the data"):
+        list_shards(InputSpec(uri=str(tmp_path / "empty"), format="jsonl"), "2026-01-01")
+
+
 def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
     """The listing keeps the paths it matched, not every file's metadata: 10x the folders
     (same files each) leaves the peak beyond the kept list about where it was."""
