@@ -197,7 +197,7 @@ def _text_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docume
                    f"{not_utf8_fix(data)}")
         return
     if not text.strip():
-        yield _bad(doc_id, path, f"read: {path} is empty")
+        yield _bad(doc_id, path, f"read: {path} is empty; fix: give the file its document's text, or remove it")
         return
     yield Document(doc_id, path, text)
 
@@ -257,7 +257,9 @@ def parse_line(lineno: int, raw: bytes) -> tuple[Any, str | None]:
     except UnicodeDecodeError as e:
         return None, f"not valid UTF-8 (byte {e.start}); {not_utf8_fix(raw if lineno == 1 else b'')}"
     except json.JSONDecodeError as e:
-        return None, f"not valid JSON ({e.msg})"
+        # json's msg for a control character ends in " at": the column completes it.
+        return None, (f"not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}); fix: correct the "
+                      "line (one JSON object per line, strings quoted, newlines inside them as \\n) or remove it")
     except RecursionError:  # escaped as the whole file's error, naming no line and no fix
         return None, ("JSON nested deeper than Python's reader allows (about 1,000 levels of [ or {); fix: "
                       "flatten the field that nests, or drop it")
@@ -283,6 +285,10 @@ def open_input(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Binary
     return fs.open(path, "rb", compression=fsspec.utils.infer_compression(path), **read_options(fs))
 
 
+#: JSON's names of the values a line may hold instead of an object (Python's type name -> JSON's).
+_JSON_NAMES = {"list": "array", "str": "string", "int": "number", "float": "number", "bool": "boolean"}
+
+
 def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Document]:
     del root_uri  # ids come from the records
     seen: dict[str, tuple[str, int]] = {}
@@ -299,7 +305,9 @@ def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docum
                 yield _bad(where, path, f"read: {where} is {why}")
                 continue
             if not isinstance(rec, dict):
-                yield _bad(where, path, f"read: {where} is not a JSON object")
+                kind = type(rec).__name__.replace("NoneType", "null").replace("dict", "object")
+                yield _bad(where, path, f"read: {where} is not a JSON object (a JSON {_JSON_NAMES.get(kind, kind)}); "
+                           "fix: one object per line, {\"id\": ..., \"text\": ...}, or remove the line")
                 continue
             yield _first_of_id(_record_document(rec, where, path, inp), where, seen)
 
@@ -363,15 +371,20 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            doc.error = f"read: {where}: field {inp.text_field!r} is binary and not valid UTF-8 (byte {e.start})"
+            doc.error = (f"read: {where}: field {inp.text_field!r} is binary and not valid UTF-8 (byte {e.start}); "
+                         "fix: write the column as UTF-8 text")
             return doc
+    # The fix of an unusable text is the record's, whatever made it so.
+    text_fix = f"; fix: give the record its document as a non-empty string in {inp.text_field!r}, or remove it"
     if text is None:
         what = "is null" if inp.text_field in rec else "is missing"
-        doc.error = f"read: {where}: field {inp.text_field!r} {what}"
+        doc.error = f"read: {where}: field {inp.text_field!r} {what}{text_fix}"
     elif not isinstance(text, str):
-        doc.error = f"read: {where}: field {inp.text_field!r} is not a string"
+        shown = json.dumps(text, default=str)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        doc.error = f"read: {where}: field {inp.text_field!r} is not a string ({shown}){text_fix}"
     elif not text.strip():
-        doc.error = f"read: {where}: field {inp.text_field!r} is empty"
+        doc.error = f"read: {where}: field {inp.text_field!r} is empty{text_fix}"
     # chars <= UTF-8 bytes <= 4 * chars: encode only when the count is in doubt
     elif len(text) > inp.max_doc_bytes or (
         4 * len(text) > inp.max_doc_bytes and len(text.encode("utf-8")) > inp.max_doc_bytes
@@ -379,7 +392,8 @@ def _record_document(rec: dict[str, Any], where: str, path: str, inp: InputSpec)
         size = len(text.encode("utf-8", "surrogatepass"))
         doc.error = _over_bytes(size, inp, f"{where}: field {inp.text_field!r}")
     elif id_problem:
-        doc.error = f"read: {where}: field {inp.id_field!r} {id_problem}"
+        fix = "" if "fix:" in id_problem else f"; fix: give the record a non-empty string or number id in {inp.id_field!r}"
+        doc.error = f"read: {where}: field {inp.id_field!r} {id_problem}{fix}"
     elif asked_problem:
         doc.error = f"read: {where}: {asked_problem}"
     else:

@@ -378,6 +378,24 @@ def test_a_line_nested_too_deep_is_an_error_row_naming_it(tmp_path):
     assert "d.jsonl:2 is JSON nested deeper than Python's reader allows" in bad.error and "fix: flatten" in bad.error
 
 
+def test_every_unusable_record_says_the_fix(tmp_path):
+    """A bad line, a line that is not an object, a text or id missing, null, a number or
+    empty: each error row named its line and field but not what to do about it."""
+    recs = ['{"id": "j", "text": "oops",', "[1, 2]", {"id": "m"}, {"id": "n", "text": None},
+            {"id": "x", "text": 12345}, {"id": "e", "text": " "}, {"text": "No id."}, {"id": "ok", "text": "Fine."}]
+    docs = _jsonl_docs(tmp_path, recs)
+    assert "d.jsonl:1 is not valid JSON (Expecting property name enclosed in double quotes at column 28); fix: correct" in docs[0].error
+    assert "d.jsonl:2 is not a JSON object (a JSON array); fix: one object per line" in docs[1].error
+    for doc, what in zip(docs[2:6], ["is missing", "is null", "is not a string (12345)", "is empty"]):
+        assert f"field 'text' {what}; fix: give the record its document as a non-empty string in 'text'" in doc.error
+    assert "d.jsonl:7: field 'id' is missing; fix: give the record a non-empty string or number id in 'id'" in docs[6].error
+    assert docs[7].error is None
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "blank.txt").write_text(" \n")
+    (blank,) = _read_all(InputSpec(uri=str(tmp_path / "t"), format="text"))
+    assert "blank.txt is empty; fix: give the file its document's text, or remove it" in blank.error
+
+
 def test_compressed_jsonl_is_read_and_hidden_names_are_not(tmp_path):
     """A .jsonl.gz failed as 'not valid UTF-8'; Spark's _temporary/ and editors' dot files were
     read as documents."""
