@@ -20,14 +20,16 @@ run on one leaves the check to them. Imports neither Ray nor torch.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
+import tempfile
 from pathlib import Path
 
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
-from schemas.spec import EMBEDDED_NAMES, JobSpec
+from schemas.spec import EMBEDDED_MODEL, EMBEDDED_NAMES, JobSpec
 
 #: Seconds to wait for the Hugging Face hub to answer about a model id.
 HUB_TIMEOUT_S = 2.0
@@ -101,7 +103,9 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
     """One line when model ``name`` (the spec's ``field``; ``kind`` ``model``, ``scorer`` or
     ``embedder``) cannot be found from this machine, else None (see the module doc)."""
     if name.startswith(("embedded:", "random:")):
-        return None  # shipped packages / built here; the spec already checked the names
+        # Shipped packages / built here (the spec already checked the names); the bundled
+        # generator and random draws are written into the cache first.
+        return _cache_problem(field, name)
     shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
     fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
            f"job runs, or the shipped {shipped}" if kind != "checkpoint" else
@@ -141,6 +145,33 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
                 f"cannot be reached ({type(e).__name__}: {first}); {fix}")
 
 
+
+
+def _cache_problem(field: str, name: str) -> str | None:
+    """One line when model ``name`` must first be written into ``$LONGDOC_CACHE`` (the bundled
+    generator not converted there yet, a ``random:`` draw) and that folder cannot be made or
+    written, else None. Before: `validate` passed, and `run` loaded, then aborted with a bare
+    "FileNotFoundError: '/proc/nope'" naming neither the variable nor the fix."""
+    # stages/model_loading.py cache_dir() and EMBEDDED_DIR_NAME, spelled here: that module
+    # imports torch (seconds).
+    root = Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
+    if name != EMBEDDED_MODEL and not name.startswith("random:"):
+        return None  # the bundled embedder is read from its package
+    if name == EMBEDDED_MODEL and (root / "models" / "smollm2-135m-instruct" / "model.safetensors").is_file():
+        return None  # converted already: only read
+    here = root.expanduser().absolute()  # its nearest existing folder is test-written, none created
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        if not here.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{here} is a file")
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as e:
+        return (f"{field}: {shown(name)} is written into the cache folder first, and {shown(str(root))} "
+                f"(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written ({e.strerror or type(e).__name__}); "
+                "fix: set LONGDOC_CACHE to a writable folder, or unset it")
+    return None
 
 
 def _folder_problem(field: str, name: str, path: Path, kind: str) -> str | None:

@@ -50,3 +50,19 @@ def test_any_family_of_tokenizer_files_counts(tiny_model_dir, tmp_path):
         for f in files:
             (folder / f).write_text("x")
         assert model_problem("generation.model", str(folder)) is None, files
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named_before_the_model_loads(tmp_path, monkeypatch):
+    """LONGDOC_CACHE=/proc/nope passed validate; run loaded, then aborted on a bare
+    "FileNotFoundError: '/proc/nope'" naming neither the variable nor the fix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("LONGDOC_CACHE", str(blocker / "cache"))
+    for name in ("embedded:smollm2-135m-instruct", "random:llama-tiny"):
+        problem = model_problem("generation.model", name)
+        assert problem is not None and problem.startswith(f"generation.model: '{name}' is written into the cache")
+        assert "(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written" in problem
+        assert "fix: set LONGDOC_CACHE to a writable folder" in problem
+    assert model_problem("compression.embedder", "embedded:all-minilm-l6-v2", "embedder") is None  # from its package
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path / "new" / "cache"))
+    assert model_problem("generation.model", "embedded:smollm2-135m-instruct") is None  # made on the way
