@@ -165,6 +165,31 @@ def test_a_file_that_is_not_parquet_refuses_only_an_input_of_it_alone(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.parametrize("column, values, setting", [
+    ("text", [1, 2], "input.text_field: "),
+    ("text", [{"x": "y"}, {"x": "z"}], "input.text_field: "),
+    ("question", [["q?"], ["r?"]], None),  # a list of questions is fine
+    ("question", [[["q?"]], [["r?"]]], "input.question_field: "),
+    ("question", [1, 2], "input.question_field: "),
+])
+def test_a_parquet_column_of_a_type_no_row_can_be_read_from_is_refused(tmp_path, column, values, setting):
+    """An int64 (or struct) text column passed validate; the run loaded the model and wrote
+    every row as an error row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = {"id": ["d1", "d2"], "text": ["One.", "Two."], "question": ["What?", "Who?"]}
+    table[column] = values
+    pq.write_table(pa.table(table), tmp_path / "docs.parquet")
+    spec = _spec(tmp_path, input={"uri": str(tmp_path / "docs.parquet"), "format": "parquet"})
+    if setting is None:
+        res = runner.invoke(app, ["validate", str(spec)])
+        assert res.exit_code == 0, res.output
+        return
+    kind = str(pa.array(values).type).split("<")[0]  # Parquet names a list's items its own way
+    _both(spec, [setting, f"docs.parquet': column {column!r} is {kind}", "which no row can be read from; fix: write it as"])
+
+
 def test_answers_that_are_objects_are_refused(tmp_path):
     """Every answer an object ({"text": ..., "start": ...}, a SQuAD-style export) passed
     validate and each reference became the object's Python repr."""
