@@ -23,6 +23,8 @@ Contract:
   request expansion (``document_table`` builds it).
 - ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
   on each document's token count.
+- ``parquet_column_problems(schema, inp)``: the spec's Parquet columns of a type no row can
+  be read from, one line each (pipeline/preflight.py refuses the spec for them).
 - A document's request rows and their ids: stages/requests.py.
 """
 
