@@ -256,9 +256,14 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         tab = "; fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else ""
         raise SpecError(f"job spec {name} is not valid YAML: {e}{tab}") from None
     except UnicodeDecodeError as e:
-        raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start})") from None
+        # Windows editors save "Unicode" as UTF-16, whose byte order mark names it.
+        utf16 = p.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
+        fix = "it is UTF-16; fix: save it as UTF-8 (iconv -f utf-16 -t utf-8)" if utf16 else "fix: save it as UTF-8"
+        raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start}); {fix}") from None
     if not isinstance(data, dict):
-        raise SpecError(f"job spec {name} must be a YAML mapping at the top level")
+        what = "empty" if data is None else f"a {'list' if isinstance(data, list) else 'single value'}"
+        raise SpecError(f"job spec {name} must be a YAML mapping at the top level (name:, input:, task: ...), "
+                        f"and it is {what}; fix: start from jobs/sample-qa.yaml")
     # An error an override made is the override's, not the file's: the heading names both.
     source = f"{path} with --set {', '.join(map(_shown_override, overrides))}" if overrides else str(path)
     return spec_from_dict(apply_overrides(data, overrides or []), source=source)

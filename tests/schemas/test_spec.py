@@ -180,6 +180,23 @@ def test_missing_and_non_mapping_files(tmp_path):
         load_spec(p)
 
 
+def test_an_empty_or_non_utf8_spec_says_what_it_is_and_the_fix(tmp_path):
+    """An empty spec was told only "must be a YAML mapping", a UTF-16 one "is not UTF-8 text
+    (byte 0)": neither said what to do."""
+    p = tmp_path / "job.yaml"
+    for text, what in [("", "it is empty"), ("# only a comment\n", "it is empty"), ("- a\n", "it is a list"),
+                       ("just words\n", "it is a single value")]:
+        p.write_text(text)
+        with pytest.raises(SpecError, match=f"must be a YAML mapping at the top level .*, and {what}; fix: start from"):
+            load_spec(p)
+    p.write_bytes("name: a\n".encode("utf-16"))
+    with pytest.raises(SpecError, match=r"is not UTF-8 text \(byte 0\); it is UTF-16; fix: .*iconv -f utf-16"):
+        load_spec(p)
+    p.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(SpecError, match=r"is not UTF-8 text \(byte 9\); fix: save it as UTF-8"):
+        load_spec(p)
+
+
 def test_json_round_trip():
     spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
     again = JobSpec.model_validate(spec.model_dump(mode="json"))
