@@ -150,7 +150,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             value = parse_yaml(raw, name=f"--set {key}") if raw.strip() else ""
         except (yaml.YAMLError, SpecError) as e:
-            raise SpecError(f"--set {shown(item)}: value is not valid YAML ({e})") from e
+            raise SpecError(f"--set {shown(item)}: value is not valid YAML ({' '.join(str(e).split())}); fix: quote "
+                            "it (--set 'key=\"text\"') or close its brackets") from e
         _refuse_list_index(item, parts, value, out)
         node = out
         for i, p in enumerate(parts[:-1]):
@@ -253,8 +254,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         data = parse_yaml(text, name=str(path))
     except yaml.YAMLError as e:
         # PyYAML's word for a tab in the indentation names no fix; the commonest cause gets one.
-        tab = "; fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else ""
-        raise SpecError(f"job spec {name} is not valid YAML: {e}{tab}") from None
+        # PyYAML's message spans lines; one line, and a fix, as every refusal has.
+        fix = ("fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else
+               "fix: correct the YAML at the line named (close brackets and quotes; quote a value holding ': ' "
+               "or ' #')")
+        raise SpecError(f"job spec {name} is not valid YAML: {' '.join(str(e).split())}; {fix}") from None
     except UnicodeDecodeError as e:
         # Windows editors save "Unicode" as UTF-16, whose byte order mark names it.
         utf16 = p.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")

@@ -197,6 +197,24 @@ def test_an_empty_or_non_utf8_spec_says_what_it_is_and_the_fix(tmp_path):
         load_spec(p)
 
 
+def test_a_yaml_syntax_error_is_one_line_naming_its_line_and_the_fix(tmp_path):
+    """PyYAML's four-line message ("while parsing a flow sequence ... did not find expected
+    ',' or ']'") was printed as it is, with no fix."""
+    p = tmp_path / "job.yaml"
+    p.write_text("name: a\ninput: [uri: docs.jsonl\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "\n" not in str(e.value) and "is not valid YAML: while parsing a flow sequence" in str(e.value)
+    assert "line 2, column 8 did not find expected ',' or ']'" in str(e.value)
+    assert str(e.value).endswith("fix: correct the YAML at the line named (close brackets and quotes; quote a "
+                                 "value holding ': ' or ' #')")
+    p.write_text("name: a\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p, ["generation.max_new_tokens=[1, 2"])
+    assert "\n" not in str(e.value) and "value is not valid YAML (while parsing a flow sequence" in str(e.value)
+    assert "fix: quote it" in str(e.value)
+
+
 def test_json_round_trip():
     spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
     again = JobSpec.model_validate(spec.model_dump(mode="json"))
