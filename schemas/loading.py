@@ -238,7 +238,8 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     try:
         st = p.stat()
     except OSError:
-        raise SpecError(f"job spec {name} not found") from None
+        raise SpecError(f"job spec {name} not found (looked for {shown(str(p.expanduser().absolute()))}); fix: "
+                        "give its path from the folder you run longdoc in, or an absolute one") from None
     if stat.S_ISDIR(st.st_mode):
         raise SpecError(f"job spec {name} is a folder; allowed: a YAML file")
     if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, /dev/zero never end it
