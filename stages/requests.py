@@ -78,7 +78,8 @@ def plan_requests(doc: Document, spec: JobSpec, fingerprint: str) -> Document:
             if doc.error is None:
                 field = spec.input.question_field
                 why = (f": its field {field!r} (input.question_field) is missing, null or empty, and "
-                       "task.questions is empty") if field else ""
+                       f"task.questions is empty; fix: give the record its questions in {field!r}, or set "
+                       "task.questions to ask every document") if field else ""
                 doc.error = f"read: {doc.source_uri}: document {doc.doc_id!r} has no question{why}"
                 doc.error_kind = INPUT
     parts = []

@@ -29,6 +29,8 @@ def test_requests_expand_per_question_with_stable_ids(tmp_path):
     no_q = expand_requests(Document("d2", "f", "text"), spec.model_copy(
         update={"task": spec.task.model_copy(update={"questions": ()})}), "r", "d", fp)
     assert len(no_q) == 1 and "no question" in no_q[0]["error"]
+    # The row says what to do (it named the field only).
+    assert no_q[0]["error"].endswith("fix: give the record its questions in 'q', or set task.questions to ask every document")
     assert no_q[0]["prompt"] is None  # it asks nothing: not the default instruction
     assert no_q[0]["request_id"] == request_id("d2", "text", spec.task.resolved_instruction, fp)  # ids as before
 
