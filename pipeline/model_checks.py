@@ -30,6 +30,7 @@ from pathlib import Path
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
 from schemas.spec import EMBEDDED_MODEL, EMBEDDED_NAMES, JobSpec
+from stages.cache_paths import cache_dir, embedded_model_folder
 
 #: Seconds to wait for the Hugging Face hub to answer about a model id.
 HUB_TIMEOUT_S = 2.0
@@ -152,12 +153,10 @@ def _cache_problem(field: str, name: str) -> str | None:
     generator not converted there yet, a ``random:`` draw) and that folder cannot be made or
     written, else None. Before: `validate` passed, and `run` loaded, then aborted with a bare
     "FileNotFoundError: '/proc/nope'" naming neither the variable nor the fix."""
-    # stages/model_loading.py cache_dir() and EMBEDDED_DIR_NAME, spelled here: that module
-    # imports torch (seconds).
-    root = Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
+    root = cache_dir()
     if name != EMBEDDED_MODEL and not name.startswith("random:"):
         return None  # the bundled embedder is read from its package
-    if name == EMBEDDED_MODEL and (root / "models" / "smollm2-135m-instruct" / "model.safetensors").is_file():
+    if name == EMBEDDED_MODEL and (embedded_model_folder() / "model.safetensors").is_file():
         return None  # converted already: only read
     here = root.expanduser().absolute()  # its nearest existing folder is test-written, none created
     while not here.exists() and here != here.parent:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from schemas.spec import EMBEDDED_MODEL, JobSpec
@@ -177,10 +176,9 @@ def tokenizer_files(name: str) -> Path | None:
     """A local folder holding ``tokenizer.json`` for model ``name``, without converting or
     downloading anything; None when there is none."""
     if name == EMBEDDED_MODEL or name.startswith("random:"):
-        # stages.model_loading.cache_dir()/models/EMBEDDED_DIR_NAME, spelled here because
-        # that module imports torch (seconds) and a refusal must be quick.
-        root = Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
-        folder = root / "models" / "smollm2-135m-instruct"
+        from stages.cache_paths import embedded_model_folder  # torch-free: a refusal must be quick
+
+        folder = embedded_model_folder()
     else:
         folder = Path(name.removeprefix("file://")).expanduser()
         if not folder.is_dir():

