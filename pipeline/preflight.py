@@ -59,7 +59,7 @@ _CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRE
 def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> list[str]:
     """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
     ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
-    problems = _check_input(spec, run_date)
+    problems = _check_input(spec, run_date) or _first_documents_all_fail(spec, run_date)
     from pipeline.fits import first_fit, prefills_whole
 
     if not problems and prefills_whole(spec):
@@ -216,6 +216,28 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         for name, value in wanted if value and value not in fields
     ]
     return missing or _parquet_problems(shards[0], inp) or _answers_problems(shards[0], records, inp)
+
+
+def _first_documents_all_fail(spec: JobSpec, run_date: str | None) -> list[str]:
+    """Refused when every one of the first documents (pipeline/fits.py ``first_documents``:
+    the read stage's own reading, over as many files as it takes) would be an error row: a
+    field in another shape than the spec says (a text field of numbers, ids all null), every
+    document over ``input.max_doc_bytes``, a folder of blank files. Such a run loaded the
+    model and wrote error rows only. One bad record among good ones stays the run's error row,
+    which `validate` names (``first_records_note``)."""
+    from pipeline.fits import first_documents
+
+    if "{run_date}" in spec.input.uri and run_date is None:
+        return []
+    try:
+        docs = first_documents(spec, run_date or "")
+    except Exception:  # noqa: BLE001 - a listing or storage problem is _check_input's to say
+        return []
+    if not docs or any(d.error is None for d in docs):
+        return []
+    what = "document(s)" if spec.input.format == "text" else "record(s)"
+    return [f"input.uri: all of its first {len(docs)} {what} would be error rows (the run would answer none of "
+            f"them); the first: {docs[0].error}"]
 
 
 def _parquet_problems(path: str, inp: InputSpec) -> list[str]:

@@ -450,3 +450,18 @@ def test_an_autocompressor_checkpoint_that_cannot_serve_is_refused_in_one_line(t
     _both(_spec(tmp_path, compression={"method": "autocompressor", "checkpoint": "ac/nope"}),
           ["compression.checkpoint: 'ac/nope' is not a local folder and not in the Hugging Face cache",
            "a folder saved by `longdoc train-autocompressor`"])
+
+
+def test_an_input_whose_first_records_would_all_be_error_rows_is_refused(tmp_path):
+    """Every text a number (a field in another shape): validate passed, and run loaded the
+    model to write nothing but error rows. One bad record among good ones is still the run's
+    error row, which validate names."""
+    spec = _spec(tmp_path)
+    bad = [{"id": f"d{i}", "text": i, "question": "What?"} for i in range(3)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    _both(spec, ["input.uri: all of its first 3 record(s) would be error rows",
+                 "the first: read: ", "docs.jsonl:1: field 'text' is not a string (0)", "fix: "])
+    good = {"id": "d9", "text": "A document.", "question": "What?"}
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*bad, good]))
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 0 and "3 of its first 4 record(s) will be error rows" in res.output, res.output
