@@ -200,7 +200,7 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
                 "file's format"] if len(shards) == 1 else []
     if not n and bad:  # not one record: the wrong format or a broken file, not a stray bad line
         return [f"input.uri: {shown(shards[0])}: none of its first {len(bad)} line(s) is a JSON record "
-                f"(line {bad[0]}); fix: one JSON object per line (input.format jsonl), or set input.format "
+                f"(line {bad[0].split('; fix: ')[0]}); fix: one JSON object per line (input.format jsonl), or set input.format "
                 "to the file's format"]
     if not n and not bad and len(shards) == 1 and inp.format == "jsonl":
         return [f"input.uri: {shown(shards[0])} holds no record (blank lines only): the run would have "
@@ -387,7 +387,7 @@ def first_records_note(spec: JobSpec, run_date: str | None) -> str:
     if not bad:
         return ""
     what = "document(s)" if spec.input.format == "text" else "record(s)"
-    where = "file" if spec.input.format == "text" else "line"
+    where = {"text": "file", "parquet": "row"}.get(spec.input.format, "line")
     return (f" ({len(bad)} of its first {len(docs)} {what} will be error rows, each naming its {where}; "
             f"the first: {bad[0].error})")
 

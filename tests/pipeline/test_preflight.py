@@ -115,6 +115,8 @@ def test_a_jsonl_file_without_one_record_is_refused_naming_its_first_bad_line(tm
     (tmp_path / "docs.jsonl").write_text('{"id": "c1", "text": "broken\nalso not json\n[1, 2]\n')
     _both(spec, ["input.uri", "docs.jsonl': none of its first 3 line(s) is a JSON record",
                  "(line 1: not valid JSON", "fix: one JSON object per line"])
+    # One fix, the file's: the line's own (correct or remove it) is the error row's.
+    assert _refused(["validate", str(spec)], []).count("fix:") == 1
     # One bad line among records is the run's to report, as that line's error row.
     (tmp_path / "docs.jsonl").write_text('broken\n{"id": "d1", "text": "A document.", "question": "What?"}\n')
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
@@ -465,3 +467,14 @@ def test_an_input_whose_first_records_would_all_be_error_rows_is_refused(tmp_pat
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*bad, good]))
     res = runner.invoke(app, ["validate", str(spec)])
     assert res.exit_code == 0 and "3 of its first 4 record(s) will be error rows" in res.output, res.output
+
+
+def test_validate_names_parquet_error_rows_by_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"id": ["d1", "d2"], "text": ["A document.", " "], "question": ["What?", "What?"]}), path)
+    res = runner.invoke(app, ["validate", str(_spec(tmp_path, input={"uri": str(path), "format": "parquet"}))])
+    assert res.exit_code == 0 and "1 of its first 2 record(s) will be error rows, each naming its row" in res.output, \
+        res.output
