@@ -215,7 +215,7 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         f"({name}); fields there: {have}; fix: set {name} to the field that holds it"
         for name, value in wanted if value and value not in fields
     ]
-    return missing or _parquet_problems(shards[0], inp) or _answers_problems(shards[0], records, inp)
+    return missing or _answers_problems(shards[0], records, inp)
 
 
 def _first_documents_all_fail(spec: JobSpec, run_date: str | None) -> list[str]:
@@ -238,23 +238,6 @@ def _first_documents_all_fail(spec: JobSpec, run_date: str | None) -> list[str]:
     what = "document(s)" if spec.input.format == "text" else "record(s)"
     return [f"input.uri: all of its first {len(docs)} {what} would be error rows (the run would answer none of "
             f"them); the first: {docs[0].error}"]
-
-
-def _parquet_problems(path: str, inp: InputSpec) -> list[str]:
-    """For Parquet, its columns of a type no row can be read from (stages/read.py
-    ``parquet_column_problems``): a column's type is every row's, so this is the spec's or
-    the export's mistake, refused as a missing field is, not a night of error rows."""
-    if inp.format != "parquet":
-        return []
-    import pyarrow.parquet as pq
-
-    from stages.read import parquet_column_problems, read_options
-
-    fs, bare = _fs(path)
-    with fs.open(bare, "rb", **read_options(fs)) as f:
-        schema = pq.read_schema(f)
-    return [f"{problem.split(': ', 1)[0]}: {shown(path)}: {problem.split(': ', 1)[1]}"
-            for problem in parquet_column_problems(schema, inp)]
 
 
 def _all_empty(shards: list[str]) -> str | None:

@@ -23,8 +23,6 @@ Contract:
   request expansion (``document_table`` builds it).
 - ``doc_tokens_error`` is the ``input.max_doc_tokens`` check the tokenize stage runs
   on each document's token count.
-- ``parquet_column_problems(schema, inp)``: the spec's Parquet columns of a type no row can
-  be read from, one line each (pipeline/preflight.py refuses the spec for them).
 - A document's request rows and their ids: stages/requests.py.
 """
 
@@ -335,44 +333,6 @@ def _parquet_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Doc
                 where = f"{path}#row{i}"
                 yield _first_of_id(_record_document(rec, where, path, inp), where, seen)
                 i += 1
-
-
-def _texty(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-        or pa.types.is_large_binary(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
-
-
-def _scalar(t: pa.DataType) -> bool:
-    return _texty(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
-
-
-def _list_of(t: pa.DataType, item: Any) -> bool:
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and item(t.value_type)
-
-
-def parquet_column_problems(schema: pa.Schema, inp: InputSpec) -> list[str]:
-    """One line per column of ``inp``'s fields whose Arrow type no row of it can be read from
-    (module contract: each row would be an error row), naming setting, column, type and fix.
-    Text: a string (or UTF-8 binary) column; id: a string or number; questions: a string or a
-    list of strings; answers: a string, number, a list of them, or a list of such lists (one
-    question's acceptable answers). An int64 text column made every row an error row, after
-    the model loaded."""
-    rules = [("input.id_field", inp.id_field, lambda t: _scalar(t) and not pa.types.is_null(t),
-              "a string or integer column"),
-             ("input.text_field", inp.text_field, _texty, "a string column"),
-             ("input.question_field", inp.question_field, lambda t: _texty(t) or pa.types.is_null(t)
-              or _list_of(t, _texty), "a string column or a list of strings"),
-             ("input.answer_field", inp.answer_field, lambda t: _scalar(t) or _list_of(t, _scalar)
-              or _list_of(t, lambda v: _list_of(v, _scalar)),
-              "a string column, a list of strings, or a list of lists of strings")]
-    problems = []
-    for setting, name, ok, wanted in rules:
-        if name and name in schema.names and not ok(schema.field(name).type):
-            problems.append(f"{setting}: column {name!r} is {schema.field(name).type}, which no row can be read "
-                            f"from; fix: write it as {wanted}, or set {setting} to the column that holds them")
-    return problems
 
 
 def _first_of_id(doc: Document, where: str, seen: dict[str, tuple[str, int]]) -> Document:
