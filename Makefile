@@ -167,7 +167,7 @@ gpu-night:
 # command line runs. Results in .bench/dry-night-out/.
 gpu-night-dry-run: setup
 	OMP_NUM_THREADS=1 GPU_DEVICE=cpu GPU_TOTAL_S=1500 GPU_STATE=.bench/dry-night GPU_OUT=.bench/dry-night-out \
-	  GPU_CACHE=$$($(BIN)/python -c "from stages.model_loading import cache_dir; print(cache_dir())") \
+	  GPU_CACHE=$$($(BIN)/python -c "from stages.cache_paths import cache_dir; print(cache_dir())") \
 	  GPU_PY=$(CURDIR)/$(BIN)/python NIGHT_STEPS="$(NIGHT_STEPS)" NIGHT_VARIANTS="$(NIGHT_VARIANTS)" \
 	  NIGHT_SIDES="$(NIGHT_SIDES)" NIGHT_JOB_ARGS="$(NIGHT_JOB_ARGS)" NIGHT_PLD_ARGS="$(NIGHT_PLD_ARGS)" bash infra/gpu/session.sh night
 

@@ -105,7 +105,7 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
     ``embedder``) cannot be found from this machine, else None (see the module doc)."""
     if name.startswith(("embedded:", "random:")):
         # Shipped packages / built here (the spec already checked the names); the bundled
-        # generator and random draws are written into the cache first.
+        # generator is converted into the cache first.
         return _cache_problem(field, name)
     shipped = ", ".join(EMBEDDED_NAMES.get(kind, ()))
     fix = (f"fix: a local model folder (config.json and weights), a Hugging Face id downloaded where the "
@@ -149,16 +149,16 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
 
 
 def _cache_problem(field: str, name: str) -> str | None:
-    """One line when model ``name`` must first be written into ``$LONGDOC_CACHE`` (the bundled
-    generator not converted there yet, a ``random:`` draw) and that folder cannot be made or
-    written, else None. Before: `validate` passed, and `run` loaded, then aborted with a bare
-    "FileNotFoundError: '/proc/nope'" naming neither the variable nor the fix."""
-    root = cache_dir()
-    if name != EMBEDDED_MODEL and not name.startswith("random:"):
-        return None  # the bundled embedder is read from its package
-    if name == EMBEDDED_MODEL and (embedded_model_folder() / "model.safetensors").is_file():
-        return None  # converted already: only read
-    here = root.expanduser().absolute()  # its nearest existing folder is test-written, none created
+    """One line when the bundled generator ``name`` must first be converted into the cache
+    (``stages/cache_paths.py`` ``embedded_model_folder``: not there yet) and the cache's
+    ``models/`` folder cannot be made or written, else None. Before: `validate` passed, and
+    `run` loaded, then aborted with a bare "FileNotFoundError: '/proc/nope'" naming neither the
+    variable nor the fix. ``random:`` draws are left to the loader: whether one is written at
+    all depends on the device, its size and what the cache holds already (a read-only cache
+    holding the draw serves it)."""
+    if name != EMBEDDED_MODEL or (embedded_model_folder() / "model.safetensors").is_file():
+        return None  # another shipped name (read from its package), or converted already: only read
+    here = embedded_model_folder().parent.absolute()  # its nearest existing folder is test-written, none created
     while not here.exists() and here != here.parent:
         here = here.parent
     try:
@@ -167,7 +167,7 @@ def _cache_problem(field: str, name: str) -> str | None:
         with tempfile.TemporaryFile(dir=here):
             pass
     except OSError as e:
-        return (f"{field}: {shown(name)} is written into the cache folder first, and {shown(str(root))} "
+        return (f"{field}: {shown(name)} is converted into the cache folder first, and {shown(str(cache_dir()))} "
                 f"(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written ({e.strerror or type(e).__name__}); "
                 "fix: set LONGDOC_CACHE to a writable folder, or unset it")
     return None

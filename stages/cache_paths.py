@@ -2,7 +2,8 @@
 
 Contract:
 - ``cache_dir()``: ``$LONGDOC_CACHE``, default ``~/.cache/longdoc`` (read at each call, so
-  a test or a job's environment may set it late).
+  a test or a job's environment may set it late; a leading ``~`` is the home folder, as a
+  shell would make it: a value set in a job's environment is not expanded by one).
 - ``embedded_model_folder()``: the folder the bundled generator is converted into
   (``cache_dir()/models/EMBEDDED_DIR_NAME``); stages/model_loading.py converts it there on
   first use. Its subfolders elsewhere: ``finch_heads/``, ``kernels/``, ``linear_plans/``
@@ -22,7 +23,7 @@ EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc"))
+    return Path(os.environ.get("LONGDOC_CACHE", Path.home() / ".cache" / "longdoc")).expanduser()
 
 
 def embedded_model_folder() -> Path:

@@ -133,7 +133,7 @@ def model_fingerprint(model) -> str:
 
 
 def _cache_path(fingerprint: str) -> Path:
-    from stages.model_loading import cache_dir
+    from stages.cache_paths import cache_dir
 
     return cache_dir() / "finch_heads" / f"{fingerprint}.json"
 

@@ -15,6 +15,8 @@ def test_the_cache_follows_longdoc_cache_read_at_each_call(monkeypatch, tmp_path
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"
     assert embedded_model_folder() == tmp_path / "c" / "models" / EMBEDDED_DIR_NAME
+    monkeypatch.setenv("LONGDOC_CACHE", "~/c")  # as a job's environment passes it: no shell expanded it
+    assert cache_dir() == Path.home() / "c"
     monkeypatch.delenv("LONGDOC_CACHE")
     assert cache_dir() == Path.home() / ".cache" / "longdoc"
 

@@ -74,7 +74,7 @@ def load_library(source: Path) -> ctypes.CDLL:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [p.read_text(encoding="utf-8") for p in [source, *sorted(source.parent.glob("*.h"))]]
     key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), cpu_signature()]).encode()).hexdigest()[:16]
-    from stages.model_loading import cache_dir
+    from stages.cache_paths import cache_dir
 
     target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
     if not target.is_file():

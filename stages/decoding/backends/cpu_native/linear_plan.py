@@ -219,7 +219,7 @@ def plan_for(model: torch.nn.Module, clock: Callable[[], float] = time.perf_coun
     lins = linears(model)
     if sum(lin.weight.numel() * lin.weight.element_size() for lin in lins) < MIN_WEIGHT_BYTES:
         return None
-    from stages.model_loading import cache_dir
+    from stages.cache_paths import cache_dir
 
     path = cache_dir() / "linear_plans" / f"{_plan_key(model)}.json"
     plan = None
