@@ -298,6 +298,11 @@ def _jsonl_documents(path: str, inp: InputSpec, root_uri: str) -> Iterator[Docum
             if raw is None:
                 yield _bad(where, path, _over_bytes(size, inp, f"line {where}"))
                 continue
+            if lineno == 1 and raw.startswith(UTF16_BOMS):
+                # Every line of a UTF-16 file is unreadable as UTF-8 (its later ones as broken
+                # JSON, the last as a stray NUL): one row for the file, as the text reader has.
+                yield _bad(path, path, f"read: {path} is not valid UTF-8 (byte 0); {not_utf8_fix(raw)}")
+                return
             if not raw.strip():
                 continue
             rec, why = parse_line(lineno, raw)

@@ -359,9 +359,12 @@ def test_a_utf16_file_is_named_as_utf16_not_latin1(tmp_path):
     """A UTF-16 export (Windows "Unicode", PowerShell's ``>``) was told to convert from Latin-1,
     which iconv does without complaint and leaves the file still unreadable."""
     p = tmp_path / "docs.jsonl"
-    p.write_bytes('{"id": "a", "text": "First."}\n'.encode("utf-16"))
+    lines = ['{"id": "a", "text": "First."}', '{"id": "b", "text": "Second."}', '{"id": "c", "text": "Third."}']
+    p.write_bytes(("\n".join(lines) + "\n").encode("utf-16"))
     first = read_shard(str(p), InputSpec(uri=str(p), format="jsonl"), str(p))[0]
-    assert first.doc_id == f"{p}:1" and "is not valid UTF-8 (byte 0); the file is UTF-16" in first.error
+    # One row for the file: its later lines read as broken JSON (and a stray NUL) said "fix the line".
+    assert [d.doc_id for d in read_shard(str(p), InputSpec(uri=str(p), format="jsonl"), str(tmp_path))] == [str(p)]
+    assert first.doc_id == str(p) and "is not valid UTF-8 (byte 0); the file is UTF-16" in first.error
     assert "iconv -f utf-16 -t utf-8" in first.error and "latin1" not in first.error
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "note.txt").write_bytes("A note.".encode("utf-16"))
