@@ -237,8 +237,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     name = shown(str(path))
     try:
         st = p.stat()
-    except OSError:
-        raise SpecError(f"job spec {name} not found (looked for {shown(str(p.expanduser().absolute()))}); fix: "
+    except PermissionError:
+        raise SpecError(f"job spec {name} cannot be reached (permission denied on a folder of its path); fix: "
+                        "let this user read it, or copy it where they can") from None
+    except OSError:  # the path as given (a quoted ~ is no home folder: a shell expands it)
+        raise SpecError(f"job spec {name} not found (looked for {shown(str(p.absolute()))}); fix: "
                         "give its path from the folder you run longdoc in, or an absolute one") from None
     if stat.S_ISDIR(st.st_mode):
         raise SpecError(f"job spec {name} is a folder; allowed: a YAML file")

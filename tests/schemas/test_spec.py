@@ -174,6 +174,9 @@ def test_override_into_a_value_is_an_error():
 def test_missing_and_non_mapping_files(tmp_path):
     with pytest.raises(SpecError, match=f"not found \\(looked for '{tmp_path}/nope.yaml'\\); fix: give its path"):
         load_spec(tmp_path / "nope.yaml")
+    # A quoted ~ is no home folder (a shell expands it): the path named is the one looked for.
+    with pytest.raises(SpecError, match="looked for '/.*/~/nope.yaml'"):
+        load_spec("~/nope.yaml")
     p = tmp_path / "list.yaml"
     p.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="mapping"):
