@@ -365,23 +365,22 @@ SAME_SIGNAL_S = 0.5
 
 def _interrupts_raise():
     """SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (the runner records the
-    run as interrupted); a second one at least ``SAME_SIGNAL_S`` after the first exits at
-    once (staged rows are already durable), one sooner is ignored (the first's duplicate).
+    run as interrupted); a second one exits at once (staged rows are already durable), except
+    the same signal again within ``SAME_SIGNAL_S``, which is the first's duplicate (ignored).
     Returns a function restoring the previous handlers."""
     from pipeline.runner import RunInterrupted
 
-    seen: list[int] = []
-    first_at: list[float] = []
+    first: list[tuple[int, float]] = []  # (signal, when): one entry, set before the raise
 
     def handler(signum, _frame):
-        if seen and time.monotonic() - first_at[0] < SAME_SIGNAL_S:
-            return
-        if seen:
+        if first:
+            was, at = first[0]
+            if signum == was and time.monotonic() - at < SAME_SIGNAL_S:
+                return  # the same stop sent twice (GNU timeout), not a second one
             print(f"\n{signal.Signals(signum).name} again: exiting now, without the run's record; the rows "
                   "staged so far are kept: run the same date again to publish them", file=sys.stderr, flush=True)
-            _exit_now(128 + seen[0])
-        seen.append(signum)
-        first_at.append(time.monotonic())
+            _exit_now(128 + was)
+        first.append((signum, time.monotonic()))
         raise RunInterrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -237,7 +237,7 @@ try:
 except RunInterrupted:
     print("interrupted", flush=True)
 time.sleep(gap)
-os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), getattr(signal, sys.argv[2]))
 time.sleep(0.5)
 print("still running", flush=True)
 """
@@ -247,16 +247,21 @@ def test_a_signal_sent_twice_at_once_is_one_stop_a_later_one_exits(tmp_path):
     """pipeline/cli.py ``_interrupts_raise``: GNU ``timeout`` sends SIGTERM to the run and
     then to its process group, so the run got it twice within microseconds and took the
     'again: exiting now' path, ending without its record. A second signal within
-    ``SAME_SIGNAL_S`` (0.5 s) is the first one's duplicate; one 1 s later still exits at
-    once (143)."""
+    ``SAME_SIGNAL_S`` (0.5 s) is the first one's duplicate; one 1 s later, or another signal
+    at once, still exits at once (143)."""
     repo = str(Path(__file__).resolve().parents[2])
     script = tmp_path / "signalled.py"
     script.write_text(_SIGNALLED)
     env = {"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"}
-    twice = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, env=env, timeout=120)
+    twice = subprocess.run([sys.executable, str(script), "0", "SIGTERM"], capture_output=True, text=True, env=env,
+                           timeout=120)
     # the first sleep (1 s) ends by the exception, so the second signal comes ~0 s after it
     assert twice.returncode == 0, twice.stderr
     assert twice.stdout.split() == ["interrupted", "still", "running"] and "again" not in twice.stderr
-    later = subprocess.run([sys.executable, str(script), "1.0"], capture_output=True, text=True,
+    later = subprocess.run([sys.executable, str(script), "1.0", "SIGTERM"], capture_output=True, text=True,
                            env=env, timeout=120)
     assert later.returncode == 143 and "SIGTERM again: exiting now" in later.stderr, (later.stdout, later.stderr)
+    # Another signal at once is a second stop, not a duplicate: a supervisor's SIGTERM, then Ctrl-C.
+    other = subprocess.run([sys.executable, str(script), "0", "SIGINT"], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert other.returncode == 143 and "SIGINT again: exiting now" in other.stderr, (other.stdout, other.stderr)
