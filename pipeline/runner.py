@@ -312,6 +312,8 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
          + ("; runner local: in this process, no Ray" if runner == "local" else "")
          + f"; {spec.resources.num_cpus:g} CPU(s) per generate actor")
     if runner == "local" and not spec.resources.num_gpus:  # a cluster's nodes' load is not this one's
+        # The load average is the whole machine's (a container's too), so it is weighed
+        # against the machine's CPUs, not the ones this process may use (placement.usable_cores).
         note = shared_threads_note(load_now(), os.cpu_count(), spec.resources.num_cpus)
         if note:
             _say(progress, note)
