@@ -71,7 +71,7 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
                 _check_regular(path, info)
                 paths.append(path)
             elif not hidden(name):
-                suffix = os.path.splitext(name)[1].lower()
+                suffix = file_suffix(name)
                 others[suffix] = others.get(suffix, 0) + 1
     if not paths:
         raise ValueError(
@@ -88,7 +88,7 @@ def _no_match_fix(fmt: str, others: dict[str, int]) -> str:
     if not others:
         return "; it holds no files (names starting with . or _ are left out); fix: point input.uri at the data"
     held = ", ".join(f"{n} {suffix or 'without a suffix'}" for suffix, n in sorted(others.items()))
-    readers = sorted({f for f, sufs in FORMAT_SUFFIXES.items() for suffix in others if suffix and suffix in sufs})
+    readers = sorted({f for f, sufs in FORMAT_SUFFIXES.items() for suffix in others if suffix in sufs})
     switch = f"set input.format: {' or '.join(readers)} to read them, or " if readers else ""
     return f"; it holds {held}; fix: {switch}point input.uri at the folder of the {fmt} files"
 
@@ -107,9 +107,17 @@ def skipped_suffixes(inp: InputSpec, run_date: str) -> dict[str, int]:
         for name in files:
             if hidden(name) or name.lower().endswith(suffixes):
                 continue
-            suffix = os.path.splitext(name)[1].lower()
+            suffix = file_suffix(name)
             out[suffix] = out.get(suffix, 0) + 1
     return out
+
+
+def file_suffix(name: str) -> str:
+    """A file name's suffix as the formats read it: the longest of ``FORMAT_SUFFIXES`` it ends
+    with (``.jsonl.gz``, which a jsonl input reads), else its last one (``.pdf``; "" when none)."""
+    lower = name.lower()
+    known = [s for sufs in FORMAT_SUFFIXES.values() for s in sufs if lower.endswith(s)]
+    return max(known, key=len) if known else os.path.splitext(lower)[1]
 
 
 def hidden(name: str) -> bool:

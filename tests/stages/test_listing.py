@@ -6,7 +6,7 @@ import pytest
 from alone import run_alone
 
 from schemas.spec import InputSpec
-from stages.listing import list_shards
+from stages.listing import list_shards, skipped_suffixes
 
 
 def test_missing_uri_and_empty_folder(tmp_path):
@@ -26,6 +26,12 @@ def test_a_folder_without_the_formats_files_names_what_it_holds_and_the_fix(tmp_
         list_shards(InputSpec(uri=str(tmp_path), format="jsonl"), "2026-01-01")
     assert "has no jsonl files (looked for .jsonl" in str(e.value)
     assert "it holds 1 .csv, 1 .txt; fix: set input.format: text to read them, or point input.uri" in str(e.value)
+    # A compressed export is named by its whole suffix, and the format that reads it.
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "part-0.jsonl.gz").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"it holds 1 \.jsonl\.gz; fix: set input.format: jsonl to read them"):
+        list_shards(InputSpec(uri=str(tmp_path / "gz"), format="text"), "2026-01-01")
+    assert skipped_suffixes(InputSpec(uri=str(tmp_path / "gz"), format="parquet"), "2026-01-01") == {".jsonl.gz": 1}
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="it holds no files .*; fix: point input.uri at the data"):
         list_shards(InputSpec(uri=str(tmp_path / "empty"), format="jsonl"), "2026-01-01")
