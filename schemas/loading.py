@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from schemas.checks import shown, without_userinfo
+from schemas.checks import UTF16_BOMS, shown, without_userinfo
 from schemas.errors import format_validation_error
 from schemas.spec import JobSpec
 
@@ -265,13 +265,13 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         raise SpecError(f"job spec {name} is not valid YAML: {' '.join(str(e).split())}; {fix}") from None
     except UnicodeDecodeError as e:
         # Windows editors save "Unicode" as UTF-16, whose byte order mark names it.
-        utf16 = p.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
+        utf16 = p.read_bytes()[:2] in UTF16_BOMS
         fix = "it is UTF-16; fix: save it as UTF-8 (iconv -f utf-16 -t utf-8)" if utf16 else "fix: save it as UTF-8"
         raise SpecError(f"job spec {name} is not UTF-8 text (byte {e.start}); {fix}") from None
     if not isinstance(data, dict):
         what = "empty" if data is None else f"a {'list' if isinstance(data, list) else 'single value'}"
         raise SpecError(f"job spec {name} must be a YAML mapping at the top level (name:, input:, task: ...), "
-                        f"and it is {what}; fix: start from jobs/sample-qa.yaml")
+                        f"and it is {what}; fix: start from jobs/sample-qa.yaml of longdoc's repository")
     # An error an override made is the override's, not the file's: the heading names both.
     source = f"{path} with --set {', '.join(map(_shown_override, overrides))}" if overrides else str(path)
     return spec_from_dict(apply_overrides(data, overrides or []), source=source)

@@ -41,6 +41,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from schemas.checks import UTF16_BOMS
 from schemas.output import INPUT, RETRYABLE, reference_text
 from schemas.spec import FORMAT_SUFFIXES, InputSpec
 from stages.listing import special_kind
@@ -51,9 +52,6 @@ configure_object_stores()  # throttling, 5xx and resets retried with bounded bac
 TEXT_SUFFIXES = FORMAT_SUFFIXES["text"]
 _BLOCK = 1 << 20  # JSONL read size: one block in memory besides the current line
 UTF8_BOM = b"\xef\xbb\xbf"
-#: Byte order marks of UTF-16 (Windows "Unicode" exports, PowerShell's ``>``): such a file
-#: is not Latin-1, and the fix to name is converting from UTF-16.
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 def not_utf8_fix(head: bytes) -> str:
