@@ -258,10 +258,10 @@ def _all_empty(shards: list[str]) -> str | None:
 
 def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec) -> list[str]:
     """Refused when every one of the first records that has both fields breaks the pairing
-    of answers with questions (stages/read.py ``pairing_problem``): the sign of a field in
+    of answers with questions (stages/record_fields.py ``pairing_problem``): the sign of a field in
     another shape than the spec says, not of a stray record. A stray one is error rows, as
     past the first records; `validate` names it (``first_records_note``)."""
-    from stages.read import pairing_problem
+    from stages.record_fields import pairing_problem
 
     both = [(where, rec) for where, rec in records
             if rec.get(inp.question_field or "") is not None and rec.get(inp.answer_field or "") is not None]

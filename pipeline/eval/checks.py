@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.spec import InputSpec
-from stages.read import given_answers, pairing_problem
+from stages.record_fields import given_answers, pairing_problem
 
 #: The fields of an eval record (jobs/README.md, "Formats").
 EVAL_FIELDS = ("id", "text", "questions", "answers", "depths", "kind", "style")
@@ -101,7 +101,7 @@ def check_eval_set(path: str) -> EvalSetCheck:
             qs, ans = _as_list(rec.get("questions")), rec.get("answers")
             with_q += bool(qs)
             with_a += ans is not None
-            answers = given_answers(rec.get("questions"), ans)  # the reader's pairing (stages/read.py)
+            answers = given_answers(rec.get("questions"), ans)  # the reader's pairing (stages/record_fields.py)
             doc_id = str(rec.get("id"))
             if doc_id in seen_ids:
                 twice.add(f"id {doc_id!r} at lines {seen_ids[doc_id]} and {lineno}")
