@@ -149,14 +149,16 @@ def model_problem(field: str, name: str, kind: str = "model") -> str | None:
 
 
 def _cache_problem(field: str, name: str) -> str | None:
-    """One line when the bundled generator ``name`` must first be converted into the cache
-    (``stages/cache_paths.py`` ``embedded_model_folder``: not there yet) and the cache's
-    ``models/`` folder cannot be made or written, else None. Before: `validate` passed, and
-    `run` loaded, then aborted with a bare "FileNotFoundError: '/proc/nope'" naming neither the
-    variable nor the fix. ``random:`` draws are left to the loader: whether one is written at
-    all depends on the device, its size and what the cache holds already (a read-only cache
-    holding the draw serves it)."""
-    if name != EMBEDDED_MODEL or (embedded_model_folder() / "model.safetensors").is_file():
+    """One line when the bundled generator must first be converted into the cache
+    (``stages/cache_paths.py`` ``embedded_model_folder``, not there yet) for ``name`` and the
+    cache's ``models/`` folder cannot be made or written, else None. The bundled generator is
+    converted for its weights; a ``random:`` draw for its tokenizer (the bundled one), unless
+    that is there. Before: `validate` passed, and `run` loaded, then aborted with a bare
+    "FileNotFoundError: '/proc/nope'" naming neither the variable nor the fix. A ``random:``
+    draw's own weights are kept in the cache when it can be written, else drawn for the
+    process only (stages/model_loading.py ``random_model_dir``)."""
+    needs = {EMBEDDED_MODEL: "model.safetensors"}.get(name, "tokenizer.json" if name.startswith("random:") else None)
+    if needs is None or (embedded_model_folder() / needs).is_file():
         return None  # another shipped name (read from its package), or converted already: only read
     here = embedded_model_folder().parent.absolute()  # its nearest existing folder is test-written, none created
     while not here.exists() and here != here.parent:
@@ -167,7 +169,9 @@ def _cache_problem(field: str, name: str) -> str | None:
         with tempfile.TemporaryFile(dir=here):
             pass
     except OSError as e:
-        return (f"{field}: {shown(name)} is converted into the cache folder first, and {shown(str(cache_dir()))} "
+        what = "its weights" if name == EMBEDDED_MODEL else "its tokenizer, the bundled one"
+        return (f"{field}: {shown(name)} needs the bundled model converted into the cache folder first ({what}), "
+                f"and {shown(str(cache_dir()))} "
                 f"(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written ({e.strerror or type(e).__name__}); "
                 "fix: set LONGDOC_CACHE to a writable folder, or unset it")
     return None

@@ -197,7 +197,12 @@ def random_model_dir(name: str, config, dtype: torch.dtype, device: torch.device
         log.warning("drawing %s's random weights once (CPU) into %s", name, folder)
         build_random_model(config, dtype, device, seed).save_pretrained(tmp)
 
-    return convert_once(folder, draw)
+    try:
+        return convert_once(folder, draw)
+    except OSError as e:  # a cache this process cannot write: the draw is made, not kept
+        log.warning("cannot keep %s's random weights in %s (%s); drawing them for this process only",
+                    name, folder, e.strerror or type(e).__name__)
+        return None
 
 
 def _load_random_dir(name: str, config, dtype: torch.dtype, folder: Path):

@@ -58,16 +58,16 @@ def test_a_cache_folder_that_cannot_be_written_is_named_before_the_model_loads(t
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("LONGDOC_CACHE", str(blocker / "cache"))
-    name = "embedded:smollm2-135m-instruct"
-    problem = model_problem("generation.model", name)
-    assert problem is not None and problem.startswith(f"generation.model: '{name}' is converted into the cache")
-    assert "(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written" in problem
-    assert "fix: set LONGDOC_CACHE to a writable folder" in problem
-    # A random draw may never be written (on a GPU, too large, or held already): the loader's.
-    assert model_problem("generation.model", "random:llama-tiny") is None
+    for name, what in (("embedded:smollm2-135m-instruct", "its weights"), ("random:tiny", "its tokenizer")):
+        problem = model_problem("generation.model", name)
+        assert problem is not None and problem.startswith(
+            f"generation.model: '{name}' needs the bundled model converted into the cache folder first ({what}")
+        assert "(LONGDOC_CACHE, default ~/.cache/longdoc) cannot be written" in problem
+        assert "fix: set LONGDOC_CACHE to a writable folder" in problem
     assert model_problem("compression.embedder", "embedded:all-minilm-l6-v2", "embedder") is None  # from its package
     monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path / "new" / "cache"))
     assert model_problem("generation.model", "embedded:smollm2-135m-instruct") is None  # made on the way
+
     # The conversion writes under models/: a cache whose models/ is a file is refused too.
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "models").write_text("")

@@ -197,3 +197,8 @@ def test_random_weights_drawn_on_the_cpu_are_kept_and_read_back_unchanged(tmp_pa
     monkeypatch.setattr(ml, "RANDOM_CACHE_MAX_BYTES", 1024)
     assert ml.random_model_dir("random:tiny", cfg, torch.float32, torch.device("cpu"), 0) is None
     assert folder.is_dir()
+    # A cache this process cannot write: the draw is made for it alone, not a bare OSError.
+    monkeypatch.setattr(ml, "RANDOM_CACHE_MAX_BYTES", 8 * 2**30)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("LONGDOC_CACHE", str(tmp_path / "a-file" / "cache"))
+    assert ml.random_model_dir("random:tiny", cfg, torch.float32, torch.device("cpu"), 0) is None
