@@ -140,15 +140,16 @@ def prefills_whole(spec: JobSpec) -> bool:
     return method_for(spec.compression).prefills_whole(spec)
 
 
-def first_documents(spec: JobSpec, run_date: str) -> list[Document]:
+def first_documents(spec: JobSpec, run_date: str, shards: list[str] | None = None) -> list[Document]:
     """The first ``FIRST_DOCUMENTS`` documents as the read stage reads them (error documents
-    included: a bad line, an empty file), over as many files as it takes."""
+    included: a bad line, an empty file), over as many files as it takes (``shards``: the
+    input's listing when the caller has it, else listed here)."""
     from stages.listing import list_shards, resolve_uri
     from stages.read import iter_shard
 
     root = resolve_uri(spec.input.uri, run_date)
     out: list[Document] = []
-    for shard in list_shards(spec.input, run_date)[:FIRST_DOCUMENTS]:
+    for shard in (shards if shards is not None else list_shards(spec.input, run_date))[:FIRST_DOCUMENTS]:
         out += islice(iter_shard(shard, spec.input, root), FIRST_DOCUMENTS - len(out))
         if len(out) >= FIRST_DOCUMENTS:
             break

@@ -4,8 +4,10 @@ Contract: ``preflight(spec, run_date)`` returns problems as one line each, namin
 field or URI and the fix; an empty list means the run can read its input and write its
 output with the credentials of this process. It takes seconds: object stores are asked
 with a short connect timeout and no retries, and only the first records of the first
-input file are read. Nothing is left behind: the output's test object (or, on a local
-disk, a test file in the nearest existing folder) is removed, and no folder is created.
+input file are read, and the first documents as the read stage reads them (up to
+pipeline/fits.py ``FIRST_DOCUMENTS``, over as many files as it takes). Nothing is left
+behind: the output's test object (or, on a local disk, a test file in the nearest existing
+folder) is removed, and no folder is created.
 
 What it checks:
 - the input is listed with the run's credentials (remote inputs too: a missing key, an
@@ -13,6 +15,8 @@ What it checks:
 - the first ``PREFLIGHT_RECORDS`` records of the first JSONL/Parquet file hold the id,
   text and question fields (and the answer field when set): a field that none of them
   has would turn every document into an ``input`` error row after the model loaded;
+- the first documents are not all error rows where they stand for the whole input (one
+  file, all its documents, or the ``input.limit`` ones): ``_first_documents_all_fail``;
 - for a method that prefills each document whole (``none``), the first documents fit the
   model's context: all of them too long is a line (pipeline/fits.py);
 - the output is test-written and the test object removed: on object stores in the output
@@ -59,7 +63,7 @@ _CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRE
 def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> list[str]:
     """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
     ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
-    problems = _check_input(spec, run_date) or _first_documents_all_fail(spec, run_date)
+    problems = _check_input(spec, run_date)
     from pipeline.fits import first_fit, prefills_whole
 
     if not problems and prefills_whole(spec):
@@ -184,7 +188,7 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     if empty := _all_empty(shards):
         return [empty]
     if inp.format == "text":
-        return []
+        return _first_documents_all_fail(spec, run_date, shards)
     try:
         fields, n, bad, records = _first_records(shards[0], inp.format)
     except Exception as e:  # noqa: BLE001
@@ -198,6 +202,9 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
     if not n and bad and inp.format == "parquet":  # refused alone, as a broken .gz is; among others a row
         return [f"input.uri: {shown(shards[0])} is {bad[0]}; fix: export it again, or set input.format to the "
                 "file's format"] if len(shards) == 1 else []
+    if not n and bad and "UTF-16" in bad[0]:  # the reader makes such a file one error row (stages/read.py)
+        why = bad[0].split(": ", 1)[-1]
+        return [f"input.uri: {shown(shards[0])} is {why}"] if len(shards) == 1 else []
     if not n and bad:  # not one record: the wrong format or a broken file, not a stray bad line
         return [f"input.uri: {shown(shards[0])}: none of its first {len(bad)} line(s) is a JSON record "
                 f"(line {bad[0].split('; fix: ')[0]}); fix: one JSON object per line (input.format jsonl), or set input.format "
@@ -215,25 +222,29 @@ def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
         f"({name}); fields there: {have}; fix: set {name} to the field that holds it"
         for name, value in wanted if value and value not in fields
     ]
-    return missing or _answers_problems(shards[0], records, inp)
+    return missing or _answers_problems(shards[0], records, inp) or _first_documents_all_fail(spec, run_date, shards)
 
 
-def _first_documents_all_fail(spec: JobSpec, run_date: str | None) -> list[str]:
-    """Refused when every one of the first documents (pipeline/fits.py ``first_documents``:
-    the read stage's own reading, over as many files as it takes) would be an error row: a
-    field in another shape than the spec says (a text field of numbers, ids all null), every
-    document over ``input.max_doc_bytes``, a folder of blank files. Such a run loaded the
-    model and wrote error rows only. One bad record among good ones stays the run's error row,
-    which `validate` names (``first_records_note``)."""
-    from pipeline.fits import first_documents
+def _first_documents_all_fail(spec: JobSpec, run_date: str | None, shards: list[str]) -> list[str]:
+    """Refused when the documents the run reads first would all be error rows (pipeline/fits.py
+    ``first_documents``: the read stage's own reading) and they stand for the whole input: the
+    input is one file, or every document of it is among them, or they are the ``input.limit``
+    documents the run reads. Such a run loaded the model to write error rows only (a text field
+    of numbers, ids all booleans, every document over ``input.max_doc_bytes``). A folder whose
+    first files alone are bad is not refused: its other files are the night's work (`validate`
+    names the error rows, ``first_records_note``; ``--max-failed-fraction`` judges the date)."""
+    from pipeline.fits import FIRST_DOCUMENTS, first_documents
 
-    if "{run_date}" in spec.input.uri and run_date is None:
-        return []
     try:
-        docs = first_documents(spec, run_date or "")
-    except Exception:  # noqa: BLE001 - a listing or storage problem is _check_input's to say
+        docs = first_documents(spec, run_date or "", shards)
+    except (OSError, ValueError, EOFError):  # a file the listing named is gone or unreadable now: the run's rows
         return []
-    if not docs or any(d.error is None for d in docs):
+    limit = spec.input.limit
+    if limit is not None:
+        docs = docs[:limit]
+    whole = (len(shards) == 1 or (limit is not None and len(docs) >= limit)
+             or (len(docs) < FIRST_DOCUMENTS and len(shards) <= FIRST_DOCUMENTS))
+    if not docs or not whole or any(d.error is None for d in docs):
         return []
     what = "document(s)" if spec.input.format == "text" else "record(s)"
     return [f"input.uri: all of its first {len(docs)} {what} would be error rows (the run would answer none of "

@@ -18,10 +18,11 @@ URI_SCHEMES = ("file", "s3", "gs", "gcs", "memory")
 INPUT_PLACEHOLDERS = ("run_date",)
 OUTPUT_PLACEHOLDERS = ("job", "run_date")
 
-#: A job name: it becomes a folder ({job}), a Ray submission id and a Kubernetes name.
 #: Byte order marks of UTF-16 (Windows "Unicode" exports, PowerShell's ``>``): a spec or an
 #: input file starting with one is named as UTF-16, with the conversion that reads it.
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+#: A job name: it becomes a folder ({job}), a Ray submission id and a Kubernetes name.
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}\Z")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*(?:::[A-Za-z][A-Za-z0-9+.\-]*)*):(//)?")

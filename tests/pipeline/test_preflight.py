@@ -476,6 +476,35 @@ def test_an_input_whose_first_records_would_all_be_error_rows_is_refused(tmp_pat
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*bad, good]))
     res = runner.invoke(app, ["validate", str(spec)])
     assert res.exit_code == 0 and "3 of its first 4 record(s) will be error rows" in res.output, res.output
+    # The documents input.limit reads are all the run answers: all bad is refused.
+    limited = _spec(tmp_path, input={"limit": 3})
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*bad, good]))
+    _both(limited, ["input.uri: all of its first 3 record(s) would be error rows"])
+
+
+def test_a_folder_whose_first_file_alone_is_bad_is_run_not_refused(tmp_path):
+    """The first documents of a folder can all come from one bad file (25 bad records, then
+    four files of good ones): the night's other files are its work, so the run goes on (its
+    bad rows named by validate, judged by --max-failed-fraction); refusing stopped it all."""
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("".join(json.dumps({"id": f"b{i}", "text": 12345, "question": "What?"}) + "\n"
+                                                 for i in range(25)))
+    for k in range(1, 5):
+        (folder / f"part-{k}.jsonl").write_text("".join(
+            json.dumps({"id": f"g{k}-{i}", "text": "A document.", "question": "What?"}) + "\n" for i in range(30)))
+    spec = _spec(tmp_path, input={"uri": str(folder)})
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 0 and "20 of its first 20 record(s) will be error rows" in res.output, res.output
+    # A UTF-16 file among others is one error row of the run, not the folder's refusal.
+    (folder / "part-0.jsonl").write_bytes('{"id": "a", "text": "First."}\n{"id": "b", "text": "Second."}\n'.encode("utf-16"))
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 0 and "the file is UTF-16" in res.output, res.output
+    # Alone, it is refused with the reader's fix (iconv), not "one JSON object per line".
+    alone = _spec(tmp_path, input={"uri": str(folder / "part-0.jsonl")})
+    line = _refused(["validate", str(alone)], ["part-0.jsonl' is not valid UTF-8 (byte 0); the file is UTF-16",
+                                                 "fix: save it as UTF-8 (iconv -f utf-16 -t utf-8)"])
+    assert "one JSON object per line" not in line
 
 
 def test_validate_names_parquet_error_rows_by_row(tmp_path):
