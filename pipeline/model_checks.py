@@ -20,13 +20,12 @@ run on one leaves the check to them. Imports neither Ray nor torch.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 
+from pipeline.local_write import write_error
 from schemas.checks import shown
 from schemas.loading import looks_local, named_models
 from schemas.spec import EMBEDDED_MODEL, EMBEDDED_NAMES, JobSpec
@@ -160,15 +159,8 @@ def _cache_problem(field: str, name: str) -> str | None:
     needs = {EMBEDDED_MODEL: "model.safetensors"}.get(name, "tokenizer.json" if name.startswith("random:") else None)
     if needs is None or (embedded_model_folder() / needs).is_file():
         return None  # another shipped name (read from its package), or converted already: only read
-    here = embedded_model_folder().parent.absolute()  # its nearest existing folder is test-written, none created
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    try:
-        if not here.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, f"{here} is a file")
-        with tempfile.TemporaryFile(dir=here):
-            pass
-    except OSError as e:
+    _, e = write_error(embedded_model_folder().parent)  # models/, or its nearest existing folder
+    if e is not None:
         what = "its weights" if name == EMBEDDED_MODEL else "its tokenizer, the bundled one"
         return (f"{field}: {shown(name)} needs the bundled model converted into the cache folder first ({what}), "
                 f"and {shown(str(cache_dir()))} "

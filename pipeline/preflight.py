@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import fsspec
 
+from pipeline.local_write import write_error
 from pipeline.memory_fit import kv_budget_problems, memory_problems
 from pipeline.model_checks import model_problems
 from schemas.checks import shown
@@ -343,18 +343,11 @@ def _check_output(spec: JobSpec, run_date: str | None) -> list[str]:
 
 def _check_local_output(root: str) -> list[str]:
     """Test-write a file in the nearest existing folder of ``root`` (no folder is created)."""
-    path = Path(root.removeprefix("file://")).expanduser().absolute()
-    here = path
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    if not here.is_dir():
+    here, e = write_error(Path(root.removeprefix("file://")))
+    if isinstance(e, NotADirectoryError):
         return [f"output.uri: {shown(root)}: {shown(str(here))} is a file, not a folder; fix: choose an "
                 "output.uri whose folders can be created"]
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".longdoc-preflight-", dir=here)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
+    if e is not None:
         # Only a permission is the user's to grant; /proc, a read-only mount or a full disk are not.
         fix = ("grant this user write permission there (chmod/chown), or choose another output.uri"
                if e.errno in (errno.EACCES, errno.EPERM) else "choose an output.uri on a writable disk")
