@@ -1,8 +1,11 @@
 """Derive kuberay-v1.6.2.json from the KubeRay CRDs (run by hand when KubeRay moves).
 
-Usage: python infra/kuberay-schema/derive.py RAYJOBS_CRD.yaml RAYCRONJOBS_CRD.yaml > kuberay-vX.json
+Usage: python infra/kuberay-schema/derive.py RAYJOBS_CRD.yaml RAYCRONJOBS_CRD.yaml [TAG] > kuberay-vX.json
 (ray-operator/config/crd/bases/ray.io_rayjobs.yaml and ray.io_raycronjobs.yaml of a KubeRay
-release tag). Keeps the RayJob spec fields `longdoc render` writes, rayClusterSpec whole
+release tag; TAG names it in the output's $comment, e.g.
+"ray-operator/v1.7.0 (commit 59d663aeec13760646da3db9c1cf8cfe883e30b7)"). RayCronJob's
+``timeZone`` (KubeRay >= v1.7) is kept where the CRD has it: `render --kuberay-version 1.7`
+writes it. Keeps the RayJob spec fields `longdoc render` writes, rayClusterSpec whole
 except pod templates (tests check those against the Kubernetes PodTemplate schema), and
 adds additionalProperties: false to objects with properties so a misspelt field fails.
 """
@@ -54,7 +57,7 @@ def v1_spec(crd_file: str) -> dict:
     return v1["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
-def main(rayjobs: str, raycronjobs: str) -> dict:
+def main(rayjobs: str, raycronjobs: str, tag: str = TAG) -> dict:
     job, cron = v1_spec(rayjobs), v1_spec(raycronjobs)
     assert cron["properties"]["jobTemplate"] == job, "RayCronJob jobTemplate differs from the RayJob spec"
     spec = copy.deepcopy(job)
@@ -74,7 +77,9 @@ def main(rayjobs: str, raycronjobs: str) -> dict:
     cronspec = {"type": "object", "required": cron.get("required", []), "additionalProperties": False,
                 "properties": {"schedule": cron["properties"]["schedule"],
                                "suspend": cron["properties"]["suspend"], "jobTemplate": spec}}
-    comment = (f"Derived from KubeRay {TAG} CRDs ray.io_rayjobs.yaml and ray.io_raycronjobs.yaml, "
+    if "timeZone" in cron["properties"]:  # KubeRay v1.7: the schedule's zone (a CRON_TZ prefix is refused)
+        cronspec["properties"]["timeZone"] = cron["properties"]["timeZone"]
+    comment = (f"Derived from KubeRay {tag} CRDs ray.io_rayjobs.yaml and ray.io_raycronjobs.yaml, "
                "openAPIV3Schema of version v1 by infra/kuberay-schema/derive.py: the RayJob spec fields "
                "longdoc render writes, with rayClusterSpec kept whole except pod templates (checked "
                "against the Kubernetes PodTemplate schema instead), and additionalProperties: false added "
@@ -85,4 +90,4 @@ def main(rayjobs: str, raycronjobs: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2]), indent=1, sort_keys=True))
+    print(json.dumps(main(*sys.argv[1:4]), indent=1, sort_keys=True))

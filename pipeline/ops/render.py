@@ -37,7 +37,11 @@ the operator's RayCronJob feature). Contract of the output, a multi-document YAM
 RayCronJob has no time zone field in KubeRay v1.6; its controller parses schedules
 with robfig/cron, which accepts a ``CRON_TZ=<zone>`` prefix (KubeRay logs a warning
 that this is not officially supported). ``--timezone`` therefore prefixes the
-schedule and also sets the zone of the computed run date. Schedules and zones are
+schedule and also sets the zone of the computed run date. KubeRay v1.7 refuses any
+``TZ`` in the schedule and reads ``spec.timeZone`` instead (without it: the operator's
+local zone), so ``--kuberay-version 1.7`` writes the zone there, always, UTC included,
+and cuts RayCronJob names to v1.7's 36 characters (its child RayJob takes a
+``-<Unix minute>`` suffix of up to 11 characters, v1.6's took 6). Schedules and zones are
 checked here (pipeline/ops/schedule.py) so a bad one fails before ``kubectl apply``.
 """
 
@@ -68,6 +72,14 @@ SPEC_MOUNT = "/etc/longdoc"
 DEFAULT_IMAGE = "longdoc:0.1.0"
 MAX_RAYJOB_NAME = 47  # KubeRay v1.6: RayCluster names <= 53, a RayJob's cluster adds 6
 MAX_RAYCRONJOB_NAME = 41  # the controller names each run's RayJob <cron name>-<5 chars>
+#: KubeRay v1.7 names each run's RayJob <cron name>-<Unix minute> (up to 11 chars) and
+#: refuses a RayCronJob name over 36 (utils.MaxRayCronJobNameLength).
+MAX_RAYCRONJOB_NAME_V17 = 36
+#: The KubeRay operator versions ``--kuberay-version`` renders for (their CRDs differ in
+#: RayCronJob's time zone and name limit; infra/kuberay-schema/ has a schema of each).
+KUBERAY_VERSIONS = ("1.6", "1.7")
+KubeRayVersion = choice("KubeRayVersion", KUBERAY_VERSIONS)
+_KUBERAY_DEFAULT = KubeRayVersion("1.6")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
@@ -101,6 +113,7 @@ class RenderOptions:
     gpu_toleration: bool = True
     secrets: tuple[str, ...] = field(default_factory=tuple)
     ray_version: str | None = None
+    kuberay_version: str = "1.6"  # one of KUBERAY_VERSIONS: the operator the manifests are for
 
 
 def k8s_name(name: str, max_len: int = 63) -> str:
@@ -161,6 +174,9 @@ def toleration(text: str) -> dict[str, str]:
 def _check(opts: RenderOptions) -> None:
     if opts.kind not in KINDS:
         raise ValueError(f"--kind {opts.kind!r} is not supported; allowed: {', '.join(KINDS)}")
+    if opts.kuberay_version not in KUBERAY_VERSIONS:
+        raise ValueError(f"--kuberay-version {opts.kuberay_version!r} is not supported; "
+                         f"allowed: {', '.join(KUBERAY_VERSIONS)}")
     check_cron(opts.schedule, "--schedule")
     check_timezone(opts.timezone, "--timezone")
     for name, value, low in (("--ttl-seconds", opts.ttl_seconds, 0), ("--deadline-seconds", opts.deadline_seconds, 1),
@@ -315,7 +331,10 @@ def job_name(job: JobSpec, opts: RenderOptions) -> str:
     # A fixed date names the RayJob per date, so applying it twice is a no-op, like
     # `longdoc submit` refusing a second submission of one job and date.
     suffix = f"-{opts.run_date}" if opts.run_date else ""
-    budget = MAX_RAYJOB_NAME if opts.kind == "rayjob" else MAX_RAYCRONJOB_NAME
+    if opts.kind == "rayjob":
+        budget = MAX_RAYJOB_NAME
+    else:
+        budget = MAX_RAYCRONJOB_NAME_V17 if opts.kuberay_version == "1.7" else MAX_RAYCRONJOB_NAME
     return k8s_name(job.name, budget - len(suffix)) + suffix
 
 
@@ -344,10 +363,15 @@ def render_manifests(job: JobSpec, opts: RenderOptions) -> list[dict[str, Any]]:
         doc = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": rayjob}
     else:
         sched = check_cron(opts.schedule, "--schedule")
-        if opts.timezone != "UTC":
-            sched = f"CRON_TZ={opts.timezone} {sched}"
+        cron: dict[str, Any] = {"schedule": sched}
+        if opts.kuberay_version == "1.7":
+            # v1.7 refuses TZ in the schedule; without timeZone it fires in the operator's
+            # own zone, which need not be UTC: the zone is written even when it is UTC.
+            cron["timeZone"] = opts.timezone
+        elif opts.timezone != "UTC":
+            cron["schedule"] = f"CRON_TZ={opts.timezone} {sched}"
         doc = {"apiVersion": "ray.io/v1", "kind": "RayCronJob", "metadata": meta,
-               "spec": {"schedule": sched, "jobTemplate": rayjob}}
+               "spec": {**cron, "jobTemplate": rayjob}}
     return [configmap, doc]
 
 
@@ -394,10 +418,10 @@ def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
         out.append("KubeRay runs a RayCronJob only with its RayCronJob feature gate on (alpha in v1.6, off by "
                    "default: the operator's --feature-gates=RayCronJob=true, or the Helm chart's featureGates "
                    "list); without it the manifest applies and never fires")
-        if opts.timezone != "UTC":
+        if opts.timezone != "UTC" and opts.kuberay_version == "1.6":
             out.append(f"the schedule carries the zone as 'CRON_TZ={opts.timezone}', which KubeRay v1.6 reads; "
-                       "v1.7 refuses it (its spec.timeZone replaces it): render for v1.6, or set spec.timeZone "
-                       "and drop the prefix by hand on v1.7")
+                       "v1.7 refuses it (its spec.timeZone replaces it): for a v1.7 operator render with "
+                       "--kuberay-version 1.7")
         problems = dst_problems(opts.schedule, opts.timezone, date.today())
         clear = clear_schedule(opts.schedule, opts.timezone, date.today()) if problems else None
         out += [f"{p}; pick a time clear of the clock change" + (f", e.g. --schedule '{clear}'" if clear else "")
@@ -433,6 +457,9 @@ def render(
         list[str] | None, typer.Option(help="Toleration for every Ray pod: key[=value][:effect] (repeatable).")
     ] = None,
     gpu_toleration: Annotated[bool, typer.Option(help="GPU pods tolerate the nvidia.com/gpu taint.")] = True,
+    kuberay_version: Annotated[
+        KubeRayVersion, typer.Option(help="KubeRay operator version: 1.7 writes RayCronJob's spec.timeZone.")
+    ] = _KUBERAY_DEFAULT,
 ) -> None:
     """Print KubeRay manifests (ConfigMap + RayJob or RayCronJob) for SPEC."""
     from pipeline.ops.submit import resolve_run_date
@@ -447,7 +474,7 @@ def render(
             deadline_seconds=deadline_seconds, worker_memory=worker_memory, head_memory=head_memory,
             shm_size=shm_size, service_account=service_account, backoff_limit=backoff_limit,
             tolerations=tuple(toleration or ()), gpu_toleration=gpu_toleration,
-            secrets=tuple(secret or ()),
+            secrets=tuple(secret or ()), kuberay_version=KubeRayVersion(kuberay_version).value,
         )
         typer.echo(to_yaml(render_manifests(job, opts)), nl=False)
         for w in render_warnings(job, opts):

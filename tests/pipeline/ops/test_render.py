@@ -219,17 +219,19 @@ def test_example_manifests_in_infra_are_valid(path, kind):
 # unknown fields fail); RayJob / RayCronJob against a JSON Schema derived from the KubeRay
 # v1.6.2 CRDs (infra/kuberay-schema/, pod templates checked as Kubernetes PodTemplates).
 K8S_VERSION = "1.33.0"
-KUBERAY_SCHEMA = json.loads((ROOT / "infra" / "kuberay-schema" / "kuberay-v1.6.2.json").read_text())
+KUBERAY_SCHEMAS = {v: json.loads((ROOT / "infra" / "kuberay-schema" / f"kuberay-v{v}.json").read_text())
+                   for v in ("1.6.2", "1.7.0")}
 
 
-def schema_errors(docs: list[dict]) -> list[str]:
-    """Every schema violation of rendered manifests, as readable strings (empty = valid)."""
+def schema_errors(docs: list[dict], kuberay: str = "1.6.2") -> list[str]:
+    """Every schema violation of rendered manifests against the Kubernetes schemas and the
+    CRD schema of KubeRay ``kuberay``, as readable strings (empty = valid)."""
     errors: list[str] = []
     for doc in docs:
         if doc["apiVersion"] == "v1":
             errors += _k8s_errors(doc)
             continue
-        v = jsonschema.Draft202012Validator(KUBERAY_SCHEMA[doc["kind"]])
+        v = jsonschema.Draft202012Validator(KUBERAY_SCHEMAS[kuberay][doc["kind"]])
         errors += [f"{doc['kind']} {'/'.join(map(str, e.path))}: {e.message}" for e in v.iter_errors(doc)]
         spec = doc["spec"] if doc["kind"] == "RayJob" else doc["spec"]["jobTemplate"]
         cluster = spec["rayClusterSpec"]
@@ -313,3 +315,25 @@ def test_a_nightly_manifest_names_the_feature_gate_the_zone_prefix_and_the_clock
 def test_what_kuberay_would_refuse_or_fire_at_once_is_refused_here(args, said):
     r = CliRunner().invoke(_app, ["render", str(SAMPLE), *args])
     assert r.exit_code == 2 and said in r.stderr and not r.stdout, r.stderr
+
+
+def test_kuberay_1_7_gets_the_zone_in_spec_time_zone_not_the_schedule():
+    """v1.7 refuses a TZ in the schedule and, without spec.timeZone, fires in the operator's
+    own zone: the zone goes to spec.timeZone (UTC too), the name fits v1.7's 36 characters."""
+    base = [str(SAMPLE), "--kind", "raycronjob", "--schedule", "30 3 * * *", "--kuberay-version", "1.7"]
+    code, docs, out = _render(*base, "--timezone", "Europe/Zurich")
+    assert code == 0, out
+    cron = docs[1]["spec"]
+    assert cron["schedule"] == "30 3 * * *" and cron["timeZone"] == "Europe/Zurich"
+    assert "v1.7 refuses it" not in out
+    assert schema_errors(docs, "1.7.0") == []
+    assert any("timeZone" in e for e in schema_errors(docs, "1.6.2"))  # v1.6's CRD has no such field
+    code, docs, out = _render(*base)
+    assert code == 0 and docs[1]["spec"]["timeZone"] == "UTC" and docs[1]["spec"]["schedule"] == "30 3 * * *"
+    # v1.6 (the default) keeps the prefix it reads and says what to do on v1.7
+    code, docs, out = _render(str(SAMPLE), "--kind", "raycronjob", "--timezone", "Europe/Zurich")
+    assert docs[1]["spec"]["schedule"] == "CRON_TZ=Europe/Zurich 0 2 * * *" and "timeZone" not in docs[1]["spec"]
+    assert "--kuberay-version 1.7" in " ".join(out.split())
+    long = spec_from_dict({"name": "contracts-nightly-question-answering-emea", "input": {"uri": "s3://b/x"}})
+    _, doc = render_manifests(long, RenderOptions(kind="raycronjob", kuberay_version="1.7", ray_version="2.60.0"))
+    assert len(doc["metadata"]["name"]) <= 36 and _DNS1035.match(doc["metadata"]["name"])
