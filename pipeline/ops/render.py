@@ -33,6 +33,12 @@ the operator's RayCronJob feature). Contract of the output, a multi-document YAM
    job names never collide.
 3. Credentials never appear here: ``--secret NAME`` adds ``envFrom: secretRef`` to
    every container (e.g. a Secret holding AWS_ACCESS_KEY_ID / AWS_ENDPOINT_URL).
+4. The output outlives the cluster: ``output.uri`` is object storage (``s3://``, ``gs://``,
+   any remote fsspec scheme), or an absolute path on the PersistentVolumeClaim
+   ``--output-pvc`` mounts on every Ray pod (write tasks run on the workers, the date's
+   commit in the driver on the head). A local path without one, or ``memory://``, is
+   refused (``output_mount``): the rows would land on a pod's own disk and go with the
+   cluster ``shutdownAfterJobFinishes`` deletes, after a run that reports success.
 
 RayCronJob has no time zone field in KubeRay v1.6; its controller parses schedules
 with robfig/cron, which accepts a ``CRON_TZ=<zone>`` prefix (KubeRay logs a warning
@@ -114,6 +120,7 @@ class RenderOptions:
     secrets: tuple[str, ...] = field(default_factory=tuple)
     ray_version: str | None = None
     kuberay_version: str = "1.6"  # one of KUBERAY_VERSIONS: the operator the manifests are for
+    output_pvc: str | None = None  # PersistentVolumeClaim mounted where a path output.uri writes
 
 
 def k8s_name(name: str, max_len: int = 63) -> str:
@@ -209,6 +216,45 @@ def _check(opts: RenderOptions) -> None:
     scale_quantity(opts.shm_size, 1, "--shm-size")
     for t in opts.tolerations:
         toleration(t)
+    if opts.output_pvc is not None and (len(opts.output_pvc) > 253 or not _DNS1123_SUBDOMAIN.match(opts.output_pvc)):
+        raise ValueError(f"--output-pvc {opts.output_pvc!r} is not a PersistentVolumeClaim name "
+                         "(lowercase DNS-1123 subdomain)")
+
+
+def output_mount(job: JobSpec, opts: RenderOptions) -> str | None:
+    """Where ``--output-pvc`` is mounted (None: the output is object storage, no mount), or
+    ValueError naming the fix when the rows would not outlive the cluster.
+
+    The mount is the folder above everything the run writes: the fixed part of the path
+    before its first placeholder, cut at the last ``/`` (``/data/out/{job}`` -> ``/data/out``;
+    without a placeholder the root's parent, ``/data/out`` -> ``/data``), so the run records
+    in the root's sibling ``<root>.runs/`` land on the volume too.
+    """
+    uri = job.output.uri
+    local = "://" not in uri or uri.startswith("file://")
+    if not local:
+        if uri.startswith("memory://"):  # an fsspec memory filesystem lives and dies in one process
+            raise ValueError(f"output.uri {uri!r} is in one process's memory: on the cluster the rows are "
+                             "lost when the job ends; use --set output.uri=s3://BUCKET/longdoc/{job} (or gs://)")
+        if opts.output_pvc:
+            raise ValueError(f"--output-pvc {opts.output_pvc} with output.uri {uri!r}: the output is not "
+                             "a path; leave --output-pvc out, or set output.uri to a path on the volume")
+        return None
+    path = uri.removeprefix("file://")
+    if not opts.output_pvc:
+        raise ValueError(
+            f"output.uri {uri!r} is a local path: on the cluster the rows would land on a pod's own disk and "
+            "be deleted with the cluster after the job; use --set output.uri=s3://BUCKET/longdoc/{job} "
+            "(or gs://), or an absolute path on a shared volume with --output-pvc CLAIM "
+            "(a ReadWriteMany PersistentVolumeClaim, mounted on every Ray pod)")
+    # A relative path resolves against each process's working directory, which need not
+    # be the same in the driver and the Ray workers.
+    head = path.split("{", 1)[0] if "{" in path else path.rstrip("/")
+    mount = head.rsplit("/", 1)[0]
+    if not path.startswith("/") or not mount:
+        raise ValueError(f"output.uri {uri!r} with --output-pvc: name an absolute path below the "
+                         "volume's mount point, e.g. --set output.uri=/data/longdoc/{job} (mounted at /data/longdoc)")
+    return mount
 
 
 def date_expression(opts: RenderOptions) -> str:
@@ -227,7 +273,8 @@ def entrypoint(opts: RenderOptions) -> str:
     return cmd
 
 
-def _container(name: str, opts: RenderOptions, cpu: int, memory: str, gpus: int) -> dict[str, Any]:
+def _container(name: str, opts: RenderOptions, cpu: int, memory: str, gpus: int,
+               output_at: str | None = None) -> dict[str, Any]:
     res: dict[str, Any] = {"requests": {"cpu": str(cpu), "memory": memory},
                            "limits": {"cpu": str(cpu), "memory": memory}}
     if gpus:
@@ -236,8 +283,13 @@ def _container(name: str, opts: RenderOptions, cpu: int, memory: str, gpus: int)
     c: dict[str, Any] = {"name": name, "image": opts.image, "resources": res}
     if opts.secrets:
         c["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
+    mounts = []
     if _shm(opts):
-        c["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if output_at:
+        mounts.append({"name": "output", "mountPath": output_at})
+    if mounts:
+        c["volumeMounts"] = mounts
     return c
 
 
@@ -253,6 +305,8 @@ def _pod_spec(opts: RenderOptions, container: dict[str, Any], gpu: bool,
     if _shm(opts):
         # Ray's object store lives in /dev/shm; runtimes give containers 64 MiB of it.
         vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}})
+    if opts.output_pvc:
+        vols.append({"name": "output", "persistentVolumeClaim": {"claimName": opts.output_pvc}})
     if vols:
         spec["volumes"] = vols
     if opts.service_account:
@@ -277,12 +331,13 @@ def _worker_group(group: str, pods: tuple[int, int], pod_spec: dict[str, Any]) -
 
 
 def _packed_group(group: str, opts: RenderOptions, actors: tuple[int, int], num_gpus: float,
-                  cpus_per_actor: float) -> dict[str, Any]:
+                  cpus_per_actor: float, output_at: str | None) -> dict[str, Any]:
     """Worker group for an actor pool: ``pack`` decides actors and GPUs per pod."""
     per, gpus = pack(num_gpus, actors[1])
     pods = (math.ceil(actors[0] / per), math.ceil(actors[1] / per))
     c = _container("ray-worker", opts, cpu=math.ceil(per * cpus_per_actor - 1e-9) + 1,
-                   memory=scale_quantity(opts.worker_memory, per, "--worker-memory"), gpus=gpus)
+                   memory=scale_quantity(opts.worker_memory, per, "--worker-memory"), gpus=gpus,
+                   output_at=output_at)
     return _worker_group(group, pods, _pod_spec(opts, c, gpu=gpus > 0))
 
 
@@ -290,7 +345,8 @@ def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str,
     """rayClusterSpec sized from ``job.resources`` (see the module docstring)."""
     res = job.resources
     actors = (res.actors, res.actors) if isinstance(res.actors, int) else tuple(res.actors)
-    head = _container("ray-head", opts, cpu=2, memory=opts.head_memory, gpus=0)
+    out_at = output_mount(job, opts)
+    head = _container("ray-head", opts, cpu=2, memory=opts.head_memory, gpus=0, output_at=out_at)
     head["ports"] = [{"containerPort": 6379, "name": "gcs-server"},
                      {"containerPort": 8265, "name": "dashboard"},
                      {"containerPort": 10001, "name": "client"}]
@@ -299,14 +355,14 @@ def cluster_spec(job: JobSpec, opts: RenderOptions, configmap: str) -> dict[str,
     spec_volume = {"name": "job-spec", "configMap": {"name": configmap}}
     # The pods' nodes are not this machine: num_cpus "auto" sizes them at 1 CPU per actor.
     groups = [_packed_group("gpu-workers" if res.num_gpus > 0 else "cpu-workers", opts, actors,
-                            res.num_gpus, res.cpus_per_actor(None, res.max_actors))]
+                            res.num_gpus, res.cpus_per_actor(None, res.max_actors), out_at)]
     method = method_for(job.compression)
     if method.runs_at == "text_stage" and method.uses_compress_gpus and res.compress_num_gpus > 0:
         # Only a text stage with its own (GPU) actor pool (rag) needs it; Finch and
         # AutoCompressor run inside the generate actor, truncate in the tokenize actor.
         # Text-stage actors ask 0.5 CPU each (pipeline/plan.py).
         n = res.compress_actors
-        groups.append(_packed_group("compress-gpu-workers", opts, (n, n), res.compress_num_gpus, 0.5))
+        groups.append(_packed_group("compress-gpu-workers", opts, (n, n), res.compress_num_gpus, 0.5, out_at))
     spec: dict[str, Any] = {
         "rayVersion": opts.ray_version or _ray_version(),
         "headGroupSpec": {
@@ -394,22 +450,23 @@ def to_yaml(docs: list[dict[str, Any]]) -> str:
 def render_warnings(job: JobSpec, opts: RenderOptions) -> list[str]:
     """What renders but will likely fail on the cluster, one line each (printed to stderr).
 
-    - a local path (input, output, model): the pod reads and writes its own disk, not this one;
+    - a local input or model path: the pod reads its own disk, not this one (perhaps on
+      purpose: data baked into the image); a local output is refused instead (``output_mount``);
     - an object-store URI and no ``--secret`` (nor ``--service-account``): the pods have no credentials;
     - an image without a registry: the nodes pull it from Docker Hub unless it was preloaded;
     - a RayCronJob: KubeRay's feature gate, the zone prefix v1.7 refuses, and the nights a
       clock change skips or repeats (pipeline/ops/schedule.py ``dst_problems``).
     """
     out = []
-    paths = [("input.uri", job.input.uri), ("output.uri", job.output.uri)]
+    paths = [("input.uri", job.input.uri)]
     model = job.generation.model
     if isinstance(model, str) and model.startswith(("/", "./", "../", "~", "file://")):
         paths.append(("generation.model", model))
     for field_name, uri in paths:
         if "://" not in uri or uri.startswith("file://"):
-            out.append(f"{field_name} {uri!r} is a local path: on the cluster it is the pod's own disk (lost "
-                       "with the pod, unseen here); use s3:// or gs://, or mount a volume at that path")
-    remote = [u for _, u in paths if u.startswith(("s3://", "gs://", "gcs://"))]
+            out.append(f"{field_name} {uri!r} is a local path: on the cluster it is read from the pod's own disk "
+                       "(the image's files), not this machine's; use s3:// or gs://, or bake it into the image")
+    remote = [u for _, u in [*paths, ("output.uri", job.output.uri)] if u.startswith(("s3://", "gs://", "gcs://"))]
     if remote and not opts.secrets and not opts.service_account:
         out.append(f"{remote[0]!r} is object storage and no --secret is given: the pods will have no "
                    "credentials; pass --secret NAME (a Secret holding AWS_ACCESS_KEY_ID, "
@@ -457,6 +514,8 @@ def render(
         list[str] | None, typer.Option(help="Toleration for every Ray pod: key[=value][:effect] (repeatable).")
     ] = None,
     gpu_toleration: Annotated[bool, typer.Option(help="GPU pods tolerate the nvidia.com/gpu taint.")] = True,
+    output_pvc: Annotated[str | None, typer.Option(
+        help="PersistentVolumeClaim (ReadWriteMany) mounted on every Ray pod for a path output.uri.")] = None,
     kuberay_version: Annotated[
         KubeRayVersion, typer.Option(help="KubeRay operator version: 1.7 writes RayCronJob's spec.timeZone.")
     ] = _KUBERAY_DEFAULT,
@@ -475,6 +534,7 @@ def render(
             shm_size=shm_size, service_account=service_account, backoff_limit=backoff_limit,
             tolerations=tuple(toleration or ()), gpu_toleration=gpu_toleration,
             secrets=tuple(secret or ()), kuberay_version=KubeRayVersion(kuberay_version).value,
+            output_pvc=output_pvc,
         )
         typer.echo(to_yaml(render_manifests(job, opts)), nl=False)
         for w in render_warnings(job, opts):

@@ -29,7 +29,14 @@ _app.command("render")(render)
 _app.command("noop")(lambda: None)  # two commands keep typer from flattening the app
 
 
+#: The sample spec writes to a local folder, which render refuses (a pod's disk): the
+#: renders below give an object-store output unless they test the output themselves.
+S3_OUT = ("--set", "output.uri=s3://b/out/{job}")
+
+
 def _render(*args: str) -> tuple[int, list[dict], str]:
+    if not any(a.startswith("output.uri=") for a in args) and "--output-pvc" not in args:
+        args = (*args, *S3_OUT)
     r = CliRunner().invoke(_app, ["render", *args])
     docs = list(yaml.safe_load_all(r.stdout)) if r.exit_code == 0 else []
     return r.exit_code, docs, r.output
@@ -49,7 +56,7 @@ def test_rayjob_cpu_from_sample_spec():
     assert rj["metadata"] == {"name": "sample-summarize-2026-01-31", "namespace": "batch",
                               "labels": {"app.kubernetes.io/name": "longdoc", "longdoc/job": "sample-summarize"}}
     # The embedded spec is the resolved spec, identical to what `longdoc run` would load.
-    assert spec_from_dict(yaml.safe_load(cm["data"]["job.yaml"])) == load_spec(SAMPLE)
+    assert spec_from_dict(yaml.safe_load(cm["data"]["job.yaml"])) == load_spec(SAMPLE, [S3_OUT[1]])
     spec = rj["spec"]
     assert spec["entrypoint"] == "longdoc run /etc/longdoc/job.yaml --date 2026-01-31 --runner ray"
     assert spec["shutdownAfterJobFinishes"] is True
@@ -110,7 +117,7 @@ def test_raycronjob_gpu_autoscaling_and_timezone():
 
 @pytest.mark.parametrize("method", ["finch", "truncate", "none"])
 def test_no_compression_gpu_group_without_rag(method):
-    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"},
+    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"},
                           "compression": {"method": method} | ({"target_tokens": 256} if method != "none" else {}),
                           "resources": {"num_gpus": 1, "compress_num_gpus": 1, "compress_actors": 2}})
     _, rj = render_manifests(job, RenderOptions(ray_version="2.60.0"))
@@ -125,7 +132,7 @@ def test_no_compression_gpu_group_without_rag(method):
     (3, 0.0, (3, 3), None, "2", "8Gi"),         # CPU: a pod per actor
 ])
 def test_fractional_gpus_pack_onto_pods(actors, gpus, pods, per_pod_gpu, cpu, mem):
-    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"},
+    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"},
                           "resources": {"actors": actors, "num_gpus": gpus, "num_cpus": 1}})
     _, rj = render_manifests(job, RenderOptions(ray_version="2.60.0"))
     (g,) = _workers(rj)
@@ -168,10 +175,10 @@ def test_bad_values_exit_2_naming_the_value(args, message):
 
 
 def test_name_sanitised_for_kubernetes():
-    job = spec_from_dict({"name": "Nightly_QA.v2", "input": {"uri": "s3://b/x"}})
+    job = spec_from_dict({"name": "Nightly_QA.v2", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"}})
     cm, rj = render_manifests(job, RenderOptions(run_date="2026-03-01", ray_version="2.60.0"))
     assert rj["metadata"]["name"] == "nightly-qa-v2-2026-03-01" and cm["metadata"]["name"].endswith("-spec")
-    digits = spec_from_dict({"name": "2026-report", "input": {"uri": "s3://b/x"}})
+    digits = spec_from_dict({"name": "2026-report", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"}})
     assert render_manifests(digits, RenderOptions(ray_version="2.60.0"))[1]["metadata"]["name"] == "j-2026-report"
 
 
@@ -184,7 +191,7 @@ def test_long_names_are_cut_without_collisions(kind, date, limit):
     stem = "contracts-nightly-question-answering-for-the-legal-department-"
     names = set()
     for suffix in ("emea", "apac", "us"):
-        job = spec_from_dict({"name": stem + suffix, "input": {"uri": "s3://b/x"}})
+        job = spec_from_dict({"name": stem + suffix, "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"}})
         _, doc = render_manifests(job, RenderOptions(kind=kind, run_date=date, ray_version="2.60.0"))
         name = doc["metadata"]["name"]
         assert len(name) <= limit and _DNS1035.match(name), name
@@ -283,7 +290,7 @@ def test_schema_check_catches_mistakes():
 
 def test_render_warns_about_local_paths_missing_secrets_and_registryless_images():
     """The manifest renders, and stderr names what will fail on the pods."""
-    r = CliRunner().invoke(_app, ["render", str(SAMPLE)])
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), *S3_OUT])
     assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout))
     assert "warning: input.uri" in r.stderr and "is a local path" in r.stderr and "pod's own disk" in r.stderr
     assert "image 'longdoc:0.1.0' names no registry" in r.stderr and "e.g. ghcr.io/ORG/longdoc:1.0" in r.stderr
@@ -334,6 +341,44 @@ def test_kuberay_1_7_gets_the_zone_in_spec_time_zone_not_the_schedule():
     code, docs, out = _render(str(SAMPLE), "--kind", "raycronjob", "--timezone", "Europe/Zurich")
     assert docs[1]["spec"]["schedule"] == "CRON_TZ=Europe/Zurich 0 2 * * *" and "timeZone" not in docs[1]["spec"]
     assert "--kuberay-version 1.7" in " ".join(out.split())
-    long = spec_from_dict({"name": "contracts-nightly-question-answering-emea", "input": {"uri": "s3://b/x"}})
+    long = spec_from_dict({"name": "contracts-nightly-question-answering-emea", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"}})
     _, doc = render_manifests(long, RenderOptions(kind="raycronjob", kuberay_version="1.7", ray_version="2.60.0"))
     assert len(doc["metadata"]["name"]) <= 36 and _DNS1035.match(doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize(("output", "said"), [
+    ("out/{job}", "output.uri 'out/{job}' is a local path"),
+    ("file:///srv/out/{job}", "is a local path"),
+    ("memory://out/{job}", "in one process's memory"),
+])
+def test_an_output_that_dies_with_the_cluster_is_refused_with_the_fix(output, said):
+    """The cluster is deleted after the job: rows on a pod's disk would be gone after a
+    run that reported success. Refused, naming object storage and --output-pvc."""
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), "--set", f"output.uri={output}"])
+    assert r.exit_code == 2 and not r.stdout and said in r.stderr, r.stderr
+    assert "s3://" in r.stderr and ("--output-pvc" in r.stderr or "memory" in said)
+
+
+def test_output_pvc_mounts_the_claim_above_the_output_on_every_ray_pod():
+    code, docs, out = _render(str(SAMPLE), "--set", "output.uri=/data/longdoc/{job}", "--output-pvc", "nightly-out",
+                              "--set", "compression={method: rag, target_tokens: 512}",
+                              "--set", "resources.compress_num_gpus=1", "--set", "resources.num_gpus=1")
+    assert code == 0, out
+    cluster = docs[1]["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in
+                                                             cluster["workerGroupSpecs"]]
+    assert len(pods) == 3  # head (the date's commit), generate and compress workers (write tasks)
+    for pod in pods:
+        assert {"name": "output", "persistentVolumeClaim": {"claimName": "nightly-out"}} in pod["volumes"]
+        assert {"name": "output", "mountPath": "/data/longdoc"} in pod["containers"][0]["volumeMounts"]
+    assert "output.uri" not in out  # no warning left for the output
+    assert schema_errors(docs) == []
+    # without a placeholder the root's parent is mounted: the run records sit beside the root
+    _, docs, _ = _render(str(SAMPLE), "--set", "output.uri=/data/out", "--output-pvc", "o")
+    head = docs[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "output", "mountPath": "/data"} in head["volumeMounts"]
+    for args, said in ((["--set", "output.uri=out/{job}", "--output-pvc", "o"], "absolute path"),
+                       ([*S3_OUT, "--output-pvc", "o"], "is not a path"),  # object storage and a volume
+                       (["--set", "output.uri=/data/{job}", "--output-pvc", "Bad_Claim"], "--output-pvc")):
+        code, _, out = _render(str(SAMPLE), *args)
+        assert code == 2 and said in " ".join(out.split()), out
