@@ -27,7 +27,13 @@ the operator's RayCronJob feature). Contract of the output, a multi-document YAM
    ``--service-account`` if given, ``--toleration``s, and GPU pods tolerate the
    ``nvidia.com/gpu`` taint GPU node pools carry. ``backoffLimit`` (``--backoff-limit``)
    retries a failed RayJob on a fresh cluster; reruns resume, so a retry redoes only
-   the rows that are missing or failed for a retryable reason.
+   the rows that are missing or failed for a retryable reason. KubeRay (v1.6.2, v1.7.0)
+   retries by the Ray job's status, not its exit code: a refusal (``longdoc run`` exit
+   2) is retried too, each retry paying a cluster's start, and nothing in the RayJob
+   can say otherwise (the submitter Job KubeRay builds takes no ``podFailurePolicy``,
+   and its exit code is ``ray job logs``', not the driver's). So a spec ``longdoc run``
+   would refuse is refused here instead (``pipeline.plan.spec_problems``, the checks
+   ``validate`` runs that need no input and nothing of this machine).
    Names follow KubeRay v1.6's limits (RayJob <= 47 chars, RayCronJob <= 41, DNS-1035
    labels): a longer name is cut and gets a hash suffix of the full name, so two long
    job names never collide.
@@ -397,6 +403,13 @@ def job_name(job: JobSpec, opts: RenderOptions) -> str:
 def render_manifests(job: JobSpec, opts: RenderOptions) -> list[dict[str, Any]]:
     """[ConfigMap, RayJob | RayCronJob] as plain dicts (see the module docstring)."""
     _check(opts)
+    # The Ray Data plan's module: loaded when rendering, not when the CLI starts.
+    from pipeline.plan import spec_problems
+
+    if problems := spec_problems(job):
+        raise ValueError("`longdoc run` would refuse this spec on the cluster (exit 2) once the cluster is up, "
+                         "and KubeRay retries a refusal like any failure (--backoff-limit), each time on a fresh "
+                         "cluster; fix it first: " + "; ".join(problems))
     name = job_name(job, opts)
     cm_name = f"{name}-spec"
     labels = {"app.kubernetes.io/name": "longdoc", "longdoc/job": k8s_name(job.name, 63)}

@@ -382,3 +382,13 @@ def test_output_pvc_mounts_the_claim_above_the_output_on_every_ray_pod():
                        (["--set", "output.uri=/data/{job}", "--output-pvc", "Bad_Claim"], "--output-pvc")):
         code, _, out = _render(str(SAMPLE), *args)
         assert code == 2 and said in " ".join(out.split()), out
+
+
+def test_a_spec_longdoc_run_would_refuse_is_refused_at_render_not_retried_on_clusters():
+    """KubeRay retries a refused night like a failed one (by status, not exit code), each
+    time on a fresh cluster: what `longdoc run` refuses in the spec alone is refused here."""
+    r = CliRunner().invoke(_app, ["render", str(SAMPLE), *S3_OUT, "--set", "generation.max_new_tokens=8000",
+                                  "--set", "compression.target_tokens=4000"])
+    assert r.exit_code == 2 and not r.stdout, r.stderr
+    assert "`longdoc run` would refuse this spec" in r.stderr and "compression.target_tokens: got 4000" in r.stderr
+    assert "allowed: at most" in r.stderr
