@@ -35,7 +35,9 @@ exactly one row in the output table (written now or by an earlier run of the dat
   the stages run stops the engine after its step in hand and keeps every staged row
   staged (nothing is published, no error rows are made); on the local runner the rows the
   engine had finished are staged then too, whatever batch they sat in, so an interrupt
-  loses only the work in hand. The summary says ``status:
+  loses only the work in hand; on the Ray runner its execution is stopped (every task
+  ended or killed) before the run counts the blocks staged, so the record counts every
+  row it staged. The summary says ``status:
   interrupted`` (``interrupted_by``: the signal) and the run record is written; the next
   run of the date publishes the staged rows first and does only the rest. One that lands
   while the rows are published is recorded the same way (the publish resumes next run).
@@ -280,8 +282,10 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         bar.tick()
 
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
+    stop_ray = None  # ... but its execution is stopped before an interrupted run counts its blocks
     if runner == "ray":
         batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
+        stop_ray = batches.stop
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         # A pool no node can take says so on the line (pipeline/watchdog.py); before the first
@@ -366,6 +370,13 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             # signal meanwhile exits at once (pipeline/cli.py), with what is staged so far.
             for batch in stop_engine():
                 take(batch)
+        if stop_ray is not None:
+            # Before the listing below: Ray's write tasks run in other processes, and one
+            # still running could stage a block after it (the record then undercounted).
+            # Returns once every task of the plan has ended or been killed
+            # (pipeline/ray_iteration.py says why that holds); a second signal meanwhile
+            # exits at once, as above.
+            stop_ray()
         # Blocks Ray's write tasks staged that the iteration had not handed over yet: the
         # run's record counts every row the next run will publish under its id.
         from pipeline.report.load import staged_tables
@@ -457,12 +468,14 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
 
 def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,
                  root: str, skip: frozenset[str], shards: list[str]):
-    """Start (or join) Ray and build the Ray Data plan: (a function iterating its figure
-    tables, the watchdog that guards the iteration)."""
+    """Start (or join) Ray and build the Ray Data plan: (its iteration, pipeline/ray_iteration.py:
+    called, it yields the figure tables; ``stop()`` ends Ray's execution of the plan; the
+    watchdog that guards the iteration)."""
     import ray.data
 
     from pipeline.plan import build_plan
     from pipeline.ray_console import quiet_issue_detectors, ray_logs_wanted
+    from pipeline.ray_iteration import PlanIteration
     from pipeline.watchdog import PoolWatchdog
 
     if init_ray(address, spec):  # keeps our interrupt handlers (_our_signal_handlers)
@@ -488,7 +501,7 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
     ds, _ = build_plan(spec, run_id, run_date, root, skip, shards)
     watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
                             required=actor_resources(spec))
-    return (lambda: ds.iter_batches(batch_size=None, batch_format="pyarrow")), watchdog
+    return PlanIteration(ds), watchdog
 
 def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException,
                             shards: list[str]) -> pa.Table:
