@@ -57,7 +57,6 @@ class PlanIteration:
 
     def __init__(self, ds: Any) -> None:
         self._ds = ds
-        self._stopping = threading.Event()
         self._pump: threading.Thread | None = None
 
     def __call__(self) -> Iterator[Any]:
@@ -66,10 +65,11 @@ class PlanIteration:
 
         def pump() -> None:
             try:
+                # Never left early, even once stopped: closing Ray's iterator shuts its executor
+                # down from here too, racing ``stop``'s note of the tasks it has to wait for.
+                # The iteration ends when ``stop`` has shut the executor down.
                 for batch in self._ds.iter_batches(batch_size=None, batch_format="pyarrow"):
                     out.put((batch, None))
-                    if self._stopping.is_set():
-                        break  # closes Ray's iterator: its executor shuts down
             except BaseException as e:  # noqa: BLE001 - Ray's error is the consumer's to raise
                 out.put((None, e))
                 return
@@ -93,13 +93,12 @@ class PlanIteration:
 
     def stop(self) -> None:
         """Stop Ray's execution of the plan; returns once no task of it can stage a block."""
-        self._stopping.set()
         pump = self._pump
         if pump is None:
             return
         deadline = time.monotonic() + STOP_WAIT_S
         # Until Ray's iteration has ended: an executor not started at the first look (Ray
-        # still planning) is found at the next one, before it could have run a task long.
+        # still planning) is found at a later one, its tasks noted and waited for alike.
         while pump.is_alive() and time.monotonic() < deadline:
             for executor in self._executors():
                 _shut_down(executor)
