@@ -139,15 +139,20 @@ def test_a_pool_no_node_can_take_fails_within_the_bound_naming_the_resource(head
 def test_one_machine_refuses_a_pool_it_cannot_place_at_once(runner, tmp_path):
     """On the embedded Ray (``--runner ray``) and in one process (``auto`` on one machine
     with one actor: the local runner), a GPU this machine lacks is refused at once, by the
-    preflight `validate` shares (before Ray starts)."""
+    preflight `validate` shares (before Ray starts). Counting this machine's GPUs imports no
+    model stack: the step backends import transformers (5 s of silence before the refusal, 14-19 s
+    on a loaded machine), so where torch sees no accelerator none of them is asked (the import
+    log Python writes with PYTHONPROFILEIMPORTTIME names every module the refusal imported)."""
     spec = _spec(tmp_path, "local", "random:tiny", {"custom_resources": {}, "num_gpus": 1})
     said = "resources.num_gpus: 1 GPU(s) asked; this machine has 0; allowed: resources.num_gpus: 0 (on the CPU) here"
     for command in (["run", str(spec), "--date", DATE, "--quiet", "--runner", runner], ["validate", str(spec)]):
-        r = subprocess.run([str(VENV_BIN / "longdoc"), *command], env=_env(), capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run([str(VENV_BIN / "longdoc"), *command], env=_env(PYTHONPROFILEIMPORTTIME="1"),
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
         assert said in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
+        imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+        assert "torch" in imported and "transformers" not in imported, sorted(imported)[:50]
     assert not (tmp_path / "out-local").exists()  # nothing written
 
 

@@ -39,7 +39,8 @@ every registered backend to it):
 - the device, for code outside an engine (model loading, training, benchmarks; reached
   through registry.py's helpers, so no caller looks at ``device.type``): ``device_type``
   and ``device_count()`` (the accelerator this backend runs on and how many this machine
-  has; None/0 for the host), ``auto_dtype(device, small_model)`` and
+  has; None/0 for the host; a device torch's ``torch.accelerator`` counts: where it
+  counts none, registry.py asks no backend), ``auto_dtype(device, small_model)`` and
   ``auto_dtype_by_size`` (generation.dtype auto), ``autocast(device)`` (training's mixed
   precision), ``hardware_name(device)``, ``empty_cache``, ``reset_peak_memory``,
   ``memory_allocated_bytes`` and ``peak_memory_bytes`` (None: not measured on this device),

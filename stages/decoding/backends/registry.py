@@ -21,10 +21,12 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import torch
 
-from stages.decoding.backends.base import StepBackend, compile_choice
+if TYPE_CHECKING:  # base.py imports the model stack (transformers): only once a backend is needed
+    from stages.decoding.backends.base import StepBackend
 
 _NOT_BACKENDS = ("base", "registry", "cuda_graphs")
 SWITCH = "LONGDOC_STEP_BACKEND"
@@ -33,6 +35,8 @@ SWITCH = "LONGDOC_STEP_BACKEND"
 @functools.lru_cache(maxsize=1)
 def registry() -> Mapping[str, type[StepBackend]]:
     """name -> StepBackend class, every module of backends/ scanned, highest priority first."""
+    from stages.decoding.backends.base import StepBackend
+
     found: dict[str, type[StepBackend]] = {}
     package = __name__.rpartition(".")[0]  # by path, not by importing the package (no circle)
     for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
@@ -58,6 +62,8 @@ def registry() -> Mapping[str, type[StepBackend]]:
 
 def backend_class(device: torch.device | str, compile: str | bool | None = "auto") -> type[StepBackend]:
     """The class that runs steps on ``device`` (see the module contract)."""
+    from stages.decoding.backends.base import compile_choice
+
     device, choice = torch.device(device), compile_choice(compile)
     forced = os.environ.get(SWITCH)
     if forced:
@@ -89,6 +95,8 @@ def backend_for(
 
 def compile_plan(compile: str | bool | None, device: torch.device | str) -> tuple[str | None, str | None]:
     """(torch.compile mode, compiler) the backend for ``device`` runs a compile choice with."""
+    from stages.decoding.backends.base import compile_choice
+
     return backend_class(device, compile).compile_plan(compile_choice(compile))
 
 
@@ -111,7 +119,13 @@ def accelerator_backend() -> type[StepBackend] | None:
     """The backend class of this machine's accelerator: the highest-priority backend with a
     ``device_type`` this machine has a device of; None: none here (the host runs it). Found
     without ``backend_class``, so ``$LONGDOC_STEP_BACKEND`` (which picks step backends) does
-    not hide the accelerator's own device answers (e.g. its random state for a checkpoint)."""
+    not hide the accelerator's own device answers (e.g. its random state for a checkpoint).
+
+    Where torch sees no accelerator at all (``torch_sees_accelerator``) no backend module is
+    imported to say so: they import the model stack (transformers, seconds), and a spec asking
+    a GPU-less machine for GPUs is refused before any of it (pipeline/placement.py)."""
+    if not torch_sees_accelerator():
+        return None
     for cls in registry().values():
         if cls.device_type is not None and cls.device_count() > 0:
             return cls
@@ -129,3 +143,14 @@ def accelerator_count() -> int:
     """Accelerator devices this machine has (of ``accelerator()``'s type; 0: none)."""
     cls = accelerator_backend()
     return cls.device_count() if cls is not None else 0
+
+
+def torch_sees_accelerator() -> bool:
+    """Whether torch finds a device of any accelerator type on this machine (CUDA, XPU, MPS,
+    ...: ``torch.accelerator``, which every backend's ``device_count`` answers through; the
+    base contract). False: only the host, and no backend can have a device. A torch without
+    that API says True: the backends are asked one by one, as before."""
+    api = getattr(torch, "accelerator", None)
+    if api is None or not hasattr(api, "device_count"):
+        return True
+    return api.device_count() > 0

@@ -9,6 +9,7 @@ declares (``device_type``), so this file needs no edit for it.
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import pytest
@@ -291,7 +292,10 @@ def test_accelerator_found_past_the_step_backend_switch(monkeypatch):
     its generators) still come from its backend."""
     from stages.decoding.backends import accelerator, accelerator_backend, accelerator_count
 
+    found = importlib.import_module("stages.decoding.backends.registry")  # the module (the package's name is its function)
+
     monkeypatch.setattr(CudaBackend, "device_count", classmethod(lambda cls: 2))
+    monkeypatch.setattr(found, "torch_sees_accelerator", lambda: True)  # torch's count, as CUDA's stand-in
     monkeypatch.setenv("LONGDOC_STEP_BACKEND", "torch")
     assert accelerator_backend() is CudaBackend and accelerator() == torch.device("cuda")
     assert accelerator_count() == 2
