@@ -33,7 +33,8 @@ batch as it finishes (completion order), exactly what the Ray plan's
   returns those blocks' figure tables, as ``batches()`` would have yielded them.
 - ``activity()``: what the run is doing between written rows, for the progress line
   (reading the first input file, loading the model; then the engine's rows decoding,
-  prefilling and queued); while
+  prefilling and queued); ``progress()``: the engine's rows finished and decoding, with their
+  tokens and its prefill share of time, once it is made, else None (the progress line's ETA); while
   ``batches()`` waits for the engine it calls ``on_wait`` every ``tick_s`` seconds.
 - ``timeline`` (optional dict) receives wall-clock stamps (``time.time()``) and
   seconds for benchmarks (pipeline/bench/inprocess.py lists them) and, once the
@@ -100,6 +101,13 @@ class LocalPlan:
         if self._engine is None:
             return "reading the first input file" if self._reading else "loading the model"
         return f"engine: {self._engine.activity()}"
+
+    def progress(self) -> tuple[int, int, int, int, float] | None:
+        """The engine's ``progress()`` once it is made (rows finished, their tokens, rows
+        decoding, theirs, its prefill share of time); None before: the progress line's ETA
+        counts this work."""
+        engine = self._engine
+        return engine.progress() if engine is not None else None
 
     def batches(self) -> Iterator[pa.Table]:
         """Figure tables of the written batches, as they finish (see the module contract)."""

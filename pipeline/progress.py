@@ -9,10 +9,23 @@ Contract:
   Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
   ``rows done[/total] | elapsed | ETA | failed | tok/s | rows/s[ | activity]``. The ETA
-  comes from the rate since the first rows were written, so it appears from the second
-  count on: the time before the first rows (Ray's start, model loads, the engine filling
-  its slots) says nothing about the rate, and a small job whose rows all decode together
-  finishes them in one burst (a rate from the start predicted 29 min for the last 18 s of
+  appears once rows are written. Where the engine is at hand (the local runner sets
+  ``engine``: its rows finished and decoding, their tokens, its share of time spent
+  prefilling) it counts the work done, not the rows written: the rows the engine
+  finished (a batch is written only once its last row is done), and each decoding row
+  as its prefill done (the engine's prefill share of a row) plus its decoding so far (its
+  tokens of the finished rows' mean); the rate runs from when the engine was made
+  (reading and the model load before it are no row's work). Rows written alone
+  undercount the work early on: the engine fills its ~48-68 slots before the first rows
+  finish and writes them in batches, so the ETA of a long local night ran ~2x high for
+  its first minutes (jobs/results/usability/2026-12-07-evening/soak.md); on a synthetic
+  fill-first timeline (tests/pipeline/test_progress.py) the rate of rows written since
+  the first ones (below) runs 1.3-1.8x high where this one stays within 0.9-1.1x.
+  Without the engine (Ray) it
+  comes from the rate since the first rows were written, from the second count on: the
+  time before the first rows (Ray's start, model loads, the engine filling its slots)
+  says nothing about that rate, and a small job whose rows all decode together finishes
+  them in one burst (a rate from the start predicted 29 min for the last 18 s of
   the sample job). On a terminal, rich draws it as one live line: a bar of rows/total
   (pulsing while the total is unknown) and that text, cut to the terminal's width (a
   wrapped line could not be redrawn in place). Otherwise (cluster job logs) a plain line
@@ -139,6 +152,12 @@ class RunProgress:
         self.rows = self.failed = self.tokens = 0
         # What the run is doing between written rows (the local runner's engine; "" = nothing to say).
         self.activity: Callable[[], str] | None = None
+        # The engine's work: (rows finished, their output tokens, rows decoding, their tokens
+        # so far, its share of time spent prefilling), None while there is no engine yet; or
+        # no callable: not at hand (Ray). Looked at on every update and tick (``_look``).
+        self.engine: Callable[[], tuple[int, int, int, int, float] | None] | None = None
+        self._engine_from: float | None = None  # when ``engine`` first answered: the engine's start
+        self._work: tuple[int, int, int, int, float] = (0, 0, 0, 0, 0.0)  # its last answer
 
     @classmethod
     def for_run(cls, spec: JobSpec, n_shards: int, skipped: int, enabled: bool = True) -> RunProgress:
@@ -164,9 +183,15 @@ class RunProgress:
         return " | ".join(parts)
 
     def _eta_s(self, total: int | None) -> float | None:
-        """Seconds left at the rate since the first rows were written (None: not known yet)."""
+        """Seconds left (None: not known yet): with the engine at hand, at the rate of the work
+        done since it was made, the rows finished plus the work in hand (``_done``); else at the
+        rate since the first rows were written."""
         if total is None or not 0 < self.rows < total or self._first_rows is None:
             return None
+        if self._engine_from is not None:
+            done = self._done()
+            el = self.clock() - self._engine_from
+            return max(total - done, 0.0) * el / done if el > 0 else None
         since, first = self._first_rows
         el = self.clock() - since
         # A window of at least half the time the first rows took: rows finish in waves (the
@@ -176,6 +201,29 @@ class RunProgress:
         if self.rows <= first or el <= 0 or el < (since - self.t0) / 2:
             return None
         return (total - self.rows) * el / (self.rows - first)
+
+    def _done(self) -> float:
+        """Rows' worth of work done: the rows the engine finished (at least the rows written:
+        some never reach it, e.g. a document's error row), and each decoding row as its
+        prefill (the engine's share of time spent prefilling: a row's share in a steady
+        engine) plus the rest of a row in the proportion its tokens are of the finished
+        rows' mean (at most one row each). Rows queued count nothing."""
+        finished, finished_tokens, decoding, tokens, prefill_share = self._work
+        if not finished or not finished_tokens:
+            return float(max(self.rows, finished))
+        share = min(max(prefill_share, 0.0), 1.0)
+        decoded = min(float(decoding), tokens * finished / finished_tokens)  # rows' worth of tokens
+        return max(self.rows, finished) + share * decoding + (1.0 - share) * decoded
+
+    def _look(self) -> None:
+        """The engine's work now (``engine``), and when it was first there."""
+        if self.engine is None:
+            return
+        work = self.engine()
+        if work is not None:
+            if self._engine_from is None:
+                self._engine_from = self.clock()
+            self._work = work
 
     def update(self, rows: int, failed: int, tokens: int) -> None:
         """Cumulative rows written, failed rows among them, output tokens so far."""
@@ -189,6 +237,8 @@ class RunProgress:
         now = self.clock()
         if not self.enabled:
             return
+        # Every update and tick, printed or not: the engine's start is known to the tick.
+        self._look()
         if self.tty:
             self._draw(self.line())
         elif self._last_print is None or now - self._last_print >= self.interval_s or self._new_phase():

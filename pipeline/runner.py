@@ -298,7 +298,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
 
         # In one process the engine is at hand: the line says what it holds between rows.
         local = LocalPlan(spec, run_id, run_date, root, skip, shards, timeline, on_wait=on_wait)
-        batches, guard, bar.activity = local.batches, None, local.activity
+        batches, guard, bar.activity, bar.engine = local.batches, None, local.activity, local.progress
         stop_engine = local.stop
     # A record that the run started, replaced by its full record at the end: a driver Ray
     # ends without a word (its head node lost) leaves this, and `longdoc report` names the run.

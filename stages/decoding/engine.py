@@ -333,6 +333,17 @@ class Engine:
         return (f"{len(active)} decoding ({tokens} tokens), {compressing}{int(self.filling is not None)} "
                 f"prefilling, {len(self.scheduler)} queued")
 
+    def progress(self) -> tuple[int, int, int, int, float]:
+        """(rows finished, their output tokens, rows decoding now, the tokens those have so
+        far, the share of the engine's time spent prefilling): the work a progress line's
+        ETA counts before the rows are written (a batch is written once its last row
+        finishes; pipeline/progress.py). Safe from another thread, as ``activity``."""
+        active = list(self.active)
+        st = self.stats
+        busy = st.prefill_s + st.step_s
+        return (st.rows_done, st.tokens_out, len(active), sum(len(row.result.tokens) for row in active),
+                st.prefill_s / busy if busy > 0 else 0.0)
+
     @torch.inference_mode()
     def step(self) -> list[Finished]:
         """One iteration (see the module docstring); the requests that finished in it."""

@@ -198,9 +198,17 @@ def test_activity_says_what_the_engine_holds(tiny_model, prompts):
     # the second row's first chunk of 8 too; then the first row decodes one more
     eng.step()
     assert eng.activity() == "1 decoding (2 tokens), 1 prefilling, 1 queued"
+    # the progress line's ETA (pipeline/progress.py): nothing finished, one row with 2 tokens,
+    # and so far only prefill and one decode step
+    finished, finished_tokens, decoding, tokens, prefill_share = eng.progress()
+    assert (finished, finished_tokens, decoding, tokens) == (0, 0, 1, 2) and 0.0 < prefill_share < 1.0
     while not eng.idle():
         eng.step()
     assert eng.activity() == "0 decoding (0 tokens), 0 prefilling, 0 queued"
+    finished, finished_tokens, decoding, tokens, prefill_share = eng.progress()
+    assert (finished, finished_tokens, decoding, tokens) == (3, 12, 0, 0)  # 3 rows of max_new_tokens 4
+    busy = eng.stats.prefill_s + eng.stats.step_s
+    assert prefill_share == pytest.approx(eng.stats.prefill_s / busy)
 
 
 def test_an_iteration_prefills_rows_until_its_token_budget_is_spent(tiny_model, prompts):
