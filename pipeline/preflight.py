@@ -63,7 +63,7 @@ _CREDENTIALS_FIX = ("fix: export AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRE
 def preflight(spec: JobSpec, run_date: str | None, models_here: bool = True) -> list[str]:
     """Problems that would stop ``spec`` after its model loaded, one line each (see the module).
     ``models_here``: the run loads its models on this machine (no Ray cluster named)."""
-    problems = _check_input(spec, run_date)
+    problems = input_problems(spec, run_date)
     from pipeline.fits import first_fit, prefills_whole
 
     if not problems and prefills_whole(spec):
@@ -111,13 +111,23 @@ _BAD_KEY = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "Access Key Id you pr
             "request signature we calculated does not match")
 
 
+#: ``storage_problem``'s words for a store this process holds no credentials for.
+NO_CREDENTIALS = "no credentials for the object store"
+
+
+def lacks_credentials(problem: str) -> bool:
+    """Whether ``problem`` (a line of ``storage_problem``) says this process holds no credentials
+    for the object store: where a job runs elsewhere (`longdoc submit`), a note, not a refusal."""
+    return f": {NO_CREDENTIALS} (" in problem
+
+
 def storage_problem(field: str, uri: str, err: BaseException) -> str:
     """One line for a storage failure on ``uri`` (the spec's ``field``): what failed and the fix."""
     name = type(err).__name__
     first = (str(err).strip().splitlines() or [""])[0][:300]
     where = f"{field}: {shown(uri)}"
     if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError"):
-        return f"{where}: no credentials for the object store ({first}); {_CREDENTIALS_FIX}"
+        return f"{where}: {NO_CREDENTIALS} ({first}); {_CREDENTIALS_FIX}"
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
                 "ConnectionRefusedError", "ConnectionError", "TimeoutError", "ServerTimeoutError"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
@@ -156,7 +166,12 @@ def readable_problem(name: str, uri: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------- input
-def _check_input(spec: JobSpec, run_date: str | None) -> list[str]:
+def input_problems(spec: JobSpec, run_date: str | None) -> list[str]:
+    """The input half of ``preflight``, one line per problem ([] when the run can read it):
+    the resolved input is listed with this process's credentials (a missing bucket or prefix,
+    no file of the format, all files empty) and its first records checked (see the module).
+    `longdoc submit` asks it before the cluster is (pipeline/ops/submit.py); a store this
+    process holds no credentials for is the one line ``lacks_credentials`` tells apart."""
     from stages.listing import list_shards, resolve_uri
 
     inp = spec.input

@@ -15,6 +15,16 @@ Contract:
   ``env_vars`` only when asked (their values are then visible to anyone who can read
   the cluster's job API, and in the head node's runtime_env log: a variable named like a
   secret gets a note saying so; prefer cluster-side secrets, see infra/README.md).
+- An object-store input (``s3://``, ``gs://``: what this machine and the cluster both reach
+  by URI) is listed for the run date and its first records checked here, before the cluster
+  is asked: the input half of the preflight `validate --date` and `run` make
+  (pipeline/preflight.py ``input_problems``), refused with their lines and exit 2, so a typo
+  in the bucket or prefix, a night folder that has not arrived or an empty one is not found
+  on the cluster after the job (or, with KubeRay, a cluster) started. Where this machine holds
+  no credentials for the store, one note says the input was not checked and the job goes on
+  (the cluster may hold its own); ``--skip-storage`` leaves the check to the cluster, as
+  `validate --skip-storage` does. A local path resolves on the cluster's nodes, so it is not
+  listed here.
 - A relative ``output.uri`` is refused (on the cluster it resolves inside Ray's temporary
   copy of the uploaded folder, deleted with it), and so is a relative ``input.uri`` unless
   ``--working-dir`` uploads the folder holding it.
@@ -48,6 +58,8 @@ from schemas.checks import without_userinfo
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
+
+    from schemas.spec import JobSpec
 
 #: Paths never uploaded with ``--working-dir``: virtualenvs and outputs (they can be GBs),
 #: and files that hold credentials by their usual names (Ray keeps the package where anyone
@@ -179,6 +191,34 @@ def secret_env_note(names: list[str]) -> str | None:
             "nodes' own credential files, `longdoc render --secret` on Kubernetes)")
 
 
+def _object_store(uri: str) -> bool:
+    """A URI this machine and the cluster both reach by name: not a local path (it resolves on
+    the cluster's nodes) nor ``memory://`` (a filesystem of one process)."""
+    return "://" in uri and not uri.startswith(("file://", "memory://"))
+
+
+def input_check(job: JobSpec, run_date: str) -> tuple[list[str], list[str]]:
+    """(refusals, notes) for the input of ``job`` on ``run_date``, asked from this machine (module
+    contract): refusals are `validate`'s own lines (pipeline/preflight.py ``input_problems``);
+    a store this machine holds no credentials for is a note instead, naming no secret. A local
+    input gives neither, and nor does one whose filesystem package (s3fs, gcsfs) this machine
+    lacks: submit's note on the package says so (the cluster image needs it, not this machine)."""
+    from pipeline.preflight import NO_CREDENTIALS, input_problems, lacks_credentials
+    from schemas.checks import shown
+    from schemas.loading import check_environment
+    from stages.listing import resolve_uri
+
+    if not _object_store(job.input.uri) or any(
+            p.startswith("input.uri:") for p in check_environment(job, local_paths=False)):
+        return [], []
+    problems = input_problems(job, run_date)
+    if any(lacks_credentials(p) for p in problems):
+        uri = resolve_uri(job.input.uri, run_date)
+        return [], [f"note: input.uri {shown(uri)} not checked: {NO_CREDENTIALS} on this machine; the cluster "
+                    "reads it with its own credentials (--skip-storage skips this check)"]
+    return problems, []
+
+
 def check_jobs_address(address: str) -> str:
     """``address`` if it is an HTTP(S) URL (the Jobs API of a Ray dashboard), else ValueError.
 
@@ -267,6 +307,10 @@ def submit(
     ship_code: Annotated[
         bool, typer.Option("--ship-code", help="Upload this checkout's packages as py_modules.")
     ] = False,
+    skip_storage: Annotated[
+        bool, typer.Option("--skip-storage", help="Do not list an s3:// or gs:// input from this machine "
+                           "before submitting: for a spec whose storage only the cluster reaches.")
+    ] = False,
 ) -> None:
     """Submit SPEC to a Ray cluster through the Ray Jobs API."""
     from schemas.loading import SpecError, check_environment, check_run_id, load_spec
@@ -293,6 +337,14 @@ def submit(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
+    if not skip_storage:  # before the cluster is asked (module contract)
+        refusals, notes = input_check(job, run_date)
+        for line in notes:
+            typer.echo(line, err=True)
+        for problem in refusals:
+            typer.echo(f"error: {problem}", err=True)
+        if refusals:
+            raise typer.Exit(2)
     from pipeline.date_lease import DATE_IN_USE_EXIT, live_holder
     from pipeline.runner import output_root
 

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from ray_head import VENV_BIN, ray_head
+from s3_server import moto_s3
 
 from pipeline.date_lease import DateLease
 from pipeline.ops.submit import build_entrypoint, resolve_run_date, submission_id_for
@@ -46,19 +47,25 @@ def head():
         yield h
 
 
-def _env(token: str | None = TOKEN) -> dict[str, str]:
+def _env(token: str | None = TOKEN, aws: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for the child; ``aws``: its AWS_* variables instead of ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     if token:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     env["LONGDOC_TEST_SECRET"] = SECRET
+    if aws is not None:
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")} | aws
     return env
 
 
-def longdoc(*args: str, token: str | None = TOKEN, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def longdoc(*args: str, token: str | None = TOKEN, cwd: Path | None = None,
+            aws: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process (auth settings stay out of this process)."""
     cmd = [str(VENV_BIN / "longdoc"), *args]
-    r = subprocess.run(cmd, env=_env(token), cwd=cwd, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, env=_env(token, aws), cwd=cwd, capture_output=True, text=True, timeout=300)
     assert TOKEN not in r.stdout + r.stderr and SECRET not in r.stdout + r.stderr
+    if store_secret := (aws or {}).get("AWS_SECRET_ACCESS_KEY"):  # the object store's secret stays unsaid too
+        assert store_secret not in r.stdout + r.stderr
     return r
 
 
@@ -226,3 +233,111 @@ def test_an_address_with_credentials_is_shown_without_them(tmp_path):
     r = longdoc("status", "--address", "http://rayuser:RayPassFAKE01@127.0.0.1:9")
     assert r.returncode == 1 and "cannot reach the Ray Jobs API at http://***@127.0.0.1:9" in r.stderr, r.stderr
     assert "RayPassFAKE01" not in r.stderr + r.stdout
+
+
+# ----------------------------------------------------------------------------- the input, checked here
+@pytest.fixture(scope="module")
+def s3():
+    """The S3-compatible server on loopback (tests/s3_server.py), with one night's folder."""
+    with moto_s3() as server:
+        fs = server.filesystem()
+        fs.mkdir("submit-docs")  # a bucket of its own: moto keeps other tests' buckets in this process
+        fs.pipe(f"submit-docs/nightly/{DATE}/a.jsonl", b'{"id": "a", "text": "A short document."}\n')
+        fs.pipe("submit-docs/nightly/2026-02-01/empty.jsonl", b"")  # an upstream job that wrote nothing
+        yield server
+
+
+def _no_credentials(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    """The AWS variables of a machine with no credentials anywhere (files, instance metadata)."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"), "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _s3_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "nightly.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "nightly", "input": {"uri": "s3://submit-docs/nightly/{run_date}/", "format": "jsonl"},
+        "generation": {"model": "embedded:smollm2-135m-instruct", "max_new_tokens": 4},
+        "output": {"uri": str(tmp_path / "out" / "{job}")}}))
+    return spec
+
+
+@pytest.fixture
+def cluster_port():
+    """A port where a cluster would be: it counts who connects and hangs up on them at once (a
+    submission that got this far fails fast instead of waiting on an answer)."""
+    import socket
+    import threading
+
+    accepted: list[int] = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # closed at the fixture's end
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: bool(accepted)
+    finally:
+        sock.close()
+
+
+def test_a_missing_or_empty_s3_input_is_refused_before_the_cluster_is_asked(s3, tmp_path, cluster_port):
+    """A night folder that has not arrived, or holds only empty files, was found on the cluster,
+    after the job (with KubeRay's render, a cluster) started: refused here, with validate's own
+    line and exit code, and the cluster never contacted."""
+    address, contacted = cluster_port
+    spec = _s3_spec(tmp_path)
+    for date, said in (("2026-02-02", "nothing is under this prefix"), ("2026-02-01", "are all empty")):
+        r = longdoc("submit", str(spec), "--address", address, "--date", date, aws=s3.env())
+        v = longdoc("validate", str(spec), "--date", date, aws=s3.env())
+        assert r.returncode == v.returncode == 2, r.stdout + r.stderr
+        assert r.stderr.strip() == v.stderr.strip(), (r.stderr, v.stderr)  # the same one line
+        assert r.stderr.startswith("error: input.uri") and f"nightly/{date}/" in r.stderr and said in r.stderr
+        assert not contacted() and "submitted" not in r.stdout
+    # --skip-storage leaves the check to the cluster, as validate's does: the cluster is asked.
+    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--date", "2026-02-02", "--skip-storage",
+                aws=s3.env())
+    assert r.returncode == 1 and "cannot reach the Ray Jobs API" in r.stderr and "input.uri" not in r.stderr
+
+
+def test_an_s3_input_this_machine_has_no_credentials_for_is_a_note(s3, tmp_path):
+    """The cluster may hold credentials this machine lacks: one note, and the submission goes on
+    (here to a closed port, so it ends at the cluster's door)."""
+    spec = _s3_spec(tmp_path)
+    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--date", "2026-02-02",
+                aws=_no_credentials(tmp_path, s3.endpoint_url))
+    notes = [line for line in r.stderr.splitlines() if "input.uri" in line]
+    assert notes == ["note: input.uri 's3://submit-docs/nightly/2026-02-02/' not checked: no credentials for the "
+                     "object store on this machine; the cluster reads it with its own credentials (--skip-storage "
+                     "skips this check)"], r.stderr
+    assert r.returncode == 1 and "cannot reach the Ray Jobs API at http://127.0.0.1:9" in r.stderr, r.stderr
+
+
+def test_a_good_s3_input_passes_the_check(s3, tmp_path):
+    """The control: the night's folder is there, so submit goes on to the cluster (a closed port)."""
+    spec = _s3_spec(tmp_path)
+    r = longdoc("submit", str(spec), "--address", "http://127.0.0.1:9", "--date", DATE, aws=s3.env())
+    assert r.returncode == 1 and "cannot reach the Ray Jobs API at http://127.0.0.1:9" in r.stderr, r.stderr
+    assert "input.uri" not in r.stderr, r.stderr
+
+
+def test_an_s3_input_without_s3fs_here_is_left_to_the_cluster(tmp_path, monkeypatch):
+    """Where s3fs is not installed the input cannot be listed here, and only the cluster image
+    needs it (submit's note on the package says so): no refusal of a storage failure."""
+    import sys
+
+    from pipeline.ops.submit import input_check
+    from schemas.loading import load_spec
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # Python's own "this import fails" marker
+    job = load_spec(_s3_spec(tmp_path), [])
+    assert input_check(job, DATE) == ([], [])
