@@ -21,7 +21,8 @@ Contract:
   read in sentences, not in lines. With the tokens' bytes (``Boundaries.token_bytes``,
   what ``sentence_boundaries`` gives) three rules more, for text that is not tidy
   English: a full stop after an abbreviation ("Dr.", "Feb.", "z. B."), an initial ("M.
-  Dupont"), a list's enumerator at the start of a line ("1.", "a."), a day's number before
+  Dupont"), a list's enumerator at the start of a line ("1.", "12.", "a."; three digits or
+  more there are a year or a figure, and end their sentence), a day's number before
   a month ("am 15. Feb."), or followed by a word in lower case, ends nothing ("Python 3.
   It ...", "equal to x. It ..." and a full stop before a line break still end); "。", "！" and "？" end a sentence with no space after them
   (CJK text, whose full-width marks a byte-level tokenizer splits across tokens); and

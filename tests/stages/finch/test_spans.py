@@ -124,6 +124,10 @@ def test_abbreviations_dates_initials_and_enumerators_do_not_end_sentences(token
     assert _sentences(tokenizer, text) == [
         "Porting to Python 3.", " It works.", "\n", "1. Build it.", "\n", "2. Run it.", " It is equal to x.",
         " It raises e.g.", "\n", "next"]
+    # An enumerator is one or two digits (or one letter): a longer number starting its line
+    # is a year or a figure, and its full stop ends its sentence (spans.py's contract).
+    assert _sentences(tokenizer, "Intro.\n12. Run it.\n123. Items were sold.") == [
+        "Intro.", "\n", "12. Run it.", "\n", "123.", " Items were sold."]
     # A full stop followed by a word in lower case ends nothing ("Ann." is no abbreviation here).
     assert _sentences(tokenizer, "See the Ann. report for details. Then go.") == [
         "See the Ann. report for details.", " Then go."]
