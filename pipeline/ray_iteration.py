@@ -2,10 +2,11 @@
 
 Contract: ``PlanIteration(ds)()`` yields the dataset's figure tables (pyarrow, one per
 block the write stage staged) in the calling thread; Ray's own iteration runs on a
-thread of its own (``longdoc-ray-plan``). ``stop()`` (idempotent; also run when the
-consumer leaves the iteration early: an exception, ``close``) returns once Ray's
-execution of the plan has ended: every task and actor of it finished or killed, so no
-write task of the run stages a block after ``stop`` returns.
+thread of its own (``longdoc-ray-plan``). ``stop()`` (only its first call acts; also run
+when the consumer closes the iteration early, not when an exception leaves it: the
+consumer stops then, once it has handled the exception) returns once Ray's execution of
+the plan has ended: every task and actor of it finished or killed, so no write task of
+the run stages a block after ``stop`` returns.
 
 Why (pipeline/runner.py, an interrupted run): the run's record counts the blocks its write
 tasks staged, the ones the iteration had not handed over yet included, by listing the
@@ -58,6 +59,7 @@ class PlanIteration:
     def __init__(self, ds: Any) -> None:
         self._ds = ds
         self._pump: threading.Thread | None = None
+        self._stopped = False  # a stop has run: a later one (the runner's after the iteration's own) returns at once
 
     def __call__(self) -> Iterator[Any]:
         """Yield the figure tables of ``ds`` (``iter_batches(batch_size=None, pyarrow)``)."""
@@ -86,22 +88,30 @@ class PlanIteration:
                 if error is not None:
                     raise error
                 if batch is None:
-                    return
+                    break
                 yield batch
-        finally:
+        except GeneratorExit:  # the consumer left early (``close``): nothing else will stop Ray
             self.stop()
+            raise
+        # An exception (an interrupt, the watchdog's, Ray's error) leaves the stop to the
+        # consumer (pipeline/runner.py): the watchdog must first hear its interrupt landed, or
+        # it signals again into a stop under way.
+        self.stop()  # the plan ended: returns at once
 
     def stop(self) -> None:
-        """Stop Ray's execution of the plan; returns once no task of it can stage a block."""
+        """Stop Ray's execution of the plan; returns once no task of it can stage a block, or
+        after ``STOP_WAIT_S`` in all (with a warning). Only the first call does anything: a
+        stop that gave up is not tried again by the next caller (minutes of waiting)."""
         pump = self._pump
-        if pump is None:
+        if pump is None or self._stopped:
             return
+        self._stopped = True
         deadline = time.monotonic() + STOP_WAIT_S
         # Until Ray's iteration has ended: an executor not started at the first look (Ray
         # still planning) is found at a later one, its tasks noted and waited for alike.
         while pump.is_alive() and time.monotonic() < deadline:
             for executor in self._executors():
-                _shut_down(executor)
+                _shut_down(executor, deadline)
             pump.join(0.1)
         if pump.is_alive():
             log.warning("longdoc: Ray's iteration did not end within %.0f s of the stop", STOP_WAIT_S)
@@ -114,20 +124,24 @@ class PlanIteration:
                 if t.name.startswith(prefix) and callable(getattr(t, "shutdown", None))]
 
 
-def _shut_down(executor: Any) -> None:
-    """Shut ``executor`` down by force and wait for every task it dispatched to end."""
+def _shut_down(executor: Any, deadline: float) -> None:
+    """Shut ``executor`` down by force and wait (until ``deadline``, monotonic) for every
+    task it dispatched to end."""
     import ray
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 0.0)
 
     try:
         running = _active_tasks(executor)  # before the shutdown, which forgets them
         executor.shutdown(force=True)  # cancels each by force (its worker killed), kills the pools
-        executor.join(STOP_WAIT_S)  # its loop has ended: nothing is dispatched any more
+        executor.join(left())  # its loop has ended: nothing is dispatched any more
         running += _active_tasks(executor)  # dispatched by a step still under way
         # A map task's waitable is its ObjectRefGenerator: ready at its next output, not
         # at its end; ``completed()`` is ready when the task has ended (or was killed).
         ends = {(w.completed() if isinstance(w, ray.ObjectRefGenerator) else w): None for w in running}
         if ends:
-            ray.wait(list(ends), num_returns=len(ends), timeout=STOP_WAIT_S, fetch_local=False)
+            ray.wait(list(ends), num_returns=len(ends), timeout=left(), fetch_local=False)
     except Exception as e:  # noqa: BLE001 - a stop must not turn an interrupt into a crash
         log.warning("longdoc: stopping Ray's execution: %s: %s", type(e).__name__, e)
 

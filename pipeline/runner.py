@@ -390,6 +390,12 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             pass
     except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
         abort = e
+        if stop_ray is not None:
+            # Before the missing requests become error rows (write_missing_as_errors): a write
+            # task still running could stage the real row of one of them afterwards. A Ray error
+            # has usually ended the iteration already (the stop then returns at once); the
+            # watchdog's abort lands outside it, with Ray's tasks still running.
+            stop_ray()
     with _interrupts_held() as arrived:
         bar.activity = None  # the last line counts rows only
         bar.close()

@@ -57,10 +57,13 @@ def test_an_interrupt_before_the_first_block_leaves_no_write_under_way(ray_sessi
         _slow_stage(staged, started), batch_size=None, num_cpus=0.25)
     plan = PlanIteration(ds)
 
+    signalled: list[float] = []
+
     def interrupt() -> None:  # once a write is under way, as the runner's SIGINT lands
         deadline = time.monotonic() + 120
         while not any(started.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        signalled.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -70,9 +73,15 @@ def test_an_interrupt_before_the_first_block_leaves_no_write_under_way(ray_sessi
         with pytest.raises(KeyboardInterrupt):
             for _ in plan():  # no block comes before the interrupt: each takes UPLOAD_S
                 pytest.fail("a block arrived before the interrupt")
+        plan.stop()  # as the runner does once it has the interrupt
         assert any(started.iterdir()), "the interrupt came before any write started"
         stopped = time.monotonic() - t0
         counted = set(staged.iterdir())  # what the runner's listing sees after the stop
+        # The stop ended the write under way (its worker killed), not waited it out: a stop
+        # that found no executor (a Ray that renamed its thread) would return only once the
+        # plan had ended, every block staged, at least UPLOAD_S after the write started.
+        assert counted == set(), "the stop waited for the write instead of ending it"
+        assert time.monotonic() - signalled[0] < UPLOAD_S - 2, "the stop waited for the plan to end"
         time.sleep(UPLOAD_S + 2)
         assert set(staged.iterdir()) == counted, (
             f"a block was staged after the stop ({stopped:.1f} s after the start)")
@@ -80,4 +89,4 @@ def test_an_interrupt_before_the_first_block_leaves_no_write_under_way(ray_sessi
         assert not [r for r in caplog.records if r.name == "longdoc"], caplog.text
     finally:
         signal.signal(signal.SIGINT, previous)
-    plan.stop()  # idempotent
+    plan.stop()  # only the first call acts
