@@ -15,7 +15,7 @@ exactly one row in the output table (written now or by an earlier run of the dat
   its fields), beside the output root, never in it: the root holds only the
   ``run_date=D/*.parquet`` rows, so Polars, pandas, DuckDB and Spark read the folder
   without options. Staged blocks and the ledger live in ``{output}.runs/`` too.
-- The input is listed once (``stages.listing.list_shards``, before Ray starts) and read
+- The input is listed once (``stages.listing.list_input``, before Ray starts) and read
   once (the read stage); the abort path and the progress total take the run's requests
   from the read stage's ledger (stages/ledger.py), never from the input again.
 - A complete run replaces the date's rows it supersedes (stages/partition.py
@@ -23,6 +23,13 @@ exactly one row in the output table (written now or by an earlier run of the dat
   model, budget or instruction gives other request ids) and the input-error rows of lines
   since fixed, so a date holds one row per document and prompt of its input, not one
   per spec it was ever run with. The summary counts them (``superseded``).
+- A complete date run again (the same spec over the same input files, every request with a
+  row it would skip, no error row to retry) is recognised before the input is read, Ray
+  starts or a model loads, from the mark the last complete run left (stages/completion.py;
+  any run that goes on to run its stages removes it first): it is said, and recorded as a
+  run with nothing to do (``nothing_to_do``, ``note``; rows 0, ``skipped`` the input's
+  requests), as `longdoc report` lists such runs. Another spec, listing or file stamp, or an
+  error row to retry, and the run reads its input as before.
 - An input row repeated exactly (same id, text and question: the same request_id) is
   one request: it gets one row, published once, counted once (``duplicates`` in the
   summary counts the repeats dropped).
@@ -95,11 +102,12 @@ from schemas.output import (
     rows_to_table,
 )
 from schemas.spec import JobSpec
+from stages.completion import clear_completion, completion_key, read_completion, write_completion
 from stages.layout import run_record_path, staging_dir
 from stages.ledger import clear as clear_ledger
 from stages.ledger import read_ledger
-from stages.listing import list_shards
-from stages.partition import commit_date, scan_date, superseded
+from stages.listing import list_input
+from stages.partition import DateScan, RunRequests, commit_date, scan_date, superseded
 from stages.write import TEXT_COLUMNS, staged_file_name, write_bytes_atomic, write_table_atomic
 
 log = logging.getLogger("longdoc")
@@ -230,7 +238,8 @@ def run_job(
     # The input is listed here, once, and the list handed on (plan, progress, abort path).
     # First of all: a missing prefix, bad credentials or a FIFO fail before Ray starts or
     # anything is written.
-    shards = list_shards(spec.input, run_date)
+    listing = list_input(spec.input, run_date)
+    shards = listing.shards
     # Read before the stages run: after them, an interrupt must find nothing left to do but
     # write the record.
     earlier = _earlier_attempts(root, run_date, run_id)
@@ -243,7 +252,8 @@ def run_job(
     try:
         return _run_holding(spec, run_date, run_id, root, shards, earlier, started_at, lease,
                             address=address, progress=progress, retry_errors=retry_errors,
-                            runner=runner, timeline=timeline)
+                            runner=runner, timeline=timeline,
+                            completion=completion_key(spec, listing.digest))
     finally:
         with _interrupts_held():  # the run is recorded: a signal now must not undo its result
             lease.release()
@@ -251,9 +261,12 @@ def run_job(
 
 def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: list[str], earlier: list[dict[str, Any]],
                  started_at: str, lease: DateLease, *, address: str | None, progress: bool,
-                 retry_errors: str, runner: str, timeline: dict[str, Any] | None) -> RunResult:
+                 retry_errors: str, runner: str, timeline: dict[str, Any] | None,
+                 completion: str | None) -> RunResult:
     """``run_job`` once the run holds its date: publish what crashed runs staged, run the
-    stages, publish this run's rows (only while it still holds the date), record the run."""
+    stages (unless the date is complete: ``_nothing_to_run``), publish this run's rows (only
+    while it still holds the date), record the run. ``completion``: the key of this run's
+    requests (stages/completion.py ``completion_key``; None: never recognised complete)."""
 
     from pipeline.progress import RunProgress, ledger_total, ticking
 
@@ -266,6 +279,16 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
     before = scan_date(root, run_date)
     skip = before.skip(retry_errors)
     retried = len(before.rows) - len(skip)
+    # A complete date (every request of this input and spec has a row this run would skip,
+    # no error row to retry) is recognised from the mark its last complete run left, before
+    # the input is read, Ray starts or a model loads: a scheduler that fired twice, or a
+    # rerun after success, took ~20 s of Ray and model start to find every request done.
+    done = read_completion(root, run_date, completion, spec, shards) if not retried else None
+    if done is not None and done.ids <= skip and not superseded(root, run_date, done):
+        return _nothing_to_run(spec, run_date, run_id, root, earlier, started_at, before, done,
+                               retry_errors=retry_errors, progress=progress)
+    # This run may change the date: a mark holds again only once a run completes.
+    clear_completion(root, run_date)
     next_ledger_look = time.monotonic()
 
     def look_ledger() -> None:
@@ -407,6 +430,7 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
     stale: frozenset[str] = frozenset()
     replaced: frozenset[str] = frozenset()
     skipped = len(skip)  # the date's rows that were done; of this run's requests once its ledger is read
+    run_requests = None  # every request of the input (for the date's completion mark): once the run completed
     shared: dict[str, Any] = {}  # ids naming documents of several input files (RunRequests.shared)
     if abort is None and interrupted is None:
         # A complete run yields every request of its input: an error row it was asked to
@@ -443,6 +467,9 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             # this run is still recorded, as interrupted.
             interrupted = e
     # else: staged rows stay staged; the next run of the date publishes them first
+    if interrupted is None and run_requests is not None and completion is not None:
+        with _interrupts_held():  # published: a signal now is moot, the mark goes with the record
+            write_completion(root, run_date, completion, run_requests)
     # The record is written whatever arrives now; an interrupt after publishing is moot
     # (the run is complete, and the process ends as soon as it returns).
     with _interrupts_held():
@@ -470,6 +497,46 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
                            run_record_path(root, run_date, run_id))
     return RunResult(run_id, run_date, root, summary, skipped=skipped)
+
+
+def _nothing_to_run(spec: JobSpec, run_date: str, run_id: str, root: str, earlier: list[dict[str, Any]],
+                    started_at: str, before: DateScan, done: RunRequests, *, retry_errors: str,
+                    progress: bool) -> RunResult:
+    """The run of a complete date (``before``: its scan; ``done``: the completion mark's
+    requests, every one with a row): says so, records the run and returns, with nothing read,
+    started or loaded.
+
+    The record is the one a run that found every request done always wrote (rows 0,
+    ``skipped``: the input's requests, the date's counts; `longdoc report` lists it as
+    "nothing left to do"), with ``nothing_to_do`` and a ``note`` saying what the date holds
+    and which --retry-errors would redo its error rows.
+    """
+    t0 = time.perf_counter()
+    counts = before.counts()
+    redo = []  # what would make it work, when there are error rows
+    if counts[f"errors_{RETRYABLE}"] and retry_errors == "none":
+        redo.append(f"--retry-errors retryable retries its {counts[f'errors_{RETRYABLE}']} retryable error row(s)")
+    if counts["errors_input"] and retry_errors != "all":
+        redo.append(f"--retry-errors all retries its {counts['errors_input']} input error row(s) (fix the input first)")
+    note = (f"date {run_date} complete: {counts['rows']} row(s), {counts['failed']} failed; every request of "
+            f"the input has a row: nothing to run, no model loaded"
+            + (f"; {'; '.join(redo)}" if redo else ""))
+    _say(progress, f"longdoc: run {run_id}: {note}; output {root}")
+    with _interrupts_held():  # the record is written whatever arrives: the run did all it had to
+        wall = time.perf_counter() - t0
+        summary = run_summary(RunTally(), wall_s=wall, date_counts=counts, aborted=None)
+        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(done.ids), retried=0,
+                       superseded=0, retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
+                       started_at=started_at, finished_at=_now_iso(), staged_blocks=0, files_written=0,
+                       duplicates=0, versions=package_versions(), nothing_to_do=True, note=note,
+                       **({"shared_ids": done.shared, "shared_id_examples": done.shared_examples}
+                          if done.shared else {}))
+        if earlier:  # a resumed run id: as _run_holding records it
+            summary.update(earlier_attempts=earlier,
+                           wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
+        write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
+                           run_record_path(root, run_date, run_id))
+    return RunResult(run_id, run_date, root, summary, skipped=len(done.ids))
 
 
 def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str, run_date: str,

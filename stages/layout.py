@@ -8,7 +8,8 @@ that says where):
 - staged blocks ``{root}.runs/_staging/D/{run_id}/`` (``staging_dir``);
 - the request ledger ``{root}.runs/_ledger/D/{run_id}/`` (stages/ledger.py);
 - the temporary files of a local publish into ``run_date=D/`` (``scratch_dir``);
-- the lease naming the run that writes a date ``{root}.runs/_leases/D.json`` (``lease_path``).
+- the lease naming the run that writes a date ``{root}.runs/_leases/D.json`` (``lease_path``);
+- the mark of a complete date ``{root}.runs/_complete/D.parquet`` (``completion_path``).
 Outputs written before this layout kept these in ``{root}/_runs/``, ``{root}/_staging/``
 and ``{root}/_ledger/``: readers still look there (``run_record_candidates``,
 ``staging_dirs``, stages/ledger.py ``clear``); new runs never write there.
@@ -72,3 +73,9 @@ def staging_dirs(root: str, run_date: str) -> list[str]:
     """Folders whose staged blocks a publish takes: ``staging_dir``, then the one of outputs
     written by earlier versions (``{root}/_staging/{run_date}``: a crashed run's rows)."""
     return [staging_dir(root, run_date), f"{root.rstrip('/')}/_staging/{run_date}"]
+
+
+def completion_path(root: str, run_date: str) -> str:
+    """The completion mark of ``run_date``: ``{root}.runs/_complete/{run_date}.parquet``, what
+    the last complete run's input yielded (stages/completion.py)."""
+    return f"{runs_root(root)}/_complete/{run_date}.parquet"

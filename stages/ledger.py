@@ -27,7 +27,10 @@ Contract:
   reads the file and drops the placeholder as stale, see pipeline/runner.py).
 - ``Ledger.complete(n_shards)``: every shard is covered (the total is known).
 - ``Ledger.run_requests(...)``: what a complete run's input yielded, for the rows it
-  supersedes (stages/partition.py ``superseded``).
+  supersedes (stages/partition.py ``superseded``) and the date's completion mark
+  (stages/completion.py); None unless every request of the run is known: every file
+  covered, or ``input.limit`` reached in the files covered before the first one not (the
+  read stage stops there: the files after it are never read).
 """
 
 from __future__ import annotations
@@ -162,14 +165,29 @@ class Ledger:
 
     def run_requests(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str) -> RunRequests | None:
         """What the run's input yielded (stages/partition.py ``RunRequests``: ids, (doc_id,
-        prompt) keys, the files read whole: none under ``input.limit``); None unless every
-        input file is covered."""
-        if not self.complete(len(shards)):
+        prompt) keys, the files read whole: none under ``input.limit``, and the ids named in
+        several files); None while a request of the run is unknown (module docstring).
+
+        Why the limit case: the read stage stops at ``input.limit``, so a limited run over a
+        folder never covers every file; it superseded nothing (a spec changed left two rows per
+        document) and its date could not be marked complete."""
+        if self.complete(len(shards)):
+            return self._collect(spec, shards, run_id, run_date)
+        if spec.input.limit is None:
             return None
+        # A placeholder names its unread file as its source; a read document's source is a covered file.
+        unread = {path for index, path in enumerate(shards) if index not in self.block_of}
+        return self._collect(spec, shards, run_id, run_date, unread)
+
+    def _collect(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str,
+                 unread: set[str] | None = None) -> RunRequests | None:
+        """``iter_requests`` folded into a ``RunRequests``; None if a request comes from ``unread``."""
         run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
         file_of: dict[str, str] = {}  # doc_id -> the first file that named it
         shared: set[str] = set()
         for req in self.iter_requests(spec, shards, run_id, run_date):
+            if unread and req["source_uri"] in unread:
+                return None
             run.ids.add(req["request_id"])
             run.keys.add((req["doc_id"], req["prompt"]))
             first = file_of.setdefault(req["doc_id"], req["source_uri"])

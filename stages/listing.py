@@ -8,6 +8,12 @@ Contract:
   (``hidden``). The runner calls it ONCE per run and hands the list on: the
   plan, the progress line and the abort path use that list, and nothing reads the
   input but the read stage (stages/ledger.py records what it read).
+- ``list_input(input_spec, run_date)``: the same listing (``Listing.shards``) and its
+  ``digest``: a hash of every listed file's path, size and change stamps (``change_stamp``:
+  mtime/inode locally, ETag/generation/last-modified on object stores), from the entries the
+  walk already has (no request per file); None when the store gives a file no change stamp.
+  Equal digests: the same files with, as far as the store can tell, the same bytes
+  (pipeline/runner.py recognises a complete date by it, stages/completion.py).
 - ``resolve_uri(uri, run_date, job)``: the URI with ``{run_date}`` and ``{job}`` filled.
 - ``skipped_suffixes(input_spec, run_date)``: the files under a folder input its format does
   not read, counted by suffix, for `validate`'s note.
@@ -15,8 +21,10 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from dataclasses import dataclass
 
 import fsspec
 
@@ -43,8 +51,61 @@ def _missing_where(fs, uri: str, root: str) -> str:
             "date whose data has arrived)")
 
 
+#: Listing-entry fields that change when a file's bytes do, per store: fsspec's local files
+#: (``mtime``, ``ino``: a rewrite by rename; ``created`` is the ctime), s3fs (``ETag``,
+#: ``LastModified``), gcsfs (``md5Hash``, ``generation``, ``updated``), adlfs (``etag``,
+#: ``last_modified``), memory (``created``). Every one present goes into the stamp.
+CHANGE_FIELDS = ("mtime", "ino", "created", "ETag", "etag", "md5Hash", "generation", "LastModified",
+                 "last_modified", "updated")
+_DIGEST_MOD = 2**256
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files an input names (``shards``, sorted URIs) and ``digest``, a hash of their
+    paths, sizes and change stamps (None when some file has no change stamp)."""
+
+    shards: list[str]
+    digest: str | None
+
+
+def change_stamp(info: dict) -> str | None:
+    """What of a listing entry changes when the file's bytes do (``CHANGE_FIELDS``, with the
+    size), as text; None when the store gives none of them (an HTTP listing: its files
+    cannot be told unchanged, so no digest)."""
+    found = [f"{k}={info[k]}" for k in CHANGE_FIELDS if info.get(k) is not None]
+    return f"size={info.get('size')};" + ";".join(found) if found else None
+
+
+class _Digest:
+    """An order-free hash of (path, stamp) entries: the sum of their sha256 values mod 2**256,
+    and their count. Order-free because a walk's order is the store's; folded as the walk goes,
+    so it holds nothing per file (the listing's memory stays the path list)."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.unstamped = 0, 0, False
+
+    def add(self, path: str, info: dict) -> None:
+        stamp = change_stamp(info)
+        if stamp is None:
+            self.unstamped = True
+            return
+        h = hashlib.sha256(f"{path}\0{stamp}".encode("utf-8", "surrogatepass")).digest()
+        self.total = (self.total + int.from_bytes(h, "big")) % _DIGEST_MOD
+        self.count += 1
+
+    def hexdigest(self) -> str | None:
+        return None if self.unstamped else f"{self.count}-{self.total:064x}"
+
+
 def list_shards(inp: InputSpec, run_date: str) -> list[str]:
-    """Files to read, as full URIs (protocol kept), sorted for a stable order.
+    """Files to read, as full URIs (protocol kept), sorted: ``list_input``'s ``shards``."""
+    return list_input(inp, run_date).shards
+
+
+def list_input(inp: InputSpec, run_date: str) -> Listing:
+    """Files to read, as full URIs (protocol kept), sorted for a stable order, and the
+    listing's digest (``Listing``).
 
     The listing walks the tree one folder at a time and keeps only the matching paths: a
     listing's metadata (size, times, type per entry) lives for one folder, not the corpus.
@@ -57,9 +118,12 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
         glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
         raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else "")
                          + _missing_where(fs, uri, root))
+    digest = _Digest()
     if fs.isfile(root):
-        _check_regular(root, fs.info(root))
-        return [_unstrip(fs, root)]
+        info = fs.info(root)
+        _check_regular(root, info)
+        digest.add(root, info)
+        return Listing([_unstrip(fs, root)], digest.hexdigest())
     suffixes = FORMAT_SUFFIXES[inp.format]
     paths = []
     others: dict[str, int] = {}  # what the folder holds instead, named when nothing matched
@@ -70,6 +134,7 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
             if not hidden(name) and path.lower().endswith(suffixes):
                 _check_regular(path, info)
                 paths.append(path)
+                digest.add(path, info)
             elif not hidden(name):
                 suffix = file_suffix(name)
                 others[suffix] = others.get(suffix, 0) + 1
@@ -79,7 +144,7 @@ def list_shards(inp: InputSpec, run_date: str) -> list[str]:
             f"in the folder and below){_no_match_fix(inp.format, others)}"
         )
     paths.sort()
-    return [_unstrip(fs, p) for p in paths]
+    return Listing([_unstrip(fs, p) for p in paths], digest.hexdigest())
 
 
 def _no_match_fix(fmt: str, others: dict[str, int]) -> str:

@@ -347,7 +347,9 @@ def format_summary(summary: dict[str, Any], title: str = "run summary") -> str:
     if not summary.get("cut_repeat"):  # generation.repeat_guard is off by default
         keys.remove(("cut_repeat", "  of them cut by the repeat guard"))
     if summary.get("nothing_to_do"):  # a rerun that found every request done: its settings and why
-        keys = [k for k in keys if k[0] in ("model", "method", "target_tokens", "max_new_tokens", "status", "note")]
+        # (`longdoc run`'s own summary of it keeps what the date holds: pipeline/runner.py)
+        keys = [k for k in keys if k[0] in ("model", "method", "target_tokens", "max_new_tokens", "skipped",
+                                             "status", "note", "date_rows", "date_failed")]
     width = max(len(label) for _, label in keys)
     lines = [f"== {title} =="]
     lines += [f"  {label.ljust(width)}  {_fmt(summary.get(k))}" for k, label in keys]

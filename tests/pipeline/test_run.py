@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from alone import run_alone
 
 from pipeline.report.load import load_output, run_summaries
 from pipeline.runner import run_job
@@ -255,6 +256,77 @@ def test_one_big_file_is_written_batch_by_batch(runner, tmp_path, tiny_model_dir
     assert result.summary["staged_blocks"] == 3
     assert len(files) == 1 and pq.ParquetFile(files[0]).metadata.num_rows == 6
     assert not list(Path(staging_dir(result.output_uri, DATE)).rglob("*.staged"))  # published, then removed
+
+
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_a_complete_date_run_again_reads_nothing_starts_no_ray_and_loads_no_model(runner, tmp_path, tiny_model_dir,
+                                                                                  ray_session):
+    """A date whose every request has a row, run again (a scheduler that fired twice, a rerun
+    after success): the Ray runner started Ray and loaded the model (~18 s on the sample job)
+    to find every request skipped; the local one read the whole input. Now the completion
+    mark of the last complete run says so (stages/completion.py): the rerun, in a process of
+    its own, imports neither Ray nor torch, records a run that had nothing to do (as `report`
+    lists it) and says which --retry-errors would redo the error rows. A changed spec is work."""
+    spec = _spec(tmp_path, tiny_model_dir)  # five files: two documents and three input-error rows
+    first = run_job(spec, runner=runner, run_date=DATE, run_id="run-a", progress=False)
+    assert first.summary["rows"] == 5 and first.summary["failed"] == 3
+    again = run_alone(f"""
+        import json, sys
+        from pipeline.runner import run_job
+        from schemas.loading import spec_from_dict
+        spec = spec_from_dict(json.loads({json.dumps(spec.model_dump(mode="json"))!r}))
+        r = run_job(spec, runner={runner!r}, run_date={DATE!r}, run_id="run-b", progress=False)
+        done({{"summary": r.summary, "skipped": r.skipped,
+               "imported": [m for m in ("ray", "torch", "transformers") if m in sys.modules]}})
+    """, timeout_s=300)
+    s = again["summary"]
+    assert again["imported"] == [], again["imported"]  # no Ray started, no model loaded
+    assert again["skipped"] == 5 and (s["rows"], s["skipped"], s["date_rows"], s["date_failed"]) == (0, 5, 5, 3)
+    assert s["nothing_to_do"] and s["status"] == "partial"  # the date's status: 3 input-error rows
+    assert "--retry-errors all retries its 3 input error row(s)" in s["note"]
+    record = json.loads(Path(run_record_path(first.output_uri, DATE, "run-b")).read_text())["summary"]
+    assert record["nothing_to_do"] and record["skipped"] == 5
+    (listed,) = [r for r in run_summaries(first.output_uri, load_output(first.output_uri)) if r["run_id"] == "run-b"]
+    assert listed["nothing_to_do"] and "the date's 5 request(s) were already done" in listed["note"]
+    # Another budget: other request ids, so work (and it replaces the rows it supersedes).
+    other = spec.model_copy(update={"generation": spec.generation.model_copy(update={"max_new_tokens": 4})})
+    changed = run_job(other, runner=runner, run_date=DATE, progress=False)
+    assert changed.summary["rows"] == 5 and changed.summary["superseded"] == 5
+    assert "nothing_to_do" not in changed.summary
+    assert run_job(other, runner=runner, run_date=DATE, progress=False).summary["nothing_to_do"]
+    assert load_output(first.output_uri).num_rows == 5
+
+
+def test_a_complete_date_is_work_again_for_error_rows_retried_a_raised_limit_or_a_changed_file(tmp_path,
+                                                                                               tiny_model_dir):
+    """The completion mark stands for the input as listed and the spec as written: error rows
+    asked to be retried, a larger input.limit, a file added before the limit or a file
+    rewritten (the same size) each make the rerun read and run what it must, as before."""
+    corpus = _corpus(tmp_path)  # cities.md, empty.txt, huge.txt, latin1.txt, rivers.txt
+    spec = spec_from_dict({"name": "t", "input": {"uri": str(corpus), "format": "text", "limit": 3},
+                           "generation": {"model": str(tiny_model_dir), "max_new_tokens": 5},
+                           "output": {"uri": str(tmp_path / "out")}})
+
+    def run(s=spec, **kw):
+        return run_job(s, runner="local", run_date=DATE, progress=False, **kw).summary
+
+    assert run()["rows"] == 3  # cities.md, and empty.txt and huge.txt as input-error rows
+    assert run()["nothing_to_do"]
+    retried = run(retry_errors="all")
+    assert (retried["retried"], retried["rows"]) == (2, 2) and "nothing_to_do" not in retried
+    assert run()["nothing_to_do"]
+    wider = spec.model_copy(update={"input": spec.input.model_copy(update={"limit": 4})})
+    more = run(wider)
+    assert (more["rows"], more["skipped"]) == (1, 3) and "nothing_to_do" not in more  # latin1.txt
+    assert run(wider)["nothing_to_do"]
+    (corpus / "a-first.txt").write_text("A new document, listed first. " * 3)
+    added = run(wider)
+    assert (added["rows"], added["skipped"], added["date_rows"]) == (1, 3, 5), added  # four files under the limit: one new
+    text = (corpus / "cities.md").read_text()
+    (corpus / "cities.md").write_text(text.replace("Zurich", "Geneva"))  # the same size
+    rewritten = run(wider)
+    assert (rewritten["rows"], rewritten["superseded"]) == (1, 1), rewritten
+    assert run(wider)["nothing_to_do"]
 
 
 @pytest.mark.e2e

@@ -167,3 +167,24 @@ def test_a_complete_run_says_what_it_read_for_the_rows_it_supersedes(tmp_path):
         assert run.keys == {(r["doc_id"], r["prompt"]) for r in reqs}
         assert run.files == (frozenset(SHARDS) if limit is None else frozenset())
         assert run.shared == 1 and run.shared_examples == {"0-1": [SHARDS[0], SHARDS[1]]}
+
+
+def test_every_request_is_known_where_the_limit_was_reached_in_files_read(tmp_path):
+    """Under input.limit the read stage stops at the limit, so over a folder the ledger never
+    covers every file: ``run_requests`` said None, and a limited run superseded nothing (a spec
+    changed left two rows per document) nor could its date be marked complete
+    (stages/completion.py). The requests are all known when the limit was reached before the
+    first file not read; a placeholder among them (a file before the limit not read), or no
+    limit with a file unread: None."""
+    limited = _spec(tmp_path, limit=2)
+    root = str(tmp_path / "out")
+    write_block(root, DATE, "r1", [0], _record(limited, 0, 2))
+    ledger = read_ledger(root, DATE, "r1")
+    known = ledger.run_requests(limited, SHARDS, "r1", DATE)
+    assert known.ids == {r["request_id"] for r in _record(limited, 0, 2)} and known.files == frozenset()
+    # The limit not reached in file 0 (3 documents asked, 2 there): file 1 was to be read.
+    assert ledger.run_requests(_spec(tmp_path, limit=3), SHARDS, "r1", DATE) is None
+    assert ledger.run_requests(_spec(tmp_path), SHARDS, "r1", DATE) is None
+    write_block(root, DATE, "r1", [1, 2], _record(limited, 2, 1))
+    whole = read_ledger(root, DATE, "r1").run_requests(_spec(tmp_path), SHARDS, "r1", DATE)
+    assert len(whole.ids) == 3 and whole.files == frozenset(SHARDS)

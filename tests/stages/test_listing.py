@@ -65,3 +65,44 @@ def test_listing_holds_one_folder_of_metadata_at_a_time(tmp_path):
 def test_a_pattern_in_the_input_uri_is_named_as_such(tmp_path):
     with pytest.raises(ValueError, match=r"patterns like \* are not expanded: name the folder"):
         list_shards(InputSpec(uri=str(tmp_path / "*.jsonl"), format="jsonl"), "2026-01-01")
+
+
+def test_the_listing_digest_changes_with_any_file_and_only_then(tmp_path):
+    """``list_input``'s digest (a complete date is recognised by it, stages/completion.py): the
+    same files untouched give the same digest; a file rewritten with bytes of the same size, a
+    file added or removed, give another. A store whose entries say nothing of change gives none."""
+    import os
+
+    import fsspec
+
+    from stages.listing import change_stamp, list_input
+
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha")
+    (root / "b.txt").write_text("beta")
+    inp = InputSpec(uri=str(root), format="text")
+    first = list_input(inp, "")
+    assert first.shards == list_shards(inp, "") and first.digest
+    assert list_input(inp, "").digest == first.digest  # listed again, untouched
+    digests = {first.digest}
+    (root / "a.txt").write_text("ALPHA")  # the same size: the stamp (mtime, ctime) tells it
+    st = (root / "a.txt").stat()
+    os.utime(root / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    digests.add(list_input(inp, "").digest)
+    (root / "c.txt").write_text("gamma")
+    digests.add(list_input(inp, "").digest)
+    (root / "b.txt").unlink()
+    digests.add(list_input(inp, "").digest)
+    assert len(digests) == 4
+    # One file as the input: its own entry.
+    one = InputSpec(uri=str(root / "c.txt"), format="text")
+    assert list_input(one, "").digest == list_input(one, "").digest != first.digest
+    # An object store (fsspec's memory store stands in): its entries' stamps.
+    fsspec.filesystem("memory").pipe("/listing-digest/d.txt", b"delta")
+    mem = InputSpec(uri="memory://listing-digest", format="text")
+    before = list_input(mem, "").digest
+    fsspec.filesystem("memory").pipe("/listing-digest/d.txt", b"DELTA")
+    assert before and list_input(mem, "").digest != before
+    fsspec.filesystem("memory").rm("/listing-digest", recursive=True)
+    assert change_stamp({"name": "x", "size": 3, "type": "file"}) is None  # e.g. an HTTP listing
