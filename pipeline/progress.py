@@ -18,9 +18,11 @@ Contract:
   (reading and the model load before it are no row's work). Rows written alone
   undercount the work early on: the engine fills its ~48-68 slots before the first rows
   finish and writes them in batches, so the ETA of a long local night ran ~2x high for
-  its first minutes (jobs/results/usability/2026-12-07-evening/soak.md); on a synthetic
-  fill-first timeline (tests/pipeline/test_progress.py) the rate of rows written since
-  the first ones (below) runs 1.3-1.8x high where this one stays within 0.9-1.1x.
+  its first minutes (jobs/results/usability/2026-12-07-evening/soak.md; before and after
+  on a real run: jobs/results/usability/2026-12-07-night/eta-and-gpu-refusal.md); a
+  synthetic fill-first timeline (tests/pipeline/test_progress.py) holds this one within
+  0.85-1.15x of the truth over the first 40% of the rows, where the rate of rows written
+  since the first ones (below) runs high.
   Without the engine (Ray) it
   comes from the rate since the first rows were written, from the second count on: the
   time before the first rows (Ray's start, model loads, the engine filling its slots)

@@ -92,6 +92,11 @@ MAX_RAYCRONJOB_NAME_V17 = 36
 KUBERAY_VERSIONS = ("1.6", "1.7")
 KubeRayVersion = choice("KubeRayVersion", KUBERAY_VERSIONS)
 _KUBERAY_DEFAULT = KubeRayVersion("1.6")
+#: Folders of a Ray pod a volume must not be mounted at, over or inside: the job's spec, Ray's
+#: shared memory and session files (/tmp), the image's working folder and home (its model
+#: cache, infra/Dockerfile), and the system's own.
+POD_PATHS = (SPEC_MOUNT, "/dev", "/tmp", "/app", "/home/ray", "/etc", "/usr", "/var", "/bin", "/sbin", "/lib",
+             "/lib64", "/opt", "/proc", "/sys", "/root", "/run", "/boot")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
@@ -260,6 +265,12 @@ def output_mount(job: JobSpec, opts: RenderOptions) -> str | None:
     if not path.startswith("/") or not mount:
         raise ValueError(f"output.uri {uri!r} with --output-pvc: name an absolute path below the "
                          "volume's mount point, e.g. --set output.uri=/data/longdoc/{job} (mounted at /data/longdoc)")
+    hidden = [p for p in POD_PATHS if mount == p or mount.startswith(p + "/") or p.startswith(mount + "/")]
+    if hidden:
+        raise ValueError(f"output.uri {uri!r} with --output-pvc mounts the volume at {mount}, over {hidden[0]}, "
+                         "which the Ray pods need (the job's spec, Ray's shared memory and session files, the "
+                         "image's code, model cache and system folders); choose a folder of its own, e.g. "
+                         "--set output.uri=/data/longdoc/{job} (mounted at /data/longdoc)")
     return mount
 
 

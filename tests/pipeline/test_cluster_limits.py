@@ -140,8 +140,8 @@ def test_one_machine_refuses_a_pool_it_cannot_place_at_once(runner, tmp_path):
     """On the embedded Ray (``--runner ray``) and in one process (``auto`` on one machine
     with one actor: the local runner), a GPU this machine lacks is refused at once, by the
     preflight `validate` shares (before Ray starts). Counting this machine's GPUs imports no
-    model stack: the step backends import transformers (5 s of silence before the refusal, 14-19 s
-    on a loaded machine), so where torch sees no accelerator none of them is asked (the import
+    model stack: the step backends import transformers (seconds of silence before the refusal:
+    jobs/results/usability/2026-12-07-night/eta-and-gpu-refusal.md), so where torch sees no accelerator none of them is asked (the import
     log Python writes with PYTHONPROFILEIMPORTTIME names every module the refusal imported)."""
     spec = _spec(tmp_path, "local", "random:tiny", {"custom_resources": {}, "num_gpus": 1})
     said = "resources.num_gpus: 1 GPU(s) asked; this machine has 0; allowed: resources.num_gpus: 0 (on the CPU) here"

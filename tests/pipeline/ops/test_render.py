@@ -379,7 +379,12 @@ def test_output_pvc_mounts_the_claim_above_the_output_on_every_ray_pod():
     assert {"name": "output", "mountPath": "/data"} in head["volumeMounts"]
     for args, said in ((["--set", "output.uri=out/{job}", "--output-pvc", "o"], "absolute path"),
                        ([*S3_OUT, "--output-pvc", "o"], "is not a path"),  # object storage and a volume
-                       (["--set", "output.uri=/data/{job}", "--output-pvc", "Bad_Claim"], "--output-pvc")):
+                       (["--set", "output.uri=/data/{job}", "--output-pvc", "Bad_Claim"], "--output-pvc"),
+                       # a mount over what the pods need: the spec's own mount, the image's home, /tmp
+                       (["--set", "output.uri=/etc/longdoc/{job}", "--output-pvc", "o"], "over /etc/longdoc"),
+                       (["--set", "output.uri=/home/ray/out", "--output-pvc", "o"], "over /home/ray"),
+                       (["--set", "output.uri=/home/{job}", "--output-pvc", "o"], "over /home/ray"),
+                       (["--set", "output.uri=/tmp/out", "--output-pvc", "o"], "over /tmp")):
         code, _, out = _render(str(SAMPLE), *args)
         assert code == 2 and said in " ".join(out.split()), out
 
