@@ -121,6 +121,17 @@ def lacks_credentials(problem: str) -> bool:
     return f": {NO_CREDENTIALS} (" in problem
 
 
+#: ``storage_problem``'s words for a store this process cannot use (not reached, key not
+#: accepted, permission denied), whose cluster may hold what this machine lacks.
+NO_ACCESS = ("cannot reach the object store", "does not accept these credentials", "permission denied to")
+
+
+def lacks_access(problem: str) -> bool:
+    """Whether ``problem`` (a line of ``storage_problem``) says this process cannot use the store
+    (``NO_ACCESS``): `longdoc submit` then names ``--skip-storage``."""
+    return any(f": {words}" in problem for words in NO_ACCESS)
+
+
 def storage_problem(field: str, uri: str, err: BaseException) -> str:
     """One line for a storage failure on ``uri`` (the spec's ``field``): what failed and the fix."""
     name = type(err).__name__

@@ -2,7 +2,7 @@
 
 Contract: ``PlanIteration(ds)()`` yields the dataset's figure tables (pyarrow, one per
 block the write stage staged) in the calling thread; Ray's own iteration runs on a
-thread of its own (``longdoc-ray-plan``). ``stop()`` (only its first call acts; also run
+thread of its own (``longdoc-ray-plan``). ``stop()`` (once it ran to its end, a no-op; also run
 when the consumer closes the iteration early, not when an exception leaves it: the
 consumer stops then, once it has handled the exception) returns once Ray's execution of
 the plan has ended: every task and actor of it finished or killed, so no write task of
@@ -59,7 +59,8 @@ class PlanIteration:
     def __init__(self, ds: Any) -> None:
         self._ds = ds
         self._pump: threading.Thread | None = None
-        self._stopped = False  # a stop has run: a later one (the runner's after the iteration's own) returns at once
+        self._stopped = False  # a stop ran to its end: a later one returns at once
+        self._deadline: float | None = None  # the first stop's: a later one, after an interrupted first, keeps it
 
     def __call__(self) -> Iterator[Any]:
         """Yield the figure tables of ``ds`` (``iter_batches(batch_size=None, pyarrow)``)."""
@@ -90,29 +91,36 @@ class PlanIteration:
                 if batch is None:
                     break
                 yield batch
-        except GeneratorExit:  # the consumer left early (``close``): nothing else will stop Ray
+        except GeneratorExit:
+            # The consumer left early: ``close``, or an exception raised in its loop's body (its
+            # frame unwinding closes this generator before the consumer's handler runs). A
+            # signal cutting this stop short leaves the rest to the consumer's own (``stop``).
             self.stop()
             raise
-        # An exception (an interrupt, the watchdog's, Ray's error) leaves the stop to the
-        # consumer (pipeline/runner.py): the watchdog must first hear its interrupt landed, or
-        # it signals again into a stop under way.
+        # An exception raised here (an interrupt in the wait above, the watchdog's, Ray's error)
+        # leaves the stop to the consumer (pipeline/runner.py): the watchdog must first hear
+        # its interrupt landed, or it signals again into a stop under way.
         self.stop()  # the plan ended: returns at once
 
     def stop(self) -> None:
         """Stop Ray's execution of the plan; returns once no task of it can stage a block, or
-        after ``STOP_WAIT_S`` in all (with a warning). Only the first call does anything: a
-        stop that gave up is not tried again by the next caller (minutes of waiting)."""
+        after ``STOP_WAIT_S`` from the first call in all (with a warning). A stop that ran to
+        its end is not run again; one cut short (a signal landed in it: a generator's close
+        runs it while an exception unwinds, before the runner's handler) is carried on by the
+        next call, to the same deadline."""
         pump = self._pump
         if pump is None or self._stopped:
             return
-        self._stopped = True
-        deadline = time.monotonic() + STOP_WAIT_S
+        if self._deadline is None:
+            self._deadline = time.monotonic() + STOP_WAIT_S
+        deadline = self._deadline
         # Until Ray's iteration has ended: an executor not started at the first look (Ray
         # still planning) is found at a later one, its tasks noted and waited for alike.
         while pump.is_alive() and time.monotonic() < deadline:
             for executor in self._executors():
                 _shut_down(executor, deadline)
             pump.join(0.1)
+        self._stopped = True
         if pump.is_alive():
             log.warning("longdoc: Ray's iteration did not end within %.0f s of the stop", STOP_WAIT_S)
 

@@ -10,8 +10,11 @@ Contract:
 - ``completion_key(spec, listing_digest)``: a hash of what decides a run's requests: the
   input listing's digest (stages/listing.py ``list_input``: each file's path, size and change
   stamps), ``spec.input`` and ``spec.task`` whole, the generation fingerprint (model,
-  method, budget, instruction, sampling: stages/requests.py), the output schema and this
-  mark's format. None (no mark is ever matched) when the listing has no digest.
+  method, budget, instruction, sampling: stages/requests.py), the output schema, this
+  mark's format and the code that reads files into requests (``reader_digest``: an upgrade
+  that changes what a file yields, or a request's id, must make the next run read again and
+  replace the old rows, as it did before marks). None (no mark is ever matched) when the
+  listing has no digest.
 - ``write_completion(root, run_date, key, run)``: written by pipeline/runner.py once a run
   that saw its whole input (its ledger complete) has published; ``run`` is its
   ``RunRequests``. One file, ``{root}.runs/_complete/{run_date}.parquet`` (stages/layout.py
@@ -30,8 +33,11 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
+from pathlib import Path
 
 import fsspec
 import pyarrow as pa
@@ -56,6 +62,25 @@ COMPLETION_SCHEMA = pa.schema([
 ])
 
 
+#: The modules whose code decides what an input file yields and each request's id: a hash of
+#: their source is in the key. A version constant would be forgotten at the next reader fix
+#: (a UTF-16 file's rows changed so, 6f6ea8f); a change elsewhere in them only costs one rerun
+#: that reads its input.
+READER_MODULES = ("stages.read", "stages.record_fields", "stages.requests", "stages.prompting",
+                  "stages.listing", "schemas.checks")
+
+
+@functools.lru_cache(maxsize=1)
+def reader_digest() -> str:
+    """sha256 of the source of ``READER_MODULES`` (their files as installed)."""
+    h = hashlib.sha256()
+    for name in READER_MODULES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        h.update(name.encode() + b"\0" + (Path(origin).read_bytes() if origin else b"?") + b"\0")
+    return h.hexdigest()
+
+
 def completion_key(spec: JobSpec, listing_digest: str | None) -> str | None:
     """What decides the requests of a run of ``spec`` over a listing (module docstring)."""
     if listing_digest is None:
@@ -67,6 +92,7 @@ def completion_key(spec: JobSpec, listing_digest: str | None) -> str | None:
         "input": spec.input.model_dump(mode="json"),
         "task": spec.task.model_dump(mode="json"),
         "generation": generation_fingerprint(spec),
+        "reader": reader_digest(),
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -80,7 +106,8 @@ def write_completion(root: str, run_date: str, key: str, run: RunRequests) -> No
         "doc_id": pa.array([None] * len(ids) + [d for d, _ in keys], pa.string()),
         "prompt": pa.array([None] * len(ids) + [p for _, p in keys], pa.large_string()),
     }, schema=COMPLETION_SCHEMA)
-    shared = json.dumps({"shared": run.shared, "examples": run.shared_examples})
+    shared = json.dumps({"shared": run.shared, "examples": run.shared_examples,
+                         "covered": sorted(run.covered) if run.covered is not None else None})
     table = table.replace_schema_metadata({_KEY: key.encode(), _SHARED: shared.encode()})
     write_table_atomic(table, completion_path(root, run_date))
 
@@ -114,7 +141,9 @@ def read_completion(root: str, run_date: str, key: str | None, spec: JobSpec,
     except (OSError, pa.ArrowException, ValueError):  # a torn or foreign file: run as before
         return None
     rids, docs, prompts = (table.column(c).to_pylist() for c in COMPLETION_SCHEMA.names)
+    covered = shared.get("covered")
     run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset(),
+                      covered=frozenset(covered) if covered is not None else None,
                       shared=int(shared.get("shared", 0)),
                       shared_examples=dict(shared.get("examples", {})))
     for rid, doc, prompt in zip(rids, docs, prompts, strict=True):

@@ -182,7 +182,8 @@ class Ledger:
     def _collect(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str,
                  unread: set[str] | None = None) -> RunRequests | None:
         """``iter_requests`` folded into a ``RunRequests``; None if a request comes from ``unread``."""
-        run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
+        run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset(),
+                          covered=frozenset(set(shards) - unread) if unread else None)
         file_of: dict[str, str] = {}  # doc_id -> the first file that named it
         shared: set[str] = set()
         for req in self.iter_requests(spec, shards, run_id, run_date):

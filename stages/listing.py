@@ -54,7 +54,8 @@ def _missing_where(fs, uri: str, root: str) -> str:
 #: Listing-entry fields that change when a file's bytes do, per store: fsspec's local files
 #: (``mtime``, ``ino``: a rewrite by rename; ``created`` is the ctime), s3fs (``ETag``,
 #: ``LastModified``), gcsfs (``md5Hash``, ``generation``, ``updated``), adlfs (``etag``,
-#: ``last_modified``), memory (``created``). Every one present goes into the stamp.
+#: ``last_modified``), memory (``created``). Every one present goes into the stamp, when one
+#: of ``STRONG_FIELDS`` is.
 CHANGE_FIELDS = ("mtime", "ino", "created", "ETag", "etag", "md5Hash", "generation", "LastModified",
                  "last_modified", "updated")
 _DIGEST_MOD = 2**256
@@ -69,12 +70,20 @@ class Listing:
     digest: str | None
 
 
+#: Of ``CHANGE_FIELDS``, those that change with every rewrite: a content hash or a version,
+#: or the inode (a rewrite by rename). Times alone are too coarse to tell (sftp and ftp give
+#: whole seconds; on macOS ``created`` is the birth time, kept by ``cp -p``).
+STRONG_FIELDS = ("ino", "ETag", "etag", "md5Hash", "generation")
+
+
 def change_stamp(info: dict) -> str | None:
     """What of a listing entry changes when the file's bytes do (``CHANGE_FIELDS``, with the
-    size), as text; None when the store gives none of them (an HTTP listing: its files
-    cannot be told unchanged, so no digest)."""
+    size), as text; None when the store gives none of ``STRONG_FIELDS`` (an HTTP or sftp
+    listing: its files cannot be told unchanged, so no digest, and a rerun reads them)."""
+    if not any(info.get(k) is not None for k in STRONG_FIELDS):
+        return None
     found = [f"{k}={info[k]}" for k in CHANGE_FIELDS if info.get(k) is not None]
-    return f"size={info.get('size')};" + ";".join(found) if found else None
+    return f"size={info.get('size')};" + ";".join(found)
 
 
 class _Digest:

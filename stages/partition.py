@@ -179,7 +179,10 @@ def scan_date(root: str, run_date: str) -> DateScan:
 class RunRequests:
     """What a complete run's input yields (from its ledger): ``ids``, the request ids;
     ``keys``, their (doc_id, prompt) pairs; ``files``, the input files it read whole
-    (empty under ``input.limit``, which stops reading partway); ``shared``, document ids
+    (empty under ``input.limit``, which stops reading partway); ``covered``, under
+    ``input.limit`` the files it read wholly or in part (None: every input file), so that
+    only their rows are replaced by a document's key (a document id named in a file the
+    limit left unread keeps its row); ``shared``, document ids
     that name documents in more than one input file (``shared_examples``: the first few,
     each with two of its files). The read stage refuses an id that one file gives two
     texts (stages/read.py); across files, read apart, the run can only say so."""
@@ -187,6 +190,7 @@ class RunRequests:
     ids: set[str] = field(default_factory=set)
     keys: set[tuple[str, str | None]] = field(default_factory=set)
     files: frozenset[str] = frozenset()
+    covered: frozenset[str] | None = None
     shared: int = 0
     shared_examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -197,13 +201,15 @@ def superseded(root: str, run_date: str, run: RunRequests) -> frozenset[str]:
     text changed since they were written: other request ids), and input-error rows of a
     file it read whole (a malformed line since fixed: its document now has a row of its
     own). Every other row stays: a document gone from the input, a file this run did not
-    read (another night's folder, a file since deleted, one that failed to read now)."""
+    read (another night's folder, a file since deleted, one that failed to read now, one
+    past ``input.limit``: ``run.covered``)."""
     fs, part = fsspec.core.url_to_fs(partition_dir(root, run_date))
     out: set[str] = set()
     for path in list_files(fs, part, ".parquet"):
         t = read_file(fs, path, ["request_id", "doc_id", "prompt", "source_uri", "error_kind"])
         for rid, doc_id, prompt, source, kind in zip(*(t.column(i).to_pylist() for i in range(5)), strict=True):
-            if rid not in run.ids and ((doc_id, prompt) in run.keys or (kind == INPUT and source in run.files)):
+            same_key = (doc_id, prompt) in run.keys and (run.covered is None or source in run.covered)
+            if rid not in run.ids and (same_key or (kind == INPUT and source in run.files)):
                 out.add(rid)
     return frozenset(out)
 

@@ -203,7 +203,7 @@ def input_check(job: JobSpec, run_date: str) -> tuple[list[str], list[str]]:
     a store this machine holds no credentials for is a note instead, naming no secret. A local
     input gives neither, and nor does one whose filesystem package (s3fs, gcsfs) this machine
     lacks: submit's note on the package says so (the cluster image needs it, not this machine)."""
-    from pipeline.preflight import NO_CREDENTIALS, input_problems, lacks_credentials
+    from pipeline.preflight import NO_CREDENTIALS, input_problems, lacks_access, lacks_credentials
     from schemas.checks import shown
     from schemas.loading import check_environment
     from stages.listing import resolve_uri
@@ -216,7 +216,10 @@ def input_check(job: JobSpec, run_date: str) -> tuple[list[str], list[str]]:
         uri = resolve_uri(job.input.uri, run_date)
         return [], [f"note: input.uri {shown(uri)} not checked: {NO_CREDENTIALS} on this machine; the cluster "
                     "reads it with its own credentials (--skip-storage skips this check)"]
-    return problems, []
+    # The store refused or could not be reached from here (another role, an expired token, an
+    # endpoint only the cluster resolves): the cluster may still read it, so the way round is named.
+    return [p + ("; or --skip-storage if only the cluster reaches the store" if lacks_access(p) else "")
+            for p in problems], []
 
 
 def check_jobs_address(address: str) -> str:

@@ -89,4 +89,4 @@ def test_an_interrupt_before_the_first_block_leaves_no_write_under_way(ray_sessi
         assert not [r for r in caplog.records if r.name == "longdoc"], caplog.text
     finally:
         signal.signal(signal.SIGINT, previous)
-    plan.stop()  # only the first call acts
+    plan.stop()  # a stop that ran to its end: a no-op

@@ -37,6 +37,10 @@ def test_the_key_changes_with_whatever_changes_the_requests(tmp_path):
     ]
     assert len({base, *others}) == 1 + len(others)
     assert completion_key(_spec(tmp_path), None) is None
+    # The reader's code is in the key: an upgrade that changes what a file yields reads again.
+    from stages.completion import READER_MODULES, reader_digest
+
+    assert "stages.read" in READER_MODULES and len(reader_digest()) == 64
 
 
 def test_the_mark_names_its_requests_for_its_key_only(tmp_path):
@@ -54,6 +58,11 @@ def test_the_mark_names_its_requests_for_its_key_only(tmp_path):
     assert back.files == frozenset(SHARDS)
     limited = _spec(tmp_path, input_={"limit": 2})
     assert read_completion(root, DATE, "k1", limited, SHARDS).files == frozenset()
+    assert back.covered is None
+    # A limited run's files read (the only ones whose rows its keys may replace) come back too.
+    write_completion(root, DATE, "k1", RunRequests(ids={"r1"}, keys={("d1", None)}, covered=frozenset(SHARDS[:1])))
+    assert read_completion(root, DATE, "k1", limited, SHARDS).covered == frozenset(SHARDS[:1])
+    write_completion(root, DATE, "k1", run)
     assert read_completion(root, DATE, "k2", spec, SHARDS) is None
     assert read_completion(root, DATE, None, spec, SHARDS) is None
     assert not (tmp_path / "out").exists()

@@ -182,9 +182,10 @@ def test_every_request_is_known_where_the_limit_was_reached_in_files_read(tmp_pa
     ledger = read_ledger(root, DATE, "r1")
     known = ledger.run_requests(limited, SHARDS, "r1", DATE)
     assert known.ids == {r["request_id"] for r in _record(limited, 0, 2)} and known.files == frozenset()
+    assert known.covered == frozenset({SHARDS[0]})  # only file 0's rows can be replaced by key
     # The limit not reached in file 0 (3 documents asked, 2 there): file 1 was to be read.
     assert ledger.run_requests(_spec(tmp_path, limit=3), SHARDS, "r1", DATE) is None
     assert ledger.run_requests(_spec(tmp_path), SHARDS, "r1", DATE) is None
     write_block(root, DATE, "r1", [1, 2], _record(limited, 2, 1))
     whole = read_ledger(root, DATE, "r1").run_requests(_spec(tmp_path), SHARDS, "r1", DATE)
-    assert len(whole.ids) == 3 and whole.files == frozenset(SHARDS)
+    assert len(whole.ids) == 3 and whole.files == frozenset(SHARDS) and whole.covered is None

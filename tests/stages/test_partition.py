@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -235,6 +236,11 @@ def test_a_complete_run_supersedes_only_its_own_documents_and_the_input_errors_o
     run = RunRequests(ids={"new-d0", "q001"}, keys={("d0", "Q"), ("d1", "Q")}, files=frozenset({"a.jsonl"}))
     assert superseded(str(root), DATE, run) == {"q000", "q008"}
     assert superseded(str(root), DATE, RunRequests(ids={"q001"}, keys={("d1", "Q")})) == frozenset()
+    # A limited run that read a.jsonl only: d2's row came from b.jsonl, which it never read, so
+    # the same document id read from a.jsonl replaces nothing of b.jsonl's (the review's data loss).
+    limited = RunRequests(ids={"new-d2"}, keys={("d2", "Q")}, covered=frozenset({"a.jsonl"}))
+    assert superseded(str(root), DATE, limited) == frozenset()
+    assert superseded(str(root), DATE, replace(limited, covered=frozenset({"a.jsonl", "b.jsonl"}))) == {"q002"}
 
 
 def _older_version(path: Path) -> None:

@@ -341,3 +341,13 @@ def test_an_s3_input_without_s3fs_here_is_left_to_the_cluster(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "s3fs", None)  # Python's own "this import fails" marker
     job = load_spec(_s3_spec(tmp_path), [])
     assert input_check(job, DATE) == ([], [])
+
+
+def test_a_store_this_machine_cannot_reach_is_refused_naming_skip_storage(s3, tmp_path):
+    """An endpoint only the cluster resolves (an in-cluster MinIO), another role's profile or an
+    expired token: refused as validate refuses it, with the way round for a store only the
+    cluster reaches."""
+    env = {**s3.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
+    r = longdoc("submit", str(_s3_spec(tmp_path)), "--address", "http://127.0.0.1:9", "--date", DATE, aws=env)
+    assert r.returncode == 2 and "cannot reach the object store at http://127.0.0.1:9" in r.stderr, r.stderr
+    assert "or --skip-storage if only the cluster reaches the store" in r.stderr, r.stderr
