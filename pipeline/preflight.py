@@ -123,7 +123,8 @@ def lacks_credentials(problem: str) -> bool:
 
 #: ``storage_problem``'s words for a store this process cannot use (not reached, key not
 #: accepted, permission denied), whose cluster may hold what this machine lacks.
-NO_ACCESS = ("cannot reach the object store", "does not accept these credentials", "permission denied to")
+NO_ACCESS = ("cannot reach the object store", "the object store does not accept these credentials",
+             "permission denied to")
 
 
 def lacks_access(problem: str) -> bool:
@@ -137,7 +138,10 @@ def storage_problem(field: str, uri: str, err: BaseException) -> str:
     name = type(err).__name__
     first = (str(err).strip().splitlines() or [""])[0][:300]
     where = f"{field}: {shown(uri)}"
-    if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError"):
+    # (An expired `aws sso login` or a failing credential_process raise their own errors,
+    # which s3fs passes through: this machine's credentials are as good as none.)
+    if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError",
+                "UnauthorizedSSOTokenError", "SSOTokenLoadError", "TokenRetrievalError", "CredentialRetrievalError"):
         return f"{where}: {NO_CREDENTIALS} ({first}); {_CREDENTIALS_FIX}"
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
                 "ConnectionRefusedError", "ConnectionError", "TimeoutError", "ServerTimeoutError"):

@@ -37,7 +37,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-from pathlib import Path
 
 import fsspec
 import pyarrow as pa
@@ -67,23 +66,31 @@ COMPLETION_SCHEMA = pa.schema([
 #: (a UTF-16 file's rows changed so, 6f6ea8f); a change elsewhere in them only costs one rerun
 #: that reads its input.
 READER_MODULES = ("stages.read", "stages.record_fields", "stages.requests", "stages.prompting",
-                  "stages.listing", "schemas.checks")
+                  "stages.listing", "stages.ledger", "schemas.checks")
 
 
 @functools.lru_cache(maxsize=1)
-def reader_digest() -> str:
-    """sha256 of the source of ``READER_MODULES`` (their files as installed)."""
+def reader_digest() -> str | None:
+    """sha256 of the code of ``READER_MODULES`` as installed, read through each module's
+    loader (a folder, a wheel, a zip); None when one cannot be read (a frozen module): no key
+    then, and every run reads its input, as before marks."""
     h = hashlib.sha256()
-    for name in READER_MODULES:
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec is not None else None
-        h.update(name.encode() + b"\0" + (Path(origin).read_bytes() if origin else b"?") + b"\0")
+    try:
+        for name in READER_MODULES:
+            spec = importlib.util.find_spec(name)
+            loader = getattr(spec, "loader", None)
+            if spec is None or spec.origin is None or not hasattr(loader, "get_data"):
+                return None
+            h.update(name.encode() + b"\0" + loader.get_data(spec.origin) + b"\0")
+    except (OSError, ImportError, ValueError):
+        return None
     return h.hexdigest()
 
 
 def completion_key(spec: JobSpec, listing_digest: str | None) -> str | None:
     """What decides the requests of a run of ``spec`` over a listing (module docstring)."""
-    if listing_digest is None:
+    reader = reader_digest()
+    if listing_digest is None or reader is None:
         return None
     what = {
         "format": COMPLETION_FORMAT,
@@ -92,7 +99,7 @@ def completion_key(spec: JobSpec, listing_digest: str | None) -> str | None:
         "input": spec.input.model_dump(mode="json"),
         "task": spec.task.model_dump(mode="json"),
         "generation": generation_fingerprint(spec),
-        "reader": reader_digest(),
+        "reader": reader,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -182,8 +182,11 @@ class Ledger:
     def _collect(self, spec: JobSpec, shards: list[str], run_id: str, run_date: str,
                  unread: set[str] | None = None) -> RunRequests | None:
         """``iter_requests`` folded into a ``RunRequests``; None if a request comes from ``unread``."""
-        run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset(),
-                          covered=frozenset(set(shards) - unread) if unread else None)
+        run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
+        # Under a limit, the files the kept requests came from: Ray reads files past the limit
+        # ahead of it (the plan's limit comes after the read stage), and their documents are
+        # not this run's, so their rows must not be replaced by key.
+        sources: set[str] = set()
         file_of: dict[str, str] = {}  # doc_id -> the first file that named it
         shared: set[str] = set()
         for req in self.iter_requests(spec, shards, run_id, run_date):
@@ -191,12 +194,14 @@ class Ledger:
                 return None
             run.ids.add(req["request_id"])
             run.keys.add((req["doc_id"], req["prompt"]))
+            sources.add(req["source_uri"])
             first = file_of.setdefault(req["doc_id"], req["source_uri"])
             if first != req["source_uri"] and req["doc_id"] not in shared:
                 shared.add(req["doc_id"])
                 if len(run.shared_examples) < SHARED_EXAMPLES:
                     run.shared_examples[req["doc_id"]] = [first, req["source_uri"]]
         run.shared = len(shared)
+        run.covered = frozenset(sources) if spec.input.limit is not None else None
         return run
 
     def _read_block(self, name: str) -> dict[int, list[dict[str, Any]]]:

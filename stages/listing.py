@@ -123,6 +123,9 @@ def list_input(inp: InputSpec, run_date: str) -> Listing:
     """
     uri = resolve_uri(inp.uri, run_date)
     fs, root = fsspec.core.url_to_fs(uri)
+    # s3fs and gcsfs keep listings for the process's life: a process that runs dates again
+    # (a test, a notebook) would see old ETags, and the digest would miss a rewritten file.
+    fs.invalidate_cache(root)
     if not fs.exists(root):
         glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
         raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else "")

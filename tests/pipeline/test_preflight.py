@@ -356,6 +356,18 @@ def test_storage_failures_become_one_line_with_the_fix():
         wrong = storage_problem("input.uri", "s3://b/i", PermissionError(said))
         assert "does not accept these credentials" in wrong and "fix: check the access key id and secret" in wrong
         assert "grant" not in wrong
+    # An expired `aws sso login` or a failing credential_process: botocore's own errors, which
+    # s3fs passes through: as good as no credentials (`submit` notes it, the cluster has its own).
+    from botocore.exceptions import CredentialRetrievalError, UnauthorizedSSOTokenError
+
+    from pipeline.preflight import lacks_access, lacks_credentials
+
+    for err in (UnauthorizedSSOTokenError(), CredentialRetrievalError(provider="process", error_msg="exit 1")):
+        line = storage_problem("input.uri", "s3://b/i", err)
+        assert lacks_credentials(line) and "fix: export AWS_PROFILE" in line, line
+    # What `submit` names --skip-storage for: the store not reached, the key refused, access denied.
+    assert lacks_access(denied) and lacks_access(wrong) and not lacks_access(missing)
+    assert lacks_access(storage_problem("input.uri", "s3://b/i", ConnectionRefusedError("refused")))
 
 
 # ----------------------------------------------------------------------------- models

@@ -37,10 +37,19 @@ def test_the_key_changes_with_whatever_changes_the_requests(tmp_path):
     ]
     assert len({base, *others}) == 1 + len(others)
     assert completion_key(_spec(tmp_path), None) is None
-    # The reader's code is in the key: an upgrade that changes what a file yields reads again.
-    from stages.completion import READER_MODULES, reader_digest
 
-    assert "stages.read" in READER_MODULES and len(reader_digest()) == 64
+
+def test_the_reader_code_is_in_the_key(tmp_path, monkeypatch):
+    """An upgrade that changes what a file yields (the reader's code) reads the date again; a
+    reader whose code cannot be read (a frozen module) gives no key: every run reads."""
+    from stages import completion
+
+    assert "stages.read" in completion.READER_MODULES and len(completion.reader_digest()) == 64
+    base = completion_key(_spec(tmp_path), "2-abc")
+    monkeypatch.setattr(completion, "reader_digest", lambda: "another reader")
+    assert completion_key(_spec(tmp_path), "2-abc") not in (None, base)
+    monkeypatch.setattr(completion, "reader_digest", lambda: None)
+    assert completion_key(_spec(tmp_path), "2-abc") is None
 
 
 def test_the_mark_names_its_requests_for_its_key_only(tmp_path):

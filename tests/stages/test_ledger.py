@@ -189,3 +189,7 @@ def test_every_request_is_known_where_the_limit_was_reached_in_files_read(tmp_pa
     write_block(root, DATE, "r1", [1, 2], _record(limited, 2, 1))
     whole = read_ledger(root, DATE, "r1").run_requests(_spec(tmp_path), SHARDS, "r1", DATE)
     assert len(whole.ids) == 3 and whole.files == frozenset(SHARDS) and whole.covered is None
+    # Every file read (Ray reads ahead of the limit), the limit reached in file 0: only file 0's
+    # rows may be replaced by key, not those of the files read past the limit.
+    ahead = read_ledger(root, DATE, "r1").run_requests(limited, SHARDS, "r1", DATE)
+    assert ahead.ids == known.ids and ahead.covered == frozenset({SHARDS[0]})
