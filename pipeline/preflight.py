@@ -133,6 +133,15 @@ def lacks_access(problem: str) -> bool:
     return any(f": {words}" in problem for words in NO_ACCESS)
 
 
+#: botocore's and google-auth's errors (or their bases) for credentials this process lacks or
+#: cannot use: none found, a profile or token missing or expired, a login or credential_process
+#: that failed.
+_NO_CREDENTIALS_ERRORS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError",
+    "SSOError", "UnauthorizedSSOTokenError", "SSOTokenLoadError", "TokenRetrievalError",
+    "CredentialRetrievalError", "LoginError", "LoginRefreshRequired", "LoginTokenLoadError", "NoAuthTokenError"})
+
+
 def storage_problem(field: str, uri: str, err: BaseException) -> str:
     """One line for a storage failure on ``uri`` (the spec's ``field``): what failed and the fix."""
     name = type(err).__name__
@@ -140,8 +149,7 @@ def storage_problem(field: str, uri: str, err: BaseException) -> str:
     where = f"{field}: {shown(uri)}"
     # (An expired `aws sso login` or a failing credential_process raise their own errors,
     # which s3fs passes through: this machine's credentials are as good as none.)
-    if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError",
-                "UnauthorizedSSOTokenError", "SSOTokenLoadError", "TokenRetrievalError", "CredentialRetrievalError"):
+    if _NO_CREDENTIALS_ERRORS & {c.__name__ for c in type(err).__mro__}:
         return f"{where}: {NO_CREDENTIALS} ({first}); {_CREDENTIALS_FIX}"
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
                 "ConnectionRefusedError", "ConnectionError", "TimeoutError", "ServerTimeoutError"):

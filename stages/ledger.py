@@ -183,10 +183,11 @@ class Ledger:
                  unread: set[str] | None = None) -> RunRequests | None:
         """``iter_requests`` folded into a ``RunRequests``; None if a request comes from ``unread``."""
         run = RunRequests(files=frozenset(shards) if spec.input.limit is None else frozenset())
-        # Under a limit, the files the kept requests came from: Ray reads files past the limit
-        # ahead of it (the plan's limit comes after the read stage), and their documents are
-        # not this run's, so their rows must not be replaced by key.
-        sources: set[str] = set()
+        # Under a limit, the files up to the last one the kept requests came from: Ray reads
+        # files past the limit ahead of it (the plan's limit comes after the read stage), and
+        # their documents are not this run's, so their rows must not be replaced by key.
+        order = {path: i for i, path in enumerate(shards)}
+        last = -1  # the input-order index of the last file a kept request came from
         file_of: dict[str, str] = {}  # doc_id -> the first file that named it
         shared: set[str] = set()
         for req in self.iter_requests(spec, shards, run_id, run_date):
@@ -194,14 +195,16 @@ class Ledger:
                 return None
             run.ids.add(req["request_id"])
             run.keys.add((req["doc_id"], req["prompt"]))
-            sources.add(req["source_uri"])
+            last = max(last, order.get(req["source_uri"], -1))
             first = file_of.setdefault(req["doc_id"], req["source_uri"])
             if first != req["source_uri"] and req["doc_id"] not in shared:
                 shared.add(req["doc_id"])
                 if len(run.shared_examples) < SHARED_EXAMPLES:
                     run.shared_examples[req["doc_id"]] = [first, req["source_uri"]]
         run.shared = len(shared)
-        run.covered = frozenset(sources) if spec.input.limit is not None else None
+        # Every file up to that one (one that yields no document now, an emptied file, may hold
+        # an old row of a document since moved), none after it.
+        run.covered = frozenset(shards[:last + 1]) if spec.input.limit is not None else None
         return run
 
     def _read_block(self, name: str) -> dict[int, list[dict[str, Any]]]:

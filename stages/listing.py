@@ -125,7 +125,9 @@ def list_input(inp: InputSpec, run_date: str) -> Listing:
     fs, root = fsspec.core.url_to_fs(uri)
     # s3fs and gcsfs keep listings for the process's life: a process that runs dates again
     # (a test, a notebook) would see old ETags, and the digest would miss a rewritten file.
-    fs.invalidate_cache(root)
+    # All of it: given a path they drop it and its parents, not the folders below it, which
+    # the walk lists again anyway.
+    fs.invalidate_cache()
     if not fs.exists(root):
         glob = " (patterns like * are not expanded: name the folder, and every file of the format below it is read)"
         raise ValueError(f"input.uri {uri!r} does not exist" + (glob if any(c in uri for c in "*?[") else "")

@@ -180,9 +180,10 @@ class RunRequests:
     """What a complete run's input yields (from its ledger): ``ids``, the request ids;
     ``keys``, their (doc_id, prompt) pairs; ``files``, the input files it read whole
     (empty under ``input.limit``, which stops reading partway); ``covered``, under
-    ``input.limit`` the files its requests came from (None: every input file), so that only
-    their rows are replaced by a document's key (a document id also named in a file past the
-    limit, read ahead or not, keeps that file's row); ``shared``, document ids
+    ``input.limit`` the files in input order up to the last one its requests came from
+    (None: every input file), so that only their rows are replaced by a document's key (a
+    document id also named in a later file, read ahead or not, keeps that file's row; one
+    also named past the limit in that last file does not); ``shared``, document ids
     that name documents in more than one input file (``shared_examples``: the first few,
     each with two of its files). The read stage refuses an id that one file gives two
     texts (stages/read.py); across files, read apart, the run can only say so."""

@@ -362,7 +362,11 @@ def test_storage_failures_become_one_line_with_the_fix():
 
     from pipeline.preflight import lacks_access, lacks_credentials
 
-    for err in (UnauthorizedSSOTokenError(), CredentialRetrievalError(provider="process", error_msg="exit 1")):
+    class ExpiredLogin(CredentialRetrievalError):  # a subclass botocore may add: its bases are read
+        pass
+
+    for err in (UnauthorizedSSOTokenError(), CredentialRetrievalError(provider="process", error_msg="exit 1"),
+                ExpiredLogin(provider="login", error_msg="expired")):
         line = storage_problem("input.uri", "s3://b/i", err)
         assert lacks_credentials(line) and "fix: export AWS_PROFILE" in line, line
     # What `submit` names --skip-storage for: the store not reached, the key refused, access denied.

@@ -193,3 +193,7 @@ def test_every_request_is_known_where_the_limit_was_reached_in_files_read(tmp_pa
     # rows may be replaced by key, not those of the files read past the limit.
     ahead = read_ledger(root, DATE, "r1").run_requests(limited, SHARDS, "r1", DATE)
     assert ahead.ids == known.ids and ahead.covered == frozenset({SHARDS[0]})
+    # The limit reached in file 2: file 1, which yields no document now (emptied), is covered
+    # too (it may hold the old row of a document since moved to file 2).
+    three = read_ledger(root, DATE, "r1").run_requests(_spec(tmp_path, limit=3), SHARDS, "r1", DATE)
+    assert len(three.ids) == 3 and three.covered == frozenset(SHARDS)
