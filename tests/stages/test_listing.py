@@ -115,6 +115,7 @@ def test_a_rewrite_on_object_storage_changes_the_digest_in_one_process(monkeypat
     """s3fs keeps listings for the process's life: a second listing in the same process (a
     notebook, a test) saw a nested file's old ETag, so a rewritten file kept its digest and a
     complete date's mark matched (stages/completion.py)."""
+    import s3fs
     from s3_server import moto_s3
 
     from stages.listing import list_input
@@ -122,11 +123,17 @@ def test_a_rewrite_on_object_storage_changes_the_digest_in_one_process(monkeypat
     with moto_s3() as server:
         for k, v in server.env().items():
             monkeypatch.setenv(k, v)
-        fs = server.filesystem()
-        fs.mkdir("digest")
-        fs.pipe("digest/in/night/a.jsonl", b'{"id": "a", "text": "alpha"}\n')
-        inp = InputSpec(uri="s3://digest/in", format="jsonl")
-        first = list_input(inp, "")
-        assert first.digest and list_input(inp, "").digest == first.digest
-        fs.pipe("digest/in/night/a.jsonl", b'{"id": "a", "text": "ALPHA"}\n')  # the same size
-        assert list_input(inp, "").digest != first.digest
+        # s3fs keeps one instance per settings: one made for another test's server (the
+        # environment is read when it is made) would still point there.
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            fs = server.filesystem()
+            fs.mkdir("digest")
+            fs.pipe("digest/in/night/a.jsonl", b'{"id": "a", "text": "alpha"}\n')
+            inp = InputSpec(uri="s3://digest/in", format="jsonl")
+            first = list_input(inp, "")  # this process's s3fs instance, its listings cached
+            assert first.digest and list_input(inp, "").digest == first.digest
+            fs.pipe("digest/in/night/a.jsonl", b'{"id": "a", "text": "ALPHA"}\n')  # the same size
+            assert list_input(inp, "").digest != first.digest
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()  # none left pointing at this server
