@@ -485,18 +485,29 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
                                taken_over=str(interrupted), taken_over_by=taker.run_id if taker is not None else None)
             else:
                 summary.update(status="interrupted", interrupted_by=str(interrupted) or "SIGINT")
-        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=skipped, retried=retried,
-                       superseded=len(replaced),
-                       retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
-                       started_at=started_at, finished_at=_now_iso(), staged_blocks=commit["staged_files"],
-                       files_written=commit["files_written"], duplicates=duplicates, versions=package_versions(),
-                       **shared)
-        if earlier:  # a resumed run id: its first attempts' times are not overwritten
-            summary.update(earlier_attempts=earlier,
-                           wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
-        write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
-                           run_record_path(root, run_date, run_id))
+        summary.update(skipped=skipped, retried=retried, superseded=len(replaced),
+                       staged_blocks=commit["staged_files"], files_written=commit["files_written"],
+                       duplicates=duplicates, **shared)
+        _write_run_record(spec, run_date, run_id, root, summary, earlier=earlier, wall=wall,
+                          started_at=started_at, retry_errors=retry_errors)
     return RunResult(run_id, run_date, root, summary, skipped=skipped)
+
+
+def _write_run_record(spec: JobSpec, run_date: str, run_id: str, root: str, summary: dict[str, Any], *,
+                      earlier: list[dict[str, Any]], wall: float, started_at: str, retry_errors: str) -> None:
+    """Add the fields every run record carries (who ran, when, on which schema and
+    versions; a resumed run id's earlier attempts) to ``summary`` and write it as the
+    run's record (stages/layout.py ``run_record_path``), replacing the start record.
+    One place for both ways a run ends (``_run_holding``, ``_nothing_to_run``), so a field
+    added to the record reaches both."""
+    summary.update(run_id=run_id, run_date=run_date, job=spec.name, retry_errors=retry_errors,
+                   schema_version=SCHEMA_VERSION, output_uri=root, started_at=started_at,
+                   finished_at=_now_iso(), versions=package_versions())
+    if earlier:  # a resumed run id: its first attempts' times are not overwritten
+        summary.update(earlier_attempts=earlier,
+                       wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
+    write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
+                       run_record_path(root, run_date, run_id))
 
 
 def _nothing_to_run(spec: JobSpec, run_date: str, run_id: str, root: str, earlier: list[dict[str, Any]],
@@ -525,17 +536,12 @@ def _nothing_to_run(spec: JobSpec, run_date: str, run_id: str, root: str, earlie
     with _interrupts_held():  # the record is written whatever arrives: the run did all it had to
         wall = time.perf_counter() - t0
         summary = run_summary(RunTally(), wall_s=wall, date_counts=counts, aborted=None)
-        summary.update(run_id=run_id, run_date=run_date, job=spec.name, skipped=len(done.ids), retried=0,
-                       superseded=0, retry_errors=retry_errors, schema_version=SCHEMA_VERSION, output_uri=root,
-                       started_at=started_at, finished_at=_now_iso(), staged_blocks=0, files_written=0,
-                       duplicates=0, versions=package_versions(), nothing_to_do=True, note=note,
+        summary.update(skipped=len(done.ids), retried=0, superseded=0, staged_blocks=0, files_written=0,
+                       duplicates=0, nothing_to_do=True, note=note,
                        **({"shared_ids": done.shared, "shared_id_examples": done.shared_examples}
                           if done.shared else {}))
-        if earlier:  # a resumed run id: as _run_holding records it
-            summary.update(earlier_attempts=earlier,
-                           wall_s_all_attempts=wall + sum(a.get("wall_s") or 0.0 for a in earlier))
-        write_bytes_atomic(run_record_json(summary, spec.model_dump(mode="json")),
-                           run_record_path(root, run_date, run_id))
+        _write_run_record(spec, run_date, run_id, root, summary, earlier=earlier, wall=wall,
+                          started_at=started_at, retry_errors=retry_errors)
     return RunResult(run_id, run_date, root, summary, skipped=len(done.ids))
 
 

@@ -213,6 +213,11 @@ def test_a_rerun_with_nothing_left_loads_no_model_and_says_what_the_date_holds(t
     lines = dict(line.strip().rsplit(None, 1) for line in format_summary(again.summary).splitlines()[1:])
     assert lines["requests already done (skipped)"] == "11" and lines["rows of the date (all runs)"] == "11"
     assert lines["of them failed"] == "1"  # the bad line's row, from the first run
+    # Its record carries every field a run that read the input records (`longdoc report`
+    # reads both alike), plus what says why it did nothing.
+    assert set(first.summary) - set(again.summary) == set()
+    assert set(again.summary) - set(first.summary) == {"nothing_to_do", "note"}
+    assert again.summary["versions"] == first.summary["versions"] and again.summary["job"] == spec.name
 
 
 def test_an_interrupt_keeps_every_row_the_engine_had_finished(tmp_path, tiny_model_dir, monkeypatch):
