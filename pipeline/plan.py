@@ -182,18 +182,21 @@ def build_plan(
     output_root: str,
     skip: frozenset[str],
     shards: list[str],
+    engine_board: str | None = None,
 ):
     """Return (dataset of per-row figures, number of shards).
 
     ``shards``: the input files as the runner listed them, once, before starting Ray
     (stages.listing.list_shards); the plan reads exactly these and never lists again.
+    ``engine_board``: the name of the run's engine board (pipeline/engine_board.py), handed
+    to the generate actors, which report their engines there for the progress line.
     """
     with warnings.catch_warnings():
         # Ray 2.60 deprecates **ray_remote_args but names no parameter for actor
         # restarts / task retries, which we must bound (max_restarts, max_task_retries):
         # the warning would greet every run with nothing the user can change.
         warnings.filterwarnings("ignore", message=".*`ray_remote_args` is deprecated.*")
-        return _build_plan(spec, run_id, run_date, output_root, skip, shards)
+        return _build_plan(spec, run_id, run_date, output_root, skip, shards, engine_board)
 
 
 def _build_plan(
@@ -203,6 +206,7 @@ def _build_plan(
     output_root: str,
     skip: frozenset[str],
     shards: list[str],
+    engine_board: str | None,
 ):
     import ray.data
 
@@ -228,9 +232,12 @@ def _build_plan(
             ds = ds.repartition(target_num_rows_per_block=stage.batch_size)
         # Each generate actor takes several batches at once (in_flight: its calls only queue
         # requests for the actor's one engine and wait), so the engine's slots stay full.
+        kwargs: dict[str, Any] = {"spec": spec_json}
+        if stage.name == "generate" and engine_board:
+            kwargs["engine_board"] = engine_board  # consumed by the actor class (stage_actors.py)
         ds = ds.map_batches(
             stage.make,
-            fn_constructor_kwargs={"spec": spec_json},
+            fn_constructor_kwargs=kwargs,
             compute=_actor_pool(stage.actors, stage.in_flight),
             batch_size=stage.batch_size,
             num_cpus=stage.num_cpus,

@@ -304,17 +304,22 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         look_ledger()
         bar.tick()
 
+    board = None  # the Ray runner's engine board (pipeline/engine_board.py)
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     stop_ray = None  # ... but its execution is stopped before an interrupted run counts its blocks
     if runner == "ray":
-        batches, guard = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
+        batches, guard, board = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
         stop_ray = batches.stop
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
-        # A pool no node can take says so on the line (pipeline/watchdog.py); before the first
-        # rows the line says what Ray is doing (it was silent there while Ray started).
-        bar.activity = lambda: (guard.waiting_note if guard is not None else "") or (
+        engines = board.activity if board is not None else (lambda: "")
+        # A pool no node can take says so on the line (pipeline/watchdog.py); then what the
+        # generate actors' engines hold (pipeline/engine_board.py); before their first report
+        # and the first rows, what Ray is doing (it was silent there while Ray started).
+        bar.activity = lambda: (guard.waiting_note if guard is not None else "") or engines() or (
             "" if bar.rows else "Ray: reading the input, loading the model, decoding the first rows")
+        if board is not None:  # the ETA counts the engines' work, as the local runner's does
+            bar.engine = board.progress
     else:
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         from pipeline.local_plan import LocalPlan
@@ -420,8 +425,10 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
             # watchdog's abort lands outside it, with Ray's tasks still running.
             stop_ray()
     with _interrupts_held() as arrived:
-        bar.activity = None  # the last line counts rows only
+        bar.activity = bar.engine = None  # the last line counts rows only
         bar.close()
+        if board is not None:
+            board.close()
     if arrived and interrupted is None:  # after the last row, before publishing: not published
         interrupted = RunInterrupted(arrived[0])
     if abort is not None:
@@ -549,7 +556,8 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
                  root: str, skip: frozenset[str], shards: list[str]):
     """Start (or join) Ray and build the Ray Data plan: (its iteration, pipeline/ray_iteration.py:
     called, it yields the figure tables; ``stop()`` ends Ray's execution of the plan; the
-    watchdog that guards the iteration)."""
+    watchdog that guards the iteration; the run's engine board, pipeline/engine_board.py,
+    which the generate actors report to, or None where it could not be made)."""
     import ray.data
 
     from pipeline.plan import build_plan
@@ -577,10 +585,19 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
         # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
         # A pool that can never be placed is the watchdog's (resources.schedule_timeout_s).
         ctx.execution_no_progress_timeout_s = -1
-    ds, _ = build_plan(spec, run_id, run_date, root, skip, shards)
+    board = None
+    if progress:  # only the progress line reads it
+        from pipeline.engine_board import open_board
+
+        try:
+            board = open_board(run_id)
+        except Exception as e:  # noqa: BLE001 - the line then waits for rows, as it did
+            log.debug("no engine board for the progress line (%s: %s)", type(e).__name__, e)
+    ds, _ = build_plan(spec, run_id, run_date, root, skip, shards,
+                       engine_board=board.name if board is not None else None)
     watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
                             required=actor_resources(spec))
-    return PlanIteration(ds), watchdog
+    return PlanIteration(ds), watchdog, board
 
 def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException,
                             shards: list[str]) -> pa.Table:

@@ -15,11 +15,17 @@ Contract: ``cls(**fn_constructor_kwargs)`` builds the stage named by ``cls.targe
 (``"module:Class"``) with the same keyword arguments; calling the instance calls the
 stage's ``__call__`` with the batch and returns its result unchanged. Importing this
 module imports no torch (tests/pipeline/test_stage_actors.py).
+
+``GenerateStage`` also takes ``engine_board``, the name of the run's engine board
+(pipeline/engine_board.py; the Ray runner passes it, the stage never sees it): the actor
+then posts its engine's numbers there from a daemon thread, for the driver's progress
+line, until the actor ends. A board that is gone or never answers fails no row.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any, ClassVar
 
 
@@ -41,6 +47,18 @@ class TokenizeStage(_StageInActor):
 
 
 class GenerateStage(_StageInActor):
-    """stages.generate.GenerateStage, imported in the generate actor."""
+    """stages.generate.GenerateStage, imported in the generate actor; it reports its engine
+    to ``engine_board`` when named (module docstring)."""
 
     target = "stages.generate:GenerateStage"
+
+    def __init__(self, engine_board: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reports_stop = threading.Event()  # set: the reporting thread ends (tests; the actor's end ends it too)
+        if engine_board:
+            from pipeline.engine_board import post_reports
+
+            # The engine exists once the stage is made (its model loaded, warmed up): the
+            # first report says what it holds, not that a model loads.
+            threading.Thread(target=post_reports, args=(engine_board, self.stage.engine.snapshot, self.reports_stop),
+                             name="longdoc-engine-reports", daemon=True).start()

@@ -92,6 +92,7 @@ from stages.decoding.sampling import target_probs
 from stages.decoding.scheduler import Admit, KvBudgetExceeded, Reject, Relayout, Scheduler, Waiting
 from stages.decoding.slot_step import width_buckets
 from stages.decoding.slots import RowWriter, SlotCache, bytes_per_token, layer_shapes_of
+from stages.decoding.snapshot import EngineSnapshot, describe
 from stages.decoding.state import CompressedPrefill
 from stages.decoding.stops import StopChecker
 from stages.decoding.verify import sample_accept
@@ -130,19 +131,6 @@ class EngineStats:
     chunks_read: int = 0  # chunks that prefill has read so far (its on_chunk calls): a long one moves
     chunks_total: int | None = None  # chunks it reads in all (its longest document / reading_chunk)
     reading_since: float = 0.0  # perf_counter when it started
-
-
-def _reading(st: EngineStats) -> str:
-    """A method prefill's progress for the progress line: its documents' tokens, the chunks
-    read of how many, and the time left at the rate so far (after two chunks)."""
-    done, total = st.chunks_read, st.chunks_total
-    total = total if total and done <= total else None  # a strategy calling on_chunk more often
-    read = f"chunk {done} of {total}" if total else f"chunks read: {done}"
-    left = ""
-    if total and 2 <= done < total:
-        s = (time.perf_counter() - st.reading_since) * (total - done) / done
-        left = f", ~{int(s // 60)}m{int(s % 60):02d}s left" if s >= 60 else f", ~{int(s)}s left"
-    return f"{st.compressing_tokens} document tokens, {read}{left}"
 
 
 @dataclass
@@ -322,27 +310,35 @@ class Engine:
         """Requests queued, prefilling or decoding."""
         return len(self.scheduler) + len(self.active) + (self.filling is not None)
 
+    def snapshot(self) -> EngineSnapshot:
+        """What the engine holds now and has done (stages/decoding/snapshot.py). Safe to
+        call from another thread (counts read without a lock, so one may be a step old)."""
+        active = list(self.active)
+        st = self.stats
+        reading = bool(st.compressing)
+        done, total = st.chunks_read, st.chunks_total
+        left = None
+        if reading and total and 2 <= done < total:  # the rate of the reading so far
+            left = (time.perf_counter() - st.reading_since) * (total - done) / done
+        return EngineSnapshot(
+            decoding=len(active), decoding_tokens=sum(len(row.result.tokens) for row in active),
+            compressing=st.compressing, compressing_tokens=st.compressing_tokens if reading else 0,
+            chunks_read=done if reading else 0, chunks_total=total if reading else None,
+            reading_left_s=left, prefilling=int(self.filling is not None), queued=len(self.scheduler),
+            rows_done=st.rows_done, tokens_out=st.tokens_out, prefill_s=st.prefill_s, step_s=st.step_s)
+
     def activity(self) -> str:
         """What the engine holds now, for a progress line: ``"3 decoding (41 tokens), 1
-        prefilling, 5 queued"``. Safe to call from another thread (counts read without a
-        lock, so one may be a step old)."""
-        active = list(self.active)
-        tokens = sum(len(row.result.tokens) for row in active)
-        st = self.stats
-        compressing = f"{st.compressing} compressing ({_reading(st)}), " if st.compressing else ""
-        return (f"{len(active)} decoding ({tokens} tokens), {compressing}{int(self.filling is not None)} "
-                f"prefilling, {len(self.scheduler)} queued")
+        prefilling, 5 queued"`` (snapshot.describe: the Ray runner's line sums engines with
+        it). Safe to call from another thread, as ``snapshot``."""
+        return describe(self.snapshot())
 
     def progress(self) -> tuple[int, int, int, int, float]:
         """(rows finished, their output tokens, rows decoding now, the tokens those have so
         far, the share of the engine's time spent prefilling): the work a progress line's
         ETA counts before the rows are written (a batch is written once its last row
-        finishes; pipeline/progress.py). Safe from another thread, as ``activity``."""
-        active = list(self.active)
-        st = self.stats
-        busy = st.prefill_s + st.step_s
-        return (st.rows_done, st.tokens_out, len(active), sum(len(row.result.tokens) for row in active),
-                st.prefill_s / busy if busy > 0 else 0.0)
+        finishes; pipeline/progress.py). Safe from another thread, as ``snapshot``."""
+        return self.snapshot().progress()
 
     @torch.inference_mode()
     def step(self) -> list[Finished]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -43,3 +44,23 @@ def test_an_actor_class_builds_its_stage_and_returns_what_the_stage_returns(tiny
     for key in set(want) - {"compress_s"}:  # a timing, not a result
         assert [list(x) if isinstance(x, (list, np.ndarray)) else x for x in got[key]] == \
                [list(x) if isinstance(x, (list, np.ndarray)) else x for x in want[key]], key
+
+
+def test_the_generate_actor_reports_its_engine_to_the_board_it_is_named(ray_session, tiny_model_dir) -> None:
+    """The wrapper takes the board's name (the stage never sees it) and, once the engine is
+    made, posts its numbers there from a thread of its own (pipeline/engine_board.py)."""
+    from pipeline.engine_board import open_board
+
+    spec = {"name": "t", "input": {"uri": "/unused"}, "generation": {"model": str(tiny_model_dir)}}
+    view = open_board("t-actor", stale_s=30.0)
+    try:
+        actor = ray_session.remote(num_cpus=0, max_restarts=0)(stage_actors.GenerateStage).remote(
+            spec=spec, engine_board=view.name)
+        deadline = time.monotonic() + 120.0
+        while not view.snapshots() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert view.activity() == "engine: 0 decoding (0 tokens), 0 prefilling, 0 queued"
+        assert view.progress()[:4] == (0, 0, 0, 0)  # nothing done or decoding yet
+        ray_session.kill(actor)
+    finally:
+        view.close()
