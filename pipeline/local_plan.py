@@ -62,6 +62,7 @@ from pipeline.progress import ticking
 from pipeline.ray_console import MODEL_STACK_ENV
 from schemas.output import error_cause
 from schemas.spec import JobSpec
+from stages.decoding.snapshot import engines_line
 
 if TYPE_CHECKING:
     from stages.write import WriteStage
@@ -100,7 +101,7 @@ class LocalPlan:
             return ""
         if self._engine is None:
             return "reading the first input file" if self._reading else "loading the model"
-        return f"engine: {self._engine.activity()}"
+        return engines_line(self._engine.snapshot())  # as the Ray runner says its engines
 
     def progress(self) -> tuple[int, int, int, int, float] | None:
         """The engine's ``progress()`` once it is made (rows finished, their tokens, rows

@@ -9,10 +9,11 @@ Contract:
   Requests already written (``skipped``) are subtracted.
 - ``RunProgress`` takes cumulative counts after every batch and prints
   ``rows done[/total] | elapsed | ETA | failed | tok/s | rows/s[ | activity]``. The ETA
-  appears once rows are written. Where the engine is at hand (the local runner sets
-  ``engine``: its rows finished and decoding, their tokens, its share of time spent
-  prefilling) it counts the work done, not the rows written: the rows the engine
-  finished (a batch is written only once its last row is done), and each decoding row
+  appears once rows are written. Where the engine's work is known (``engine``: rows
+  finished and decoding, their tokens, the share of time spent prefilling; the local
+  runner's engine, or the Ray runner's generate engines summed, as their actors report
+  them to pipeline/engine_board.py) it counts the work done, not the rows written: the
+  rows the engine finished (a batch is written only once its last row is done), and each decoding row
   as its prefill done (the engine's prefill share of a row) plus its decoding so far (its
   tokens of the finished rows' mean); the rate runs from when the engine was made
   (reading and the model load before it are no row's work). Rows written alone
@@ -23,7 +24,7 @@ Contract:
   synthetic fill-first timeline (tests/pipeline/test_progress.py) holds this one within
   0.85-1.15x of the truth over the first 40% of the rows, where the rate of rows written
   since the first ones (below) runs high.
-  Without the engine (Ray) it
+  Without it (a Ray run before the engines' first report, or without its board) it
   comes from the rate since the first rows were written, from the second count on: the
   time before the first rows (Ray's start, model loads, the engine filling its slots)
   says nothing about that rate, and a small job whose rows all decode together finishes
@@ -152,11 +153,11 @@ class RunProgress:
         self._printed_phase = ""  # the activity's head (before any ':') at the last plain line
         self._first_rows: tuple[float, int] | None = None  # (when, how many) rows were first written
         self.rows = self.failed = self.tokens = 0
-        # What the run is doing between written rows (the local runner's engine; "" = nothing to say).
+        # What the run is doing between written rows (the engine(s); "" = nothing to say).
         self.activity: Callable[[], str] | None = None
         # The engine's work: (rows finished, their output tokens, rows decoding, their tokens
-        # so far, its share of time spent prefilling), None while there is no engine yet; or
-        # no callable: not at hand (Ray). Looked at on every update and tick (``_look``).
+        # so far, its share of time spent prefilling), None while there is no engine (or no
+        # report of one) yet; or no callable: not known. Looked at on every update and tick (``_look``).
         self.engine: Callable[[], tuple[int, int, int, int, float] | None] | None = None
         self._engine_from: float | None = None  # when ``engine`` first answered: the engine's start
         self._work: tuple[int, int, int, int, float] = (0, 0, 0, 0, 0.0)  # its last answer
