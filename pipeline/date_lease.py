@@ -59,6 +59,7 @@ from datetime import datetime, timezone
 import fsspec
 
 from stages.layout import lease_path
+from stages.links import refuse_links
 from stages.write import is_local, write_bytes_atomic
 
 #: `longdoc run`'s exit status when another run holds the date: EX_TEMPFAIL (sysexits.h),
@@ -307,6 +308,9 @@ class DateLease:
         for folder in (os.path.dirname(leases), leases):  # {output}.runs and its _leases
             if os.path.islink(folder):
                 raise LinkedLease(folder)
+        # The rest of the date's tree too (its partition, staging, ledger, records, marks):
+        # whoever takes this lease writes there next (stages/links.py).
+        refuse_links(self.root, self.run_date)
         os.makedirs(leases, exist_ok=True)
         lock = f"{self.path}.lock"
         try:  # the umask applies; never through a link (LinkedLease)

@@ -22,6 +22,8 @@ What it checks:
 - the output is test-written and the test object removed: on object stores in the output
   root's sibling ``{root}.runs/`` (where the run records go, stages/layout.py ``runs_root``;
   a permission scoped to the root alone would fail there), never inside the root.
+- a local output tree holds no symbolic link where the date's run would read, write or
+  delete (stages/links.py ``planted_links``; the output root itself may be a link).
 
 - each model the run loads is found where the run loads it (``models_here``: this
   machine, when no Ray cluster is named; pipeline/model_checks.py); the GPUs it asks are
@@ -49,6 +51,7 @@ from pipeline.model_checks import model_problems
 from schemas.checks import shown
 from schemas.spec import FORMAT_SUFFIXES, InputSpec, JobSpec
 from stages.layout import runs_root
+from stages.links import LinkedOutput, planted_links
 
 #: How many records of the first input file the field check reads.
 PREFLIGHT_RECORDS = 20
@@ -376,7 +379,13 @@ def _check_output(spec: JobSpec, run_date: str | None) -> list[str]:
         except Exception as e:  # noqa: BLE001
             return [storage_problem("output.uri", root, e)]
         return []
-    return _check_local_output(root)
+    return _check_local_output(root) + _link_problems(root, date)
+
+
+def _link_problems(root: str, run_date: str) -> list[str]:
+    """A link planted in the local output tree of ``run_date`` (stages/links.py): the run's
+    lease refuses it too, but `validate` says so here, before a run is scheduled."""
+    return [f"output.uri: {LinkedOutput(link, target, root)}" for link, target in planted_links(root, run_date)]
 
 
 def _check_local_output(root: str) -> list[str]:

@@ -31,6 +31,7 @@ def upgrade(
     from pipeline.date_lease import DateInUse, DateLease, LinkedLease
     from pipeline.preflight import readable_problem
     from pipeline.report.load import list_output_files, outdated_files, output_root_hint
+    from stages.links import LinkedOutput
     from stages.partition import upgrade_date
 
     problem = readable_problem("OUTPUT_URI", output_uri)
@@ -62,7 +63,7 @@ def upgrade(
         except OSError as e:  # the lease's storage: said like run says it
             typer.echo(f"error: storage: {type(e).__name__}: {e}; nothing of {run_date} was rewritten", err=True)
             raise typer.Exit(1) from None
-        except LinkedLease as e:  # a link planted in the lease folder: never followed
+        except (LinkedLease, LinkedOutput) as e:  # a link planted in the output's folders: never followed
             typer.echo(f"error: {e}; nothing of {run_date} was rewritten", err=True)
             raise typer.Exit(2) from None
         try:

@@ -481,3 +481,98 @@ def test_longdoc_run_that_lost_its_date_says_so_and_exits_75(tmp_path, monkeypat
     assert res.exit_code == 75, res.output
     assert "published nothing: run taker" in res.output and "nothing to rerun now" in res.output
     assert "SIGINT" not in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------- links planted in the output tree (stages/links.py)
+def _elsewhere(tmp_path: Path) -> Path:
+    """A folder outside the output: another output's staged block of DATE and committed file,
+    a date ledger's file, a sentinel. A run that follows a link into it reads, publishes or
+    deletes them."""
+    from schemas.output import FILE_SCHEMA, rows_to_table
+
+    d = tmp_path / "elsewhere"
+    (d / DATE / "other-run").mkdir(parents=True)
+    rows = [{"run_id": "other-run", "run_date": DATE, "job": "other", "doc_id": "x", "request_id": "foreign",
+             "output_text": "not this output's"}]
+    pq.write_table(rows_to_table(rows, FILE_SCHEMA), d / DATE / "other-run" / "part-0.staged")
+    pq.write_table(rows_to_table(rows, FILE_SCHEMA), d / "foreign.parquet")
+    (d / DATE / "precious.txt").write_text("not the ledger's")
+    (d / "sentinel.txt").write_text("keep")
+    return d
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# Where a link was planted (relative to the output root's parent, ``out`` the root) and what
+# it points at, relative to ``_elsewhere``; what each did before it was refused (local runs).
+PLANTED = {
+    f"out/run_date={DATE}": ".",  # the run's row published (renamed) into the other folder
+    f"out/run_date={DATE}/part-planted.parquet": "foreign.parquet",  # another output's rows taken as the date's
+    "out.runs/_staging": ".",  # the other output's staged block published here, then deleted there
+    f"out.runs/_staging/{DATE}": DATE,  # the same
+    f"out.runs/_staging/{DATE}/next": f"{DATE}/other-run",  # the run's own blocks staged outside
+    "out.runs/_ledger": ".",  # the folder's DATE/ removed whole at the run's start
+    "out.runs/_complete": ".",  # the date's completion mark written (and read back) there
+    f"out.runs/{DATE}": ".",  # the run records written there
+    "out.runs/_scratch": ".",  # each publish's temporary files made there
+}
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_a_link_planted_in_the_output_tree_is_refused_before_anything_is_written(tmp_path, planted):
+    from stages.links import LinkedOutput
+
+    elsewhere = _elsewhere(tmp_path)
+    before = _files(elsewhere)
+    link, target = tmp_path / planted, elsewhere / PLANTED[planted]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    with pytest.raises(LinkedOutput) as refused:
+        run_job(_spec(tmp_path), run_date=DATE, run_id="next", progress=False, runner="local")
+    assert f"{link} is a symbolic link (to {target})" in str(refused.value)
+    assert f"rm '{link}'" in str(refused.value)
+    assert _files(elsewhere) == before, "a refused run changed files outside its output"
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file() and not p.is_symlink()], "published rows"
+    assert lease_holder(str(tmp_path / "out"), DATE) is None
+    link.unlink()  # the fix the refusal names: the run goes, and writes only in its own tree
+    done = run_job(_spec(tmp_path), run_date=DATE, run_id="next", progress=False, runner="local")
+    assert done.summary["status"] == "succeeded" and done.summary["rows"] == 3
+    assert _files(elsewhere) == before
+
+
+def test_an_output_root_that_is_a_link_runs_and_reads_as_usual(tmp_path):
+    """A user links the output folder to a bigger disk: the run writes through it, its run
+    records sit beside the link, a rerun finds every row done; a date folder planted as a link
+    to another date is not read as that date's rows (`report` counted them twice)."""
+    real = tmp_path / "bigdisk" / "out"
+    real.mkdir(parents=True)
+    (tmp_path / "out").symlink_to(real)
+    root = str(tmp_path / "out")
+    first = run_job(_spec(tmp_path), run_date=DATE, run_id="first", progress=False, runner="local")
+    assert first.summary["status"] == "succeeded" and first.summary["rows"] == 3
+    assert len(list((real / f"run_date={DATE}").glob("*.parquet"))) == 1
+    assert Path(run_record_path(root, DATE, "first")).is_file() and (tmp_path / "out.runs").is_dir()
+    again = run_job(_spec(tmp_path), run_date=DATE, run_id="again", progress=False, runner="local")
+    assert again.skipped == 3 and again.summary["rows"] == 0
+    (real / "run_date=2026-03-02").symlink_to(real / f"run_date={DATE}")
+    table = load_output(root)
+    assert table.num_rows == 3 and set(table.column("run_date").to_pylist()) == {DATE}
+    assert {s["run_date"] for s in run_summaries(root, table)} == {DATE}
+
+
+def test_longdoc_validate_and_run_name_a_planted_link_and_exit_2(tmp_path):
+    spec = _spec(tmp_path)
+    path = tmp_path / "links.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    elsewhere = _elsewhere(tmp_path)
+    link = tmp_path / "out.runs" / "_ledger"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    for command in ("validate", "run"):
+        r = subprocess.run([LONGDOC, command, str(path), "--date", DATE], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert f"{link} is a symbolic link (to {elsewhere})" in r.stderr and "Traceback" not in r.stderr
+        assert "loading the model" not in r.stderr
+    assert (elsewhere / DATE / "precious.txt").is_file()
