@@ -108,9 +108,21 @@ def _visible(path: str) -> bool:
 
 
 def list_files(fs: fsspec.AbstractFileSystem, folder: str, suffix: str) -> list[str]:
+    """The visible files of ``folder`` (and below) whose names end in ``suffix``, sorted.
+
+    Locally, links are skipped: ``folder`` itself when it is one, and every file link in it
+    (fsspec's ``find`` follows both, and does not descend into a folder link below). A link
+    planted in an output tree would otherwise make a scan count another folder's rows as the
+    date's, or one date's rows under two dates (`longdoc report`). A run refuses such links
+    before it writes (stages/links.py); readers skip them. Object stores have no links: no
+    extra call is made there."""
     if not fs.exists(folder):
         return []
-    return sorted(f for f in fs.find(folder) if f.endswith(suffix) and _visible(f))
+    local = is_local(fs)
+    if local and os.path.islink(folder.rstrip("/")):
+        return []
+    return sorted(f for f in fs.find(folder)
+                  if f.endswith(suffix) and _visible(f) and not (local and os.path.islink(f)))
 
 
 def read_file(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None) -> pa.Table:

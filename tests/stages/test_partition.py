@@ -326,3 +326,22 @@ def test_an_error_row_written_before_error_kind_counts_as_retryable(root):
     old = rows_to_table(_rows(range(0, 2), "generate: OSError"), FILE_SCHEMA).drop_columns(["error_kind"])
     pq.write_table(old, part / "part-old.parquet")
     assert scan_date(str(root), DATE).counts() == {"rows": 2, "failed": 2, "errors_input": 0, "errors_retryable": 2}
+
+
+def test_a_scan_skips_links_planted_in_the_output_tree(tmp_path, root):
+    """A linked file in the partition (another output's rows) and a linked date folder (one
+    date's rows under two dates) are not the date's: a scan counts neither; the output root
+    itself being a link (a bigger disk) reads as usual."""
+    _stage(root, "r1", _rows(range(0, 4)))
+    commit_date(str(root), DATE, "r1")
+    other = tmp_path / "other"
+    _stage(other, "r9", _rows(range(10, 13), run_id="r9"))
+    commit_date(str(other), DATE, "r9")
+    (foreign,) = (other / f"run_date={DATE}").glob("*.parquet")
+    (root / f"run_date={DATE}" / "part-planted.parquet").symlink_to(foreign)
+    (root / "run_date=2026-05-02").symlink_to(root / f"run_date={DATE}")
+    assert sorted(scan_date(str(root), DATE).rows) == [f"q{i:03d}" for i in range(4)]
+    assert scan_date(str(root), "2026-05-02").rows == {}
+    linked = tmp_path / "linked-out"
+    linked.symlink_to(other)
+    assert sorted(scan_date(str(linked), DATE).rows) == ["q010", "q011", "q012"]
