@@ -12,8 +12,8 @@ Contract:
   clock). ``reports()`` returns the reports younger than ``STALE_S``: a dead actor stops
   posting, so its last report leaves the sums within ``STALE_S``; a restarted actor posts
   under its own id again and replaces it.
-- ``open_board(run_id)`` (driver) creates the run's board, named ``board_name(run_id)``
-  (``view.name``, for the generate actors), and returns a ``BoardView``. ``view.activity()`` is ``"engine: ..."`` (``"<n> engines:
+- ``open_board(name)`` (driver) creates the run's board, named ``board_name(run_id)``
+  (the name the plan hands the generate actors), and returns a ``BoardView``. ``view.activity()`` is ``"engine: ..."`` (``"<n> engines:
   ..."`` with several reporters; snapshot.py ``engines_line``) or "" before any report;
   ``view.progress()`` is the summed ``EngineSnapshot.progress()`` tuple, or None before
   any report (pipeline/progress.py ``RunProgress.activity``/``engine``). Neither blocks:
@@ -41,7 +41,7 @@ from stages.decoding.snapshot import EngineSnapshot, engines_line
 log = logging.getLogger("longdoc")
 
 STALE_S = 30.0  # a report older than this (a dead or stuck actor) leaves the sums
-POST_EVERY_S = 1.0  # how often a generate actor posts: the line lags the engine by 2 s at most
+POST_EVERY_S = 1.0  # how often a generate actor posts: the line lags the engine by ~3 s at most (post, read, tick)
 READ_EVERY_S = 1.0  # how often the driver asks the board (its progress tick is 1 s)
 BOARD_PREFIX = "longdoc-engine-board-"
 
@@ -77,9 +77,9 @@ def _remote_board():
     return ray.remote(num_cpus=0, max_restarts=0)(EngineBoard)
 
 
-def open_board(run_id: str, stale_s: float = STALE_S) -> BoardView:
-    """Create run ``run_id``'s board (Ray is up) and return the driver's view of it."""
-    name = board_name(run_id)
+def open_board(name: str, stale_s: float = STALE_S) -> BoardView:
+    """Create the board named ``name`` (``board_name``; Ray is up) and return the driver's
+    view of it."""
     board = _remote_board().options(name=name).remote(stale_s)
     return BoardView(board, stale_s, name=name)
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -180,7 +181,8 @@ class RunProgress:
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
         parts += [f"failed {self.failed}", f"{self.tokens / el:.1f} tok/s", f"{rate:.2f} rows/s"]
-        doing = self.activity() if self.activity is not None else ""
+        activity = self.activity  # read once: the run's end clears it from another thread
+        doing = activity() if activity is not None else ""
         if doing:
             parts.append(doing)
         return " | ".join(parts)
@@ -220,13 +222,18 @@ class RunProgress:
 
     def _look(self) -> None:
         """The engine's work now (``engine``), and when it was first there."""
-        if self.engine is None:
+        engine = self.engine  # read once: the run's end sets it to None from another thread
+        if engine is None:
             return
-        work = self.engine()
-        if work is not None:
-            if self._engine_from is None:
-                self._engine_from = self.clock()
-            self._work = work
+        work = engine()
+        if work is None:
+            # No engine now (a Ray board lost, or every report stale): the ETA goes back to
+            # the rows-written rate rather than count a gone engine's old rows at a falling rate.
+            self._engine_from, self._work = None, (0, 0, 0, 0, 0.0)
+            return
+        if self._engine_from is None:
+            self._engine_from = self.clock()
+        self._work = work
 
     def update(self, rows: int, failed: int, tokens: int) -> None:
         """Cumulative rows written, failed rows among them, output tokens so far."""
@@ -249,8 +256,11 @@ class RunProgress:
             self._last_print = now
 
     def _phase(self) -> str:
-        doing = self.activity() if self.activity is not None else ""
-        return doing.split(":", 1)[0]
+        activity = self.activity  # read once, as in line()
+        doing = activity() if activity is not None else ""
+        # "engine" and "3 engines" are one phase: an actor more (or a report gone stale and
+        # back) is not a new phase to print a line for.
+        return re.sub(r"^\d+ engines$", "engine", doing.split(":", 1)[0])
 
     def _new_phase(self) -> bool:
         """Before the first rows, a plain line as soon as the run moves on to another phase

@@ -304,22 +304,26 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
         look_ledger()
         bar.tick()
 
-    board = None  # the Ray runner's engine board (pipeline/engine_board.py)
+    board = None  # the Ray runner's engine board (pipeline/engine_board.py), made before its iteration
+    board_at = None  # ... and its name
     stop_engine = None  # the Ray runner's engines end with Ray (pipeline/cli.py shuts it down)
     stop_ray = None  # ... but its execution is stopped before an interrupted run counts its blocks
     if runner == "ray":
-        batches, guard, board = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
+        batches, guard, board_at = _ray_batches(spec, address, progress, run_id, run_date, root, skip, shards)
         stop_ray = batches.stop
         # After Ray's start: its console filter decides which stream the line goes to.
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
-        engines = board.activity if board is not None else (lambda: "")
+
+        def engines() -> str:  # the board, once made (just before the iteration, below)
+            return board.activity() if board is not None else ""
+
         # A pool no node can take says so on the line (pipeline/watchdog.py); then what the
         # generate actors' engines hold (pipeline/engine_board.py); before their first report
         # and the first rows, what Ray is doing (it was silent there while Ray started).
         bar.activity = lambda: (guard.waiting_note if guard is not None else "") or engines() or (
             "" if bar.rows else "Ray: reading the input, loading the model, decoding the first rows")
-        if board is not None:  # the ETA counts the engines' work, as the local runner's does
-            bar.engine = board.progress
+        if board_at is not None:  # the ETA counts the engines' work, as the local runner's does
+            bar.engine = lambda: board.progress() if board is not None else None
     else:
         bar = RunProgress.for_run(spec, len(shards), len(skip), enabled=progress)
         from pipeline.local_plan import LocalPlan
@@ -382,6 +386,8 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
                 if lease.lost:  # another process took the date over: stop as if interrupted
                     raise DateTakenOver(lease.lost_reason)
 
+    if board_at is not None:  # here, so that the close after the iteration always meets it
+        board = _open_board(board_at)
     try:
         # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
         # a dead actor pool, or on one no node can take, into an abort like Ray's own.
@@ -504,7 +510,7 @@ def _write_run_record(spec: JobSpec, run_date: str, run_id: str, root: str, summ
                       earlier: list[dict[str, Any]], wall: float, started_at: str, retry_errors: str) -> None:
     """Add the fields every run record carries (who ran, when, on which schema and
     versions; a resumed run id's earlier attempts) to ``summary`` and write it as the
-    run's record (stages/layout.py ``run_record_path``), replacing the start record.
+    run's record (stages/layout.py ``run_record_path``), replacing the start record where one was written.
     One place for both ways a run ends (``_run_holding``, ``_nothing_to_run``), so a field
     added to the record reaches both."""
     summary.update(run_id=run_id, run_date=run_date, job=spec.name, retry_errors=retry_errors,
@@ -585,19 +591,27 @@ def _ray_batches(spec: JobSpec, address: str | None, progress: bool, run_id: str
         # activeDeadlineSeconds, see pipeline/ops/render.py); the env var still overrides.
         # A pool that can never be placed is the watchdog's (resources.schedule_timeout_s).
         ctx.execution_no_progress_timeout_s = -1
-    board = None
-    if progress:  # only the progress line reads it
-        from pipeline.engine_board import open_board
+    from pipeline.engine_board import board_name
 
-        try:
-            board = open_board(run_id)
-        except Exception as e:  # noqa: BLE001 - the line then waits for rows, as it did
-            log.debug("no engine board for the progress line (%s: %s)", type(e).__name__, e)
-    ds, _ = build_plan(spec, run_id, run_date, root, skip, shards,
-                       engine_board=board.name if board is not None else None)
+    board = board_name(run_id) if progress else None  # only the progress line reads it
+    ds, _ = build_plan(spec, run_id, run_date, root, skip, shards, engine_board=board)
     watchdog = PoolWatchdog(pending_timeout_s=spec.resources.schedule_timeout_s,
                             required=actor_resources(spec))
     return PlanIteration(ds), watchdog, board
+
+
+def _open_board(name: str):
+    """The driver's view of the run's engine board (pipeline/engine_board.py), made just
+    before the iteration that closes it (the generate actors start with the iteration, and
+    look for the board until it is there); None where Ray would not make it: the line then
+    waits for rows, as it did."""
+    from pipeline.engine_board import open_board
+
+    try:
+        return open_board(name)
+    except Exception as e:  # noqa: BLE001 - the progress line only: the run goes on without it
+        log.debug("no engine board for the progress line (%s: %s)", type(e).__name__, e)
+        return None
 
 def write_missing_as_errors(spec: JobSpec, root: str, run_date: str, run_id: str, err: BaseException,
                             shards: list[str]) -> pa.Table:

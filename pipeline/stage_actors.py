@@ -54,7 +54,7 @@ class GenerateStage(_StageInActor):
 
     def __init__(self, engine_board: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.reports_stop = threading.Event()  # set: the reporting thread ends (tests; the actor's end ends it too)
+        self.reports_stop = threading.Event()  # set: the reporting thread ends (the actor's end ends it too)
         if engine_board:
             from pipeline.engine_board import post_reports
 

@@ -315,14 +315,15 @@ class Engine:
         call from another thread (counts read without a lock, so one may be a step old)."""
         active = list(self.active)
         st = self.stats
-        reading = bool(st.compressing)
+        compressing = st.compressing  # read once: the engine's thread may change it meanwhile
+        reading = bool(compressing)
         done, total = st.chunks_read, st.chunks_total
         left = None
         if reading and total and 2 <= done < total:  # the rate of the reading so far
             left = (time.perf_counter() - st.reading_since) * (total - done) / done
         return EngineSnapshot(
             decoding=len(active), decoding_tokens=sum(len(row.result.tokens) for row in active),
-            compressing=st.compressing, compressing_tokens=st.compressing_tokens if reading else 0,
+            compressing=compressing, compressing_tokens=st.compressing_tokens if reading else 0,
             chunks_read=done if reading else 0, chunks_total=total if reading else None,
             reading_left_s=left, prefilling=int(self.filling is not None), queued=len(self.scheduler),
             rows_done=st.rows_done, tokens_out=st.tokens_out, prefill_s=st.prefill_s, step_s=st.step_s)

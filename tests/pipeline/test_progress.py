@@ -345,3 +345,41 @@ def test_a_tick_that_fails_is_said_once_and_the_ticks_go_on(capsys):
     err = capsys.readouterr().err
     assert err.count("note: the progress line could not update (OSError: storage hiccup)") == 1
     assert "Traceback" not in err
+
+
+def test_an_engine_gone_quiet_gives_the_eta_back_to_the_rows_written():
+    """A Ray run's board lost, or every report stale (pipeline/engine_board.py): the engine
+    answers None again, and the ETA is the rows-written rate's, as if there had been no
+    engine, not the gone engine's old rows counted at a falling rate."""
+    clock = Clock()
+    with_engine = RunProgress(100, stream=io.StringIO(), tty=False, interval_s=1e9, clock=clock)
+    without = RunProgress(100, stream=io.StringIO(), tty=False, interval_s=1e9, clock=clock)
+    work: list[tuple[int, int, int, int, float] | None] = [(0, 0, 10, 0, 1.0)]
+    with_engine.engine = lambda: work[0]
+    for p in (with_engine, without):
+        p.tick()
+    clock.t += 50
+    work[0] = (40, 800, 10, 0, 0.5)
+    for p in (with_engine, without):
+        p.update(10, 0, 200)
+    assert _eta(with_engine.line()) != _eta(without.line())  # the engine's work counts
+    clock.t += 50
+    work[0] = None  # the board is gone
+    for p in (with_engine, without):
+        p.update(20, 0, 400)
+    assert _eta(with_engine.line()) == _eta(without.line()) is not None, with_engine.line()
+
+
+def test_one_engine_more_is_not_a_new_phase():
+    """Ray's line names the engines' count ("2 engines: ..."): an actor coming up, or a
+    report gone stale and back, is the same phase, not a plain line more in the log."""
+    out = io.StringIO()
+    p = RunProgress(4, stream=out, tty=False, interval_s=1e9, clock=Clock())
+    doing = ["engine: 1 prefilling, 0 queued"]
+    p.activity = lambda: doing[0]
+    p.tick()
+    doing[0] = "2 engines: 2 prefilling, 0 queued"
+    p.tick()
+    doing[0] = "engine: 1 decoding (2 tokens), 0 prefilling, 0 queued"
+    p.tick()
+    assert len(out.getvalue().splitlines()) == 1, out.getvalue()

@@ -49,10 +49,11 @@ def test_an_actor_class_builds_its_stage_and_returns_what_the_stage_returns(tiny
 def test_the_generate_actor_reports_its_engine_to_the_board_it_is_named(ray_session, tiny_model_dir) -> None:
     """The wrapper takes the board's name (the stage never sees it) and, once the engine is
     made, posts its numbers there from a thread of its own (pipeline/engine_board.py)."""
-    from pipeline.engine_board import open_board
+    from pipeline.engine_board import board_name, open_board
 
     spec = {"name": "t", "input": {"uri": "/unused"}, "generation": {"model": str(tiny_model_dir)}}
-    view = open_board("t-actor", stale_s=30.0)
+    view = open_board(board_name("t-actor"), stale_s=30.0)
+    actor = None
     try:
         actor = ray_session.remote(num_cpus=0, max_restarts=0)(stage_actors.GenerateStage).remote(
             spec=spec, engine_board=view.name)
@@ -61,6 +62,7 @@ def test_the_generate_actor_reports_its_engine_to_the_board_it_is_named(ray_sess
             time.sleep(0.05)
         assert view.activity() == "engine: 0 decoding (0 tokens), 0 prefilling, 0 queued"
         assert view.progress()[:4] == (0, 0, 0, 0)  # nothing done or decoding yet
-        ray_session.kill(actor)
     finally:
+        if actor is not None:
+            ray_session.kill(actor)
         view.close()
