@@ -44,15 +44,16 @@ class LinkedOutput(ValueError):
             f"{link} is a symbolic link (to {target}): longdoc does not follow links inside an output's "
             f"folders (a run would read, publish or delete files outside {root}); fix: remove the link "
             f"(rm '{link}') and check who else can write to the output's folders. To keep an output on "
-            "another disk, point output.uri at the real folder, or link the output folder itself (it may be "
-            "a link)")
+            "another disk, point output.uri at the real folder there")
 
 
 def _local_path(root: str) -> str | None:
     """``root`` as a local path, or None for an object store (no links there)."""
     if root.startswith("file://"):
-        return root.removeprefix("file://")
-    return None if "://" in root else root
+        root = root.removeprefix("file://")
+    elif "://" in root:
+        return None
+    return os.path.expanduser(root)  # "~/out" is the home's out folder, as fsspec writes it
 
 
 def _fixed_paths(root: str, run_date: str) -> list[str]:
@@ -80,7 +81,7 @@ def _entries(folder: str) -> list[str]:
     try:
         with os.scandir(folder) as it:
             return [e.path for e in it if e.is_symlink()]
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # missing, not a folder, or unreadable: the run's own listing says so
         return []
 
 
@@ -93,8 +94,10 @@ def planted_links(root: str, run_date: str) -> list[tuple[str, str]]:
         return []
     local = local.rstrip("/") or "/"
     found = [p for p in _fixed_paths(local, run_date) if os.path.islink(p)]
-    if not found:  # a linked folder is reported alone: its entries are the link's target's
-        for folder in (f"{local}/run_date={run_date}", f"{runs_root(local)}/_staging/{run_date}"):
+    for folder in (f"{local}/run_date={run_date}", f"{runs_root(local)}/_staging/{run_date}"):
+        # Not through a link found above (its entries are the link's target's): every other
+        # link is named at once, so one round of fixes is enough.
+        if not any(folder == p or folder.startswith(p + "/") for p in found):
             found += _entries(folder)
     return [(p, os.readlink(p)) for p in found]
 

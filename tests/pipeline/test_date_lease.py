@@ -574,5 +574,6 @@ def test_longdoc_validate_and_run_name_a_planted_link_and_exit_2(tmp_path):
         r = subprocess.run([LONGDOC, command, str(path), "--date", DATE], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr[-2000:]
         assert f"{link} is a symbolic link (to {elsewhere})" in r.stderr and "Traceback" not in r.stderr
-        assert "loading the model" not in r.stderr
+        # Refused before the run began: no run record, so no model loaded either.
+        assert not (tmp_path / "out.runs" / DATE).exists(), r.stderr[-2000:]
     assert (elsewhere / DATE / "precious.txt").is_file()

@@ -80,3 +80,36 @@ def test_no_output_yet_has_no_links(tmp_path):
     assert planted_links(str(tmp_path / "never" / "out"), DATE) == []
     Path(tmp_path / "out.runs").mkdir()
     assert planted_links(str(tmp_path / "out"), DATE) == []
+
+
+@pytest.mark.parametrize("spelling", ["~/out", "file://~/out"])
+def test_a_root_under_the_home_folder_is_checked_where_it_is_written(tmp_path, monkeypatch, spelling):
+    """``~/out`` is the home's out folder to fsspec, which writes there: the check looks there
+    too (it looked for a folder named ``~`` and found nothing to refuse)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "home" / "out" / f"run_date={DATE}"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    assert planted_links(spelling, DATE) == [(str(link), str(elsewhere))]
+
+
+def test_every_link_is_named_at_once_but_none_through_a_linked_folder(tmp_path):
+    """A linked fixed folder and a file link in the partition: both named (one round of fixes),
+    while the entries of a linked staging folder (the link's target's) are not listed."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "inner").mkdir(parents=True)
+    (elsewhere / "x.parquet").symlink_to(elsewhere / "inner")  # would be listed if followed
+    complete = tmp_path / "out.runs" / "_complete"
+    complete.parent.mkdir(parents=True)
+    complete.symlink_to(elsewhere)
+    staging = tmp_path / "out.runs" / "_staging"
+    staging.mkdir()
+    (staging / DATE).symlink_to(elsewhere)
+    part = tmp_path / "out" / f"run_date={DATE}"
+    part.mkdir(parents=True)
+    (part / "planted.parquet").symlink_to(tmp_path / "elsewhere" / "inner")
+    assert sorted(planted_links(str(tmp_path / "out"), DATE)) == sorted([
+        (str(staging / DATE), str(elsewhere)), (str(complete), str(elsewhere)),
+        (str(part / "planted.parquet"), str(tmp_path / "elsewhere" / "inner"))])

@@ -91,3 +91,21 @@ def test_upgrade_leaves_a_date_that_a_run_writes_now_to_that_run(tmp_path):
     assert "rewrote 1 file(s) of 1 date(s)" in done.output
     assert NEW in pq.read_schema(next((root / "run_date=2026-01-01").glob("*.parquet"))).names
     assert NEW not in pq.read_schema(next((root / "run_date=2026-01-02").glob("*.parquet"))).names
+
+
+def test_upgrade_refuses_a_date_with_a_planted_link_and_rewrites_nothing(tmp_path):
+    """A link in the output's folders (stages/links.py) is never followed: upgrade's rewrite
+    of the date would write its temporary files through a linked ``_scratch``."""
+    root = tmp_path / "out"
+    _date(root, "2026-01-01", older=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    scratch = tmp_path / "out.runs" / "_scratch"
+    if scratch.exists():  # the commit's own, left empty
+        scratch.rmdir()
+    scratch.symlink_to(elsewhere)
+    done = CliRunner().invoke(app, ["upgrade", str(root)])
+    assert done.exit_code == 2, done.output
+    assert f"{scratch} is a symbolic link (to {elsewhere})" in done.output and "nothing of 2026-01-01" in done.output
+    assert NEW not in pq.read_schema(next((root / "run_date=2026-01-01").glob("*.parquet"))).names
+    assert list(elsewhere.iterdir()) == []
