@@ -40,16 +40,23 @@ def questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str
     Answers pair with questions by position (``pairing_problem``). A question must be a
     non-empty string (a number or a nested value would be asked as its Python text); one
     asked twice is one request (its id hashes the question), so a repeat with another
-    answer is a problem and an exact repeat is dropped."""
+    answer is a problem and an exact repeat is dropped.
+
+    The questions' own problems come first: a summary that cuts the message (``longdoc report
+    --dates``) still shows the cause rather than the answers' miscount it leads to. A field
+    that is neither a string nor a list (``{"questions": 42}``) is named as the field, and its
+    answers are not counted against it (there is no question to pair them with)."""
     qf = inp.question_field
     raw_q = rec.get(qf) if qf else None
+    if raw_q is not None and not isinstance(raw_q, (str, bytes, list, tuple)):
+        return [], [], (f"field {qf!r} is not a string or a list ({json.dumps(raw_q, default=str)[:60]}); "
+                        "fix: a question is a non-empty string, several a list of them")
     raw_a = rec.get(inp.answer_field) if inp.answer_field else None
     items, given = _as_list(raw_q), given_answers(raw_q, raw_a)
     answers = [reference_text(a) for a in given]
     problems = []
     pairing = pairing_problem(rec, inp)
     if pairing:
-        problems.append(pairing)
         answers = []
     questions: list[str] = []
     kept: list[str | None] = []
@@ -69,6 +76,8 @@ def questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str
             first[q] = len(questions)
             questions.append(q)
             kept.append(ref)
+    if pairing:
+        problems.append(pairing)
     return questions, kept if answers else [], "; ".join(problems) or None
 
 

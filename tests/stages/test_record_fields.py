@@ -46,3 +46,16 @@ def test_questions_are_non_empty_strings_asked_once():
     assert "question 2 of field 'q' is null" in problem and "question 3 of field 'q' is not a string (3)" in problem
     questions, answers, problem = questions_and_answers({"q": ["Who?"], "a": ["x", "y"]}, QA)
     assert questions == ["Who?"] and answers == [] and problem is not None  # unpaired answers score nothing
+
+
+def test_a_question_problem_comes_before_the_answers_miscount_it_causes():
+    """{"questions": 42, "answers": [3 answers]} led with "field 'a' has 3 answer(s) for 1
+    question(s)": `longdoc report --dates` cuts the message, and showed only that."""
+    questions, answers, problem = questions_and_answers({"q": 42, "a": ["x", "y", "z"]}, QA)
+    assert (questions, answers) == ([], [])
+    assert problem == "field 'q' is not a string or a list (42); fix: a question is a non-empty string, several a list of them"
+    _, _, problem = questions_and_answers({"q": {"text": "Who?"}}, QA)
+    assert problem is not None and problem.startswith("field 'q' is not a string or a list ({\"text\": \"Who?\"})")
+    _, _, problem = questions_and_answers({"q": ["Who?", 7], "a": ["x", "y", "z"]}, QA)
+    assert problem is not None and problem.startswith("question 2 of field 'q' is not a string (7); fix:")
+    assert "; field 'a' has 3 answer(s) for 2 question(s) in 'q'" in problem
