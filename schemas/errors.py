@@ -177,7 +177,11 @@ def _message(e: dict[str, Any], where: _Where) -> tuple[str, str | None]:
             str(_tag(m, where.discriminator)) for m in where.union
         )
         got = value.get(where.path[-1]) if isinstance(value, dict) else None
-        return ("missing" if got is None else f"got {_got(got)}") + f"; allowed: {allowed}", None
+        # A misspelt method ('selct', 'BM25') gets the suggestion a misspelt field name gets.
+        tags = [t.strip(" '") for t in str(allowed).replace(" or ", ", ").split(",")]
+        hint = difflib.get_close_matches(got.lower(), tags, n=1) if isinstance(got, str) else []
+        return (("missing" if got is None else f"got {_got(got)}") + f"; allowed: {allowed}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else "")), None
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return f"got {_got(value)}; allowed: a mapping of fields (a YAML section)", None
     if kind in ("value_error", "assertion_error"):

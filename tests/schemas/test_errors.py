@@ -68,6 +68,14 @@ def test_a_wrong_compression_method_lists_every_method():
         assert repr(method) in line
 
 
+@pytest.mark.parametrize("method, hint", [("selct", "select"), ("BM25", "bm25"), ("zip", None)])
+def test_a_misspelt_compression_method_gets_a_suggestion(method, hint):
+    """A new user's 'selct' was told the list only, where a misspelt field name gets a guess."""
+    (line,) = lines(said({**MINIMAL, "compression": {"method": method}}))
+    assert line.startswith(f"  - compression.method: got {method!r}; allowed: ")
+    assert line.endswith(f" (did you mean {hint!r}?)") if hint else "did you mean" not in line
+
+
 def test_a_missing_compression_method_is_named_missing():
     (line,) = lines(said({**MINIMAL, "compression": {}}))
     assert line.startswith("  - compression.method: missing; allowed: none")
