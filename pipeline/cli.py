@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -68,7 +69,8 @@ def _load(spec_path: str, overrides: list[str] | None, run_date: str | None = No
         raise typer.Exit(2) from None
     from pipeline.plan import spec_problems
 
-    problems = check_environment(job, run_date=run_date, local_paths=local_paths) + spec_problems(job)
+    problems = check_environment(job, run_date=run_date, local_paths=local_paths,
+                                 spec_dir=Path(spec_path).parent) + spec_problems(job)
     if problems:
         typer.echo(f"job spec {spec_path} cannot run here:", err=True)
         for p in problems:

@@ -336,13 +336,15 @@ def named_models(spec: JobSpec) -> list[tuple[str, str, str]]:
     return named
 
 
-def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: bool = True) -> list[str]:
+def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: bool = True,
+                      spec_dir: Path | None = None) -> list[str]:
     """Problems that make ``spec`` fail on THIS machine, as ``field: message`` lines.
 
     - an ``s3://``/``gs://`` URI whose filesystem package (s3fs/gcsfs) is not installed;
     - with ``local_paths``: a local model/checkpoint/embedder/scorer path that does not exist,
       and a local input.uri that does not exist (checked only when it has no
-      ``{run_date}`` or ``run_date`` is given). Hub ids are the preflight's
+      ``{run_date}`` or ``run_date`` is given; a relative one found beside the spec, in
+      ``spec_dir``, is named there with the fix). Hub ids are the preflight's
       (pipeline/preflight.py), which may ask the network.
     """
     problems = []
@@ -370,9 +372,18 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
             # A relative path is the commonest miss: say where it was looked for.
             looked = "" if path.is_absolute() else f" (looked for {shown(str(path.absolute()))})"
             glob = " (patterns like * are not expanded)" if any(c in uri for c in "*?[") else ""
-            problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}; allowed: an existing file or "
-                            "folder (every file of the format below a folder is read), a relative path from "
-                            "the folder you run longdoc in")
+            # Paths resolve from the current folder, not the spec's: a spec run from elsewhere
+            # misses the input lying beside it, and the fix is to say where it is.
+            beside = (spec_dir / path).absolute() if spec_dir is not None and not path.is_absolute() else None
+            if beside is not None and beside.exists() and beside != path.absolute():
+                problems.append(f"input.uri: {shown(uri)} does not exist{looked}, but the spec's folder has it "
+                                f"({shown(str(beside))}); fix: run longdoc from {shown(str(spec_dir.absolute()))} "
+                                "(a spec's relative paths resolve from the folder you run longdoc in), or "
+                                "give the absolute path")
+            else:
+                problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}; allowed: an existing "
+                                "file or folder (every file of the format below a folder is read), a relative "
+                                "path from the folder you run longdoc in")
         elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
             # A FIFO blocks the reader for ever and /dev/zero never ends: refused, not read.
             problems.append(

@@ -120,6 +120,21 @@ def test_a_relative_input_that_is_not_there_says_where_it_was_looked_for(tmp_pat
     assert res.exit_code == 2 and f"'notes' does not exist (looked for {shown(str(tmp_path / 'notes'))})" in res.output
 
 
+def test_a_relative_input_beside_a_spec_run_from_elsewhere_is_named_with_the_fix(tmp_path, monkeypatch):
+    """A new user ran `longdoc validate ~/work/qa.yaml` from another folder: the message said
+    where it looked, not that the input lay beside the spec."""
+    (tmp_path / "work" / "data" / "notes").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    spec = tmp_path / "work" / "job.yaml"
+    spec.write_text("name: d\ninput: {uri: data/notes}\noutput: {uri: out}\n")
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2
+    assert (f"'data/notes' does not exist (looked for {shown(str(tmp_path / 'elsewhere' / 'data' / 'notes'))}), "
+            f"but the spec's folder has it ({shown(str(tmp_path / 'work' / 'data' / 'notes'))}); fix: run longdoc "
+            f"from {shown(str(tmp_path / 'work'))}") in res.output
+
+
 def test_oversized_documents_become_input_error_rows(tmp_path, tiny_model_dir, ray_session):
     from pipeline.report.load import load_output
 
