@@ -259,7 +259,14 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     except yaml.YAMLError as e:
         # PyYAML's word for a tab in the indentation names no fix; the commonest cause gets one.
         # PyYAML's message spans lines; one line, and a fix, as every refusal has.
+        # A field indented off its section reads as "mapping values are not allowed" (deeper) or
+        # "while parsing a block mapping ... did not find expected key" (shallower): words that
+        # name neither the indentation nor its fix.
+        indent = any(w in str(e) for w in ("mapping values are not allowed", "expected <block end>",
+                                           "while parsing a block mapping"))
         fix = ("fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else
+               "fix: indent the fields of one section by the same number of spaces as the line above the one "
+               "named, and quote a value holding ': ' or ' #'" if indent else
                "fix: correct the YAML at the line named (close brackets and quotes; quote a value holding ': ' "
                "or ' #')")
         raise SpecError(f"job spec {name} is not valid YAML: {' '.join(str(e).split())}; {fix}") from None

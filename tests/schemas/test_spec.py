@@ -218,6 +218,20 @@ def test_a_yaml_syntax_error_is_one_line_naming_its_line_and_the_fix(tmp_path):
     assert "fix: quote it" in str(e.value)
 
 
+@pytest.mark.parametrize("text", ["name: a\ninput:\n  uri: qa.jsonl\n   format: jsonl\n",
+                                  "name: a\ninput:\n  uri: qa.jsonl\n format: jsonl\n"])
+def test_a_field_indented_off_its_section_is_told_to_line_up(text, tmp_path):
+    """A field one space off its section's indentation got "mapping values are not allowed"
+    and a fix about brackets and quotes."""
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "line 4" in str(e.value)
+    assert str(e.value).endswith("fix: indent the fields of one section by the same number of spaces as the line "
+                                 "above the one named, and quote a value holding ': ' or ' #'")
+
+
 def test_json_round_trip():
     spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
     again = JobSpec.model_validate(spec.model_dump(mode="json"))
