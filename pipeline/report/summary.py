@@ -114,8 +114,9 @@ class RunTally:
 
     def __init__(self) -> None:
         self.rows = self.failed = 0
-        # ok rows with a decode_steps figure (rows written before it have none) and their tokens
-        self.stepped, self.stepped_tokens = 0, 0.0
+        # ok rows with a decode_steps figure (rows written before it have none; rows the repeat
+        # guard cut are left out), their tokens and their steps
+        self.stepped, self.stepped_tokens, self.stepped_steps = 0, 0.0, 0.0
         # ok rows that stopped at max_new_tokens / at the repeat guard; None while no row says
         # why it stopped (rows written before the finish_reason column)
         self.cut: dict[str, int] | None = None
@@ -143,8 +144,15 @@ class RunTally:
                 self.sums[name] += _sum(ok_table, name)
         if "decode_steps" in table.column_names:
             stepped = ok_table.filter(pc.is_valid(ok_table.column("decode_steps")))
+            if "finish_reason" in table.column_names:
+                # A row the repeat guard cut keeps fewer tokens than its steps made (the loop is
+                # dropped, its passes are counted): with it the figure fell below 1 (0.79 on a
+                # run of summaries all cut so), as if speculation had cost passes.
+                cut = pc.fill_null(pc.equal(stepped.column("finish_reason"), "repeat"), False)
+                stepped = stepped.filter(pc.invert(cut))
             self.stepped += stepped.num_rows
             self.stepped_tokens += _sum(stepped, "output_tokens")
+            self.stepped_steps += _sum(stepped, "decode_steps")
         for name in self._SUMS_ALL:
             self.sums[name] += _sum(table, name)
         self._add_times(table)
@@ -210,7 +218,7 @@ class RunTally:
             "draft_tokens": int(s["draft_tokens"]),
             # Tokens per target forward pass (the row's prefill pass included): what speculation
             # saved, in a figure that does not depend on the machine's load (wall time does).
-            "tokens_per_step": self.stepped_tokens / (s["decode_steps"] + self.stepped) if self.stepped else None,
+            "tokens_per_step": self.stepped_tokens / (self.stepped_steps + self.stepped) if self.stepped else None,
             "wall_s": wall_s,
             "device_s": s["device_s"],
             "throughput_basis": "wall" if wall_s else "device",

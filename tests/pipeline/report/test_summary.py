@@ -207,3 +207,15 @@ def test_tokens_per_decode_step_say_what_speculation_saved_in_forward_passes():
     text = format_summary(s)
     assert re.search(r"  of tokens drafted +8\n", text) and re.search(r"tokens per decode step .* +1\.455\n", text)
     assert summarize(rows_to_table(rows[3:]))["tokens_per_step"] is None
+
+
+def test_rows_the_repeat_guard_cut_are_left_out_of_tokens_per_decode_step():
+    """A row cut by the repeat guard keeps fewer tokens than its steps made (the loop is
+    dropped): a new user's six summaries, all cut so, read 0.79 tokens per step."""
+    rows = [{"run_id": "r", "run_date": "2026-01-01", "job": "j", "doc_id": "d0", "request_id": f"q{i}",
+             "error": None, "output_tokens": out, "decode_steps": steps, "finish_reason": why, "e2e_s": 1.0}
+            for i, (out, steps, why) in enumerate([(10, 4, "eos"), (7, 27, "repeat"), (6, 5, None)])]
+    s = summarize(rows_to_table(rows), wall_s=1.0)
+    assert s["tokens_per_step"] == pytest.approx(16 / 11)  # rows 0 and 2, as the test above
+    assert s["tokens_out"] == 23  # the cut row's kept tokens still count as output
+    assert summarize(rows_to_table(rows[1:2]))["tokens_per_step"] is None
