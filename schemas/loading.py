@@ -264,7 +264,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         # name neither the indentation nor its fix.
         indent = any(w in str(e) for w in ("mapping values are not allowed", "expected <block end>",
                                            "while parsing a block mapping"))
+        # In a { } section a placeholder's braces end the section: {uri: out/{job}} breaks there.
+        braces = "flow mapping" in str(e) and re.search(r"\{(job|run_date)\}", text)
         fix = ("fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else
+               "fix: quote a value holding {job} or {run_date} inside a { } section ({uri: 'out/{job}'})"
+               if braces else
                "fix: indent the fields of one section by the same number of spaces as the line above the one "
                "named, and quote a value holding ': ' or ' #'" if indent else
                "fix: correct the YAML at the line named (close brackets and quotes; quote a value holding ': ' "

@@ -232,6 +232,20 @@ def test_a_field_indented_off_its_section_is_told_to_line_up(text, tmp_path):
                                  "above the one named, and quote a value holding ': ' or ' #'")
 
 
+def test_a_placeholder_unquoted_in_a_braced_section_is_told_to_quote_it(tmp_path):
+    """`output: {uri: out/{job}}`, in the braced style the spec sketch uses for resources,
+    ends the section at {job}'s brace; the fix spoke of closing brackets."""
+    p = tmp_path / "job.yaml"
+    p.write_text("name: a\ninput: {uri: docs, format: text}\noutput: {uri: out/{job}}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "line 3" in str(e.value)
+    assert str(e.value).endswith("fix: quote a value holding {job} or {run_date} inside a { } section "
+                                 "({uri: 'out/{job}'})")
+    p.write_text("name: a\ninput: {uri: docs, format: text}\noutput: {uri: 'out/{job}'}\n")
+    assert load_spec(p).output.uri == "out/{job}"
+
+
 def test_json_round_trip():
     spec = spec_from_dict({**MINIMAL, "compression": {"method": "truncate", "target_tokens": 256}})
     again = JobSpec.model_validate(spec.model_dump(mode="json"))
