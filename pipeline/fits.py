@@ -97,6 +97,13 @@ class Fit:
                          f"first {n} document(s) ({f'keep {keep}: ' if keep else ''}{100 * budget / longest:.1f}% "
                          f"of the longest, {name!r}, {longest} tokens); compression.target_tokens up to "
                          f"{self._room} fits the context, and finch or select read every token")
+        elif budget:
+            # Said too when nothing is cut: silence read as the check not having run.
+            shown = sorted(((t, name) for name, t in self.tokens if cap >= t), reverse=True)
+            if shown:
+                parts.append(f"{self.spec.compression.method} shows the model every token of the first {n} "
+                             f"document(s): the longest, {shown[0][1]!r}, {shown[0][0]} tokens, is within "
+                             f"compression.target_tokens {budget}")
         return "".join(f" ({p})" for p in parts)
 
 

@@ -95,6 +95,20 @@ def test_truncate_names_the_longest_of_the_documents_it_cuts(tmp_path):
     assert "512 tokens of 2 of the first 3 document(s) (keep head_tail: 50.0% of the longest, 'b.txt', 1024 tokens)" in note
 
 
+def test_truncate_says_so_when_it_shows_every_token(tmp_path):
+    """A new user's six short documents under truncate 1024 got no word on the share shown,
+    which the README promises: silence read as the check not having run."""
+    from pipeline.fits import Fit
+
+    spec = spec_from_dict({"name": "fit", "input": {"uri": str(tmp_path / "docs")},
+                           "output": {"uri": str(tmp_path / "out")},
+                           "compression": {"method": "truncate", "target_tokens": 1024}})
+    note = Fit(spec, 8192, 50, (("short.txt", 300), ("b.txt", 1024)), whole=False).note()
+    assert note == (" (truncate shows the model every token of the first 2 document(s): the longest, "
+                    "'b.txt', 1024 tokens, is within compression.target_tokens 1024)")
+    assert "shows the model every token" not in Fit(spec, 8192, 50, (("b.txt", 1025),), whole=False).note()
+
+
 def test_a_document_that_exactly_fills_the_context_fits(tmp_path):
     """Method none: a document whose prompt and answer exactly fill the context is no error
     row (stages/context_budget.py over_context draws the line there); one token more is."""
