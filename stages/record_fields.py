@@ -95,6 +95,8 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     raw_a = rec.get(af) if af else None
     if raw_q is None or raw_a is None:
         return None
+    if not isinstance(raw_q, (str, bytes, list, tuple)):
+        return None  # no question to pair with: the field's own problem (questions_and_answers) is the cause
     given = given_answers(raw_q, raw_a)
     for i, answer in enumerate(given):
         # An object (or a list nested deeper than one question's alternatives) has no text to
