@@ -392,7 +392,9 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
                                 "(a spec's relative paths resolve from the folder you run longdoc in), or "
                                 "give the absolute path")
             else:
-                problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}; allowed: an existing "
+                near = _near_name(path)
+                hint = f" (did you mean {shown(near)}?)" if near else ""
+                problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}{hint}; allowed: an existing "
                                 "file or folder (every file of the format below a folder is read), a relative "
                                 "path from the folder you run longdoc in")
         elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
@@ -411,6 +413,22 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
                     "directory, a Hugging Face id, or an embedded: name"
                 )
     return problems
+
+
+def _near_name(path: Path) -> str | None:
+    """A name in ``path``'s folder close to its own ('qa.jsnol' -> 'qa.jsonl'), as ``path``
+    would be written with it; None when the folder is not there or nothing is close. Reads
+    at most 1000 entries: a huge folder is not listed for a hint."""
+    import difflib
+    from itertools import islice
+
+    try:
+        with os.scandir(path.parent if str(path.parent) else ".") as it:
+            names = [e.name for e in islice(it, 1000)]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+    return str(path.parent / close[0]) if close else None
 
 
 def _output_aliases_input(spec: JobSpec, input_path: Path, run_date: str | None) -> list[str]:

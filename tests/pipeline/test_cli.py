@@ -120,6 +120,21 @@ def test_a_relative_input_that_is_not_there_says_where_it_was_looked_for(tmp_pat
     assert res.exit_code == 2 and f"'notes' does not exist (looked for {shown(str(tmp_path / 'notes'))})" in res.output
 
 
+def test_a_misspelt_input_path_gets_the_close_name_of_its_folder(tmp_path, monkeypatch):
+    """A new user's 'qa.jsnol' was told where it was looked for, not that qa.jsonl lay there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "qa.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: d\ninput: {uri: data/qa.jsnol, format: jsonl}\noutput: {uri: out}\n")
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and "'data/qa.jsnol' does not exist (looked for" in res.output
+    assert "(did you mean 'data/qa.jsonl'?)" in res.output
+    spec.write_text("name: d\ninput: {uri: data/contracts.jsonl, format: jsonl}\noutput: {uri: out}\n")
+    res = runner.invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and "does not exist" in res.output and "did you mean" not in res.output
+
+
 def test_a_relative_input_beside_a_spec_run_from_elsewhere_is_named_with_the_fix(tmp_path, monkeypatch):
     """A new user ran `longdoc validate ~/work/qa.yaml` from another folder: the message said
     where it looked, not that the input lay beside the spec."""
