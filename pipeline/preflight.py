@@ -321,7 +321,10 @@ def _answers_problems(path: str, records: list[tuple[str, dict]], inp: InputSpec
     if not both or not all(problem for _, problem in problems):
         return []
     where, problem = problems[0]
-    return [f"input.answer_field: {shown(path)}: all of its first {len(both)} record(s) with questions and answers "
+    # A questions field of another shape (a number: stages/record_fields.py) is the question
+    # field's fault, not the answers'.
+    field = "input.question_field" if problem.startswith(f"field {inp.question_field!r} ") else "input.answer_field"
+    return [f"{field}: {shown(path)}: all of its first {len(both)} record(s) with questions and answers "
             f"break their pairing; {where}: {problem}"]
 
 

@@ -161,7 +161,7 @@ class RunProgress:
         # report of one) yet; or no callable: not known. Looked at on every update and tick (``_look``).
         self.engine: Callable[[], tuple[int, int, int, int, float] | None] | None = None
         self._engine_from: float | None = None  # when ``engine`` first answered: the engine's start
-        self._work: tuple[int, int, int, int, float] = (0, 0, 0, 0, 0.0)  # its last answer
+        self._work: tuple[int, int, int, int, float] | None = None  # its last answer; None: none now
 
     @classmethod
     def for_run(cls, spec: JobSpec, n_shards: int, skipped: int, enabled: bool = True) -> RunProgress:
@@ -193,8 +193,9 @@ class RunProgress:
         rate since the first rows were written."""
         if total is None or not 0 < self.rows < total or self._first_rows is None:
             return None
-        if self._engine_from is not None:
-            done = self._done()
+        work = self._work  # read once: the tick thread may set it meanwhile
+        if self._engine_from is not None and work is not None:
+            done = self._done(work)
             el = self.clock() - self._engine_from
             return max(total - done, 0.0) * el / done if el > 0 else None
         since, first = self._first_rows
@@ -207,13 +208,13 @@ class RunProgress:
             return None
         return (total - self.rows) * el / (self.rows - first)
 
-    def _done(self) -> float:
+    def _done(self, work: tuple[int, int, int, int, float]) -> float:
         """Rows' worth of work done: the rows the engine finished (at least the rows written:
         some never reach it, e.g. a document's error row), and each decoding row as its
         prefill (the engine's share of time spent prefilling: a row's share in a steady
         engine) plus the rest of a row in the proportion its tokens are of the finished
         rows' mean (at most one row each). Rows queued count nothing."""
-        finished, finished_tokens, decoding, tokens, prefill_share = self._work
+        finished, finished_tokens, decoding, tokens, prefill_share = work
         if not finished or not finished_tokens:
             return float(max(self.rows, finished))
         share = min(max(prefill_share, 0.0), 1.0)
@@ -225,15 +226,12 @@ class RunProgress:
         engine = self.engine  # read once: the run's end sets it to None from another thread
         if engine is None:
             return
-        work = engine()
-        if work is None:
-            # No engine now (a Ray board lost, or every report stale): the ETA goes back to
-            # the rows-written rate rather than count a gone engine's old rows at a falling rate.
-            self._engine_from, self._work = None, (0, 0, 0, 0, 0.0)
-            return
-        if self._engine_from is None:
+        # None: no engine now (not made yet; a Ray board lost, or every report stale): the ETA
+        # goes back to the rows-written rate rather than count a gone engine's old rows at a
+        # falling rate; when it answers again, its rate runs from its first answer, as before.
+        self._work = engine()
+        if self._work is not None and self._engine_from is None:
             self._engine_from = self.clock()
-        self._work = work
 
     def update(self, rows: int, failed: int, tokens: int) -> None:
         """Cumulative rows written, failed rows among them, output tokens so far."""

@@ -388,48 +388,53 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
 
     if board_at is not None:  # here, so that the close after the iteration always meets it
         board = _open_board(board_at)
-    try:
-        # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
-        # a dead actor pool, or on one no node can take, into an abort like Ray's own.
-        if guard is None:
-            iterate()
-        else:
-            from pipeline.watchdog import guarded
-
-            guarded(guard, iterate)
-    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM as RunInterrupted (pipeline/cli.py)
-        interrupted = e
-        if stop_engine is not None:
-            # The rows the engine finished are staged, whatever batch they sat in; a second
-            # signal meanwhile exits at once (pipeline/cli.py), with what is staged so far.
-            for batch in stop_engine():
-                take(batch)
-        if stop_ray is not None:
-            # Before the listing below: Ray's write tasks run in other processes, and one
-            # still running could stage a block after it (the record then undercounted).
-            # Returns once every task of the plan has ended or been killed
-            # (pipeline/ray_iteration.py says why that holds); a second signal meanwhile
-            # exits at once, as above.
-            stop_ray()
-        # Blocks Ray's write tasks staged that the iteration had not handed over yet: the
-        # run's record counts every row the next run will publish under its id.
-        from pipeline.report.load import staged_tables
-
+    try:  # the board is closed after the iteration; here too when something escapes the handlers
         try:
-            for table in staged_tables(root, run_date, run_id):
-                fresh = table.filter(pc.invert(pc.is_in(table.column("request_id"), pa.array(sorted(seen_ids), pa.string()))))
-                if fresh.num_rows:
-                    take(fresh)
-        except FileNotFoundError:  # the date's new holder published them meanwhile (DateTakenOver)
-            pass
-    except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
-        abort = e
-        if stop_ray is not None:
-            # Before the missing requests become error rows (write_missing_as_errors): a write
-            # task still running could stage the real row of one of them afterwards. A Ray error
-            # has usually ended the iteration already (the stop then returns at once); the
-            # watchdog's abort lands outside it, with Ray's tasks still running.
-            stop_ray()
+            # The watchdog (pipeline/watchdog.py) turns Ray Data's occasional endless wait on
+            # a dead actor pool, or on one no node can take, into an abort like Ray's own.
+            if guard is None:
+                iterate()
+            else:
+                from pipeline.watchdog import guarded
+
+                guarded(guard, iterate)
+        except KeyboardInterrupt as e:  # SIGINT, or SIGTERM as RunInterrupted (pipeline/cli.py)
+            interrupted = e
+            if stop_engine is not None:
+                # The rows the engine finished are staged, whatever batch they sat in; a second
+                # signal meanwhile exits at once (pipeline/cli.py), with what is staged so far.
+                for batch in stop_engine():
+                    take(batch)
+            if stop_ray is not None:
+                # Before the listing below: Ray's write tasks run in other processes, and one
+                # still running could stage a block after it (the record then undercounted).
+                # Returns once every task of the plan has ended or been killed
+                # (pipeline/ray_iteration.py says why that holds); a second signal meanwhile
+                # exits at once, as above.
+                stop_ray()
+            # Blocks Ray's write tasks staged that the iteration had not handed over yet: the
+            # run's record counts every row the next run will publish under its id.
+            from pipeline.report.load import staged_tables
+
+            try:
+                for table in staged_tables(root, run_date, run_id):
+                    fresh = table.filter(pc.invert(pc.is_in(table.column("request_id"), pa.array(sorted(seen_ids), pa.string()))))
+                    if fresh.num_rows:
+                        take(fresh)
+            except FileNotFoundError:  # the date's new holder published them meanwhile (DateTakenOver)
+                pass
+        except Exception as e:  # Ray gave up (actor restarts/task retries exhausted, node lost)
+            abort = e
+            if stop_ray is not None:
+                # Before the missing requests become error rows (write_missing_as_errors): a write
+                # task still running could stage the real row of one of them afterwards. A Ray error
+                # has usually ended the iteration already (the stop then returns at once); the
+                # watchdog's abort lands outside it, with Ray's tasks still running.
+                stop_ray()
+    except BaseException:
+        if board is not None:  # close() may run twice: the normal path closes it below
+            board.close()
+        raise
     with _interrupts_held() as arrived:
         bar.activity = bar.engine = None  # the last line counts rows only
         bar.close()

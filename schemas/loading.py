@@ -264,11 +264,19 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         # name neither the indentation nor its fix.
         indent = any(w in str(e) for w in ("mapping values are not allowed", "expected <block end>",
                                            "while parsing a block mapping"))
-        # In a { } section a placeholder's braces end the section: {uri: out/{job}} breaks there.
-        braces = "flow mapping" in str(e) and re.search(r"\{(job|run_date)\}", text)
+        named = _named_lines(e, text)
+        # In a { } section a placeholder's braces end the section: {uri: out/{job}} breaks there
+        # (an unquoted placeholder on a line PyYAML names; a quoted one elsewhere is no cause).
+        braces = "flow mapping" in str(e) and any(
+            re.search(r"\{(job|run_date)\}", re.sub(r"'[^']*'|\"[^\"]*\"", "", line)) for line in named)
+        # "mapping values are not allowed" on a line holding a second ': ' (instruction: Answer:
+        # briefly) is the unquoted value, not the indentation.
+        colon = any(re.search(r":\s.*:(\s|$)", re.sub(r"'[^']*'|\"[^\"]*\"", "", line)) for line in named)
         fix = ("fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else
                "fix: quote a value holding {job} or {run_date} inside a { } section ({uri: 'out/{job}'})"
                if braces else
+               "fix: quote the value holding ': ' on the line named (instruction: 'Answer: briefly')"
+               if indent and colon else
                "fix: indent the fields of one section by the same number of spaces as the line above the one "
                "named, and quote a value holding ': ' or ' #'" if indent else
                "fix: correct the YAML at the line named (close brackets and quotes; quote a value holding ': ' "
@@ -392,7 +400,9 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
                                 "(a spec's relative paths resolve from the folder you run longdoc in), or "
                                 "give the absolute path")
             else:
-                near = _near_name(path)
+                # Not for a pattern (it was never a name) nor a dated uri (another date's file is
+                # no fix: the spec would pin that date).
+                near = None if glob or "{run_date}" in spec.input.uri else _near_name(path)
                 hint = f" (did you mean {shown(near)}?)" if near else ""
                 problems.append(f"input.uri: {shown(uri)} does not exist{looked}{glob}{hint}; allowed: an existing "
                                 "file or folder (every file of the format below a folder is read), a relative "
@@ -413,6 +423,13 @@ def check_environment(spec: JobSpec, run_date: str | None = None, local_paths: b
                     "directory, a Hugging Face id, or an embedded: name"
                 )
     return problems
+
+
+def _named_lines(error: yaml.YAMLError, text: str) -> list[str]:
+    """The lines of ``text`` a PyYAML error names (its context and problem marks)."""
+    lines = text.splitlines()
+    marks = (getattr(error, "context_mark", None), getattr(error, "problem_mark", None))
+    return [lines[m.line] for m in marks if m is not None and 0 <= m.line < len(lines)]
 
 
 def _near_name(path: Path) -> str | None:

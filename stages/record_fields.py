@@ -48,9 +48,8 @@ def questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str
     answers are not counted against it (there is no question to pair them with)."""
     qf = inp.question_field
     raw_q = rec.get(qf) if qf else None
-    if raw_q is not None and not isinstance(raw_q, (str, bytes, list, tuple)):
-        return [], [], (f"field {qf!r} is not a string or a list ({json.dumps(raw_q, default=str)[:60]}); "
-                        "fix: a question is a non-empty string, several a list of them")
+    if shape := _question_field_problem(raw_q, qf):
+        return [], [], shape
     raw_a = rec.get(inp.answer_field) if inp.answer_field else None
     items, given = _as_list(raw_q), given_answers(raw_q, raw_a)
     answers = [reference_text(a) for a in given]
@@ -95,8 +94,8 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     raw_a = rec.get(af) if af else None
     if raw_q is None or raw_a is None:
         return None
-    if not isinstance(raw_q, (str, bytes, list, tuple)):
-        return None  # no question to pair with: the field's own problem (questions_and_answers) is the cause
+    if shape := _question_field_problem(raw_q, qf):
+        return shape  # no question to pair with: the field's own shape is the cause (and `validate`'s refusal)
     given = given_answers(raw_q, raw_a)
     for i, answer in enumerate(given):
         # An object (or a list nested deeper than one question's alternatives) has no text to
@@ -112,6 +111,15 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     return (f"field {af!r} has {na} answer(s) for {nq} question(s) in {qf!r}; fix: one answer per question, "
             "in order (null for a question without one; a list of acceptable answers for one question goes "
             "inside the list)")
+
+
+def _question_field_problem(raw_q: Any, qf: str | None) -> str | None:
+    """What is wrong with a questions field that is neither a string nor a list (``42``), in
+    words; None for one of those shapes, or none given."""
+    if raw_q is None or isinstance(raw_q, (str, bytes, list, tuple)):
+        return None
+    return (f"field {qf!r} is not a string or a list ({json.dumps(raw_q, default=str)[:60]}); "
+            "fix: a question is a non-empty string, several a list of them")
 
 
 def _json_kind(value: Any) -> str:

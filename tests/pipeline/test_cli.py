@@ -133,6 +133,12 @@ def test_a_misspelt_input_path_gets_the_close_name_of_its_folder(tmp_path, monke
     spec.write_text("name: d\ninput: {uri: data/contracts.jsonl, format: jsonl}\noutput: {uri: out}\n")
     res = runner.invoke(app, ["validate", str(spec)])
     assert res.exit_code == 2 and "does not exist" in res.output and "did you mean" not in res.output
+    # Nor for a pattern (never a name), nor another date's file for a dated uri (the spec would pin it).
+    for uri, near in (("data/*.jsonl", "data/x.jsonl"), ("data/{run_date}.jsonl", "data/2026-01-01.jsonl")):
+        (tmp_path / near).write_text('{"id": "a", "text": "x"}\n')
+        spec.write_text(f"name: d\ninput: {{uri: '{uri}', format: jsonl}}\noutput: {{uri: out}}\n")
+        res = runner.invoke(app, ["validate", str(spec), "--date", "2026-01-02"])
+        assert res.exit_code == 2 and "does not exist" in res.output and "did you mean" not in res.output, res.output
 
 
 def test_a_relative_input_beside_a_spec_run_from_elsewhere_is_named_with_the_fix(tmp_path, monkeypatch):

@@ -231,6 +231,18 @@ def test_answers_that_do_not_pair_with_the_questions_are_refused(tmp_path):
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
 
 
+def test_a_folder_whose_first_records_all_have_a_questions_field_of_another_shape_is_refused(tmp_path):
+    """{"q": 42} in every first record of a folder: refused by the question field (a folder is
+    not refused for its first documents' error rows alone, so this check is the one)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"part{i}.jsonl").write_text(
+            json.dumps({"id": f"d{i}", "text": "A short document.", "q": 42, "a": ["x"]}) + "\n")
+    spec = _spec(tmp_path, input={"uri": str(folder), "question_field": "q", "answer_field": "a"})
+    _both(spec, ["input.question_field", "field 'q' is not a string or a list (42)"])
+
+
 def test_validate_names_the_first_records_that_will_be_error_rows(tmp_path):
     """validate said "valid" of a file whose bad lines `run` then wrote as error rows."""
     spec = _spec(tmp_path)

@@ -368,6 +368,12 @@ def test_an_engine_gone_quiet_gives_the_eta_back_to_the_rows_written():
     for p in (with_engine, without):
         p.update(20, 0, 400)
     assert _eta(with_engine.line()) == _eta(without.line()) is not None, with_engine.line()
+    # It answers again: its rate runs from its first answer, not from its return (which
+    # would divide all the work done by the seconds since: an ETA of seconds).
+    clock.t += 10
+    work[0] = (60, 1200, 0, 0, 0.5)
+    with_engine.tick()
+    assert _eta(with_engine.line()) == round((100 - 60) * 110 / 60), with_engine.line()
 
 
 def test_one_engine_more_is_not_a_new_phase():

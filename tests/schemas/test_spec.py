@@ -244,6 +244,22 @@ def test_a_placeholder_unquoted_in_a_braced_section_is_told_to_quote_it(tmp_path
                                  "({uri: 'out/{job}'})")
     p.write_text("name: a\ninput: {uri: docs, format: text}\noutput: {uri: 'out/{job}'}\n")
     assert load_spec(p).output.uri == "out/{job}"
+    # A quoted placeholder is no cause: an unclosed section elsewhere gets the general fix.
+    p.write_text("name: a\ninput: {uri: docs, format: text}\noutput: {uri: 'out/{job}'}\n"
+                 "resources: {num_cpus: 2\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "quote a value holding {job}" not in str(e.value) and "close brackets and quotes" in str(e.value)
+
+
+def test_an_unquoted_value_holding_a_colon_is_told_to_quote_it_not_to_indent(tmp_path):
+    """`instruction: Answer: briefly` reads as "mapping values are not allowed", the words an
+    indentation slip gives; the fix named the indentation first."""
+    p = tmp_path / "job.yaml"
+    p.write_text("name: a\ninput: {uri: docs, format: text}\ntask:\n  instruction: Answer: briefly\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert str(e.value).endswith("fix: quote the value holding ': ' on the line named (instruction: 'Answer: briefly')")
 
 
 def test_json_round_trip():

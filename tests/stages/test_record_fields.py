@@ -51,7 +51,8 @@ def test_questions_are_non_empty_strings_asked_once():
 def test_a_question_problem_comes_before_the_answers_miscount_it_causes():
     """{"questions": 42, "answers": [3 answers]} led with "field 'a' has 3 answer(s) for 1
     question(s)": `longdoc report --dates` cuts the message, and showed only that."""
-    assert pairing_problem({"q": 42, "a": ["x", "y", "z"]}, QA) is None  # `validate` blamed answer_field
+    # No question to pair with: the field's shape is the problem (`validate` refuses it by it).
+    assert pairing_problem({"q": 42, "a": ["x", "y", "z"]}, QA).startswith("field 'q' is not a string or a list (42)")
     questions, answers, problem = questions_and_answers({"q": 42, "a": ["x", "y", "z"]}, QA)
     assert (questions, answers) == ([], [])
     assert problem == "field 'q' is not a string or a list (42); fix: a question is a non-empty string, several a list of them"
