@@ -32,11 +32,23 @@ def test_the_key_changes_with_whatever_changes_the_requests(tmp_path):
         completion_key(_spec(tmp_path, model="HuggingFaceTB/SmolLM2-360M-Instruct"), "2-abc"),
         completion_key(_spec(tmp_path, task={"kind": "summarize", "instruction": "In one line."}), "2-abc"),
         completion_key(_spec(tmp_path, task={"kind": "qa", "questions": ["Why?"]}), "2-abc"),
+        # Other questions, the same instruction: only spec.task tells the requests apart.
+        completion_key(_spec(tmp_path, task={"kind": "qa", "questions": ["How?"]}), "2-abc"),
         completion_key(_spec(tmp_path, input_={"limit": 3}), "2-abc"),
         completion_key(_spec(tmp_path, input_={"text_field": "body"}), "2-abc"),
     ]
     assert len({base, *others}) == 1 + len(others)
     assert completion_key(_spec(tmp_path), None) is None
+
+
+def test_the_output_schema_version_is_in_the_key(tmp_path, monkeypatch):
+    """An upgrade that changes the output schema's version writes other rows for the same
+    requests: the date's mark no longer matches, and the next run reads its input again."""
+    from stages import completion
+
+    base = completion_key(_spec(tmp_path), "2-abc")
+    monkeypatch.setattr(completion, "SCHEMA_VERSION", completion.SCHEMA_VERSION + 1)
+    assert completion_key(_spec(tmp_path), "2-abc") not in (None, base)
 
 
 def test_the_reader_code_is_in_the_key(tmp_path, monkeypatch):
