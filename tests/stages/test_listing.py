@@ -106,6 +106,10 @@ def test_the_listing_digest_changes_with_any_file_and_only_then(tmp_path):
     fsspec.filesystem("memory").rm("/listing-digest", recursive=True)
     assert change_stamp({"name": "x", "size": 3, "type": "file"}) is None  # e.g. an HTTP listing
     assert change_stamp({"name": "x", "size": 3, "mtime": 1.0}) is None
+    # The size is in the stamp too (the contract: path, size and change stamps): another
+    # length is another stamp even beside the same version field.
+    assert change_stamp({"name": "x", "size": 3, "ETag": '"e1"'}) != change_stamp({"name": "x", "size": 4,
+                                                                                 "ETag": '"e1"'})
     # An object store's version or content hash: its stamp changes with every rewrite.
     assert change_stamp({"name": "x", "size": 3, "ETag": '"e1"'}) != change_stamp({"name": "x", "size": 3,
                                                                                  "ETag": '"e2"'})
