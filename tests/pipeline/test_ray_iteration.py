@@ -90,3 +90,19 @@ def test_an_interrupt_before_the_first_block_leaves_no_write_under_way(ray_sessi
     finally:
         signal.signal(signal.SIGINT, previous)
     plan.stop()  # a stop that ran to its end: a no-op
+
+
+
+def test_a_tasks_error_is_raised_in_the_consumers_loop(ray_session):
+    """A task's error reaches the consumer as an exception, not as an iteration that just
+    ends, which the runner would take for a plan run to its end."""
+    import ray.data
+
+    def boom(batch):
+        raise ValueError("boom in a map task")
+
+    plan = PlanIteration(ray.data.range(1).map_batches(boom, batch_size=None, num_cpus=0.25))
+    with pytest.raises(Exception, match="boom in a map task"):
+        for _ in plan():
+            pass
+    plan.stop()  # as the runner does once it has the error
