@@ -47,7 +47,9 @@ def truncate_spans(ids: Sequence[int], target: int, keep: str, edges: CharacterE
         return [0, n] if n else []
     head = {"head": target, "tail": 0, "head_tail": (target + 1) // 2}[keep]
     head = edges.before(ids, head)
-    tail = edges.after(ids, n - (target - head)) if target > head else n
+    # head_tail gives what the head's cut left to the tail; "head" keeps no tail at all (a
+    # moved cut once handed its tokens to the document's last ones).
+    tail = edges.after(ids, n - (target - head)) if keep != "head" and target > head else n
     return ([0, head] if head else []) + ([tail, n] if tail < n else [])
 
 

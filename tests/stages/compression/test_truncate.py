@@ -45,3 +45,20 @@ def test_tokenize_stage_truncates_in_generator_tokens(tokenizer, tmp_path):
     assert out["doc_tokens"][0] == len(ids)
     assert list(out["context_ids"][0]) == ids[:5] + ids[-5:]
     assert out["error"][1] == "read: bad" and out["doc_ids"][1] is None
+
+
+def test_a_cut_moves_inside_the_kept_side_to_a_character_edge_and_a_whole_document_is_one_span():
+    """A token that begins inside a character (``edges.inside``) is never a kept run's first
+    token nor the first one cut: the head ends before it, the tail starts after it (a
+    character's other pieces fewer than the budget; head_tail gives the head's shortfall to
+    the tail, and keep head keeps no tail: it kept the document's last token). A document
+    within the budget is one span, an empty one none."""
+    from stages.compression.truncate import truncate_spans
+    from stages.token_bytes import CharacterEdges
+
+    edges = CharacterEdges(frozenset({4, 96}))  # ids 4 and 96 continue the character before them
+    assert truncate_spans(IDS, 4, "head", edges) == [0, 3]
+    assert truncate_spans(IDS, 4, "tail", edges) == [97, 100]
+    assert truncate_spans(IDS, 8, "head_tail", edges) == [0, 3, 95, 100]  # the head's shortfall: the tail's
+    assert truncate_spans(IDS, 100, "head_tail") == [0, 100]
+    assert truncate_spans([], 5, "head") == []
