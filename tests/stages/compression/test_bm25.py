@@ -28,6 +28,10 @@ def test_scores_follow_bm25() -> None:
     idf3 = math.log(1 + (3 - 1 + 0.5) / (1 + 0.5))
     assert s[0] == pytest.approx(s[1] + idf3 * 2 * 2.5 / (2 + 1.5))  # tf 2 of token 3
     assert bm25_scores(chunks, [99], 1.5, 0.75) == [0.0, 0.0, 0.0]
+    # A query token counts once, however often the question repeats it (bm25s adds it again).
+    assert bm25_scores(chunks, [3, 1, 3], k1=1.5, b=0.0) == s
+    # An empty query (a question of no tokens) scores nothing, and does not fail the row.
+    assert bm25_scores(chunks, [], 1.5, 0.75) == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("target", [1, 5, 17, 40, 100])
