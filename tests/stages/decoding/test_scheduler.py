@@ -118,3 +118,31 @@ def test_holding_a_document_never_idles_the_engine_and_unsized_requests_keep_the
         u.push(_question(key, doc, None))
     assert [w.request.key for w in u.decide(busy=0, slots=8, capacity=256, filling=False,
                                              own_prefill=False).group] == [0]
+
+
+def test_admission_edges_a_full_slot_no_slot_for_the_head_free_slots_and_a_row_alone():
+    """A head needing exactly a slot's capacity fits it; a longer layout with no slot left for
+    the head waits, and a growing engine's is small; a document's group never exceeds the free slots; a row to be prefilled
+    alone is not one ``admits_next`` fills a slot with before a step."""
+    s = _scheduler(1024)
+    s.push(_waiting(0, 236))  # needs 256: exactly the slots' capacity
+    assert isinstance(s.decide(busy=0, slots=2, capacity=256, filling=False, own_prefill=True), Admit)
+    s = _scheduler(1024)
+    s.push(_waiting(0, 400))  # needs 420 -> 2 slots of 512: none left while 2 rows run
+    assert isinstance(s.decide(busy=2, slots=4, capacity=256, filling=False, own_prefill=True), Wait)
+    # A growing engine lays longer slots out small (it grows them as rows wait), not as many
+    # as the budget holds: each relayout zero-fills every slot.
+    s = _scheduler(64 * 256, grow_slots=True)
+    s.push(_waiting(0, 400))
+    assert s.decide(busy=1, slots=4, capacity=256, filling=False, own_prefill=True) == Relayout(8, 512)
+    s = _scheduler(64 * 256)
+    for key in range(4):
+        s.push(_question(key, "d", 4))
+    d = s.decide(busy=0, slots=3, capacity=256, filling=False, own_prefill=False)
+    assert [w.request.key for w in d.group] == [0, 1, 2] and [w.request.key for w in s.queue] == [3]
+    s = _scheduler(1024)
+    s.push(_waiting(0, 10, alone=True))
+    assert not s.admits_next(busy=0, slots=2, capacity=256)
+    s.push(_waiting(1, 10))
+    s.queue.rotate(1)  # the unremarkable row at the head
+    assert s.admits_next(busy=0, slots=2, capacity=256)
