@@ -130,6 +130,7 @@ def test_no_compression_gpu_group_without_rag(method):
     (3, 0.5, (2, 2), "1", "3", "16Gi"),         # 2 per pod, the last pod half used
     (2, 1.5, (2, 2), "2", "2", "8Gi"),          # > 1 GPU: a pod each, whole GPUs
     (3, 0.0, (3, 3), None, "2", "8Gi"),         # CPU: a pod per actor
+    (2, 0.25, (1, 1), "1", "3", "16Gi"),        # fewer actors than share a GPU: the pod sized for them
 ])
 def test_fractional_gpus_pack_onto_pods(actors, gpus, pods, per_pod_gpu, cpu, mem):
     job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"},
@@ -140,6 +141,18 @@ def test_fractional_gpus_pack_onto_pods(actors, gpus, pods, per_pod_gpu, cpu, me
     lim = g["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert lim.get("nvidia.com/gpu") == per_pod_gpu and lim["cpu"] == cpu and lim["memory"] == mem
     assert ("tolerations" in g["template"]["spec"]) == (per_pod_gpu is not None)
+
+
+def test_the_edges_of_the_options_reach_the_manifest():
+    """A date offset of a whole leap year either way is allowed, and --max-failed-fraction 0
+    (fail the night on any failed row) is written into the entrypoint, not dropped as unset."""
+    from pipeline.ops.render import entrypoint
+
+    job = spec_from_dict({"name": "n", "input": {"uri": "s3://b/x"}, "output": {"uri": "s3://b/out/{job}"}})
+    for days in (-366, 366):
+        render_manifests(job, RenderOptions(ray_version="2.60.0", date_offset_days=days))
+    cmd = entrypoint(RenderOptions(run_date="2026-01-31", max_failed_fraction=0.0))
+    assert shlex.split(cmd)[-2:] == ["--max-failed-fraction", "0.0"]
 
 
 @pytest.mark.parametrize(("tz", "offset"), [("UTC", 0), ("Pacific/Auckland", -1)])
