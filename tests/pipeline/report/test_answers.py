@@ -63,6 +63,22 @@ def test_answers_print_the_newest_date_in_document_order_with_references_and_err
     assert isinstance(json.loads(CliRunner().invoke(app, ["report", root, "--json"]).output), list)  # as before
 
 
+def test_a_documents_questions_keep_their_order_and_a_field_at_the_limit_is_whole(tmp_path):
+    """Rows of one document come ordered by their question (the same output prints the same
+    lines); a field of exactly FIELD_CHARS is not marked cut; every row shown: no hint of more."""
+    root = str(tmp_path / "out")
+    whole = "x" * FIELD_CHARS
+    _stage(root, [_row("2026-01-02", "a.txt", "Why?", None, output_text="Because."),
+                  _row("2026-01-02", "a.txt", "How?", None, output_text=whole)])
+    commit_date(root, "2026-01-02", "r-2026-01-02")
+    res = CliRunner().invoke(app, ["report", root, "--answers", "5"])
+    assert res.exit_code == 0, res.output
+    out = res.output[res.output.index("answers of 2026-01-02"):]
+    assert out.index("[a.txt] How?") < out.index("[a.txt] Why?")
+    assert "[...]" not in out and "".join(out.split()).count(whole) == 1
+    assert out.splitlines()[0] == "answers of 2026-01-02: 2 of 2 row(s)"
+
+
 def test_what_a_document_or_a_model_wrote_cannot_drive_the_terminal(tmp_path):
     """A security review's hostile document set the terminal title, planted a hyperlink,
     cleared the screen and forged a report line through `report --answers`: control

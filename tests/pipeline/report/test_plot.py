@@ -71,6 +71,12 @@ def test_failures_are_counted_per_run_and_kind():
     assert failures_by_kind(table, runs) == {"input": [1, 0], "retryable": [2, 0]}
     no_kind = table.drop_columns(["error_kind"])
     assert failures_by_kind(no_kind, runs) == {"error": [3, 0]}
+    # Each run's failures go to that run, wherever it stands in the list.
+    assert failures_by_kind(table, runs[::-1]) == {"input": [0, 1], "retryable": [0, 2]}
+    # Runs are ordered by date first: a run id that sorts first but ran later comes later.
+    later_id_first = rows_to_table(_rows("z-run", "2026-01-01", 2, 0, 0, failed=0)
+                                   + _rows("a-run", "2026-01-02", 2, 0, 0, failed=0))
+    assert [s["run_id"] for s in per_run_summaries(later_id_first)] == ["z-run", "a-run"]
 
 
 @pytest.mark.parametrize("n_runs", [1, 60])
