@@ -53,6 +53,23 @@ def test_documents_are_read_expanded_and_finished_requests_skipped(tmp_path) -> 
     assert [r["request_id"] for r in again] == [requests[1]["request_id"]]
 
 
+def test_doc_requests_counts_the_requests_this_run_sends_not_those_skipped(tmp_path) -> None:
+    """A document of two questions, one answered by an earlier run: its one request sent says
+    1 (schemas/rows.py: what the run sends of the document), not the 2 it has."""
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("A document with two questions asked of it.")
+    spec = spec_from_dict({"name": "t", "input": {"uri": str(corpus), "format": "text"},
+                           "task": {"kind": "qa", "questions": ["Who?", "Why?"]},
+                           "output": {"uri": str(tmp_path / "out")}})
+    read = ReadDocuments(spec, str(corpus), str(tmp_path / "out"), "run1", "2026-01-01")
+    (doc,) = [row for t in read(pa.table({"shard": [str(corpus / "a.txt")], "index": [0]})) for row in t.to_pylist()]
+    both = ExpandRequests(spec, "run1", "2026-01-01", frozenset())(doc)
+    assert [r["doc_requests"] for r in both] == [2, 2]
+    rest = ExpandRequests(spec, "run1", "2026-01-01", frozenset({both[0]["request_id"]}))(doc)
+    assert [(r["request_id"], r["doc_requests"]) for r in rest] == [(both[1]["request_id"], 1)]
+
+
 def test_each_request_id_is_hashed_once_between_the_read_and_the_expansion(tmp_path, monkeypatch) -> None:
     """The read stage plans a document's requests (the ledger records them); the
     expansion after input.limit copies them, whatever form Ray hands the row in."""
