@@ -577,3 +577,50 @@ def test_longdoc_validate_and_run_name_a_planted_link_and_exit_2(tmp_path):
         # Refused before the run began: no run record, so no model loaded either.
         assert not (tmp_path / "out.runs" / DATE).exists(), r.stderr[-2000:]
     assert (elsewhere / DATE / "precious.txt").is_file()
+
+
+def test_a_holders_state_by_its_process_and_its_clock(tmp_path):
+    """Another machine's run is judged gone only after FOREIGN_STALE_S without a renewal (a
+    clock's skew is not an end); a pid reused by another process is not the holder; a run of
+    this machine that stopped renewing is still the date's (`submit` must not start a second
+    one); a lease whose run id is not text is not read."""
+    from pipeline.date_lease import FOREIGN_STALE_S, STALE_S, _process_start, live_holder
+
+    now = time.time()
+    foreign = Holder(run_id="r", machine="another-machine", seen_at=now - STALE_S - 5)
+    assert foreign.state(now) == "running"
+    assert foreign.state(now + FOREIGN_STALE_S) == "ended"
+    start = _process_start(os.getpid())
+    assert Holder(run_id="r", machine=machine_id(), pid=os.getpid(), pid_start=start, seen_at=now).state(now) == "running"
+    assert Holder(run_id="r", machine=machine_id(), pid=os.getpid(), pid_start=start + 1,
+                  seen_at=now).state(now) == "ended"  # the same pid, another process
+    root = str(tmp_path / "out")
+    _foreign(root, seen_at=now - STALE_S - 5)  # this live process, silent: stalled
+    assert lease_holder(root, DATE).state(time.time()) == "stalled" and live_holder(root, DATE) is not None
+    write_bytes_atomic(json.dumps({"run_id": 5, "token": "t"}).encode(), lease_path(root, DATE))
+    assert lease_holder(root, DATE) is None
+
+
+def test_a_lease_not_ours_is_a_loss_never_removed_and_an_unreadable_one_is_watched(tmp_path):
+    """A renewal that finds an unreadable lease in place of its own has lost the date; a
+    release leaves another process's lease where it is; and a run finding an unreadable
+    lease under a lock it was granted watches it before writing over it (a mount whose locks
+    hold on one machine only)."""
+    root = str(tmp_path / "out")
+    lease = DateLease(root, DATE, "r1", "job", renew_s=3600, stale_s=0.8, settle_s=0.05)
+    lease.acquire()
+    write_bytes_atomic(b"\x00torn", lease_path(root, DATE))
+    assert lease.renew() is False and lease.lost
+    lease.release()
+    lease = DateLease(root, DATE, "r2", "job", renew_s=3600, stale_s=0.8, settle_s=0.05)
+    lease.acquire()
+    _foreign(root, token="their-token")  # written over it (a mount without working locks)
+    lease.release()
+    assert lease_holder(root, DATE).token == "their-token"
+    write_bytes_atomic(b"\x00torn", lease_path(root, DATE))
+    notes: list[str] = []
+    lease = DateLease(root, DATE, "r3", "job", renew_s=3600, stale_s=0.3, settle_s=0.05, say=notes.append)
+    lease.acquire()
+    assert any("a lease this longdoc cannot read holds" in n for n in notes), notes
+    assert lease_holder(root, DATE).token == lease.token
+    lease.release()
