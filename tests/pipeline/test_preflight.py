@@ -544,3 +544,29 @@ def test_validate_names_parquet_error_rows_by_row(tmp_path):
     res = runner.invoke(app, ["validate", str(_spec(tmp_path, input={"uri": str(path), "format": "parquet"}))])
     assert res.exit_code == 0 and "1 of its first 2 record(s) will be error rows, each naming its row" in res.output, \
         res.output
+
+
+def test_the_edges_of_the_first_records_checks(tmp_path):
+    """input.limit's documents are the whole input however many files follow (21 here, more
+    than the first documents read); PREFLIGHT_RECORDS empty files are all empty; a field every
+    first record holds as null is a field the data lacks."""
+    from pipeline.preflight import PREFLIGHT_RECORDS
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "part-00.jsonl").write_text("".join(json.dumps({"id": f"b{i}", "text": 12345, "question": "What?"})
+                                                  + "\n" for i in range(3)))
+    for k in range(1, 21):
+        (folder / f"part-{k:02d}.jsonl").write_text(json.dumps({"id": f"g{k}", "text": "A document.",
+                                                                 "question": "What?"}) + "\n")
+    limited = _spec(tmp_path, input={"uri": str(folder), "limit": 2})
+    _refused(["validate", str(limited)], ["input.uri: all of its first 2 record(s) would be error rows"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for k in range(PREFLIGHT_RECORDS):
+        (empty / f"part-{k:02d}.jsonl").write_text("")
+    _refused(["validate", str(_spec(tmp_path, input={"uri": str(empty)}))],
+             [f"input.uri: its {PREFLIGHT_RECORDS} file(s) are all empty"])
+    spec = _spec(tmp_path)
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "d1", "text": "A document.", "question": None}) + "\n")
+    _refused(["validate", str(spec)], ["input.question_field", "none of its first 1 record(s) has the field 'question'"])
