@@ -61,6 +61,7 @@ def test_head_evidence_is_the_best_kept_token_per_sentence():
     spans = [(0, 4), (4, 9), (9, 12)]
     assert head_evidence(spans, {1: 0.2, 2: 0.4, 5: 0.8}) == [0.5, 1.0, 0.0]
     assert head_evidence(spans, {}) == [0.0, 0.0, 0.0]
+    assert head_evidence(spans, {1: -0.4, 5: 0.8}) == [0.0, 1.0, 0.0]  # in [0, 1]: below 0 is 0
 
 
 def test_similarity_is_relative_to_the_documents_median_and_best():
@@ -92,6 +93,8 @@ def test_choose_sentences_floor_budget_and_order():
     assert choose_sentences(spans, fused, 9, 0.0, "relevance") == [*range(20, 24), *range(5, 8)]
     assert choose_sentences(spans, fused, 2, 0.5, "relevance") == [8, 9]  # nothing fits: the best's head
     assert choose_sentences([], [], 10, 0.5, "relevance") == []
+    # Sentences that fill the budget exactly are all taken.
+    assert choose_sentences(spans, fused, 15, 0.5, "document") == list(range(5, 20))
 
 
 def test_a_chosen_sentence_brings_the_next_one_of_its_paragraph():
@@ -105,6 +108,8 @@ def test_a_chosen_sentence_brings_the_next_one_of_its_paragraph():
     # No room for the next one: the chosen sentence alone.
     assert choose_sentences(spans, fused, 6, 0.5, "relevance", follows) == list(range(5, 8))
     assert choose_sentences(spans, fused, 24, 0.5, "relevance", [False] * 4) == [*range(20, 24), *range(5, 8)]
+    # A sentence taken already (here with the one it brought) is not brought again.
+    assert choose_sentences(spans, [0.2, 0.6, 1.0, 0.1], 40, 0.5, "relevance", follows) == list(range(5, 24))
 
 
 def test_paragraph_follows_reads_blank_lines():
