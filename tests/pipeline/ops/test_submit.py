@@ -343,6 +343,30 @@ def test_an_s3_input_without_s3fs_here_is_left_to_the_cluster(tmp_path, monkeypa
     assert input_check(job, DATE) == ([], [])
 
 
+def test_a_memory_input_is_not_listed_from_the_submitting_machine(tmp_path):
+    """``memory://`` is one process's filesystem: the submitting process cannot see what the
+    cluster's would hold, so its input is not checked here (not refused as missing)."""
+    from pipeline.ops.submit import input_check
+    from schemas.loading import spec_from_dict
+
+    job = spec_from_dict({"name": "mem", "input": {"uri": "memory://submit-nowhere/{run_date}/", "format": "jsonl"},
+                          "generation": {"model": "embedded:smollm2-135m-instruct"},
+                          "output": {"uri": str(tmp_path / "out" / "{job}")}})
+    assert input_check(job, DATE) == ([], [])
+
+
+def test_a_home_path_is_not_relative_and_a_relative_one_is_refused_with_the_fix():
+    """``~`` is every node's home folder (a shared home mount), not Ray's copy of the upload."""
+    from pipeline.ops.submit import relative_path_problems
+
+    assert relative_path_problems("~/corpus", "~/out/{job}", shipped=False) == []
+    assert relative_path_problems("file:///data/in", "s3://b/out", shipped=False) == []
+    inp, out = relative_path_problems("corpus", "out/{job}", shipped=False)
+    assert inp.startswith("input.uri: 'corpus' is a relative path") and "--working-dir" in inp
+    assert out.startswith("output.uri: 'out/{job}' is a relative path")
+    assert relative_path_problems("corpus", "/data/out", shipped=True) == []
+
+
 def test_a_store_this_machine_cannot_reach_is_refused_naming_skip_storage(s3, tmp_path):
     """An endpoint only the cluster resolves (an in-cluster MinIO), another role's profile or an
     expired token: refused as validate refuses it, with the way round for a store only the
