@@ -570,3 +570,19 @@ def test_the_edges_of_the_first_records_checks(tmp_path):
     spec = _spec(tmp_path)
     (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "d1", "text": "A document.", "question": None}) + "\n")
     _refused(["validate", str(spec)], ["input.question_field", "none of its first 1 record(s) has the field 'question'"])
+
+
+def test_an_input_named_by_its_run_date_is_not_listed_without_one(tmp_path):
+    """`validate` without --date cannot know the night's folder: the input is not listed (the
+    folder above every date's, with its other files, would be refused as holding none)."""
+    from pipeline.preflight import input_problems
+    from schemas.loading import spec_from_dict
+
+    nightly = tmp_path / "nightly"
+    nightly.mkdir()
+    (nightly / "README.pdf").write_bytes(b"%PDF")
+    spec = spec_from_dict({"name": "n", "input": {"uri": str(nightly / "{run_date}"), "format": "jsonl"},
+                           "output": {"uri": str(tmp_path / "out")}})
+    assert input_problems(spec, None) == []
+    (problem,) = input_problems(spec, "2026-01-31")
+    assert "2026-01-31' does not exist" in problem
