@@ -113,5 +113,8 @@ def test_pooled_heads_keep_a_run_around_a_strong_token_the_paper_keeps_tokens(mo
     view = _planted_view([[[7]] * 2] * 2)
     pooled = make_selector(model, heads_config(mode="kv", pool_window=3), None).select(view, _plan(3))
     assert pooled[0].tolist() == [[[6, 7, 8]]]  # the peak and its window
+    per_layer = make_selector(model, heads_config(selection="per_layer", mode="kv", pool_window=3),
+                              None).select(view, _plan(3))
+    assert [i.tolist() for i in per_layer] == [[[[6, 7, 8]]]] * 2  # each layer pools its own heads too
     paper = make_selector(model, heads_config(scoring="paper", mode="kv"), None).select(view, _plan(3))
     assert 7 in paper[0][0, 0].tolist() and paper[0][0, 0].tolist() != [6, 7, 8]
