@@ -102,9 +102,9 @@ class Fit:
             shown = sorted(((t, name) for name, t in self.tokens if cap >= t), reverse=True)
             if shown:
                 # Of the documents it reads: those over input.max_doc_tokens are error rows (said above).
-                which = f"first {n}" if len(shown) == n else f"{len(shown)} of the first {n}"
+                but = "" if len(shown) == n else f" but the {n - len(shown)} over input.max_doc_tokens"
                 parts.append(f"{self.spec.compression.method} shows the model every token of the "
-                             f"{which} document(s) it reads: the longest, {shown[0][1]!r}, {shown[0][0]} tokens, is within "
+                             f"first {n} document(s){but}: the longest, {shown[0][1]!r}, {shown[0][0]} tokens, is within "
                              f"compression.target_tokens {budget}")
         return "".join(f" ({p})" for p in parts)
 

@@ -229,8 +229,9 @@ class RunProgress:
         # None: no engine now (not made yet; a Ray board lost, or every report stale): the ETA
         # goes back to the rows-written rate rather than count a gone engine's old rows at a
         # falling rate; when it answers again, its rate runs from its first answer, as before.
-        self._work = engine()
-        if self._work is not None and self._engine_from is None:
+        work = engine()
+        self._work = work
+        if work is not None and self._engine_from is None:
             self._engine_from = self.clock()
 
     def update(self, rows: int, failed: int, tokens: int) -> None:

@@ -433,7 +433,8 @@ def _run_holding(spec: JobSpec, run_date: str, run_id: str, root: str, shards: l
                 stop_ray()
     except BaseException:
         if board is not None:  # close() may run twice: the normal path closes it below
-            board.close()
+            with _interrupts_held():  # a signal in its wait must not replace what is raised
+                board.close()
         raise
     with _interrupts_held() as arrived:
         bar.activity = bar.engine = None  # the last line counts rows only

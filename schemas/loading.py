@@ -269,9 +269,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         # (an unquoted placeholder on a line PyYAML names; a quoted one elsewhere is no cause).
         braces = "flow mapping" in str(e) and any(
             re.search(r"\{(job|run_date)\}", re.sub(r"'[^']*'|\"[^\"]*\"", "", line)) for line in named)
-        # "mapping values are not allowed" on a line holding a second ': ' (instruction: Answer:
-        # briefly) is the unquoted value, not the indentation.
-        colon = any(re.search(r":\s.*:(\s|$)", re.sub(r"'[^']*'|\"[^\"]*\"", "", line)) for line in named)
+        # "mapping values are not allowed" at a colon that follows another ': ' on its line
+        # (instruction: Answer: briefly) is the unquoted value, not the indentation.
+        colon = "mapping values are not allowed" in str(e) and _colon_before_mark(e, text)
         fix = ("fix: indent with spaces, not tabs" if re.search(r"^ *\t", text, re.MULTILINE) else
                "fix: quote a value holding {job} or {run_date} inside a { } section ({uri: 'out/{job}'})"
                if braces else
@@ -430,6 +430,16 @@ def _named_lines(error: yaml.YAMLError, text: str) -> list[str]:
     lines = text.splitlines()
     marks = (getattr(error, "context_mark", None), getattr(error, "problem_mark", None))
     return [lines[m.line] for m in marks if m is not None and 0 <= m.line < len(lines)]
+
+
+def _colon_before_mark(error: yaml.YAMLError, text: str) -> bool:
+    """Whether the line of the error's problem mark holds a ': ' before the mark's column (the
+    first colon of a value that holds a second one)."""
+    mark = getattr(error, "problem_mark", None)
+    lines = text.splitlines()
+    if mark is None or not 0 <= mark.line < len(lines):
+        return False
+    return re.search(r":\s", lines[mark.line][:mark.column]) is not None
 
 
 def _near_name(path: Path) -> str | None:

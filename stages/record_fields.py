@@ -48,7 +48,7 @@ def questions_and_answers(rec: dict[str, Any], inp: InputSpec) -> tuple[list[str
     answers are not counted against it (there is no question to pair them with)."""
     qf = inp.question_field
     raw_q = rec.get(qf) if qf else None
-    if shape := _question_field_problem(raw_q, qf):
+    if shape := question_field_problem(raw_q, qf):
         return [], [], shape
     raw_a = rec.get(inp.answer_field) if inp.answer_field else None
     items, given = _as_list(raw_q), given_answers(raw_q, raw_a)
@@ -94,7 +94,7 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
     raw_a = rec.get(af) if af else None
     if raw_q is None or raw_a is None:
         return None
-    if shape := _question_field_problem(raw_q, qf):
+    if shape := question_field_problem(raw_q, qf):
         return shape  # no question to pair with: the field's own shape is the cause (and `validate`'s refusal)
     given = given_answers(raw_q, raw_a)
     for i, answer in enumerate(given):
@@ -113,9 +113,9 @@ def pairing_problem(rec: dict[str, Any], inp: InputSpec) -> str | None:
             "inside the list)")
 
 
-def _question_field_problem(raw_q: Any, qf: str | None) -> str | None:
-    """What is wrong with a questions field that is neither a string nor a list (``42``), in
-    words; None for one of those shapes, or none given."""
+def question_field_problem(raw_q: Any, qf: str | None) -> str | None:
+    """What is wrong with a questions field (named ``qf``) that is neither a string nor a list
+    (``42``), in words; None for one of those shapes, or none given."""
     if raw_q is None or isinstance(raw_q, (str, bytes, list, tuple)):
         return None
     return (f"field {qf!r} is not a string or a list ({json.dumps(raw_q, default=str)[:60]}); "

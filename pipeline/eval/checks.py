@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.spec import InputSpec
-from stages.record_fields import given_answers, pairing_problem
+from stages.record_fields import given_answers, pairing_problem, question_field_problem
 
 #: The fields of an eval record (jobs/README.md, "Formats").
 EVAL_FIELDS = ("id", "text", "questions", "answers", "depths", "kind", "style")
@@ -107,7 +107,9 @@ def check_eval_set(path: str) -> EvalSetCheck:
                 twice.add(f"id {doc_id!r} at lines {seen_ids[doc_id]} and {lineno}")
             seen_ids.setdefault(doc_id, lineno)
             scored = range(len(qs))
-            if problem := pairing_problem(rec, fields):
+            if question_field_problem(rec.get("questions"), "questions"):
+                scored = range(0)  # no question to pair or score: its note is the question's (bad_q below)
+            elif problem := pairing_problem(rec, fields):
                 unpaired.add(f"{where}: {problem.split('; fix:')[0]}")
                 scored = range(0)  # the record's questions are error rows: none of its answers is read
             bad_q = [i + 1 for i, q in enumerate(qs) if not isinstance(q, str) or not q.strip()]

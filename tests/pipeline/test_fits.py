@@ -104,13 +104,13 @@ def test_truncate_says_so_when_it_shows_every_token(tmp_path):
                            "output": {"uri": str(tmp_path / "out")},
                            "compression": {"method": "truncate", "target_tokens": 1024}})
     note = Fit(spec, 8192, 50, (("short.txt", 300), ("b.txt", 1024)), whole=False).note()
-    assert note == (" (truncate shows the model every token of the first 2 document(s) it reads: the longest, "
+    assert note == (" (truncate shows the model every token of the first 2 document(s): the longest, "
                     "'b.txt', 1024 tokens, is within compression.target_tokens 1024)")
     assert "shows the model every token" not in Fit(spec, 8192, 50, (("b.txt", 1025),), whole=False).note()
     # A document over input.max_doc_tokens is an error row, not a document shown whole.
     capped = spec.model_copy(update={"input": spec.input.model_copy(update={"max_doc_tokens": 2000})})
     note = Fit(capped, 8192, 50, (("short.txt", 300), ("b.txt", 1024), ("huge.txt", 5000)), whole=False).note()
-    assert "every token of the 2 of the first 3 document(s) it reads" in note, note
+    assert "every token of the first 3 document(s) but the 1 over input.max_doc_tokens: the longest, 'b.txt'" in note, note
 
 
 def test_a_document_that_exactly_fills_the_context_fits(tmp_path):

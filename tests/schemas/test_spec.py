@@ -260,6 +260,11 @@ def test_an_unquoted_value_holding_a_colon_is_told_to_quote_it_not_to_indent(tmp
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert str(e.value).endswith("fix: quote the value holding ': ' on the line named (instruction: 'Answer: briefly')")
+    # A line of a braced section holds ': ' twice too: indented off, it is told to line up.
+    p.write_text("name: a\ninput: {uri: docs, format: text}\n  output: {uri: out}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "fix: indent the fields of one section" in str(e.value), str(e.value)
 
 
 def test_json_round_trip():
