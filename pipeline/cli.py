@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.choices import RetryErrors, Runner
-from schemas.loading import SpecError, check_environment, check_run_date, check_run_id, load_spec
+from schemas.environment import check_environment
+from schemas.loading import SpecError, check_run_date, check_run_id, load_spec
 
 # Plain help and errors (rich_markup_mode=None): rich's boxes cut long option names to fit an
 # 80-column terminal ("--autoencode-wei…"); click's layout wraps the help text instead.

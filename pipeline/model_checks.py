@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.local_write import write_error
 from schemas.checks import shown
-from schemas.loading import looks_local, named_models
+from schemas.environment import looks_local, named_models
 from schemas.spec import EMBEDDED_MODEL, EMBEDDED_NAMES, JobSpec
 from stages.cache_paths import cache_dir, embedded_model_folder
 

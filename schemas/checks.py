@@ -65,7 +65,7 @@ def check_uri(uri: str, placeholders: tuple[str, ...]) -> str:
     """``uri`` if its scheme is supported and its ``{placeholders}`` are known, else ValueError.
 
     Pure syntax: whether the scheme's filesystem package is installed is checked where
-    the spec runs (schemas/loading.check_environment), not here.
+    the spec runs (schemas/environment.check_environment), not here.
     """
     if not uri.strip():
         raise ValueError("is empty; allowed: a path or a URI with scheme " + ", ".join(URI_SCHEMES))
@@ -108,7 +108,7 @@ def location(uri: str) -> str:
     A plain path or ``file://`` URI becomes an absolute, normalised path (``..``, ``.``
     and doubled slashes resolved lexically; relative paths against the current folder);
     ``gcs://`` becomes ``gs://``; a remote URI keeps its scheme with its path normalised.
-    Symlinks are not followed (that needs the filesystem: schemas.loading.check_environment).
+    Symlinks are not followed (that needs the filesystem: schemas.environment.check_environment).
     """
     m = _SCHEME_RE.match(uri)
     scheme = m.group(1) if m and (len(m.group(1)) > 1 or m.group(2)) else None

@@ -159,7 +159,7 @@ def check_settings(s: JobBenchSettings):
                  for v in s.variants]
     except SpecError as e:
         raise ValueError(str(e)) from None
-    from schemas.loading import check_environment
+    from schemas.environment import check_environment
 
     problems = check_environment(specs[0], run_date=s.date, local_paths=True)
     if s.synthetic_docs:  # the input is replaced: only the model and other paths matter

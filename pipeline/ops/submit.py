@@ -205,7 +205,7 @@ def input_check(job: JobSpec, run_date: str) -> tuple[list[str], list[str]]:
     lacks: submit's note on the package says so (the cluster image needs it, not this machine)."""
     from pipeline.preflight import NO_CREDENTIALS, input_problems, lacks_access, lacks_credentials
     from schemas.checks import shown
-    from schemas.loading import check_environment
+    from schemas.environment import check_environment
     from stages.listing import resolve_uri
 
     if not _object_store(job.input.uri) or any(
@@ -316,7 +316,8 @@ def submit(
     ] = False,
 ) -> None:
     """Submit SPEC to a Ray cluster through the Ray Jobs API."""
-    from schemas.loading import SpecError, check_environment, check_run_id, load_spec
+    from schemas.environment import check_environment
+    from schemas.loading import SpecError, check_run_id, load_spec
 
     overrides = list(overrides or [])
     try:

@@ -1,5 +1,5 @@
-"""schemas/loading.py at its edges: YAML limits, --set overrides, run values and this
-machine's checks (tests/schemas/test_spec.py and tests/pipeline/test_cli_refusals.py hold the
+"""schemas/loading.py at its edges: YAML limits, --set overrides and run values
+(tests/schemas/test_spec.py and tests/pipeline/test_cli_refusals.py hold the
 refusals as a user meets them)."""
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from schemas.loading import (
     MAX_SPEC_BYTES,
     SpecError,
     apply_overrides,
-    check_environment,
     check_run_date,
     load_spec,
     parse_yaml,
-    spec_from_dict,
 )
 
 
@@ -48,17 +46,3 @@ def test_a_run_date_is_written_with_dashes():
     assert check_run_date("2026-01-31") == "2026-01-31"
     with pytest.raises(SpecError, match="YYYY-MM-DD"):
         check_run_date("20260131")
-
-
-def test_this_machines_checks_fill_the_run_date_and_tell_a_sibling_from_the_input(tmp_path):
-    """A ``{run_date}`` input is looked for once the date is given; an output beside the input
-    whose name only starts like it (``in`` and ``in-rows``) is not inside it."""
-    dated = spec_from_dict({"name": "j", "input": {"uri": str(tmp_path / "{run_date}"), "format": "text"},
-                            "output": {"uri": str(tmp_path / "out")}})
-    assert check_environment(dated) == []  # no date: not looked for
-    (problem,) = check_environment(dated, run_date="2026-01-31")
-    assert problem.startswith("input.uri:") and "2026-01-31' does not exist" in problem
-    (tmp_path / "in").mkdir()
-    sibling = spec_from_dict({"name": "j", "input": {"uri": str(tmp_path / "in"), "format": "text"},
-                              "output": {"uri": str(tmp_path / "in-rows")}})
-    assert check_environment(sibling) == []
