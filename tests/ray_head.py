@@ -75,9 +75,13 @@ def _wait_http(
 
 @contextmanager
 def ray_head(
-    num_cpus: int = 2, token: str | None = None, env: dict[str, str] | None = None
+    num_cpus: int = 2, token: str | None = None, env: dict[str, str] | None = None,
+    resources: dict[str, float] | None = None,
 ) -> Iterator[RayHead]:
     """Start a head with the dashboard on 127.0.0.1; yield it; stop exactly it.
+
+    ``resources``: custom resources of the head node (as ``ray_worker``'s), e.g. one slot of
+    a resource each node offers once, so one actor of a pool asking for it lands on each node.
 
     ``token``: enable Ray token authentication with this token (clients then need
     RAY_AUTH_MODE=token and RAY_AUTH_TOKEN); None disables it explicitly, so the
@@ -85,7 +89,7 @@ def ray_head(
     """
     for attempt in range(3):
         try:
-            cm = _start_head(num_cpus, token, env)
+            cm = _start_head(num_cpus, token, env, resources)
             head = cm.__enter__()
         except _StartTimedOut:
             if attempt == 2:
@@ -103,7 +107,8 @@ class _StartTimedOut(RuntimeError):
 
 
 @contextmanager
-def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None) -> Iterator[RayHead]:
+def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None,
+                resources: dict[str, float] | None = None) -> Iterator[RayHead]:
     # Unix socket paths under the temp dir must stay short (< 108 bytes).
     temp_dir = Path(tempfile.mkdtemp(prefix="ldray", dir="/tmp"))
     gcs_port, dash_port, client_port, agent_port = free_ports(4)
@@ -114,6 +119,7 @@ def _start_head(num_cpus: int, token: str | None, env: dict[str, str] | None) ->
         f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={agent_port}",
         f"--num-cpus={num_cpus}", "--object-store-memory=300000000",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        *([f"--resources={json.dumps(resources)}"] if resources else []),
     ]
     full_env = dict(os.environ)
     # Job drivers inherit the raylet's PATH: put this venv's `longdoc` and `python` first.

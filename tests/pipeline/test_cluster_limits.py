@@ -12,6 +12,10 @@
   once, exit 2, nothing written.
 - A cluster node of the pools' own size (2 CPUs: generate 1 + tokenize 0.5): the read,
   expansion and write tasks fit beside them (they asked 1 CPU each and waited for ever).
+- Two raylets (the head and a worker node), one generate actor on each: the progress line
+  shows the engines' rows before the first row is written and sums both nodes' engines
+  ("2 engines: ...", pipeline/engine_board.py); the run leaves no actor of its own (the
+  board included) behind.
 - The embedded Ray beside a cluster a user started on this machine (`ray start`): a run
   without --address starts its own instead of attaching to that one (which refused the
   embedded Ray's CPU count).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -91,9 +96,14 @@ def test_a_two_cpu_node_runs_the_default_plan_to_the_end(tmp_path):
     assert len(_rows(tmp_path / "out-small")) == N_DOCS
 
 
+#: A resource each node of the two-raylet test offers once: its generate pool (2 actors asking
+#: one each) then has one actor on the head and one on the worker node.
+GEN_SLOT = {"gen_slot": 1}
+
+
 @pytest.fixture(scope="module")
 def head():
-    with ray_head(num_cpus=3) as h:
+    with ray_head(num_cpus=3, resources=GEN_SLOT) as h:
         yield h
 
 
@@ -133,6 +143,68 @@ def test_a_pool_no_node_can_take_fails_within_the_bound_naming_the_resource(head
     assert len(rows) == N_DOCS and {x["error_kind"] for x in rows} == {"retryable"}
     print(f"\nunschedulable: run ended after {took:.0f}s (schedule_timeout_s 10): "
           f"{next(ln for ln in msg.splitlines() if 'PoolUnschedulable' in ln)[:300]}")
+
+
+def _run_actors(head, namespace_of: str) -> list:
+    """The actors (any state) in the Ray namespace of the one actor named ``namespace_of...``:
+    the actors of that run's driver."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=head.dashboard_url, detail=True, limit=1000)
+    (ns,) = {a.ray_namespace for a in actors if (a.name or "").startswith(namespace_of)}
+    return [a for a in actors if a.ray_namespace == ns]
+
+
+@pytest.mark.slow
+def test_two_raylets_engines_are_summed_on_the_line_and_leave_nothing_behind(head, tmp_path, tiny_model_dir):
+    """The generate actors post to the run's board by its name (pipeline/engine_board.py) from
+    two nodes; the driver is `longdoc run --address` (a namespace of its own, anonymous)."""
+    n = 64
+    corpus = tmp_path / "corpus-two"
+    corpus.mkdir()
+    for i in range(n):
+        (corpus / f"d{i:02d}.txt").write_text(f"Document {i} is about the tide. " * 40)
+    spec = tmp_path / "two.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "two", "input": {"uri": str(corpus)},
+        # Batches of 16 rows decoded one at a time (256 tokens each): seconds of decoding before
+        # an actor's first row is written, which the line (up to ~3 s behind the engines:
+        # pipeline/engine_board.py) needs to see. Ray Data gives an actor work as soon as it is
+        # up, not once the pool is: 64 rows keep the run going while the later actor loads.
+        "generation": {"model": str(tiny_model_dir), "max_new_tokens": 256},
+        "resources": {"actors": 2, "batch_size": 16, "decode_slots": 1, "num_cpus": 1,
+                      "custom_resources": GEN_SLOT},
+        "output": {"uri": str(tmp_path / "out-two")},
+    }))
+    # The worker node's 2 CPUs: its generate actor (1) beside a tokenize actor that may land there.
+    with ray_worker(head, num_cpus=2, resources=GEN_SLOT):
+        r = subprocess.run([str(VENV_BIN / "longdoc"), "run", str(spec), "--date", DATE, "--address",
+                            head.gcs_address, "--run-id", "two-raylets"],
+                           env=_env(LONGDOC_PROGRESS_INTERVAL_S="0.3"), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:] + "\n" + log_tails(head.temp_dir)
+        assert len(_rows(tmp_path / "out-two")) == n
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip().startswith("rows ")]
+        # (rows written, engines reporting, rows the engines hold: decoding + queued) per line.
+        seen = [(int(m[1]), int(m[2] or 1), int(m[3]) + int(m[4])) for ln in lines if (m := re.search(
+            rf"^rows (\d+)/{n} .*\| (?:(\d+) engines|engine): (\d+) decoding \(\d+ tokens\), \d+ prefilling, "
+            r"(\d+) queued$", ln))]
+        # Before the first row: the engines' counts, with the run's rows in them.
+        assert any(rows == 0 and held > 0 for rows, _, held in seen), "\n".join(lines)
+        # Both nodes' engines summed: no more rows held than are left to write. (Not required before
+        # the first row: an actor may finish its first batch before the other has loaded its model.)
+        assert any(k == 2 and 0 < held <= n - rows for rows, k, held in seen), "\n".join(lines)
+        # Each node had one generate actor, and once the driver is gone nothing of its run lives
+        # on: no board (a named actor), no generate actor (whose thread posted to it).
+        deadline = time.monotonic() + 60
+        while True:
+            actors = _run_actors(head, "longdoc-engine-board-two-raylets-")
+            if all(a.state == "DEAD" for a in actors):
+                break
+            assert time.monotonic() < deadline, [(a.class_name, a.name, a.state) for a in actors]
+            time.sleep(0.5)  # the GCS marks a gone driver's actors dead within moments
+    generate = [a for a in actors if a.class_name == "MapWorker(MapBatches(GenerateStage))"]
+    assert len(generate) == 2 and len({a.node_id for a in generate}) == 2, generate
+    assert [a.class_name for a in actors if a.name] == ["EngineBoard"]
 
 
 @pytest.mark.parametrize("runner", ["ray", "auto"])
