@@ -1,5 +1,7 @@
 """pipeline/engine_board.py on a real local Ray: generate actors' reports reach the driver's
-progress line without blocking it, and a report that stops coming leaves the sums."""
+progress line without blocking it, and a report that stops coming leaves the sums. On a
+cluster of two raylets: tests/pipeline/test_cluster_limits.py; from a job the Jobs API
+started: tests/pipeline/ops/test_submit.py (both slow)."""
 
 from __future__ import annotations
 

@@ -144,8 +144,9 @@ def test_submit_wait_duplicate_status_logs(head, tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow  # a job submitted and stopped mid-run on the real head: ~1 min
-def test_stop_ends_a_running_job_which_records_itself_as_interrupted(head, tmp_path, tiny_model_dir):
+def test_stop_ends_a_running_job_which_records_itself_as_interrupted(head, tmp_path, tiny_model_dir, monkeypatch):
     import json
+    import re
     import time
 
     spec = _job_spec(tmp_path, tiny_model_dir)
@@ -157,11 +158,17 @@ def test_stop_ends_a_running_job_which_records_itself_as_interrupted(head, tmp_p
     data["resources"]["decode_slots"] = 1
     spec.write_text(yaml.safe_dump(data))
     common = ["--address", head.dashboard_url, "--date", DATE, "--set", f"generation.model={tiny_model_dir}"]
-    r = longdoc("submit", str(spec), *common, "--suffix", "tostop", "--working-dir", str(tmp_path), "--ship-code")
+    monkeypatch.setenv("LONGDOC_PROGRESS_INTERVAL_S", "0.5")  # the job's line, every half second
+    r = longdoc("submit", str(spec), *common, "--suffix", "tostop", "--working-dir", str(tmp_path), "--ship-code",
+                "--env", "LONGDOC_PROGRESS_INTERVAL_S")
     assert r.returncode == 0, r.stdout + r.stderr
     sid = f"longdoc-tinyjob-{DATE}-tostop"
     t0 = time.time()
-    while "longdoc: run " not in (logs := longdoc("logs", sid, "--address", head.dashboard_url).stdout):
+    # Stopped once its engine works: the line shows the engine's counts, which the generate actor
+    # posts to the run's board, found by name from the driver the Jobs API started
+    # (pipeline/engine_board.py; the job's namespace, as `longdoc run --address`'s).
+    while not re.search(r"\| (?:engine|\d+ engines): \d+ decoding",
+                        logs := longdoc("logs", sid, "--address", head.dashboard_url).stdout):
         assert time.time() - t0 < 180, logs
         time.sleep(1)
     r = longdoc("stop", sid, "--address", head.dashboard_url)
