@@ -102,8 +102,10 @@ def test_a_ray_runs_line_shows_the_engines_work_before_its_first_row(tmp_path, t
     from schemas.loading import spec_from_dict
 
     # Rows of 256 tokens each decoded one after another take the tiny model seconds (~0.25 s
-    # a row on one core), which the line, reading the board every second, needs to see them.
-    n = 16
+    # a row on one core): ~10 s for 40, while a report reaches the line within ~3 s (posted
+    # every second, read every second, printed at the next tick). 16 rows' ~4 s failed once
+    # in 3 runs on a loaded machine.
+    n = 40
     with open(tmp_path / "docs.jsonl", "w") as f:
         for i in range(n):
             f.write(json.dumps({"id": f"d{i}", "text": f"Document {i} is about the tide. " * 40}) + "\n")
