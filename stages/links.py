@@ -16,6 +16,8 @@ Contract:
   versions; and every link among the entries of ``{root}/run_date=D/`` and of
   ``{root}.runs/_staging/D/`` (a run's own staging folder could be planted ahead of it).
   Local paths only: an object store has no links, and is asked nothing (no listing).
+- ``skipped_links(root)`` returns the links a scan of the whole output skips (date
+  folders that are links, links inside the others), for `longdoc report` to name.
 - ``refuse_links(root, run_date)`` raises ``LinkedOutput`` naming the first link, where it
   points and the fix; callers run it before anything is written or any model loads
   (pipeline/date_lease.py ``DateLease.acquire``, pipeline/preflight.py).
@@ -47,7 +49,7 @@ class LinkedOutput(ValueError):
             "another disk, point output.uri at the real folder there")
 
 
-def _local_path(root: str) -> str | None:
+def local_path(root: str) -> str | None:
     """``root`` as a local path, or None for an object store (no links there)."""
     if root.startswith("file://"):
         root = root.removeprefix("file://")
@@ -89,7 +91,7 @@ def planted_links(root: str, run_date: str) -> list[tuple[str, str]]:
     """(link, where it points) for every link a run of ``run_date`` would meet below ``root``
     (module docstring); [] for an object store. One ``lstat`` per fixed path, one listing of
     the date's partition and staging folders (which the run lists anyway)."""
-    local = _local_path(root)
+    local = local_path(root)
     if local is None:
         return []
     local = local.rstrip("/") or "/"
@@ -99,6 +101,22 @@ def planted_links(root: str, run_date: str) -> list[tuple[str, str]]:
         # link is named at once, so one round of fixes is enough.
         if not any(folder == p or folder.startswith(p + "/") for p in found):
             found += _entries(folder)
+    return [(p, os.readlink(p)) for p in found]
+
+
+def skipped_links(root: str) -> list[tuple[str, str]]:
+    """(link, where it points) for the links a scan of the whole output skips: date folders
+    (``{root}/run_date=*``) that are links, and links among the entries of the others. [] for
+    an object store. What `longdoc report` says it left out (an archive linked back as a
+    date would otherwise vanish from it without a word)."""
+    local = local_path(root)
+    if local is None or not os.path.isdir(local):
+        return []
+    found = []
+    with os.scandir(local) as it:
+        dates = sorted(e.path for e in it if e.name.startswith("run_date="))
+    for folder in dates:
+        found += [folder] if os.path.islink(folder) else _entries(folder)
     return [(p, os.readlink(p)) for p in found]
 
 

@@ -113,3 +113,20 @@ def test_every_link_is_named_at_once_but_none_through_a_linked_folder(tmp_path):
     assert sorted(planted_links(str(tmp_path / "out"), DATE)) == sorted([
         (str(staging / DATE), str(elsewhere)), (str(complete), str(elsewhere)),
         (str(part / "planted.parquet"), str(tmp_path / "elsewhere" / "inner"))])
+
+
+def test_the_links_a_whole_output_scan_skips_are_listed(tmp_path):
+    """For `longdoc report` to name: a date folder that is a link, and links inside the others."""
+    from stages.links import skipped_links
+
+    root = tmp_path / "out"
+    (root / f"run_date={DATE}").mkdir(parents=True)
+    (root / f"run_date={DATE}" / "real.parquet").write_bytes(b"PAR1")
+    target = tmp_path / "elsewhere.parquet"
+    target.write_bytes(b"PAR1")
+    (root / f"run_date={DATE}" / "planted.parquet").symlink_to(target)
+    (tmp_path / "archive").mkdir()
+    (root / "run_date=2026-04-30").symlink_to(tmp_path / "archive")
+    assert skipped_links(str(root)) == [(str(root / "run_date=2026-04-30"), str(tmp_path / "archive")),
+                                        (str(root / f"run_date={DATE}" / "planted.parquet"), str(target))]
+    assert skipped_links(str(tmp_path / "missing")) == [] and skipped_links("s3://bucket/out") == []
